@@ -1,0 +1,203 @@
+"""Every torch.distributed call vaeshard makes lives in this module.
+
+`Comm` wraps one process group (and the subset of its ranks that does work). Collectives are issued
+asynchronously and waited on with the configured timeout, so a rank that failed or died makes the
+others raise instead of waiting forever. Buffers created here are scoped to the call that made them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+class CommTimeout(RuntimeError):
+    """A collective did not complete within the configured timeout (a peer failed or is gone)."""
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def default_group_if_any(group):
+    """The group a VAE runs on: the given one, else the default group, else None (no distributed job)."""
+    if group is not None:
+        return group
+    return dist.group.WORLD if is_initialized() else None
+
+
+def group_rank(group) -> int:
+    """This process's rank in `group`, or -1 when it is not a member."""
+    if group is None:
+        return 0
+    return dist.get_rank(group)
+
+
+def group_size(group) -> int:
+    if group is None:
+        return 1
+    return dist.get_world_size(group)
+
+
+@dataclass
+class Comm:
+    """The communication a single request needs, over the first `size` ranks of `group`."""
+
+    group: object
+    rank: int
+    world: int
+    timeout: float | None = None
+    device: torch.device | None = None
+
+    @classmethod
+    def for_group(cls, group, timeout: float | None = None) -> "Comm":
+        rank = group_rank(group)
+        world = group_size(group)
+        device = None
+        if group is not None and dist.get_backend(group) == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        return cls(group=group, rank=rank, world=world, timeout=timeout, device=device)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _wait(self, work, what: str) -> None:
+        if work is None:
+            return
+        if self.timeout is None:
+            work.wait()
+            return
+        try:
+            ok = work.wait(timeout=timedelta(seconds=self.timeout))
+        except RuntimeError as exc:  # gloo reports a timeout as an exception
+            raise CommTimeout(
+                f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: "
+                f"another rank failed or is gone ({exc})"
+            ) from exc
+        if ok is False:
+            raise CommTimeout(f"{what} on rank {self.rank} did not complete within {self.timeout:g} s")
+
+    def _global(self, group_rank_: int) -> int:
+        if self.group is None or self.group is dist.group.WORLD:
+            return group_rank_
+        return dist.get_global_rank(self.group, group_rank_)
+
+    def _small_device(self) -> torch.device:
+        return self.device if self.device is not None else torch.device("cpu")
+
+    # -- agreement ------------------------------------------------------------------------------
+
+    def all_gather_ints(self, values: list[int]) -> list[list[int]]:
+        """Every rank's list of ints (all lists the same length): one small collective."""
+        mine = torch.tensor(values, dtype=torch.int64, device=self._small_device())
+        if self.world == 1:
+            return [values]
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        self._wait(dist.all_gather(out, mine, group=self.group, async_op=True), "request agreement")
+        return [t.tolist() for t in out]
+
+    def all_reduce_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self._small_device())
+        if self.world > 1:
+            self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), "all_reduce")
+        return float(t.item())
+
+    # -- halo exchange --------------------------------------------------------------------------
+
+    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int, num_ranks: int) -> torch.Tensor:
+        """Extend `x` along `dim` by `before` rows from the previous rank and `after` from the next.
+
+        Ranks 0..num_ranks-1 hold consecutive slices of one tensor. At the global edges the rows are
+        zeros, exactly the zero padding the unsharded convolution would apply. An interior rank
+        posts two sends and two receives, batched so no pair of ranks can deadlock on ordering.
+        """
+        if before == 0 and after == 0:
+            return x
+        has_prev = self.rank > 0
+        has_next = self.rank < num_ranks - 1
+        x = x.contiguous()
+        ops = []
+        from_prev = from_next = None
+        if has_prev and before > 0:
+            from_prev = x.new_empty(_with_extent(x.shape, dim, before))
+            ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
+        if has_next and after > 0:
+            from_next = x.new_empty(_with_extent(x.shape, dim, after))
+            ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
+        if has_prev and after > 0:
+            ops.append(dist.P2POp(dist.isend, x.narrow(dim, 0, after).contiguous(), self._global(self.rank - 1), self.group))
+        if has_next and before > 0:
+            first = x.shape[dim] - before
+            ops.append(dist.P2POp(dist.isend, x.narrow(dim, first, before).contiguous(), self._global(self.rank + 1), self.group))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                self._wait(work, "halo exchange")
+        parts = []
+        parts.append(from_prev if from_prev is not None else _zeros_like_rows(x, dim, before))
+        parts.append(x)
+        parts.append(from_next if from_next is not None else _zeros_like_rows(x, dim, after))
+        return torch.cat([p for p in parts if p.shape[dim] > 0], dim=dim)
+
+    # -- gathers --------------------------------------------------------------------------------
+
+    def all_gather_along(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor:
+        """Concatenate every rank's slice along `dim`; rank r holds `extents[r]` rows (uneven allowed).
+
+        Ranks past len(extents) take part in the collective with an empty slice.
+        """
+        parts = self._gather_padded(x, dim, extents, to_all=True)
+        return torch.cat(parts, dim=dim)
+
+    def gather_along_to_rank0(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor | None:
+        parts = self._gather_padded(x, dim, extents, to_all=False)
+        return None if parts is None else torch.cat(parts, dim=dim)
+
+    def _gather_padded(self, x: torch.Tensor, dim: int, extents: list[int], to_all: bool):
+        extents = list(extents) + [0] * (self.world - len(extents))
+        if self.world == 1:
+            return [x.narrow(dim, 0, extents[0])]
+        longest = max(extents)
+        mine = x.narrow(dim, 0, min(x.shape[dim], extents[self.rank])) if x.shape[dim] else x
+        pad = longest - mine.shape[dim]
+        if pad:
+            mine = torch.cat([mine, _zeros_like_rows(mine, dim, pad)], dim=dim)
+        mine = mine.contiguous()
+        if to_all:
+            bufs = [torch.empty_like(mine) for _ in range(self.world)]
+            self._wait(dist.all_gather(bufs, mine, group=self.group, async_op=True), "gather of results")
+        else:
+            bufs = [torch.empty_like(mine) for _ in range(self.world)] if self.rank == 0 else None
+            self._wait(
+                dist.gather(mine, bufs, dst=self._global(0), group=self.group, async_op=True), "gather of results"
+            )
+            if bufs is None:
+                return None
+        return [b.narrow(dim, 0, e) for b, e in zip(bufs, extents) if e > 0]
+
+    def gather_stacks(self, stack: torch.Tensor, to_all: bool) -> list[torch.Tensor] | None:
+        """Gather one equally shaped tensor per rank (all ranks, or rank 0 only)."""
+        if self.world == 1:
+            return [stack]
+        stack = stack.contiguous()
+        if to_all:
+            bufs = [torch.empty_like(stack) for _ in range(self.world)]
+            self._wait(dist.all_gather(bufs, stack, group=self.group, async_op=True), "gather of tiles")
+            return bufs
+        bufs = [torch.empty_like(stack) for _ in range(self.world)] if self.rank == 0 else None
+        self._wait(dist.gather(stack, bufs, dst=self._global(0), group=self.group, async_op=True), "gather of tiles")
+        return bufs
+
+
+def _with_extent(shape: torch.Size, dim: int, extent: int) -> list[int]:
+    shape = list(shape)
+    shape[dim] = extent
+    return shape
+
+
+def _zeros_like_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
+    return x.new_zeros(_with_extent(x.shape, dim, rows))
+
+
+__all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized"]

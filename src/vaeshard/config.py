@@ -1,0 +1,50 @@
+"""User-facing configuration of a parallelized VAE, validated once at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+MODES: tuple[str, ...] = ("tile", "auto", "spatial_shard_height", "spatial_shard_width")
+OUTPUTS: tuple[str, ...] = ("all", "rank0")
+SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
+
+
+@dataclass(frozen=True)
+class VaeParallelConfig:
+    """How a VAE's decode/encode is spread over a process group.
+
+    size:    number of group ranks that do decode work (None = the whole group). A size smaller than
+             the group is a *partial group*: spatial sharding needs every rank, so it runs `tile`.
+    mode:    one of MODES; `auto` picks per request (see `vaeshard.plan`).
+    output:  `all` gives every rank the full result; `rank0` gives it to group rank 0 only and an
+             empty tensor to the others.
+    timeout: upper bound for every collective a request makes, or None to use the group's own
+             timeout. A rank that fails or dies makes the others raise within this bound.
+    """
+
+    size: int | None = None
+    mode: str = "auto"
+    output: str = "all"
+    timeout: float | timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, str) or self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}: valid modes are {', '.join(MODES)}")
+        if not isinstance(self.output, str) or self.output not in OUTPUTS:
+            raise ValueError(f"unknown output {self.output!r}: valid values are {', '.join(OUTPUTS)}")
+        if self.size is not None:
+            if isinstance(self.size, bool) or not isinstance(self.size, int):
+                raise TypeError(f"size must be an int or None, got {type(self.size).__name__}")
+            if self.size < 1:
+                raise ValueError(f"size must be at least 1, got {self.size}")
+        if self.timeout is not None:
+            seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+                raise ValueError(f"timeout must be a positive number of seconds or a timedelta, got {self.timeout!r}")
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        if self.timeout is None:
+            return None
+        return self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else float(self.timeout)

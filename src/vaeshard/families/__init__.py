@@ -1,0 +1,34 @@
+"""Registry: diffusers VAE class name -> the vaeshard family module that supports it (imported lazily)."""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Family
+
+# class name -> (module, family attribute)
+_REGISTRY: dict[str, tuple[str, str]] = {
+    "AutoencoderKLWan": ("vaeshard.families.wan", "FAMILY"),
+    "AutoencoderKLQwenImage": ("vaeshard.families.qwenimage", "FAMILY"),
+}
+
+
+def supported_classes() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def family_for(vae) -> Family:
+    """The family of `vae`, or ValueError naming the class and the supported ones."""
+    name = type(vae).__name__
+    entry = _REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(
+            f"vaeshard does not support {name}: supported VAE classes are {', '.join(_REGISTRY)}. "
+            "Use the VAE's own decode, or add a family (docs/adding-a-family.md)."
+        )
+    module_name, attr = entry
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def all_families() -> list[Family]:
+    return [getattr(importlib.import_module(m), a) for m, a in _REGISTRY.values()]

@@ -1,0 +1,62 @@
+"""What a VAE family declares to vaeshard, and the helpers shared by families."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..tile import TileOps
+
+
+@dataclass(frozen=True)
+class Family:
+    """A family of diffusers VAE classes.
+
+    Declarative part: names, latent layout, capabilities. Code part (callables) supplies what
+    cannot be data: the tile grid and per-tile run, and the halo installation for spatial sharding.
+    """
+
+    name: str
+    classes: tuple[str, ...]
+    latent_ndim: int  # 5 for (B, C, T, H, W)
+    tile_decode: bool
+    tile_encode: bool
+    spatial_decode: bool
+    spatial_encode: bool = False
+    # callables (set by the family module)
+    latent_channels: object = None  # vae -> int
+    decode_tile_ops: object = None  # (vae, z) -> TileOps | None (None: the latent fits one tile)
+    encode_tile_ops: object = None  # (vae, x) -> TileOps | None, x already in encoder coordinates
+    encode_prepare: object = None  # (vae, x) -> x in encoder coordinates (e.g. patchified)
+    untiled_decode: object = None  # (vae, z) -> tensor: diffusers' untiled decode (the spatial reference)
+    install_spatial: object = None  # vae -> None: swap halo-aware layers (idempotent)
+    uninstall_spatial: object = None  # vae -> None
+    release: object = None  # vae -> None: drop request scratch the model keeps (e.g. feature caches)
+    notes: dict = field(default_factory=dict)
+
+    def supports(self, op: str, strategy: str) -> bool:
+        if strategy == "direct":
+            return True
+        if strategy == "tile":
+            return self.tile_decode if op == "decode" else self.tile_encode
+        return self.spatial_decode if op == "decode" else self.spatial_encode
+
+
+def frames_out(num_frames: int, temporal_factor: int) -> int:
+    """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
+    return 1 + (num_frames - 1) * temporal_factor if num_frames > 0 else 0
+
+
+def with_tiling_off(vae, fn, *args):
+    """Run `fn` with the VAE's own tiling and slicing switched off (restored afterwards)."""
+    tiling, slicing = getattr(vae, "use_tiling", False), getattr(vae, "use_slicing", False)
+    vae.use_tiling, vae.use_slicing = False, False
+    try:
+        with torch.no_grad():
+            return fn(*args)
+    finally:
+        vae.use_tiling, vae.use_slicing = tiling, slicing
+
+
+__all__ = ["Family", "TileOps", "frames_out", "with_tiling_off"]

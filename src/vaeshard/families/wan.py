@@ -1,0 +1,232 @@
+"""Wan 2.1 / 2.2 (diffusers AutoencoderKLWan), and the causal-video-VAE machinery it shares with
+Qwen-Image, whose VAE is the Wan 2.1 architecture under other class names.
+
+Declared: which leaf classes get which halo treatment (causal 3x3x3 convs, the upsamplers' 3x3
+Conv2d, the single-head mid-block attention). Code, because it cannot be data: diffusers' per-tile
+loop (the decoder is run frame by frame with its causal feature cache threaded through), and the
+tile grid arithmetic, both kept line for line with diffusers' `tiled_decode`/`tiled_encode` so the
+tile strategy stays bit-identical to them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .. import shard
+from ..tile import TileGrid, TileOps
+from .base import Family, frames_out, with_tiling_off
+
+
+class WanLike:
+    """Tile and shard behaviour of a Wan-architecture VAE; subclass attributes name the differences."""
+
+    causal_conv_cls: type
+    attention_cls: type
+    decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
+    clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
+
+    # -- shapes ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def patch(vae) -> int:
+        return getattr(vae.config, "patch_size", None) or 1
+
+    @staticmethod
+    def num_spatial_stages(vae) -> int:
+        return len(vae.config.dim_mult) - 1
+
+    def temporal_factor(self, vae) -> int:
+        ups = list(vae.temperal_upsample)[: self.num_spatial_stages(vae)]
+        return 2 ** sum(bool(u) for u in ups)
+
+    def latent_channels(self, vae) -> int:
+        return vae.config.z_dim
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def decode_tile_ops(self, vae, z):
+        _, _, _, height, width = z.shape
+        ratio, patch = vae.spatial_compression_ratio, self.patch(vae)
+        tile_h = vae.tile_sample_min_height // ratio
+        tile_w = vae.tile_sample_min_width // ratio
+        if not (width > tile_w or height > tile_h):
+            return None  # one tile: diffusers decodes it directly
+        keep_h = vae.tile_sample_stride_height // patch
+        keep_w = vae.tile_sample_stride_width // patch
+        grid = TileGrid.regular(
+            height,
+            width,
+            tile_h,
+            tile_w,
+            vae.tile_sample_stride_height // ratio,
+            vae.tile_sample_stride_width // ratio,
+            blend_rows=vae.tile_sample_min_height // patch - keep_h,
+            blend_cols=vae.tile_sample_min_width // patch - keep_w,
+            keep_rows=keep_h,
+            keep_cols=keep_w,
+            out_rows=height * ratio // patch,
+            out_cols=width * ratio // patch,
+        )
+        up = 2 ** self.num_spatial_stages(vae)
+        channels = vae.decoder.conv_out.out_channels
+        tf = self.temporal_factor(vae)
+        return TileOps(
+            grid=grid,
+            source=z,
+            run=lambda tile: self._decode_tile(vae, tile),
+            blend_v=vae.blend_v,
+            blend_h=vae.blend_h,
+            finish=lambda merged: self._finish_tiled_decode(vae, merged),
+            out_shape=lambda s: (s[0], channels, frames_out(s[2], tf), s[3] * up, s[4] * up),
+            out_dtype=z.dtype,
+        )
+
+    def _decode_tile(self, vae, tile):
+        vae.clear_cache()
+        frames = []
+        for k in range(tile.shape[2]):
+            vae._conv_idx = [0]
+            x = vae.post_quant_conv(tile[:, :, k : k + 1])
+            if self.decoder_takes_first_chunk:
+                frames.append(vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=(k == 0)))
+            else:
+                frames.append(vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx))
+        vae.clear_cache()
+        return torch.cat(frames, dim=2)
+
+    def _finish_tiled_decode(self, vae, merged):
+        if self.patch(vae) > 1:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+            merged = unpatchify(merged, patch_size=self.patch(vae))
+        return torch.clamp(merged, min=-1.0, max=1.0) if self.clamp_tiled_decode else merged
+
+    def untiled_decode(self, vae, z):
+        return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0])
+
+    # -- encode ---------------------------------------------------------------------------------
+
+    def encode_prepare(self, vae, x):
+        if self.patch(vae) > 1:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
+
+            return patchify(x, patch_size=self.patch(vae))
+        return x
+
+    def encode_tile_ops(self, vae, x):
+        """`x` in sample coordinates (before patchify), as diffusers' `_encode` tests the tile size on."""
+        _, _, _, height, width = x.shape
+        if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+            return None
+        xp = self.encode_prepare(vae, x)
+        _, _, _, rows, cols = xp.shape
+        ratio = vae.spatial_compression_ratio // self.patch(vae)
+        tile_lh, tile_lw = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+        keep_h, keep_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        grid = TileGrid.regular(
+            rows,
+            cols,
+            vae.tile_sample_min_height,
+            vae.tile_sample_min_width,
+            vae.tile_sample_stride_height,
+            vae.tile_sample_stride_width,
+            blend_rows=tile_lh - keep_h,
+            blend_cols=tile_lw - keep_w,
+            keep_rows=keep_h,
+            keep_cols=keep_w,
+            out_rows=rows // ratio,
+            out_cols=cols // ratio,
+        )
+        stages = self.num_spatial_stages(vae)
+        channels = vae.quant_conv.out_channels
+        return TileOps(
+            grid=grid,
+            source=xp,
+            run=lambda tile: self._encode_tile(vae, tile),
+            blend_v=vae.blend_v,
+            blend_h=vae.blend_h,
+            finish=lambda merged: merged,
+            out_shape=lambda s: (s[0], channels, 1 + (s[2] - 1) // 4, s[3] >> stages, s[4] >> stages),
+            out_dtype=x.dtype,
+        )
+
+    def _encode_tile(self, vae, tile):
+        vae.clear_cache()
+        chunks = []
+        for k in range(1 + (tile.shape[2] - 1) // 4):
+            vae._enc_conv_idx = [0]
+            part = tile[:, :, :1] if k == 0 else tile[:, :, 1 + 4 * (k - 1) : 1 + 4 * k]
+            part = vae.encoder(part, feat_cache=vae._enc_feat_map, feat_idx=vae._enc_conv_idx)
+            chunks.append(vae.quant_conv(part))
+        vae.clear_cache()
+        return torch.cat(chunks, dim=2)
+
+    # -- spatial shard --------------------------------------------------------------------------
+
+    def install_spatial(self, vae) -> None:
+        for module in vae.decoder.modules():
+            if isinstance(module, self.causal_conv_cls) and _spatial_kernel(module) > 1:
+                shard.swap(module, shard.HaloCausalConv3d)
+            elif type(module) is nn.Conv2d and _spatial_kernel(module) > 1:
+                _check_halo_conv2d(module)
+                shard.swap(module, shard.HaloConv2d)
+            elif isinstance(module, self.attention_cls):
+                shard.swap(module, shard.WholeFrameAttention)
+
+    def uninstall_spatial(self, vae) -> None:
+        for module in vae.modules():
+            shard.unswap(module)
+
+    def release(self, vae) -> None:
+        vae.clear_cache()
+
+    def family(self, name: str, classes: tuple[str, ...], tile_encode: bool = True) -> Family:
+        return Family(
+            name=name,
+            classes=classes,
+            latent_ndim=5,
+            tile_decode=True,
+            tile_encode=tile_encode,
+            spatial_decode=True,
+            latent_channels=self.latent_channels,
+            decode_tile_ops=self.decode_tile_ops,
+            encode_tile_ops=self.encode_tile_ops,
+            encode_prepare=self.encode_prepare,
+            untiled_decode=self.untiled_decode,
+            install_spatial=self.install_spatial,
+            uninstall_spatial=self.uninstall_spatial,
+            release=self.release,
+        )
+
+
+def _spatial_kernel(conv: nn.Module) -> int:
+    return max(conv.kernel_size[-2:])
+
+
+def _check_halo_conv2d(conv: nn.Conv2d) -> None:
+    if conv.stride != (1, 1) or conv.padding_mode != "zeros" or conv.dilation != (1, 1):
+        raise ValueError(
+            f"vaeshard cannot shard {conv!r}: the halo exchange supports stride-1, zero-padded, "
+            "undilated 2-D convolutions in the decoder; use mode='tile'"
+        )
+
+
+class _Wan(WanLike):
+    decoder_takes_first_chunk = True
+    clamp_tiled_decode = True
+
+    @property
+    def causal_conv_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+        return WanCausalConv3d
+
+    @property
+    def attention_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
+
+        return WanAttentionBlock
+
+
+FAMILY = _Wan().family("wan", ("AutoencoderKLWan",))

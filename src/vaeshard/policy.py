@@ -1,0 +1,101 @@
+"""Which strategy a request takes: `plan()` answers from shapes and counts alone (no collectives)."""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from .config import MODES, SPATIAL_MODES
+
+log = logging.getLogger("vaeshard")
+
+STRATEGIES = ("direct", "tile", "spatial_shard_height", "spatial_shard_width")
+
+
+class Plan(NamedTuple):
+    strategy: str  # one of STRATEGIES
+    reason: str  # one line, shown by the debug log and `vaeshard bench`
+    fallback: bool = False  # a forced mode could not run and `tile` (or `direct`) runs instead
+
+
+def _fits_one_tile(family, vae, op: str, shape) -> bool:
+    """True when the request is a single tile, so tiling would decode it directly anyway."""
+    if len(shape) != 5:
+        return True
+    import torch
+
+    probe = torch.empty(shape, device="meta")
+    if op == "decode":
+        return family.decode_tile_ops(vae, probe) is None
+    return family.encode_tile_ops(vae, probe) is None
+
+
+def _axis_extents(shape, op: str, vae) -> tuple[int, int]:
+    """The (height, width) extents that decide sharding: latent extents for decode, sample extents
+    scaled to latent units for encode (spatial encode shards the latent grid)."""
+    h, w = shape[-2], shape[-1]
+    if op == "encode":
+        ratio = getattr(vae, "spatial_compression_ratio", 8)
+        return h // ratio, w // ratio
+    return h, w
+
+
+def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "decode", size: int | None = None) -> Plan:
+    """The strategy a `decode` (or `encode`) of `latent_shape` over `world_size` ranks would take.
+
+    Deterministic and free of side effects: no collectives, no allocation of real tensors.
+    `size` is the number of ranks doing work (None = world_size); fewer than world_size is a
+    partial group, which never shards spatially.
+    """
+    from .families import family_for
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: valid modes are {', '.join(MODES)}")
+    family = family_for(vae)
+    shape = tuple(int(s) for s in latent_shape)
+    workers = world_size if size is None else min(size, world_size)
+    one_tile = _fits_one_tile(family, vae, op, shape)
+    has_tile = family.supports(op, "tile")
+
+    def not_spatial(why: str, forced: bool) -> Plan:
+        if workers == 1 and mode != "tile":
+            return Plan("direct", f"{why}; one rank decodes directly", forced)
+        if one_tile or not has_tile:
+            what = "the request is a single tile" if one_tile else f"{family.name} has no tiled {op}"
+            return Plan("direct", f"{why}; {what}, so it runs directly on every rank", forced)
+        return Plan("tile", f"{why}; tiles are spread over {workers} ranks", forced)
+
+    if mode == "tile":
+        return not_spatial("mode tile", False)
+
+    spatial_ok = family.supports(op, "spatial_shard_height")
+    reasons = []
+    if world_size == 1:
+        reasons.append("world size 1")
+    if workers < world_size:
+        reasons.append(f"partial group ({workers} of {world_size} ranks)")
+    if len(shape) != 5:
+        reasons.append(f"a {len(shape)}-D latent is not a (B, C, T, H, W) video latent")
+    if not spatial_ok:
+        reasons.append(f"{family.name} has no spatial-shard {op}")
+
+    if mode in SPATIAL_MODES:
+        axis = "height" if mode == "spatial_shard_height" else "width"
+        if not reasons:
+            extent = _axis_extents(shape, op, vae)[0 if axis == "height" else 1]
+            if extent < world_size:
+                reasons.append(f"latent {axis} {extent} is shorter than the group ({world_size} ranks)")
+        if reasons:
+            return not_spatial(f"{mode} cannot run: " + ", ".join(reasons), True)
+        return Plan(mode, f"forced {mode} over {world_size} ranks")
+
+    # auto
+    if reasons:
+        return not_spatial(", ".join(reasons), False)
+    h, w = _axis_extents(shape, op, vae)
+    candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size]
+    if not candidates:
+        return not_spatial(f"neither latent height {h} nor width {w} covers {world_size} ranks", False)
+    # the longer axis; width wins ties (rows of a wide frame stay contiguous and halos stay short)
+    extent, axis = max(candidates, key=lambda c: (c[0], c[1] == "width"))
+    return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} is the longer axis covering {world_size} ranks")
