@@ -59,7 +59,7 @@ def _not_in_group(rank, world):
 
 
 def test_rank_outside_group_is_refused_and_group_still_decodes():
-    run_ranks(_not_in_group, 3)
+    run_ranks(_not_in_group, 3, fresh=True)
 
 
 def _long_lived(rank, world):
@@ -116,7 +116,7 @@ def _long_lived(rank, world):
 
 
 def test_long_lived_group_alternates_modes_and_survives_failure():
-    names = run_ranks(_long_lived, 2, timeout=200)
+    names = run_ranks(_long_lived, 2, timeout=200, fresh=True)
     assert names[0] == "RuntimeError"
 
 

@@ -219,14 +219,17 @@ def _direct(vae, state: _State, op: str, x):
 
 
 def _spatial(vae, family: Family, comm, op: str, x, strategy: str, to_all: bool):
+    """Each rank runs the untiled model on its slice of whole latent rows inside a shard context."""
     axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
     dim = 3 if axis == shard.HEIGHT else 4
-    extents = shard.split_extents(x.shape[dim], comm.world)
-    start = sum(extents[: comm.rank])
-    local = x.narrow(dim, start, extents[comm.rank])
+    rows_per_latent_row = 1 if op == "decode" else vae.spatial_compression_ratio
+    extents = shard.split_extents(x.shape[dim] // rows_per_latent_row, comm.world)
+    start = sum(extents[: comm.rank]) * rows_per_latent_row
+    local = x.narrow(dim, start, extents[comm.rank] * rows_per_latent_row)
     ctx = shard.ShardContext(comm=comm, axis=axis, extents=extents)
+    run = family.untiled_decode if op == "decode" else family.untiled_encode
     with shard.sharding(ctx):
-        out_local = family.untiled_decode(vae, local)
+        out_local = run(vae, local)
     out_extents = ctx.extents_at(out_local.shape[dim])
     if to_all:
         return comm.all_gather_along(out_local, dim, out_extents)

@@ -31,12 +31,13 @@ def _fits_one_tile(family, vae, op: str, shape) -> bool:
 
 
 def _axis_extents(shape, op: str, vae) -> tuple[int, int]:
-    """The (height, width) extents that decide sharding: latent extents for decode, sample extents
-    scaled to latent units for encode (spatial encode shards the latent grid)."""
+    """The (height, width) extents that decide sharding, in latent rows: the latent's own for decode;
+    for encode the sample extent over the compression ratio, or 0 when the sample extent is not a
+    multiple of it (shards are whole latent rows, so every downsampling stays on the global lattice)."""
     h, w = shape[-2], shape[-1]
     if op == "encode":
-        ratio = getattr(vae, "spatial_compression_ratio", 8)
-        return h // ratio, w // ratio
+        ratio = vae.spatial_compression_ratio
+        return (h // ratio if h % ratio == 0 else 0), (w // ratio if w % ratio == 0 else 0)
     return h, w
 
 
@@ -84,7 +85,11 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
         if not reasons:
             extent = _axis_extents(shape, op, vae)[0 if axis == "height" else 1]
             if extent < world_size:
-                reasons.append(f"latent {axis} {extent} is shorter than the group ({world_size} ranks)")
+                reasons.append(
+                    f"latent {axis} {extent} is shorter than the group ({world_size} ranks)"
+                    if extent or op == "decode"
+                    else f"sample {axis} is not a multiple of {vae.spatial_compression_ratio}"
+                )
         if reasons:
             return not_spatial(f"{mode} cannot run: " + ", ".join(reasons), True)
         return Plan(mode, f"forced {mode} over {world_size} ranks")

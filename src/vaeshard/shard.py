@@ -116,6 +116,26 @@ class HaloConv2d:
         return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
 
 
+class HaloZeroPad2d:
+    """Mixin for nn.ZeroPad2d before a strided conv (Wan's downsamplers pad (0, 1, 0, 1)).
+
+    On the sharded axis the pad rows of an interior shard boundary are the neighbour's rows; the
+    global edges keep their zeros. Shards start on even rows at every level (the split is in whole
+    latent rows), so the strided convolution that follows lands on the global stride lattice.
+    """
+
+    def forward(self, x):
+        ctx = current()
+        if ctx is None:
+            return super().forward(x)
+        left, right, top, bottom = self.padding
+        if ctx.axis == HEIGHT:
+            x = ctx.halo_pad(x, ctx.dim(x), top, bottom)
+            return F.pad(x, (left, right, 0, 0))
+        x = ctx.halo_pad(x, ctx.dim(x), left, right)
+        return F.pad(x, (0, 0, top, bottom))
+
+
 class WholeFrameAttention:
     """Mixin for the Wan-style single-head spatial attention block (norm, to_qkv, sdpa, proj).
 

@@ -30,6 +30,7 @@ class Family:
     encode_tile_ops: object = None  # (vae, x) -> TileOps | None, x already in encoder coordinates
     encode_prepare: object = None  # (vae, x) -> x in encoder coordinates (e.g. patchified)
     untiled_decode: object = None  # (vae, z) -> tensor: diffusers' untiled decode (the spatial reference)
+    untiled_encode: object = None  # (vae, x) -> moments: diffusers' untiled encode
     install_spatial: object = None  # vae -> None: swap halo-aware layers (idempotent)
     uninstall_spatial: object = None  # vae -> None
     release: object = None  # vae -> None: drop request scratch the model keeps (e.g. feature caches)

@@ -105,6 +105,10 @@ class WanLike:
     def untiled_decode(self, vae, z):
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0])
 
+    def untiled_encode(self, vae, x):
+        """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
+        return with_tiling_off(vae, lambda: vae._encode(x))
+
     # -- encode ---------------------------------------------------------------------------------
 
     def encode_prepare(self, vae, x):
@@ -165,14 +169,25 @@ class WanLike:
     # -- spatial shard --------------------------------------------------------------------------
 
     def install_spatial(self, vae) -> None:
-        for module in vae.decoder.modules():
-            if isinstance(module, self.causal_conv_cls) and _spatial_kernel(module) > 1:
-                shard.swap(module, shard.HaloCausalConv3d)
-            elif type(module) is nn.Conv2d and _spatial_kernel(module) > 1:
-                _check_halo_conv2d(module)
-                shard.swap(module, shard.HaloConv2d)
-            elif isinstance(module, self.attention_cls):
-                shard.swap(module, shard.WholeFrameAttention)
+        """Halo treatment, by leaf class, in the decoder and the encoder.
+
+        causal conv with a spatial kernel -> halo rows replace its spatial zero padding;
+        2-D conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv without padding (the
+        downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes the halo;
+        single-head attention -> whole-frame keys and values. Everything else is per voxel, or a
+        local pixel (un)shuffle, and stays as diffusers wrote it.
+        """
+        for part in (vae.decoder, vae.encoder):
+            for module in part.modules():
+                if isinstance(module, self.causal_conv_cls) and _spatial_kernel(module) > 1:
+                    shard.swap(module, shard.HaloCausalConv3d)
+                elif type(module) is nn.Conv2d and any(module.padding):
+                    _check_halo_conv2d(module)
+                    shard.swap(module, shard.HaloConv2d)
+                elif type(module) is nn.ZeroPad2d:
+                    shard.swap(module, shard.HaloZeroPad2d)
+                elif isinstance(module, self.attention_cls):
+                    shard.swap(module, shard.WholeFrameAttention)
 
     def uninstall_spatial(self, vae) -> None:
         for module in vae.modules():
@@ -189,11 +204,13 @@ class WanLike:
             tile_decode=True,
             tile_encode=tile_encode,
             spatial_decode=True,
+            spatial_encode=True,
             latent_channels=self.latent_channels,
             decode_tile_ops=self.decode_tile_ops,
             encode_tile_ops=self.encode_tile_ops,
             encode_prepare=self.encode_prepare,
             untiled_decode=self.untiled_decode,
+            untiled_encode=self.untiled_encode,
             install_spatial=self.install_spatial,
             uninstall_spatial=self.uninstall_spatial,
             release=self.release,
