@@ -134,7 +134,7 @@ def _validate(family: Family, vae, op: str, x) -> str | None:
     if not isinstance(x, torch.Tensor):
         return f"{op} expects a torch.Tensor, got {type(x).__name__}"
     if x.dim() != family.latent_ndim:
-        layout = "(B, C, T, H, W)"
+        layout = "(B, C, T, H, W)" if family.latent_ndim == 5 else "(B, C, H, W)"
         return f"{op} expects a {family.latent_ndim}-D {layout} tensor, got {x.dim()}-D shape {tuple(x.shape)}"
     if x.dtype not in _DTYPES:
         return f"{op} expects a floating-point tensor, got {x.dtype}"
@@ -221,7 +221,7 @@ def _direct(vae, state: _State, op: str, x):
 def _spatial(vae, family: Family, comm, op: str, x, strategy: str, to_all: bool):
     """Each rank runs the untiled model on its slice of whole latent rows inside a shard context."""
     axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
-    dim = 3 if axis == shard.HEIGHT else 4
+    dim = x.dim() - 2 if axis == shard.HEIGHT else x.dim() - 1
     rows_per_latent_row = 1 if op == "decode" else vae.spatial_compression_ratio
     extents = shard.split_extents(x.shape[dim] // rows_per_latent_row, comm.world)
     start = sum(extents[: comm.rank]) * rows_per_latent_row

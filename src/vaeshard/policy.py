@@ -20,7 +20,7 @@ class Plan(NamedTuple):
 
 def _fits_one_tile(family, vae, op: str, shape) -> bool:
     """True when the request is a single tile, so tiling would decode it directly anyway."""
-    if len(shape) != 5:
+    if len(shape) != family.latent_ndim:
         return True
     import torch
 
@@ -75,8 +75,9 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
         reasons.append("world size 1")
     if workers < world_size:
         reasons.append(f"partial group ({workers} of {world_size} ranks)")
-    if len(shape) != 5:
-        reasons.append(f"a {len(shape)}-D latent is not a (B, C, T, H, W) video latent")
+    if len(shape) != family.latent_ndim:
+        layout = "(B, C, T, H, W)" if family.latent_ndim == 5 else "(B, C, H, W)"
+        reasons.append(f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {layout} layout of {family.name}")
     if not spatial_ok:
         reasons.append(f"{family.name} has no spatial-shard {op}")
 

@@ -63,8 +63,8 @@ class TileOps:
     """What a family supplies to the executor for one request."""
 
     grid: TileGrid
-    source: torch.Tensor  # the (B, C, T, H, W) tensor the grid cuts
-    run: Callable[[torch.Tensor], torch.Tensor]  # one input tile (B, C, T, h, w) -> finished tile
+    source: torch.Tensor  # the tensor the grid cuts: (B, C, T, H, W) or (B, C, H, W)
+    run: Callable[[torch.Tensor], torch.Tensor]  # one input tile -> finished tile
     blend_v: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # diffusers' own blend methods
     blend_h: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
     finish: Callable[[torch.Tensor], torch.Tensor]  # merged result -> final result (unpatchify, clamp)
@@ -99,17 +99,17 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     # Every rank knows every tile's output shape from the grid alone, so tiles are padded to one
     # common shape (and each rank to the largest per-rank count) and one gather suffices.
     def in_shape(t: Tile) -> tuple[int, ...]:
-        return (*x_bcthw.shape[:3], t.h1 - t.h0, t.w1 - t.w0)
+        return (*x_bcthw.shape[:-2], t.h1 - t.h0, t.w1 - t.w0)
 
     out_shapes = {(t.row, t.col): tuple(ops.out_shape(in_shape(t))) for t in grid.tiles}
-    lead = next(iter(out_shapes.values()))[:3]
-    max_h = max(s[3] for s in out_shapes.values())
-    max_w = max(s[4] for s in out_shapes.values())
+    lead = next(iter(out_shapes.values()))[:-2]
+    max_h = max(s[-2] for s in out_shapes.values())
+    max_w = max(s[-1] for s in out_shapes.values())
     max_count = max(len(a) for a in assignment)
 
     stack = None
     for k, t in enumerate(mine):
-        out = ops.run(x_bcthw[:, :, :, t.h0 : t.h1, t.w0 : t.w1])
+        out = ops.run(x_bcthw[..., t.h0 : t.h1, t.w0 : t.w1])
         if tuple(out.shape) != out_shapes[(t.row, t.col)]:
             raise RuntimeError(
                 f"tile ({t.row}, {t.col}) decoded to shape {tuple(out.shape)}, but the family predicted "
@@ -129,7 +129,7 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     by_position: dict[tuple[int, int], torch.Tensor] = {}
     for rank, tiles_of_rank in enumerate(assignment):
         for k, t in enumerate(tiles_of_rank):
-            _, _, _, h, w = out_shapes[(t.row, t.col)]
+            h, w = out_shapes[(t.row, t.col)][-2:]
             by_position[(t.row, t.col)] = gathered[rank][k, ..., :h, :w]
     del gathered
     rows = [[by_position[(i, j)] for j in range(grid.num_cols)] for i in range(grid.num_rows)]
@@ -146,6 +146,6 @@ def merge(rows: list[list[torch.Tensor]], grid: TileGrid, ops: TileOps) -> torch
                 tile = ops.blend_v(rows[i - 1][j], tile, grid.blend_rows)
             if j > 0:
                 tile = ops.blend_h(row[j - 1], tile, grid.blend_cols)
-            result_row.append(tile[:, :, :, : grid.keep_rows, : grid.keep_cols])
+            result_row.append(tile[..., : grid.keep_rows, : grid.keep_cols])
         result_rows.append(torch.cat(result_row, dim=-1))
-    return torch.cat(result_rows, dim=3)[:, :, :, : grid.out_rows, : grid.out_cols]
+    return torch.cat(result_rows, dim=-2)[..., : grid.out_rows, : grid.out_cols]
