@@ -1,0 +1,468 @@
+"""`vaeshard` command line: demo, decode, bench.
+
+Thin: arguments are checked here (before any process starts, so a mistake costs no model load),
+the work goes through the public API on ranks started by `vaeshard.launch`, and the measuring lives
+in `vaeshard.bench`. A mistake in what was asked for prints one line, `vaeshard: error: ...`, and
+exits with 2; a failure while running exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from .config import MODES
+from .io import InputError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_TIMEOUT_S = 600.0
+
+
+# --- parser ----------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,2,4, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers of at least 1, got {text!r}")
+    return values
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    values = tuple(_int_list(text))
+    if len(values) != 5:
+        raise argparse.ArgumentTypeError(f"expected B,C,T,H,W (five numbers), got {text!r}")
+    return values
+
+
+def _mode_list(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(unknown) or text!r}: choose from {', '.join(MODES)}")
+    return modes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .bench import DTYPES, PRESETS
+    from .io import NAMED_CONFIGS
+
+    parser = argparse.ArgumentParser(
+        prog="vaeshard",
+        description=(
+            "Spread the decode of diffusers video VAEs (AutoencoderKLWan, AutoencoderKLQwenImage) over "
+            f"processes. Modes: {', '.join(MODES)}."
+        ),
+        epilog="Run under torchrun to use its ranks instead of processes vaeshard starts itself.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="decode a small latent with a random-weight Wan 2.1 VAE in every mode and check each against diffusers",
+        description="Offline self-check: a Wan 2.1-architecture VAE with random weights decodes one small latent "
+        f"in one process with plain diffusers and then over several ranks in every mode ({', '.join(MODES)}); "
+        "prints a table and exits 0 only if every result matches diffusers.",
+    )
+    demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when enough GPUs are visible, else cpu")
+    demo.add_argument("--nproc", type=_positive_int, default=2, help="ranks to start (default 2)")
+    demo.add_argument("--timeout", type=_positive_float, default=300.0, help="seconds before the run is stopped (default 300)")
+
+    dec = sub.add_parser(
+        "decode",
+        help="decode a latent file to a video, frames or a tensor",
+        description="Decode LATENTS (.safetensors, .pt or .npy; layout B,C,T,H,W) with a diffusers VAE over "
+        "--nproc ranks and write OUT: .mp4 (H.264), .png (one frame), a folder of PNG frames, or the raw "
+        "tensor as .safetensors (key 'sample') / .pt.",
+    )
+    dec.add_argument("latents", metavar="LATENTS", help="latent file: .safetensors, .pt/.pth or .npy")
+    dec.add_argument("--model", required=True, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id")
+    dec.add_argument("--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)")
+    dec.add_argument("--key", default="latents", help="tensor name in a .safetensors or dict .pt file (default: latents)")
+    dec.add_argument("--denormalize", action="store_true", help="apply the VAE's latents_mean/latents_std first, as WanPipeline does")
+    dec.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
+    dec.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
+    dec.add_argument("--nproc", type=_positive_int, default=None, help="ranks to start (default 1; under torchrun: its world size)")
+    dec.add_argument("--mode", choices=MODES, default="auto", help="how the decode is spread (default: auto)")
+    dec.add_argument("--tile-size", type=_positive_int, default=None, metavar="PX", help="tile size in sample pixels (tile mode)")
+    dec.add_argument("--tile-stride", type=_positive_int, default=None, metavar="PX", help="tile stride in sample pixels (tile mode)")
+    dec.add_argument("--out", required=True, metavar="OUT", help="output: .mp4, .png, folder, .safetensors or .pt")
+    dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
+    dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
+    dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
+
+    ben = sub.add_parser(
+        "bench",
+        help="measure latency, memory and exactness of every mode against diffusers",
+        description="Time vaeshard's decode for each mode and rank count against diffusers' single-process "
+        "untiled decode of the same weights and latent, as BENCHMARKING.md describes.",
+    )
+    what = ben.add_mutually_exclusive_group()
+    what.add_argument("--config", choices=tuple(NAMED_CONFIGS), default=None, help="real VAE config with random weights")
+    what.add_argument("--model", default=None, metavar="MODEL", help="local diffusers folder or Hub id")
+    ben.add_argument("--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)")
+    ben.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
+    size = ben.add_mutually_exclusive_group()
+    size.add_argument("--shape", type=_shape, default=None, metavar="B,C,T,H,W", help="latent shape")
+    size.add_argument("--preset", choices=tuple(PRESETS), default=None, help="BENCHMARKING.md subject (sets config and shape)")
+    ben.add_argument("--modes", type=_mode_list, default=list(MODES), metavar="M1,M2", help=f"modes to measure (default: {','.join(MODES)})")
+    ben.add_argument("--nproc", type=_int_list, default=None, metavar="N1,N2", help="rank counts to measure (default: 1,2; under torchrun: its world size)")
+    ben.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
+    ben.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
+    ben.add_argument("--reps", type=_positive_int, default=3, help="timed decodes per point after one warm-up (default 3)")
+    ben.add_argument("--no-ref", action="store_true", help="skip diffusers' reference decode (no ratios, no diffs)")
+    ben.add_argument("--peak-tflops", type=_positive_float, default=None, help="device peak for utilisation (default: 790 on cuda, none on cpu)")
+    ben.add_argument("--tflop", type=_positive_float, default=None, help="FLOPs of one decode in TFLOP (default: the preset's, else counted)")
+    ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
+    ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
+    ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
+    return parser
+
+
+# --- entry point -----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"demo": _demo, "decode": _decode, "bench": _bench}[args.command](args)
+    except ValueError as exc:  # InputError, or the library refusing a request (bad input)
+        return _error(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return _error("interrupted", 130)
+    except Exception as exc:
+        from .launch import LaunchError, WorkerFailed
+
+        if isinstance(exc, WorkerFailed):
+            if exc.user_error:
+                return _error(exc.message, EXIT_USAGE)
+            if exc.detail:
+                sys.stderr.write(exc.detail if exc.detail.endswith("\n") else exc.detail + "\n")
+            return _error(f"rank {exc.rank} failed: {exc.exc_type + ': ' if exc.exc_type else ''}{exc.message}", EXIT_FAILED)
+        if isinstance(exc, LaunchError):
+            return _error(str(exc), EXIT_FAILED)
+        raise
+
+
+def _error(message: str, code: int) -> int:
+    if _is_main_rank():
+        first = " ".join(message.split("\n")).strip()
+        print(f"vaeshard: error: {first}", file=sys.stderr)
+    return code
+
+
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _pick_device(requested: str | None, nproc: int) -> str:
+    """cpu or cuda; cuda needs one visible GPU per rank (per local rank under torchrun)."""
+    from .launch import torchrun_env
+
+    if requested == "cpu":
+        return "cpu"
+    gpus = _cuda_count()
+    need = int(os.environ["LOCAL_RANK"]) + 1 if torchrun_env() else nproc
+    if requested is None:
+        return "cuda" if gpus >= need else "cpu"
+    if gpus < need:
+        visible = f"{gpus} GPU is visible" if gpus == 1 else f"{gpus} GPUs are visible"
+        fix = f"use --nproc {gpus} or fewer, or --device cpu" if gpus else "use --device cpu"
+        raise InputError(f"--device cuda with {nproc} rank(s) needs {need} GPU(s), one per rank, but {visible}: {fix}")
+    return "cuda"
+
+
+def _process_count(requested: int | None, default: int = 1) -> int:
+    from .launch import torchrun_world
+
+    world = torchrun_world()
+    if world is not None:
+        if requested is not None and requested != world:
+            raise InputError(
+                f"--nproc {requested} conflicts with torchrun's {world} ranks: leave out --nproc under torchrun"
+            )
+        return world
+    return default if requested is None else requested
+
+
+# --- demo ------------------------------------------------------------------------------------------
+
+
+def _demo(args) -> int:
+    from .bench import run_demo
+    from .launch import torchrun_world
+
+    nproc = torchrun_world() or args.nproc
+    device = _pick_device(args.device, nproc)
+    ok = run_demo(nproc=nproc, device=device, group_timeout=args.timeout, timeout=args.timeout, out=_main_print)
+    return EXIT_OK if ok else EXIT_FAILED
+
+
+def _main_print(*parts) -> None:
+    if _is_main_rank():
+        print(*parts, flush=True)
+
+
+# --- decode ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeJob:
+    latents: str
+    key: str
+    model: object  # vaeshard.io.ModelSource
+    dtype: str
+    mode: str
+    tile: tuple[int | None, int | None]
+    denormalize: bool
+    out: str
+    out_kind: str
+    fps: int
+    progress: bool
+    timeout: float
+
+
+def _decode(args) -> int:
+    from . import io
+
+    nproc = _process_count(args.nproc)
+    device = _pick_device(args.device, nproc)
+    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    out_kind = io.output_kind(args.out)
+    z = io.load_latents(args.latents, args.key)
+    model = io.resolve_model(args.model, args.subfolder, args.offline)
+    io.check_latents(z, model.z_dim(), source=f"latents in {args.latents!r}")
+    if args.denormalize:
+        for name in ("latents_mean", "latents_std"):
+            values = model.config.get(name)
+            if not isinstance(values, list) or len(values) != z.shape[1]:
+                raise InputError(f"--denormalize needs {name} with {z.shape[1]} entries in the model's config; it has {values!r}")
+    _check_tiles(args.tile_size, args.tile_stride, model)
+    frames = _frames_out(model, z.shape[2])
+    io.check_output(args.out, out_kind, z.shape[0], frames, model.sample_channels())
+    job = DecodeJob(
+        latents=args.latents,
+        key=args.key,
+        model=model,
+        dtype=dtype,
+        mode=args.mode,
+        tile=(args.tile_size, args.tile_stride),
+        denormalize=args.denormalize,
+        out=args.out,
+        out_kind=out_kind,
+        fps=args.fps,
+        progress=not args.quiet,
+        timeout=args.timeout,
+    )
+    from . import launch
+
+    if nproc == 1 and not launch.torchrun_env():
+        summary = _decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
+    else:
+        summary = launch.run(_decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
+    if not args.quiet:
+        _main_print(
+            f"wrote {args.out}: {summary['frames']} frame(s) {summary['width']}x{summary['height']}, "
+            f"{summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s"
+        )
+    return EXIT_OK
+
+
+def _frames_out(model, latent_frames: int) -> int:
+    """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
+    factor = 2 ** sum(bool(d) for d in model.config.get("temperal_downsample", [False, True, True]))
+    return 1 + (latent_frames - 1) * factor
+
+
+def _check_tiles(size: int | None, stride: int | None, model) -> None:
+    if size is None and stride is None:
+        return
+    if size is None or stride is None:
+        raise InputError("--tile-size and --tile-stride go together: give both (e.g. --tile-size 256 --tile-stride 192)")
+    ratio = int(model.config.get("scale_factor_spatial") or 8)
+    if size % ratio or stride % ratio:
+        raise InputError(f"--tile-size {size} and --tile-stride {stride} must be multiples of this VAE's spatial factor {ratio}")
+    if stride > size:
+        raise InputError(f"--tile-stride {stride} is larger than --tile-size {size}: tiles must overlap or touch")
+
+
+def _decode_worker(ctx, job: DecodeJob) -> dict:
+    import logging
+    import warnings
+
+    import torch
+
+    import vaeshard
+
+    from . import io
+    from .bench import torch_dtype
+
+    if not ctx.is_main:
+        logging.getLogger("vaeshard").setLevel(logging.ERROR)
+        warnings.filterwarnings("ignore")
+    dtype = torch_dtype(job.dtype)
+    vae = job.model.load(dtype=dtype, device=ctx.device)
+    size, stride = job.tile
+    if size is not None:
+        vae.tile_sample_min_height = vae.tile_sample_min_width = size
+        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+    z = io.load_latents(job.latents, job.key).to(ctx.device)
+    if job.denormalize:
+        z = io.denormalize(z, vae.config.latents_mean, vae.config.latents_std, vae.dtype)
+    else:
+        z = z.to(vae.dtype)
+    chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
+    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout)
+    bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
+    try:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            video = vae.decode(z).sample
+        ctx.synchronize()
+        seconds = time.perf_counter() - t0
+    finally:
+        if bar is not None:
+            bar.finish()
+    if not ctx.is_main:
+        return {}
+    io.write_output(video, job.out, job.out_kind, job.fps)
+    b, c, t, h, w = video.shape
+    return {"strategy": chosen.strategy, "reason": chosen.reason, "seconds": seconds, "frames": t, "height": h, "width": w}
+
+
+class _Progress:
+    """A tqdm bar over latent frames, advanced by a forward hook on the decoder (called once per
+    latent frame, per tile in tile mode)."""
+
+    def __init__(self, vae, bar, calls_per_frame: int):
+        self.bar, self.calls_per_frame, self.calls = bar, calls_per_frame, 0
+        self.handle = vae.decoder.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self.calls += 1
+        done = min(self.bar.total, self.calls // self.calls_per_frame)
+        if done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+
+    def finish(self) -> None:
+        self.handle.remove()
+        self.bar.update(self.bar.total - self.bar.n)
+        self.bar.close()
+
+
+def _progress(vae, z, strategy: str, ctx):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    calls_per_frame = 1
+    if strategy == "tile":
+        # tiles this rank decodes, about evenly spread (the bar's pace only; it completes at the end)
+        ratio = vae.spatial_compression_ratio
+        rows = len(range(0, z.shape[3], max(1, vae.tile_sample_stride_height // ratio)))
+        cols = len(range(0, z.shape[4], max(1, vae.tile_sample_stride_width // ratio)))
+        calls_per_frame = max(1, -(-rows * cols // ctx.world))
+    batch = z.shape[0] if getattr(vae, "use_slicing", False) else 1
+    bar = tqdm(total=z.shape[2] * batch, desc="decode", unit="frame", file=sys.stderr, leave=False)
+    return _Progress(vae, bar, calls_per_frame)
+
+
+# --- bench -----------------------------------------------------------------------------------------
+
+
+def _bench(args) -> int:
+    from . import bench, io, launch
+
+    world = launch.torchrun_world()
+    nprocs = [world] if world else (args.nproc or [1, 2])
+    if world and args.nproc not in (None, [world]):
+        raise InputError(f"--nproc {','.join(map(str, args.nproc))} conflicts with torchrun's {world} ranks: leave out --nproc")
+    device = _pick_device(args.device, max(nprocs))
+    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    preset_flops = None
+    if args.preset is not None:
+        if args.model is not None:
+            raise InputError("--preset sets the model config: use --config with --preset, or --shape with --model")
+        config, shape, preset_flops = bench.PRESETS[args.preset]
+        if args.config is not None and args.config != config:
+            raise InputError(f"--preset {args.preset} is a {config} subject, not {args.config}: drop --config")
+        model = io.named_model(config)
+    else:
+        if args.config is None and args.model is None:
+            raise InputError("say what to measure: --config NAME or --model PATH, with --shape B,C,T,H,W, or --preset NAME")
+        if args.shape is None:
+            raise InputError("--shape B,C,T,H,W is needed with --config or --model (or use --preset)")
+        shape = args.shape
+        model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
+    io.check_latent_shape(shape, model.z_dim(), source=f"latent shape {tuple(shape)}")
+    for path in (args.json, args.plot):
+        if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise InputError(f"cannot write {path!r}: its folder does not exist")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise InputError("--plot needs matplotlib (pip install matplotlib): install it, or leave out --plot")
+    peak = args.peak_tflops if args.peak_tflops is not None else (bench.H200_BF16_PEAK_TFLOPS if device == "cuda" else None)
+    result = bench.run_bench(
+        model,
+        shape,
+        modes=args.modes,
+        nprocs=nprocs,
+        dtype=dtype,
+        device=device,
+        reps=args.reps,
+        reference=not args.no_ref,
+        tflop=args.tflop,
+        preset_flops=preset_flops,
+        peak_tflops=peak,
+        group_timeout=args.timeout,
+        timeout=None,
+        log=_bench_log,
+    )
+    if not _is_main_rank():
+        return EXIT_OK
+    print(bench.bench_table(result), flush=True)
+    if args.json:
+        bench.write_json(result, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        bench.plot(result, args.plot)
+        print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def _bench_log(message: str) -> None:
+    if _is_main_rank():
+        print(f"[bench] {message}", file=sys.stderr, flush=True)

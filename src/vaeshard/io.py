@@ -1,0 +1,543 @@
+"""Reading models and latents, and writing decoded videos, for the command line.
+
+Models: a local diffusers folder (a VAE folder, or a pipeline folder with a `vae/` subfolder), a
+Hub id, or one of the named real configs with random weights (`wan21`, `wan22`, `qwenimage`).
+Latents: `.safetensors` (one named tensor), `.pt`/`.pth` (a tensor, or a dict holding one) or `.npy`,
+in the (B, C, T, H, W) layout diffusers' video VAEs decode. Outputs: an H.264 `.mp4`, a folder of
+PNG frames, a single `.png`, or the raw tensor as `.safetensors` (key `sample`) / `.pt`. Every output
+is written to a temporary name next to its destination and renamed into place, so a failed run
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+LATENT_SUFFIXES = (".safetensors", ".pt", ".pth", ".npy")
+OUTPUT_KINDS = ("mp4", "png", "frames", "safetensors", "pt")
+SAFETENSORS_OUTPUT_KEY = "sample"
+
+
+class InputError(ValueError):
+    """A problem with what the user asked for (a file, a key, a shape); the message says what to do."""
+
+
+# --- models ----------------------------------------------------------------------------------------
+
+SUPPORTED_CLASSES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
+
+# Wan 2.2 (TI2V-5B) VAE: the values of its diffusers vae/config.json that differ from
+# AutoencoderKLWan's defaults, including its 48-channel latent statistics.
+WAN22_CONFIG = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+    "latents_mean": [
+        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+        -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+        -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+        -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+        0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+    ],
+    "latents_std": [
+        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+        0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+        0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+        0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+    ],
+}  # fmt: skip
+
+# name -> (diffusers class, constructor arguments): the real configs, built with random weights.
+NAMED_CONFIGS = {
+    "wan21": ("AutoencoderKLWan", {}),  # AutoencoderKLWan's defaults are the Wan 2.1 VAE
+    "wan22": ("AutoencoderKLWan", WAN22_CONFIG),
+    "qwenimage": ("AutoencoderKLQwenImage", {}),  # likewise the Qwen-Image VAE
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a worker gets its VAE: a local diffusers folder, or a named config with random weights."""
+
+    class_name: str
+    config: dict  # the model's config (config.json, or the constructor arguments of a named config)
+    path: str | None = None  # local folder holding config.json and the weights
+    named: str | None = None  # one of NAMED_CONFIGS
+
+    @property
+    def description(self) -> str:
+        if self.named is not None:
+            return f"{self.named} config ({self.class_name}), random weights (torch.manual_seed(0))"
+        return f"{self.path} ({self.class_name})"
+
+    def z_dim(self) -> int:
+        return int(self.config.get("z_dim", 16))
+
+    def sample_channels(self) -> int:
+        """Channels of a decoded sample, after unpatchify (3 for RGB)."""
+        channels = self.config.get("out_channels", self.config.get("input_channels", 3))
+        patch = self.config.get("patch_size") or 1
+        return int(channels) // (patch * patch)
+
+    def load(self, dtype=None, device=None):
+        """The VAE in eval mode (random weights seeded with 0 for a named config)."""
+        import diffusers
+        import torch
+
+        cls = getattr(diffusers, self.class_name)
+        if self.named is not None:
+            torch.manual_seed(0)
+            vae = cls(**self.config)
+            if dtype is not None and dtype != torch.float32:
+                from diffusers.utils import logging as diffusers_logging
+
+                # diffusers warns on any dtype cast of a model that was not loaded with torch_dtype
+                previous = diffusers_logging.get_verbosity()
+                diffusers_logging.set_verbosity_error()
+                try:
+                    vae = vae.to(dtype=dtype)
+                finally:
+                    diffusers_logging.set_verbosity(previous)
+        else:
+            # without accelerate, diffusers would fall back to a full load anyway, with a warning
+            low_memory = importlib.util.find_spec("accelerate") is not None
+            vae = cls.from_pretrained(self.path, local_files_only=True, torch_dtype=dtype, low_cpu_mem_usage=low_memory)
+        if device is not None:
+            vae = vae.to(device)
+        return vae.eval()
+
+
+def named_model(name: str) -> ModelSource:
+    if name not in NAMED_CONFIGS:
+        raise InputError(f"unknown config {name!r}: choose one of {', '.join(NAMED_CONFIGS)}")
+    class_name, kwargs = NAMED_CONFIGS[name]
+    import diffusers
+
+    # the full config, so z_dim and channels are known without building the model
+    defaults = {k: v.default for k, v in _init_parameters(getattr(diffusers, class_name)).items()}
+    return ModelSource(class_name=class_name, config={**defaults, **kwargs}, named=name)
+
+
+def _init_parameters(cls) -> dict:
+    import inspect
+
+    return {k: v for k, v in inspect.signature(cls.__init__).parameters.items() if k != "self"}
+
+
+def resolve_model(model: str, subfolder: str | None = None, offline: bool = False) -> ModelSource:
+    """A local folder or a Hub id -> a ModelSource with a local path, or InputError saying what to do.
+
+    A Hub id is fetched here, once, so that every worker loads the same local files.
+    """
+    p = Path(model).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise InputError(f"model {model!r} is a file: pass a diffusers folder (with config.json, or with a vae/ subfolder)")
+        return _local_model(p, subfolder)
+    if _looks_like_path(model):
+        raise InputError(f"model folder {model!r} does not exist: pass an existing diffusers folder or a Hub id (owner/name)")
+    return _hub_model(model, subfolder, offline)
+
+
+def _looks_like_path(model: str) -> bool:
+    return (
+        model.startswith((".", "/", "~", "\\"))
+        or model.count("/") > 1
+        or os.sep in model.replace("/", "")
+        or model.endswith("/")
+        or model.strip() != model
+        or model == ""
+    )
+
+
+def _local_model(root: Path, subfolder: str | None) -> ModelSource:
+    if subfolder is None:
+        subfolder = "vae" if (root / "vae").is_dir() else None
+    folder = root / subfolder if subfolder else root
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        where = f"{str(root)!r} (subfolder {subfolder!r})" if subfolder else repr(str(root))
+        raise InputError(
+            f"no config.json in {where}: pass a diffusers VAE folder, a pipeline folder with a vae/ subfolder, "
+            "or --subfolder NAME"
+        )
+    if not any(folder.glob("diffusion_pytorch_model*.safetensors")) and not any(folder.glob("diffusion_pytorch_model*.bin")):
+        raise InputError(
+            f"{str(folder)!r} has a config.json but no weights (diffusion_pytorch_model*.safetensors or .bin): "
+            "save the VAE with save_pretrained, or pass a complete model folder"
+        )
+    return _source_from_config(folder, config_file, str(root))
+
+
+def _source_from_config(folder: Path, config_file: Path, shown: str) -> ModelSource:
+    import json
+
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read {str(config_file)!r} ({exc}): check the model folder") from exc
+    class_name = config.get("_class_name")
+    if class_name not in SUPPORTED_CLASSES:
+        raise InputError(
+            f"model {shown!r} is a {class_name or 'model without _class_name'}: vaeshard decodes "
+            f"{' and '.join(SUPPORTED_CLASSES)}; pass the VAE of a Wan or Qwen-Image pipeline"
+        )
+    return ModelSource(class_name=class_name, config=config, path=str(folder))
+
+
+def _hub_model(repo_id: str, subfolder: str | None, offline: bool) -> ModelSource:
+    try:
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.utils import logging as hub_logging
+    except ImportError as exc:  # pragma: no cover - diffusers depends on huggingface_hub
+        raise InputError(f"model {repo_id!r} is not a local folder: pass a local diffusers folder") from exc
+
+    offline = offline or bool(constants.HF_HUB_OFFLINE)
+    reachable = not offline and _endpoint_reachable(constants.ENDPOINT)
+    previous = hub_logging.get_verbosity()
+    hub_logging.set_verbosity_error()  # no retry chatter: one error line is the contract
+    try:
+        if subfolder is None:
+            subfolder = _hub_subfolder(repo_id, local_only=not reachable)
+        patterns = [f"{subfolder}/*"] if subfolder else ["*.json", "*.safetensors", "*.bin"]
+        root = snapshot_download(repo_id, allow_patterns=patterns, local_files_only=not reachable)
+    except InputError:
+        raise
+    except Exception as exc:
+        if not reachable:
+            why = "offline mode is on" if offline else f"the Hub ({constants.ENDPOINT}) cannot be reached"
+            raise InputError(
+                f"model {repo_id!r} is not a local folder and not in the local cache, and {why}: "
+                "pass a local diffusers folder, or connect to the network"
+            ) from exc
+        raise InputError(f"cannot fetch model {repo_id!r} ({_first_line(exc)}): check the id, or pass a local folder") from exc
+    finally:
+        hub_logging.set_verbosity(previous)
+    return _local_model(Path(root), subfolder or "")
+
+
+def _hub_subfolder(repo_id: str, local_only: bool) -> str:
+    """`vae` when the repository is a pipeline with a vae/ folder, else the root."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        hf_hub_download(repo_id, "vae/config.json", local_files_only=local_only)
+        return "vae"
+    except LocalEntryNotFoundError:  # (a subclass of EntryNotFoundError) not cached
+        if not local_only:
+            raise
+        hf_hub_download(repo_id, "config.json", local_files_only=True)
+        return ""
+    except EntryNotFoundError:  # the repository has no vae/ folder
+        return ""
+
+
+def _endpoint_reachable(endpoint: str, timeout: float = 5.0) -> bool:
+    """One quick TCP connection, so an offline machine gets its error at once rather than after retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(endpoint)
+    if not url.hostname:
+        return False
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+# --- latents ---------------------------------------------------------------------------------------
+
+
+def load_latents(path: str | os.PathLike, key: str = "latents"):
+    """The latent tensor stored in `path` (on CPU, its stored dtype), or InputError."""
+    import torch
+
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"latents file {str(p)!r} does not exist: pass the path of a .safetensors, .pt or .npy file")
+    if p.is_dir():
+        raise InputError(f"latents path {str(p)!r} is a folder: pass a .safetensors, .pt or .npy file")
+    suffix = p.suffix.lower()
+    if suffix == ".safetensors":
+        z = _load_safetensors(p, key)
+    elif suffix in (".pt", ".pth"):
+        z = _load_torch(p, key)
+    elif suffix == ".npy":
+        z = _load_numpy(p)
+    else:
+        raise InputError(
+            f"latents file {str(p)!r} has an unsupported suffix {suffix or '(none)'!r}: use .safetensors, .pt or .npy"
+        )
+    if not isinstance(z, torch.Tensor):
+        raise InputError(f"{str(p)!r} holds a {type(z).__name__}, not a tensor")
+    if not z.is_floating_point():
+        raise InputError(f"latents in {str(p)!r} have dtype {z.dtype}: expected a floating-point tensor")
+    return z
+
+
+def _load_safetensors(p: Path, key: str):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            keys = list(f.keys())
+            if key not in keys:
+                raise InputError(
+                    f"{str(p)!r} has no tensor named {key!r} (it has: {', '.join(keys) or 'none'}): pass --key NAME"
+                )
+            return f.get_tensor(key)
+    except (SafetensorError, OSError) as exc:
+        raise InputError(f"cannot read {str(p)!r} as safetensors ({exc}): check the file") from exc
+
+
+def _load_torch(p: Path, key: str):
+    import torch
+
+    try:
+        obj = torch.load(str(p), map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise InputError(f"cannot read {str(p)!r} with torch.load ({_first_line(exc)}): check the file") from exc
+    if isinstance(obj, dict):
+        if key not in obj:
+            names = ", ".join(str(k) for k in obj) or "none"
+            raise InputError(f"{str(p)!r} holds a dict without the key {key!r} (it has: {names}): pass --key NAME")
+        obj = obj[key]
+    return obj
+
+
+def _load_numpy(p: Path):
+    import numpy as np
+    import torch
+
+    try:
+        array = np.load(str(p), allow_pickle=False)
+    except Exception as exc:
+        raise InputError(f"cannot read {str(p)!r} with numpy.load ({_first_line(exc)}): check the file") from exc
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def check_latents(z, z_dim: int, source: str = "latents") -> None:
+    """InputError unless `z` is a (B, C, T, H, W) latent with C == the VAE's z_dim."""
+    check_latent_shape(tuple(z.shape), z_dim, source)
+
+
+def check_latent_shape(shape: tuple[int, ...], z_dim: int, source: str = "latents") -> None:
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 5:
+        raise InputError(
+            f"{source} have shape {shape} ({len(shape)}-D): this VAE decodes 5-D latents (B, C, T, H, W) "
+            f"with C = {z_dim}; add the missing dimensions (e.g. a batch or frame dimension of 1)"
+        )
+    if shape[1] != z_dim:
+        raise InputError(
+            f"{source} have {shape[1]} channels (shape {shape}), but this VAE expects {z_dim} "
+            "(its z_dim) in layout (B, C, T, H, W): check the model matches the latents"
+        )
+    if any(s == 0 for s in shape):
+        raise InputError(f"{source} are empty (shape {shape})")
+
+
+def denormalize(z, latents_mean, latents_std, dtype):
+    """Undo the latent normalisation the way diffusers' WanPipeline / QwenImagePipeline do before decode."""
+    import torch
+
+    z = z.to(dtype)
+    channels = z.shape[1]
+    mean = torch.tensor(latents_mean).view(1, channels, 1, 1, 1).to(z.device, z.dtype)
+    inv_std = 1.0 / torch.tensor(latents_std).view(1, channels, 1, 1, 1).to(z.device, z.dtype)
+    return z / inv_std + mean
+
+
+# --- outputs ---------------------------------------------------------------------------------------
+
+
+def output_kind(path: str | os.PathLike) -> str:
+    """What `path` asks to be written: one of OUTPUT_KINDS, or InputError."""
+    p = Path(path)
+    if p.is_dir():
+        return "frames"
+    suffix = p.suffix.lower()
+    kinds = {".mp4": "mp4", ".png": "png", ".safetensors": "safetensors", ".pt": "pt", ".pth": "pt"}
+    if suffix in kinds:
+        return kinds[suffix]
+    if suffix == "":
+        return "frames"
+    raise InputError(
+        f"cannot write {str(p)!r}: unsupported suffix {suffix!r}; use .mp4, .png, .safetensors, .pt, "
+        "or a folder name (no suffix) for PNG frames"
+    )
+
+
+def check_output(path: str | os.PathLike, kind: str, batch: int, frames: int, channels: int) -> None:
+    """InputError if the decoded (batch, channels, frames, H, W) video cannot be written as `kind` at `path`."""
+    p = Path(path)
+    parent = p.resolve().parent
+    if not parent.is_dir():
+        raise InputError(f"cannot write {str(p)!r}: the folder {str(parent)!r} does not exist; create it first")
+    if p.exists() and kind != "frames" and p.is_dir():
+        raise InputError(f"cannot write {str(p)!r}: it is a folder")
+    if kind in ("mp4", "png", "frames") and channels != 3:
+        raise InputError(
+            f"this VAE decodes {channels}-channel samples, which are not RGB images: write .safetensors or .pt"
+        )
+    if kind in ("mp4", "png") and batch != 1:
+        raise InputError(
+            f"the latents hold a batch of {batch}; {kind} holds one video: write a folder of frames, "
+            ".safetensors or .pt, or pass one batch item"
+        )
+    if kind == "mp4" and importlib.util.find_spec("av") is None:
+        raise InputError("writing .mp4 needs PyAV (pip install av): install it, or write PNG frames or a tensor")
+    if kind == "png" and frames != 1:
+        raise InputError(
+            f"the latents decode to {frames} frames; a .png holds one: write .mp4 or a folder of frames"
+        )
+
+
+def to_uint8_frames(video_bcthw):
+    """[-1, 1] samples -> uint8 numpy (B, T, H, W, C), rounded the way diffusers' image processor does."""
+    import torch
+
+    x = (video_bcthw.detach().to("cpu", torch.float32) / 2 + 0.5).clamp(0, 1)
+    return (x.permute(0, 2, 3, 4, 1) * 255).round().to(torch.uint8).numpy()
+
+
+def write_output(video_bcthw, path: str | os.PathLike, kind: str, fps: int = 16) -> list[str]:
+    """Write the decoded video; returns the paths written. Nothing is left at `path` on failure."""
+    p = Path(path)
+    if kind == "frames":
+        return _write_frames(video_bcthw, p)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.resolve().parent))
+    os.close(fd)
+    try:
+        if kind == "mp4":
+            _write_mp4(video_bcthw, tmp, fps)
+        elif kind == "png":
+            _write_png(to_uint8_frames(video_bcthw)[0, 0], tmp)
+        elif kind == "safetensors":
+            from safetensors.torch import save_file
+
+            save_file({SAFETENSORS_OUTPUT_KEY: video_bcthw.detach().cpu().contiguous()}, tmp)
+        elif kind == "pt":
+            import torch
+
+            torch.save(video_bcthw.detach().cpu(), tmp)
+        else:
+            raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(OUTPUT_KINDS)}")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual mode
+        os.replace(tmp, p)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return [str(p)]
+
+
+def _write_mp4(video_bcthw, path: str, fps: int) -> None:
+    import av
+
+    frames = to_uint8_frames(video_bcthw)[0]
+    _, height, width, _ = frames.shape
+    if height % 2 or width % 2:
+        raise InputError(f"H.264 needs an even frame size, got {width}x{height}: write PNG frames or a tensor instead")
+    container = av.open(path, mode="w", format="mp4")
+    try:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"crf": "17"}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    finally:
+        container.close()
+
+
+def _write_png(frame_hwc, path: str) -> None:
+    from PIL import Image
+
+    Image.fromarray(frame_hwc).save(path, format="PNG")
+
+
+def _write_frames(video_bcthw, p: Path) -> list[str]:
+    """PNG frames `00000.png`... (`b00_00000.png`... for a batch) into folder `p`."""
+    frames = to_uint8_frames(video_bcthw)
+    batch, count = frames.shape[:2]
+    existing = p.is_dir()
+    tmp_dir = tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.resolve().parent))
+    names = []
+    try:
+        for b in range(batch):
+            for t in range(count):
+                name = f"{t:05d}.png" if batch == 1 else f"b{b:02d}_{t:05d}.png"
+                _write_png(frames[b, t], os.path.join(tmp_dir, name))
+                names.append(name)
+        for name in names:
+            os.chmod(os.path.join(tmp_dir, name), 0o666 & ~_umask())
+        if existing:
+            for name in names:
+                os.replace(os.path.join(tmp_dir, name), p / name)
+            os.rmdir(tmp_dir)
+        else:
+            os.chmod(tmp_dir, 0o777 & ~_umask())
+            os.replace(tmp_dir, p)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    return [str(p / name) for name in names]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+__all__ = [
+    "InputError",
+    "ModelSource",
+    "NAMED_CONFIGS",
+    "SUPPORTED_CLASSES",
+    "named_model",
+    "resolve_model",
+    "LATENT_SUFFIXES",
+    "OUTPUT_KINDS",
+    "SAFETENSORS_OUTPUT_KEY",
+    "check_latent_shape",
+    "check_latents",
+    "check_output",
+    "denormalize",
+    "load_latents",
+    "output_kind",
+    "to_uint8_frames",
+    "write_output",
+]

@@ -1,0 +1,320 @@
+"""Run a function on N ranks of a fresh process group, bounded in time, and collect the results.
+
+The command line uses this to start its own workers: `run(fn, nproc, *args)` spawns `nproc`
+processes, gives each a process group (gloo on CPU through a file store in a temporary directory, so
+no port can collide; NCCL with one GPU per rank on CUDA), calls `fn(ctx, *args)` on every rank and
+returns the values in rank order. If a rank raises, dies, or the deadline passes, every other rank
+is killed at once and the parent raises: nothing is left waiting in a collective.
+
+When the process was started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR set), `run`
+does not spawn: this process is one of torchrun's ranks, the group comes from torchrun's rendezvous,
+and every rank gets every rank's value.
+
+This module owns the process group of a command-line run; the library itself (`comm.py`) only ever
+uses a group it is given.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue as queue_mod
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+DEFAULT_GROUP_TIMEOUT_S = 600.0
+_POLL_S = 0.2
+_KILL_GRACE_S = 3.0
+_EXIT_GRACE_S = 10.0
+
+
+class LaunchError(RuntimeError):
+    """A distributed run did not complete."""
+
+
+class LaunchTimeout(LaunchError):
+    """The run passed its deadline; every rank was killed."""
+
+
+class WorkerFailed(LaunchError):
+    """A rank raised (or died); every other rank was killed.
+
+    `exc_type` is the name of the exception class the rank raised, `message` its text and
+    `detail` the rank's traceback (empty when the rank died without reporting).
+    """
+
+    def __init__(self, rank: int, exc_type: str, message: str, detail: str = "", user_error: bool = False):
+        self.rank, self.exc_type, self.message, self.detail = rank, exc_type, message, detail
+        self.user_error = user_error  # the rank raised ValueError: bad input, not a bug
+        super().__init__(f"rank {rank} failed: {exc_type}: {message}" if exc_type else f"rank {rank} failed: {message}")
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Who this process is in the run; passed as the first argument of the function `run` calls."""
+
+    rank: int
+    world: int
+    local_rank: int
+    device: str  # "cpu" or "cuda:<local rank>"
+    backend: str | None  # "gloo", "nccl", or None for a run without a process group
+    torchrun: bool = False
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def barrier(self) -> None:
+        """Wait for every rank (no-op without a process group)."""
+        if self.backend is None or self.world == 1:
+            return
+        import torch.distributed as dist
+
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.local_rank])
+        else:
+            dist.barrier()
+
+    def synchronize(self) -> None:
+        """Wait for this rank's queued GPU work (no-op on CPU), before reading a host clock."""
+        if self.is_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+def torchrun_env() -> bool:
+    """True when this process was started by torchrun (or an equivalent launcher)."""
+    return all(v in os.environ for v in TORCHRUN_VARS)
+
+
+def torchrun_world() -> int | None:
+    return int(os.environ["WORLD_SIZE"]) if torchrun_env() else None
+
+
+def cpu_threads_per_rank(nproc: int) -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, nproc))
+
+
+def inline_context(device: str = "cpu") -> RankContext:
+    """The context of a one-process run in this process, without a process group."""
+    return RankContext(rank=0, world=1, local_rank=0, device=device, backend=None)
+
+
+def run(
+    fn,
+    nproc: int,
+    *args,
+    device: str = "cpu",
+    timeout: float | None = None,
+    group_timeout: float = DEFAULT_GROUP_TIMEOUT_S,
+) -> list:
+    """Call `fn(ctx, *args)` on `nproc` ranks; return the values in rank order.
+
+    fn:            a module-level function (it is pickled into spawned processes); its return value
+                   must be picklable and hold CPU tensors only.
+    device:        "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r).
+    timeout:       deadline for the whole run in seconds (None: no deadline; a rank that raises or
+                   dies still ends the run at once).
+    group_timeout: bound on every collective of the process group.
+    Raises WorkerFailed if a rank raises or dies, LaunchTimeout past the deadline.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    if torchrun_env():
+        return _run_under_torchrun(fn, nproc, args, device, group_timeout)
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, got {nproc}")
+    return _spawn(fn, nproc, args, device, timeout, group_timeout)
+
+
+# --- spawned workers -------------------------------------------------------------------------------
+
+
+def _spawn(fn, nproc, args, device, timeout, group_timeout) -> list:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
+    with tempfile.TemporaryDirectory(prefix="vaeshard-rdzv-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = [
+            ctx.Process(
+                target=_worker,
+                args=(rank, nproc, device, init_file, fn, args, results, group_timeout, threads),
+                daemon=True,
+                name=f"vaeshard-rank{rank}",
+            )
+            for rank in range(nproc)
+        ]
+        values = None
+        try:
+            for p in procs:
+                p.start()
+            values = _collect(procs, results, nproc, timeout)
+        finally:
+            # After success the ranks are only tearing down: let them exit on their own first.
+            _stop_all(procs, wait=_EXIT_GRACE_S if values is not None else 0.0)
+            results.close()
+            results.join_thread()
+    return values
+
+
+def _collect(procs, results, nproc: int, timeout: float | None) -> list:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    values: dict[int, object] = {}
+
+    def take(item) -> None:
+        rank, ok, payload = item
+        if not ok:
+            exc_type, message, detail, user_error = payload
+            raise WorkerFailed(rank, exc_type, message, detail, user_error)
+        values[rank] = pickle.loads(payload)
+
+    while len(values) < nproc:
+        if deadline is not None and time.monotonic() >= deadline:
+            waiting = [r for r in range(nproc) if r not in values]
+            raise LaunchTimeout(f"ranks {waiting} did not finish within {timeout:g} s; all ranks were stopped")
+        try:
+            take(results.get(timeout=_POLL_S))
+            continue
+        except queue_mod.Empty:
+            pass
+        dead = [r for r, p in enumerate(procs) if r not in values and not p.is_alive()]
+        if dead:
+            # A rank that reported and then exited may still have its report in the pipe.
+            try:
+                while True:
+                    take(results.get(timeout=_POLL_S))
+            except queue_mod.Empty:
+                pass
+            dead = [r for r in dead if r not in values]
+            if dead:
+                r = dead[0]
+                code = procs[r].exitcode
+                if code is not None and code < 0:
+                    how = f"was killed by signal {-code}" + (" (out of memory?)" if code == -9 else "")
+                else:
+                    how = f"exited with code {code}"
+                raise WorkerFailed(r, "", f"the process {how} before reporting a result")
+    return [values[r] for r in range(nproc)]
+
+
+def _stop_all(procs, wait: float) -> None:
+    """Let the ranks exit within `wait` seconds, then terminate, then kill whatever is left."""
+    end = time.monotonic() + wait
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + _KILL_GRACE_S
+    for p in procs:
+        if p.pid is None:
+            continue
+        p.join(timeout=max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=_KILL_GRACE_S)
+
+
+def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+            dist.init_process_group(
+                "nccl",
+                init_method=f"file://{init_file}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=group_timeout),
+                device_id=torch.device("cuda", rank),
+            )
+            ctx = RankContext(rank, world, rank, f"cuda:{rank}", "nccl")
+        else:
+            dist.init_process_group(
+                "gloo",
+                init_method=f"file://{init_file}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=group_timeout),
+            )
+            ctx = RankContext(rank, world, rank, "cpu", "gloo")
+        value = fn(ctx, *args)
+        results.put((rank, True, pickle.dumps(value)))
+    except BaseException as exc:  # report everything, also KeyboardInterrupt and SystemExit
+        results.put((rank, False, _describe_failure(exc)))
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+
+
+def _describe_failure(exc: BaseException) -> tuple[str, str, str, bool]:
+    return type(exc).__name__, str(exc), traceback.format_exc(), isinstance(exc, ValueError)
+
+
+# --- torchrun --------------------------------------------------------------------------------------
+
+
+def _run_under_torchrun(fn, nproc, args, device, group_timeout) -> list:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if nproc is not None and nproc != world:
+        raise ValueError(
+            f"this run was started by torchrun with {world} ranks, so it cannot use {nproc}: "
+            f"leave out the process count or set it to {world}"
+        )
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+    backend = "nccl" if device == "cuda" else "gloo"
+    if not dist.is_initialized():
+        kwargs = {"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}
+        dist.init_process_group(backend, timeout=timedelta(seconds=group_timeout), **kwargs)
+    ctx = RankContext(rank, world, local_rank, f"cuda:{local_rank}" if device == "cuda" else "cpu", backend, torchrun=True)
+    # A failing rank does not enter the exchange below: it raises, its process exits non-zero and
+    # torchrun stops the other ranks (which may be waiting in a collective of `fn`).
+    try:
+        value = fn(ctx, *args)
+    except Exception as exc:
+        exc_type, message, detail, user_error = _describe_failure(exc)
+        raise WorkerFailed(rank, exc_type, message, detail, user_error) from exc
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, pickle.dumps(value))
+    return [pickle.loads(payload) for payload in gathered]
+
+
+__all__ = [
+    "LaunchError",
+    "LaunchTimeout",
+    "RankContext",
+    "WorkerFailed",
+    "cpu_threads_per_rank",
+    "inline_context",
+    "run",
+    "torchrun_env",
+    "torchrun_world",
+]

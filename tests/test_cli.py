@@ -1,0 +1,467 @@
+"""The `vaeshard` command line, run as a user runs it (subprocesses, CPU, gloo), and its launcher.
+
+Decodes use small seeded VAEs saved with `save_pretrained`; only `demo` builds the real Wan 2.1
+config. Every result is compared with the library or diffusers in this process, same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vaeshard.config import MODES
+
+from .models import build, latent
+
+SMALL_SHAPE = (1, 4, 3, 6, 8)  # decodes to 9 frames of 48 x 64 with the small Wan 2.1 config
+
+
+def vaeshard_cli(*args, env=None, timeout=150, cwd=None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "vaeshard", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    """A saved small Wan VAE, a pipeline-style folder holding a small Qwen-Image VAE under vae/,
+    a Wan VAE with non-trivial latent statistics, and latents in every supported format."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("cli-assets")
+    build("wan21").save_pretrained(root / "wan21")
+    build("qwenimage").save_pretrained(root / "pipeline" / "vae")
+    _wan_with_stats().save_pretrained(root / "wan21_stats")
+    z = latent(SMALL_SHAPE)
+    save_file({"latents": z}, root / "z.safetensors")
+    torch.save({"latents": z}, root / "z.pt")
+    np.save(root / "z.npy", z.numpy())
+    save_file({"latents": latent((1, 4, 1, 6, 8), seed=2)}, root / "image.safetensors")
+    (root / "config_only").mkdir()
+    shutil.copy(root / "wan21" / "config.json", root / "config_only" / "config.json")
+    (root / "unet").mkdir()
+    (root / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DConditionModel"}))
+    (root / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    torch.save(latent((1, 5, 3, 6, 8)), root / "wrong_channels.pt")
+    torch.save(latent((4, 3, 6, 8)), root / "four_d.pt")
+    return root
+
+
+def _wan_with_stats():
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    return AutoencoderKLWan(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2, 4, 4],
+        num_res_blocks=1,
+        latents_mean=[0.1, -0.2, 0.3, 0.05],
+        latents_std=[1.5, 0.5, 2.0, 0.8],
+    ).eval()
+
+
+def _load_vae(folder):
+    from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan
+
+    cls_name = json.loads((Path(folder) / "config.json").read_text())["_class_name"]
+    cls = {"AutoencoderKLWan": AutoencoderKLWan, "AutoencoderKLQwenImage": AutoencoderKLQwenImage}[cls_name]
+    return cls.from_pretrained(folder).eval()
+
+
+def _uint8(video_bcthw):
+    from vaeshard.io import to_uint8_frames
+
+    return to_uint8_frames(video_bcthw)
+
+
+@contextlib.contextmanager
+def _threads_of_a_rank(nproc: int):
+    """This process computes with the thread count of one of `nproc` CPU ranks: a convolution's
+    result depends on how its work is split over threads, and bit-exact comparisons need the same split."""
+    from vaeshard.launch import cpu_threads_per_rank
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(cpu_threads_per_rank(nproc))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".") or p.name.endswith(".tmp"))
+
+
+# --- help and flags --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_help_lists_the_modes():
+    top = vaeshard_cli("--help")
+    assert top.returncode == 0, top.stderr
+    for command in ("demo", "decode", "bench"):
+        assert command in top.stdout
+    decode = vaeshard_cli("decode", "--help")
+    assert decode.returncode == 0, decode.stderr
+    assert "{" + ",".join(MODES) + "}" in decode.stdout  # argparse's choices list, in MODES order
+    for mode in MODES:
+        assert mode in top.stdout
+
+
+# Every flag of every command, with its choices and default: a change here is a change of the
+# command line users script against, so it must be made on purpose (update this list with it).
+EXPECTED_FLAGS = {
+    "demo": [
+        ("--device", ("cpu", "cuda"), None, False),
+        ("--nproc", None, 2, False),
+        ("--timeout", None, 300.0, False),
+    ],
+    "decode": [
+        ("latents", None, None, True),
+        ("--model", None, None, True),
+        ("--subfolder", None, None, False),
+        ("--key", None, "latents", False),
+        ("--denormalize", None, False, False),
+        ("--dtype", ("bf16", "fp16", "fp32"), None, False),
+        ("--device", ("cpu", "cuda"), None, False),
+        ("--nproc", None, None, False),
+        ("--mode", ("tile", "auto", "spatial_shard_height", "spatial_shard_width"), "auto", False),
+        ("--tile-size", None, None, False),
+        ("--tile-stride", None, None, False),
+        ("--out", None, None, True),
+        ("--fps", None, 16, False),
+        ("--offline", None, False, False),
+        ("--quiet", None, False, False),
+        ("--timeout", None, 600.0, False),
+    ],
+    "bench": [
+        ("--config", ("wan21", "wan22", "qwenimage"), None, False),
+        ("--model", None, None, False),
+        ("--subfolder", None, None, False),
+        ("--offline", None, False, False),
+        ("--shape", None, None, False),
+        ("--preset", ("wan21-480p", "wan21-720p", "wan22-720p"), None, False),
+        ("--modes", None, ["tile", "auto", "spatial_shard_height", "spatial_shard_width"], False),
+        ("--nproc", None, None, False),
+        ("--dtype", ("bf16", "fp16", "fp32"), None, False),
+        ("--device", ("cpu", "cuda"), None, False),
+        ("--reps", None, 3, False),
+        ("--no-ref", None, False, False),
+        ("--peak-tflops", None, None, False),
+        ("--tflop", None, None, False),
+        ("--json", None, None, False),
+        ("--plot", None, None, False),
+        ("--timeout", None, 600.0, False),
+    ],
+}
+
+
+@pytest.mark.timeout(60)
+def test_flags_and_choices_are_frozen():
+    import argparse
+
+    from vaeshard.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(commands.choices) == ["demo", "decode", "bench"]
+    for name, subparser in commands.choices.items():
+        actual = [
+            (a.option_strings[-1] if a.option_strings else a.dest, tuple(a.choices) if a.choices else None, a.default, a.required)
+            for a in subparser._actions
+            if not isinstance(a, argparse._HelpAction)
+        ]
+        assert actual == EXPECTED_FLAGS[name], name
+    assert tuple(EXPECTED_FLAGS["decode"][8][1]) == MODES
+
+
+# --- demo ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_demo_passes_every_mode():
+    t0 = time.monotonic()
+    run = vaeshard_cli("demo", timeout=170)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "RANDOM weights" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.split() and line.split()[0] in MODES]
+    assert [r.split()[0] for r in rows] == list(MODES)
+    assert all(r.rstrip().endswith("PASS") for r in rows), run.stdout
+    assert "all checks passed" in run.stdout
+    assert time.monotonic() - t0 < 170
+
+
+# --- decode ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_decode_writes_an_mp4(assets, tmp_path):
+    import av
+
+    out = tmp_path / "video.mp4"
+    run = vaeshard_cli("decode", assets / "z.safetensors", "--model", assets / "wan21", "--device", "cpu", "--nproc", 2, "--fps", 8, "--out", out)
+    assert run.returncode == 0, run.stderr
+    with av.open(str(out)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 9
+    assert frames[0].shape == (48, 64, 3)
+    with torch.no_grad():
+        expected = _uint8(_load_vae(assets / "wan21").decode(latent(SMALL_SHAPE)).sample)[0]
+    error = abs(torch.from_numpy(frames[4]).float() - torch.from_numpy(expected[4]).float()).mean()
+    assert error < 12, error  # lossy H.264, but the same picture
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.timeout(120)
+def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(assets, tmp_path):
+    from PIL import Image
+
+    out = tmp_path / "frames"
+    run = vaeshard_cli(
+        "decode", assets / "z.pt", "--model", assets / "wan21", "--device", "cpu", "--nproc", 2,
+        "--mode", "tile", "--tile-size", 32, "--tile-stride", 24, "--out", out, "--quiet",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == ""  # --quiet
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [f"{t:05d}.png" for t in range(9)]
+    vae = build("wan21", tile_sample=(32, 24))
+    with torch.no_grad(), _threads_of_a_rank(2):
+        reference = vae.tiled_decode(latent(SMALL_SHAPE)).sample  # several tiles: 6 x 8 latent, 4-row tiles
+    expected = _uint8(reference)[0]
+    for t, name in enumerate(names):
+        got = torch.from_numpy(np.array(Image.open(out / name).convert("RGB")))
+        assert torch.equal(got, torch.from_numpy(expected[t])), name
+
+
+@pytest.mark.timeout(120)
+def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path):
+    from safetensors.torch import load_file
+
+    import vaeshard
+
+    out = tmp_path / "video.safetensors"
+    run = vaeshard_cli("decode", assets / "z.npy", "--model", assets / "wan21", "--device", "cpu", "--out", out, "--quiet")
+    assert run.returncode == 0, run.stderr
+    got = load_file(out)["sample"]
+    vae = vaeshard.parallelize(_load_vae(assets / "wan21"))
+    expected = vae.decode(latent(SMALL_SHAPE)).sample
+    assert expected.std() > 0.01
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.timeout(120)
+def test_decode_denormalize_matches_the_wan_pipeline_formula(assets, tmp_path):
+    out = tmp_path / "video.pt"
+    run = vaeshard_cli(
+        "decode", assets / "z.safetensors", "--model", assets / "wan21_stats", "--device", "cpu",
+        "--denormalize", "--out", out, "--quiet",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    got = torch.load(out)
+    vae = _load_vae(assets / "wan21_stats")
+    z = latent(SMALL_SHAPE).to(vae.dtype)
+    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z.device, z.dtype)
+    with torch.no_grad():
+        expected = vae.decode(z / inv_std + mean).sample
+        plain = vae.decode(z).sample
+    assert torch.equal(got, expected)
+    assert not torch.equal(got, plain)  # the statistics made a difference
+
+
+@pytest.mark.timeout(120)
+def test_decode_single_png_from_a_pipeline_folder(assets, tmp_path):
+    from PIL import Image
+
+    out = tmp_path / "image.png"
+    # the pipeline folder has the VAE under vae/, found without --subfolder; auto shards over 2 ranks
+    run = vaeshard_cli("decode", assets / "image.safetensors", "--model", assets / "pipeline", "--device", "cpu", "--nproc", 2, "--out", out)
+    assert run.returncode == 0, run.stderr
+    assert "spatial_shard_width on 2 rank(s)" in run.stdout
+    image = Image.open(out)
+    assert image.size == (64, 48) and image.mode == "RGB"
+    with torch.no_grad():
+        reference = _load_vae(assets / "pipeline" / "vae").decode(latent((1, 4, 1, 6, 8), seed=2)).sample
+    got = torch.from_numpy(np.array(image)).float()
+    assert (got - torch.from_numpy(_uint8(reference)[0, 0]).float()).abs().max() <= 1  # within 1e-5 before rounding
+
+
+@pytest.mark.timeout(150)
+def test_decode_under_torchrun_uses_its_ranks(assets, tmp_path):
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH")
+    out = tmp_path / "video.safetensors"
+    run = subprocess.run(
+        [
+            torchrun, "--standalone", "--nproc-per-node", "2", "-m", "vaeshard", "decode", str(assets / "z.safetensors"),
+            "--model", str(assets / "wan21"), "--device", "cpu", "--mode", "spatial_shard_height", "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=140, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("wrote ") == 1  # rank 0 only
+    assert "spatial_shard_height on 2 rank(s)" in run.stdout
+    from safetensors.torch import load_file
+
+    with torch.no_grad():
+        reference = _load_vae(assets / "wan21").decode(latent(SMALL_SHAPE)).sample
+    assert (load_file(out)["sample"] - reference).abs().max() <= 1e-5
+
+
+ERROR_CASES = [
+    # id, arguments (LATENTS first; {a} = assets folder), output name, expected words in the message
+    ("missing-latents", ["{a}/nothing.safetensors", "--model", "{a}/wan21"], "o.mp4", "does not exist"),
+    ("wrong-key", ["{a}/z.safetensors", "--key", "noise", "--model", "{a}/wan21"], "o.mp4", "no tensor named 'noise'"),
+    ("wrong-key-pt", ["{a}/z.pt", "--key", "noise", "--model", "{a}/wan21"], "o.mp4", "without the key 'noise'"),
+    ("wrong-channels", ["{a}/wrong_channels.pt", "--model", "{a}/wan21"], "o.mp4", "expects 4"),
+    ("not-5d", ["{a}/four_d.pt", "--model", "{a}/wan21"], "o.mp4", "5-D"),
+    ("unknown-folder", ["{a}/z.safetensors", "--model", "{a}/no_such_model"], "o.mp4", "does not exist"),
+    ("folder-without-config", ["{a}/z.safetensors", "--model", "{a}"], "o.mp4", "no config.json"),
+    ("folder-without-weights", ["{a}/z.safetensors", "--model", "{a}/config_only"], "o.mp4", "no weights"),
+    ("not-a-vae", ["{a}/z.safetensors", "--model", "{a}/unet"], "o.mp4", "vaeshard decodes AutoencoderKLWan"),
+    ("tile-stride-without-size", ["{a}/z.safetensors", "--model", "{a}/wan21", "--tile-stride", "24"], "o.mp4", "go together"),
+    ("hub-id-offline", ["{a}/z.safetensors", "--model", "someone/some-vae"], "o.mp4", "cannot be reached"),
+    ("more-ranks-than-gpus", ["{a}/z.safetensors", "--model", "{a}/wan21", "--device", "cuda", "--nproc", "64"], "o.mp4", "GPU"),
+    ("unsupported-output", ["{a}/z.safetensors", "--model", "{a}/wan21"], "o.gif", "unsupported suffix"),
+    ("png-of-a-video", ["{a}/z.safetensors", "--model", "{a}/wan21"], "o.png", "9 frames"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", ERROR_CASES, ids=[c[0] for c in ERROR_CASES])
+def test_decode_errors_are_one_line_exit_2_and_write_nothing(assets, tmp_path, case):
+    _, arguments, out_name, words = case
+    out = tmp_path / out_name
+    args = [a.replace("{a}", str(assets)) for a in arguments]
+    # no network: the Hub endpoint refuses connections and the cache is empty
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf-home")}
+    run = vaeshard_cli("decode", *args, "--out", out, env=env, timeout=50)
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert lines[0].startswith("vaeshard: error: ") and words in lines[0], lines[0]
+    assert "Traceback" not in run.stderr
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name != "hf-home"] == []
+
+
+# --- bench -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_bench_writes_json_and_plot(assets, tmp_path):
+    from PIL import Image
+
+    report, figure = tmp_path / "bench.json", tmp_path / "bench.png"
+    run = vaeshard_cli(
+        "bench", "--model", assets / "wan21", "--shape", "1,4,2,6,8", "--device", "cpu", "--nproc", "1,2",
+        "--modes", "auto", "--reps", 1, "--peak-tflops", 1, "--json", report, "--plot", figure, timeout=170,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "vs diffusers" in run.stdout and "spatial_shard_width" in run.stdout  # the table
+    data = json.loads(report.read_text())
+    assert [(r["mode"], r["nproc"]) for r in data["rows"]] == [("auto", 1), ("auto", 2)]
+    assert data["reference"]["seconds"] > 0 and data["reference"]["out_shape"] == [1, 3, 5, 48, 64]
+    assert data["flops"] > 0 and data["flops_source"] == "FlopCounterMode"
+    for row in data["rows"]:
+        assert row["seconds"] > 0 and len(row["peak_bytes_per_rank"]) == row["nproc"]
+        assert row["speedup_vs_diffusers"] > 0 and 0 < row["utilisation"]
+        assert row["max_abs_diff"] <= 1e-5 and row["reason"]
+    assert data["rows"][0]["strategy"] == "direct"
+    auto2 = data["rows"][1]
+    assert auto2["strategy"] == "spatial_shard_width" and auto2["max_abs_diff"] > 0  # sharded, real values compared
+    env = data["environment"]
+    for key in ("torch", "diffusers", "cuda", "cudnn", "gpu_count", "gpu_name", "date", "command"):
+        assert key in env
+    assert env["command"][1:3] == ["bench", "--model"]
+    with Image.open(figure) as image:
+        assert image.format == "PNG" and image.size[0] > 600
+
+
+@pytest.mark.timeout(60)
+def test_bench_refuses_a_shape_the_vae_cannot_decode(assets):
+    run = vaeshard_cli("bench", "--model", assets / "wan21", "--shape", "1,16,2,6,8", "--device", "cpu")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()]
+    assert "expects 4" in run.stderr
+
+
+# --- launcher --------------------------------------------------------------------------------------
+
+
+def _rank_fails_while_peer_waits(ctx):
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        raise RuntimeError("rank 1 broke")
+    dist.barrier()  # rank 0 would wait here until the group timeout
+    return "unreachable"
+
+
+def _rank_dies(ctx):
+    if ctx.rank == 0:
+        os._exit(3)
+    time.sleep(600)
+
+
+def _hangs(ctx):
+    time.sleep(600)
+
+
+def _echo(ctx, value):
+    return {"rank": ctx.rank, "world": ctx.world, "value": value, "tensor": torch.full((2,), float(ctx.rank))}
+
+
+@pytest.mark.timeout(90)
+def test_launch_returns_values_in_rank_order():
+    from vaeshard import launch
+
+    values = launch.run(_echo, 2, "x", timeout=80)
+    assert [v["rank"] for v in values] == [0, 1] and all(v["world"] == 2 and v["value"] == "x" for v in values)
+    assert torch.equal(values[1]["tensor"], torch.ones(2))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fn, words", [(_rank_fails_while_peer_waits, "rank 1 broke"), (_rank_dies, "exited with code 3")])
+def test_launch_stops_every_rank_when_one_fails(fn, words):
+    from vaeshard import launch
+
+    t0 = time.monotonic()
+    with pytest.raises(launch.WorkerFailed) as info:
+        launch.run(fn, 2, timeout=80, group_timeout=300)
+    assert words in str(info.value)
+    assert time.monotonic() - t0 < 40  # far below the group timeout: the waiting rank was killed
+
+
+@pytest.mark.timeout(90)
+def test_launch_kills_everything_at_the_deadline():
+    import multiprocessing
+
+    from vaeshard import launch
+
+    t0 = time.monotonic()
+    with pytest.raises(launch.LaunchTimeout):
+        launch.run(_hangs, 2, timeout=8)
+    assert time.monotonic() - t0 < 40
+    assert multiprocessing.active_children() == []
