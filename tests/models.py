@@ -74,3 +74,30 @@ def build(name: str, tile_sample: tuple[int, int] | None = None):
 def latent(shape, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g)
+
+
+def autoencoder_kl_small(**overrides):
+    """A seeded image AutoencoderKL (SD-style by default); `overrides` change the config."""
+    from diffusers import AutoencoderKL
+
+    config = dict(
+        block_out_channels=(8, 16),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        layers_per_block=1,
+        norm_num_groups=4,
+        latent_channels=4,
+        sample_size=32,
+    )
+    config.update(overrides)
+    n = len(config["block_out_channels"])
+    config["down_block_types"] = config["down_block_types"][:1] * n
+    config["up_block_types"] = config["up_block_types"][:1] * n
+    return _seeded(lambda: AutoencoderKL(**config))
+
+
+BUILDERS["autoencoder_kl"] = autoencoder_kl_small
+# SD3 / FLUX.1 layout: 16 latent channels, no (post_)quant_conv; three levels (two upsamplers)
+BUILDERS["autoencoder_kl_flux"] = lambda: autoencoder_kl_small(
+    block_out_channels=(8, 8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False
+)

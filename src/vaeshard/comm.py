@@ -201,3 +201,18 @@ def _zeros_like_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
 
 
 __all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized"]
+
+
+def all_reduce_sum(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
+    """Sum `tensor` over every rank of `comm`'s group, in place, and return it (unchanged on one rank).
+
+    Meant for small statistics (a few numbers per sample and group, e.g. a sharded GroupNorm's sums);
+    the tensor must live where the backend works (CPU for gloo, the rank's GPU for NCCL).
+    """
+    if comm.world > 1:
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=comm.group, async_op=True)
+        comm._wait(work, "all_reduce of statistics")
+    return tensor
+
+
+__all__ += ["all_reduce_sum"]

@@ -195,3 +195,108 @@ def split_extents(extent: int, num_ranks: int) -> list[int]:
     """Consecutive near-equal slices: 90 over 4 -> [23, 23, 22, 22]."""
     base, extra = divmod(extent, num_ranks)
     return [base + (1 if r < extra else 0) for r in range(num_ranks)]
+
+
+# --- whole-map statistics and whole-image attention (2-D image VAEs such as AutoencoderKL) ---------
+
+from .comm import all_reduce_sum  # noqa: E402  (kept next to the layers that use it)
+
+
+def global_group_norm(ctx: ShardContext, x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.Tensor:
+    """GroupNorm of this rank's slice `x` (B, C, ...) with the statistics of the whole, unsharded map.
+
+    Corrected two-pass over the shard ranks: a first all-reduce of per-(sample, group) sums and the
+    element count gives a global mean estimate `shift`; a second one of the sums of d = x - shift and
+    of d^2 gives the residual mean and the variance. The deviations are small next to the spread, so
+    nothing cancels even where the mean is far larger than the spread (the naive E[x^2] - E[x]^2 loses
+    every digit there). Statistics are combined in float64; the map is normalized in float32 (or in
+    the input dtype if wider) and returned in the input dtype, as torch's group_norm does.
+    """
+    b, c = x.shape[0], x.shape[1]
+    groups = num_groups
+    compute = torch.promote_types(x.dtype, torch.float32)
+    x_bgn = x.reshape(b, groups, -1)
+    first = torch.empty(b * groups + 1, dtype=torch.float64, device=x.device)
+    first[:-1] = x_bgn.sum(dim=-1, dtype=compute).flatten()
+    first[-1] = x_bgn.shape[-1]
+    all_reduce_sum(ctx.comm, first)
+    count = first[-1]
+    shift_bg1 = (first[:-1] / count).to(compute).view(b, groups, 1)
+
+    d_bgn = x_bgn.to(compute) - shift_bg1  # a new tensor: it becomes the output
+    second = torch.cat(
+        [d_bgn.sum(dim=-1).flatten(), torch.linalg.vector_norm(d_bgn, dim=-1).flatten()]
+    ).to(torch.float64)
+    second[b * groups :] = second[b * groups :].square()
+    all_reduce_sum(ctx.comm, second)
+    mean_d = second[: b * groups] / count
+    var = (second[b * groups :] / count - mean_d.square()).clamp_min(0)
+    rstd_bg1 = (var + eps).rsqrt().view(b, groups, 1)
+
+    # y = (d - mean_d) * rstd * weight + bias = d * scale + offset, per (sample, channel)
+    per_group = c // groups
+    scale_bgc = rstd_bg1.expand(b, groups, per_group)
+    if weight is not None:
+        scale_bgc = scale_bgc * weight.to(torch.float64).view(1, groups, per_group)
+    offset_bgc = -mean_d.view(b, groups, 1) * scale_bgc
+    if bias is not None:
+        offset_bgc = offset_bgc + bias.to(torch.float64).view(1, groups, per_group)
+    y = d_bgn.view(b, groups, per_group, -1)
+    y.mul_(scale_bgc.to(compute).unsqueeze(-1)).add_(offset_bgc.to(compute).unsqueeze(-1))
+    return y.view(x.shape).to(x.dtype)
+
+
+class GlobalGroupNorm:
+    """Mixin for nn.GroupNorm: sharded, the statistics are those of the whole map (two small all-reduces).
+
+    A GroupNorm couples every pixel of a group, so per-slice statistics would differ from the
+    unsharded decode; the normalization itself stays local.
+    """
+
+    def forward(self, x):
+        ctx = current()
+        if ctx is None:
+            return super().forward(x)
+        return global_group_norm(ctx, x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+# Processors known to compute keys and values from `encoder_hidden_states` when it is given and
+# to apply the module's `group_norm` to the query side only.
+_WHOLE_IMAGE_PROCESSORS = ("AttnProcessor2_0", "AttnProcessor")
+
+
+class WholeImageAttention:
+    """Mixin for diffusers' `Attention` used as self-attention over a 4-D map (the VAE mid-block).
+
+    Sharded: the normed slice (GroupNorm with whole-map statistics) is gathered from every rank in
+    global order and handed to diffusers' own processor as `encoder_hidden_states`, so keys and values
+    cover the whole image while queries, the output projection and the residual stay local. The
+    processor normalizes the query side again itself; that second GroupNorm is the price of running
+    diffusers' processor unchanged.
+    """
+
+    def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+        ctx = current()
+        if ctx is None:
+            return super().forward(hidden_states, encoder_hidden_states, attention_mask, **kwargs)
+        processor = type(self.processor).__name__
+        if (
+            hidden_states.ndim != 4
+            or encoder_hidden_states is not None
+            or attention_mask is not None
+            or getattr(self, "spatial_norm", None) is not None
+            or getattr(self, "norm_cross", None)
+            or processor not in _WHOLE_IMAGE_PROCESSORS
+        ):
+            raise ValueError(
+                f"vaeshard shards only plain spatial self-attention (4-D input, no mask, no spatial norm, "
+                f"processor one of {', '.join(_WHOLE_IMAGE_PROCESSORS)}); this one has processor {processor}. "
+                "Call vae.set_default_attn_processor() or use mode='tile'"
+            )
+        b, c, h, w = hidden_states.shape
+        tokens_bcn = hidden_states.reshape(b, c, h * w)
+        if self.group_norm is not None:
+            tokens_bcn = self.group_norm(tokens_bcn)
+        whole_bchw = ctx.gather(tokens_bcn.reshape(b, c, h, w), ctx.dim(hidden_states))
+        context_bnc = whole_bchw.flatten(2).transpose(1, 2)
+        return super().forward(hidden_states, encoder_hidden_states=context_bnc, **kwargs)

@@ -10,6 +10,7 @@ from .base import Family
 _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLWan": ("vaeshard.families.wan", "FAMILY"),
     "AutoencoderKLQwenImage": ("vaeshard.families.qwenimage", "FAMILY"),
+    "AutoencoderKL": ("vaeshard.families.autoencoder_kl", "FAMILY"),
 }
 
 

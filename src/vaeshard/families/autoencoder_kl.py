@@ -1,0 +1,260 @@
+"""AutoencoderKL (diffusers `AutoencoderKL`): the image VAE of SD 1.x/2.x, SDXL, SD3 and FLUX.1.
+
+Latents are 4-D (B, C, H, W). Declared: which decoder layers get which treatment when the feature map
+is sharded: 3x3 convs take halo rows, every GroupNorm (resnets, attention, `conv_norm_out`) takes
+whole-map statistics, the mid-block attention sees the whole image. Code, because it cannot be data:
+the tile grid arithmetic and the per-tile run, kept line for line with diffusers' `tiled_decode` /
+`_tiled_encode` (same `int()` roundings, same unclipped concatenation) so `tile` stays bit-identical.
+Spatial-shard encode is not offered: the encoder's Downsample2D pads (0, 1, 0, 1) inline with F.pad
+before its stride-2 conv, and a halo-aware Downsample2D is not written yet; encode runs `tile` or
+directly.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from .. import shard
+from ..tile import TileGrid, TileOps
+from .base import Family, with_tiling_off
+
+# Leaf or container classes of the decoder whose forward is local to a slice of rows, or whose
+# coupling is handled by a swapped child (ResnetBlock2D's GroupNorms and convs, Upsample2D's conv).
+_LOCAL = (
+    "Decoder",
+    "UNetMidBlock2D",
+    "UpDecoderBlock2D",
+    "AttnUpDecoderBlock2D",
+    "ResnetBlock2D",
+    "ModuleList",
+    "Linear",
+    "Dropout",
+    "Identity",
+    "SiLU",
+    "Mish",
+    "GELU",
+    "ReLU",
+)
+
+
+def latent_channels(vae) -> int:
+    return vae.config.latent_channels
+
+
+def _tile_sizes(vae) -> tuple[int, int]:
+    """(tile_sample_min_size, tile_latent_min_size) as the ints diffusers' square tile loops use."""
+    return _square(vae, "tile_sample_min_size"), _square(vae, "tile_latent_min_size")
+
+
+def _square(vae, attr: str) -> int:
+    # diffusers copies a list-valued `sample_size` config into tile_sample_min_size; its loops need one int
+    value = getattr(vae, attr)
+    if isinstance(value, (list, tuple)) and len(set(value)) == 1:
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f"{type(vae).__name__}.{attr} is {value!r}: diffusers' tiled decode and encode cut square tiles "
+            f"and need one integer size; set vae.{attr} to an int"
+        )
+    return value
+
+
+def _num_upsamplers(vae) -> int:
+    return sum(1 for block in vae.decoder.up_blocks if getattr(block, "upsamplers", None) is not None)
+
+
+def _num_downsamplers(vae) -> int:
+    return sum(1 for block in vae.encoder.down_blocks if getattr(block, "downsamplers", None) is not None)
+
+
+def _concat_extent(tiles_along, keep: int, scale_out) -> int:
+    """Extent of diffusers' concatenation of tiles each cut to `keep` (it never crops the result)."""
+    return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
+
+
+def decode_tile_ops(vae, z_bchw):
+    sample, latent = _tile_sizes(vae)
+    if not (z_bchw.shape[-1] > latent or z_bchw.shape[-2] > latent):
+        return None  # diffusers' _decode does not tile this latent
+    height, width = z_bchw.shape[-2:]
+    stride = int(latent * (1 - vae.tile_overlap_factor))
+    blend = int(sample * vae.tile_overlap_factor)
+    keep = sample - blend
+    up = 2 ** _num_upsamplers(vae)
+    rows = [(h, min(h + latent, height)) for h in range(0, height, stride)]
+    cols = [(w, min(w + latent, width)) for w in range(0, width, stride)]
+    grid = TileGrid.regular(
+        height,
+        width,
+        latent,
+        latent,
+        stride,
+        stride,
+        blend_rows=blend,
+        blend_cols=blend,
+        keep_rows=keep,
+        keep_cols=keep,
+        out_rows=_concat_extent(rows, keep, lambda n: n * up),
+        out_cols=_concat_extent(cols, keep, lambda n: n * up),
+    )
+    channels = vae.decoder.conv_out.out_channels
+    return TileOps(
+        grid=grid,
+        source=z_bchw,
+        run=lambda tile: _decode_tile(vae, tile),
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=lambda s: (s[0], channels, s[2] * up, s[3] * up),
+        out_dtype=z_bchw.dtype,
+    )
+
+
+def _decode_tile(vae, tile_bchw):
+    if vae.config.use_post_quant_conv:
+        tile_bchw = vae.post_quant_conv(tile_bchw)
+    return vae.decoder(tile_bchw)
+
+
+def encode_tile_ops(vae, x_bchw):
+    sample, latent = _tile_sizes(vae)
+    if not (x_bchw.shape[-1] > sample or x_bchw.shape[-2] > sample):
+        return None  # diffusers' _encode does not tile this image
+    height, width = x_bchw.shape[-2:]
+    stride = int(sample * (1 - vae.tile_overlap_factor))
+    blend = int(latent * vae.tile_overlap_factor)
+    keep = latent - blend
+    stages = _num_downsamplers(vae)
+    rows = [(h, min(h + sample, height)) for h in range(0, height, stride)]
+    cols = [(w, min(w + sample, width)) for w in range(0, width, stride)]
+    grid = TileGrid.regular(
+        height,
+        width,
+        sample,
+        sample,
+        stride,
+        stride,
+        blend_rows=blend,
+        blend_cols=blend,
+        keep_rows=keep,
+        keep_cols=keep,
+        out_rows=_concat_extent(rows, keep, lambda n: n >> stages),
+        out_cols=_concat_extent(cols, keep, lambda n: n >> stages),
+    )
+    channels = vae.encoder.conv_out.out_channels  # quant_conv keeps the channel count
+    return TileOps(
+        grid=grid,
+        source=x_bchw,
+        run=lambda tile: _encode_tile(vae, tile),
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=lambda s: (s[0], channels, s[2] >> stages, s[3] >> stages),
+        out_dtype=x_bchw.dtype,
+    )
+
+
+def _encode_tile(vae, tile_bchw):
+    moments = vae.encoder(tile_bchw)
+    if vae.config.use_quant_conv:
+        moments = vae.quant_conv(moments)
+    return moments
+
+
+def encode_prepare(vae, x):
+    return x
+
+
+def untiled_decode(vae, z):
+    return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0])
+
+
+def untiled_encode(vae, x):
+    return with_tiling_off(vae, lambda: vae._encode(x))
+
+
+# -- spatial shard ----------------------------------------------------------------------------------
+
+
+def install_spatial(vae) -> None:
+    """Treatment by layer class, decoder only (spatial-shard encode is not offered).
+
+    3x3 stride-1 Conv2d -> halo rows replace its zero padding on the sharded axis; 1x1 Conv2d -> local;
+    GroupNorm -> whole-map statistics; Attention -> whole-image keys and values; Upsample2D -> its
+    nearest 2x interpolation is local and its conv is one of the 3x3 above. Any other layer could
+    couple rows in a way vaeshard does not know, so it is refused here rather than decoded wrongly.
+    """
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.upsampling import Upsample2D
+
+    swaps = []
+    for name, module in vae.decoder.named_modules():
+        if type(module) is nn.Conv2d:
+            if any(module.padding):
+                _check_halo_conv2d(name, module)
+                swaps.append((module, shard.HaloConv2d))
+            elif module.kernel_size != (1, 1):
+                raise _refuse(name, module, "an unpadded convolution wider than 1x1")
+        elif type(module) is nn.GroupNorm:
+            swaps.append((module, shard.GlobalGroupNorm))
+        elif isinstance(module, Attention):
+            if (
+                getattr(module, "spatial_norm", None) is not None
+                or getattr(module, "is_cross_attention", False)
+                or getattr(module, "added_kv_proj_dim", None) is not None
+            ):
+                raise _refuse(name, module, "attention with a spatial norm or cross/added keys")
+            swaps.append((module, shard.WholeImageAttention))
+        elif isinstance(module, Upsample2D):
+            if (
+                getattr(module, "use_conv_transpose", False)
+                or not getattr(module, "interpolate", True)
+                or getattr(module, "norm", None) is not None
+            ):
+                raise _refuse(name, module, "an upsampler other than nearest 2x then conv")
+        elif type(module).__name__ not in _LOCAL and not shard.is_swapped(module):
+            raise _refuse(name, module, "a layer vaeshard does not know")
+    for module, mixin in swaps:  # only after the whole decoder was accepted
+        shard.swap(module, mixin)
+
+
+def _check_halo_conv2d(name: str, conv: nn.Conv2d) -> None:
+    odd_same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size, conv.padding))
+    if conv.stride != (1, 1) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or not odd_same:
+        raise _refuse(name, conv, "a convolution that is not stride-1, undilated, zero-padded 'same'")
+
+
+def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"vaeshard cannot shard the AutoencoderKL decoder: decoder.{name} ({type(module).__name__}) is {what}. "
+        "This VAE is not the AutoencoderKL layout vaeshard supports; decode it without vaeshard"
+    )
+
+
+def uninstall_spatial(vae) -> None:
+    for module in vae.decoder.modules():
+        shard.unswap(module)
+
+
+def release(vae) -> None:
+    """AutoencoderKL keeps no feature cache between calls: nothing to drop."""
+
+
+FAMILY = Family(
+    name="autoencoder_kl",
+    classes=("AutoencoderKL",),
+    latent_ndim=4,
+    tile_decode=True,
+    tile_encode=True,
+    spatial_decode=True,
+    spatial_encode=False,
+    latent_channels=latent_channels,
+    decode_tile_ops=decode_tile_ops,
+    encode_tile_ops=encode_tile_ops,
+    encode_prepare=encode_prepare,
+    untiled_decode=untiled_decode,
+    untiled_encode=untiled_encode,
+    install_spatial=install_spatial,
+    uninstall_spatial=uninstall_spatial,
+    release=release,
+)

@@ -1,0 +1,253 @@
+"""AutoencoderKL (SD 1.x/2.x, SDXL, SD3, FLUX.1): 4-D latents, tile and spatial-shard decode on gloo ranks.
+
+tile: bit-identical to diffusers' `tiled_decode` / `tiled_encode`; spatial shard: within 1e-5 of the
+untiled decode (CPU fp32); the sharded GroupNorm: whole-map statistics, stable at a large mean.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vaeshard
+
+from .dist_harness import run_ranks
+from .models import build, latent
+
+TOL_CPU_FP32 = 1e-5
+
+
+def _build(model: str, tiles=None):
+    """`tiles=(sample, latent, overlap)` sets diffusers' tile settings on the VAE."""
+    vae = build(model)
+    if tiles is not None:
+        vae.tile_sample_min_size, vae.tile_latent_min_size, vae.tile_overlap_factor = tiles
+    return vae
+
+
+# -- GroupNorm with whole-map statistics ---------------------------------------------------------------
+
+
+def _naive_group_norm(x, groups, weight, bias, eps):
+    """E[x^2] - E[x]^2 in the input dtype: what a sharded GroupNorm must not do."""
+    x_bgn = x.reshape(x.shape[0], groups, -1)
+    mean = x_bgn.mean(-1, keepdim=True)
+    var = (x_bgn * x_bgn).mean(-1, keepdim=True) - mean * mean
+    y = ((x_bgn - mean) * (var.clamp_min(0) + eps).rsqrt()).reshape(x.shape)
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return y * weight.view(shape) + bias.view(shape)
+
+
+def _sharded_group_norm(rank, world, dim, offset):
+    from vaeshard import shard
+    from vaeshard.comm import Comm
+
+    g = torch.Generator().manual_seed(7)
+    x = offset + (torch.rand(2, 8, 11, 9, generator=g) * 2 - 1)  # values offset +- 1
+    norm = torch.nn.GroupNorm(4, 8, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(8, generator=g))
+        norm.bias.copy_(torch.randn(8, generator=g))
+    exact = F.group_norm(x.double(), 4, norm.weight.double(), norm.bias.double(), norm.eps)  # whole tensor
+
+    extents = shard.split_extents(x.shape[dim], world)  # uneven: 11 rows over 3 ranks -> 4, 4, 3
+    start = sum(extents[:rank])
+    local = x.narrow(dim, start, extents[rank])
+    shard.swap(norm, shard.GlobalGroupNorm)
+    axis = shard.HEIGHT if dim == 2 else shard.WIDTH
+    ctx = shard.ShardContext(comm=Comm.for_group(torch.distributed.group.WORLD), axis=axis, extents=extents)
+    with torch.no_grad(), shard.sharding(ctx):
+        out = norm(local)
+        tokens = norm(local.reshape(2, 8, -1))  # the (B, C, N) layout the attention's GroupNorm sees
+    want = exact.narrow(dim, start, extents[rank])
+    assert out.dtype == torch.float32 and out.shape == local.shape
+    assert want.std() > 0.5  # real normalized values
+    diff = (out.double() - want).abs().max().item()
+    assert diff <= TOL_CPU_FP32, diff
+    assert torch.equal(tokens, out.reshape(2, 8, -1))
+    with torch.no_grad():
+        plain = norm(local)  # outside the shard context: the module's own (local-statistics) forward
+    assert (plain.double() - want).abs().max().item() > 1e-2
+    if offset:
+        naive = _naive_group_norm(x, 4, norm.weight.detach(), norm.bias.detach(), norm.eps)
+        whole_fp32 = F.group_norm(x, 4, norm.weight, norm.bias, norm.eps)
+        return (naive.double() - exact).abs().max().item(), (whole_fp32.double() - exact).abs().max().item()
+    whole_fp32 = F.group_norm(x, 4, norm.weight, norm.bias, norm.eps).narrow(dim, start, extents[rank])
+    assert (out - whole_fp32).abs().max().item() <= TOL_CPU_FP32
+    return None
+
+
+@pytest.mark.parametrize("dim", [2, 3], ids=["height", "width"])
+def test_group_norm_whole_map_statistics_at_large_mean(dim):
+    # 1000 +- 1 in fp32: the naive E[x^2] - E[x]^2 is off by ~1 here; the sharded GroupNorm must stay
+    # within 1e-5 of the exact (float64) GroupNorm of the whole tensor. torch's own fp32 group_norm
+    # is ~3e-4 off at this offset (the fp32 resolution of its mean), so it is not the yardstick here.
+    naive_err, fp32_err = run_ranks(_sharded_group_norm, 3, dim, 1000.0)[0]
+    assert naive_err > 1e-2, naive_err
+    assert fp32_err < 1e-3, fp32_err
+
+
+def test_group_norm_matches_torch_group_norm_of_whole_tensor():
+    run_ranks(_sharded_group_norm, 2, 3, 0.0)
+
+
+# -- tile: bit-identical to diffusers --------------------------------------------------------------------
+
+
+def _tile_decode_parity(rank, world, model, tiles, shape):
+    vae = _build(model, tiles)
+    z = latent(shape)
+    with torch.no_grad():
+        reference = vae.tiled_decode(z).sample  # diffusers, this process, same weights
+    assert vaeshard.plan(vae, z.shape, world, "tile").strategy == "tile"
+    vaeshard.parallelize(vae, mode="tile")
+    out = vae.decode(z).sample
+    assert out.shape == reference.shape, (out.shape, reference.shape)
+    assert reference.std() > 0.01
+    assert torch.equal(out, reference), (out - reference).abs().max().item()
+    return out.shape
+
+
+TILE_CASES = [
+    # id, model, (tile_sample_min_size, tile_latent_min_size, tile_overlap_factor), latent shape, world
+    ("12-tiles-2", "autoencoder_kl", (16, 8, 0.25), (1, 4, 14, 20), 2),
+    ("uneven-3-stride-not-keep", "autoencoder_kl", (16, 8, 0.3), (2, 4, 13, 11), 3),
+    ("fewer-tiles-than-ranks-3", "autoencoder_kl", (16, 8, 0.25), (1, 4, 8, 12), 3),
+    ("flux-layout-2", "autoencoder_kl_flux", (32, 8, 0.25), (1, 16, 11, 14), 2),
+]
+
+
+@pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
+def test_tile_decode_bit_identical(case):
+    _, model, tiles, shape, world = case
+    shapes = run_ranks(_tile_decode_parity, world, model, tiles, shape)
+    assert len(set(shapes)) == 1
+
+
+def _tile_encode_parity(rank, world, model, tiles, shape):
+    vae = _build(model, tiles)
+    x = latent(shape, seed=3).clamp(-1, 1)
+    vae.enable_tiling()
+    with torch.no_grad():
+        reference = vae.encode(x).latent_dist  # diffusers' _tiled_encode (the image exceeds one tile)
+    vae.disable_tiling()
+    vaeshard.parallelize(vae, mode="tile")
+    dist = vae.encode(x).latent_dist
+    assert reference.mean.std() > 1e-3
+    assert torch.equal(dist.mean, reference.mean)
+    assert torch.equal(dist.logvar, reference.logvar)
+
+
+def test_tile_encode_bit_identical():
+    run_ranks(_tile_encode_parity, 2, "autoencoder_kl", (16, 8, 0.25), (1, 3, 40, 54))
+
+
+# -- spatial shard: the untiled decode within 1e-5 -------------------------------------------------------
+
+
+def _spatial_parity(rank, world, model, shape, mode, default_processor):
+    vae = _build(model)
+    if default_processor:
+        vae.set_default_attn_processor()  # the classic AttnProcessor instead of AttnProcessor2_0
+    z = latent(shape)
+    with torch.no_grad():
+        reference = vae.decode(z).sample  # diffusers untiled, this process, same weights
+    vaeshard.parallelize(vae, mode=mode)
+    strategy = vaeshard.plan(vae, z.shape, world, mode).strategy
+    assert strategy.startswith("spatial_shard"), strategy
+    out = vae.decode(z).sample
+    assert out.shape == reference.shape
+    assert reference.std() > 0.01
+    diff = (out - reference).abs().max().item()
+    assert diff <= TOL_CPU_FP32, diff
+    return strategy
+
+
+SPATIAL_CASES = [
+    # id, model, latent shape, world, mode
+    ("h-2-uneven", "autoencoder_kl", (1, 4, 7, 6), 2, "spatial_shard_height"),
+    ("w-2", "autoencoder_kl", (1, 4, 5, 8), 2, "spatial_shard_width"),
+    ("h-3-uneven", "autoencoder_kl", (1, 4, 8, 5), 3, "spatial_shard_height"),
+    ("w-3-uneven", "autoencoder_kl", (1, 4, 5, 7), 3, "spatial_shard_width"),
+    ("h-4-9rows", "autoencoder_kl", (1, 4, 9, 4), 4, "spatial_shard_height"),
+    ("w-4-one-column-each", "autoencoder_kl", (1, 4, 3, 4), 4, "spatial_shard_width"),
+    ("flux-h-3-batch2", "autoencoder_kl_flux", (2, 16, 7, 5), 3, "spatial_shard_height"),
+    ("flux-auto-4", "autoencoder_kl_flux", (1, 16, 5, 9), 4, "auto"),
+]
+
+
+@pytest.mark.parametrize("case", SPATIAL_CASES, ids=[c[0] for c in SPATIAL_CASES])
+def test_spatial_decode_matches_untiled(case):
+    _, model, shape, world, mode = case
+    strategies = run_ranks(_spatial_parity, world, model, shape, mode, False)
+    if mode == "auto":
+        assert strategies[0] == "spatial_shard_width"
+
+
+def test_spatial_decode_with_classic_attention_processor():
+    run_ranks(_spatial_parity, 2, "autoencoder_kl", (1, 4, 6, 5), "spatial_shard_height", True)
+
+
+def _fused_attention_refused(rank, world):
+    vae = _build("autoencoder_kl")
+    vae.fuse_qkv_projections()
+    vaeshard.parallelize(vae, mode="spatial_shard_width")
+    with pytest.raises(ValueError, match="FusedAttnProcessor2_0"):
+        vae.decode(latent((1, 4, 4, 6)))
+    vaeshard.parallelize(vae, mode="tile")  # the group is still usable afterwards
+    vae.tile_sample_min_size, vae.tile_latent_min_size = 16, 8
+    z = latent((1, 4, 4, 10))
+    with torch.no_grad():
+        reference = vae.tiled_decode(z).sample
+    assert torch.equal(vae.decode(z).sample, reference)
+
+
+def test_unsupported_attention_processor_fails_on_every_rank():
+    run_ranks(_fused_attention_refused, 2)
+
+
+# -- plan, install -------------------------------------------------------------------------------------
+
+
+def test_plan_answers_for_4d_latents():
+    vae = _build("autoencoder_kl", (16, 8, 0.25))
+    assert vaeshard.plan(vae, (1, 4, 16, 24), 4).strategy == "spatial_shard_width"
+    assert vaeshard.plan(vae, (1, 4, 24, 16), 4).strategy == "spatial_shard_height"
+    assert vaeshard.plan(vae, (1, 4, 2, 40), 4).strategy == "spatial_shard_width"  # height cannot cover 4
+    assert vaeshard.plan(vae, (1, 4, 3, 3), 4).strategy == "direct"  # one tile, no axis covers 4
+    assert vaeshard.plan(vae, (1, 4, 3, 20), 4, "tile").strategy == "tile"
+    assert vaeshard.plan(vae, (1, 4, 16, 24), 1).strategy == "direct"
+    forced = vaeshard.plan(vae, (1, 4, 3, 20), 4, "spatial_shard_height")
+    assert (forced.strategy, forced.fallback) == ("tile", True)  # never the other axis
+    video = vaeshard.plan(vae, (1, 4, 2, 16, 24), 4, "spatial_shard_width")
+    assert video.fallback and "4-D" in video.reason
+    encode = vaeshard.plan(vae, (1, 3, 64, 64), 2, "spatial_shard_width", op="encode")
+    assert (encode.strategy, encode.fallback) == ("tile", True)
+    assert "no spatial-shard encode" in encode.reason
+
+
+def test_install_swaps_decoder_only_and_keeps_state_dict():
+    vae = _build("autoencoder_kl")
+    before = {k: v.clone() for k, v in vae.state_dict().items()}
+    classes = {n: type(m) for n, m in vae.named_modules()}
+    vaeshard.parallelize(vae, mode="spatial_shard_height")
+    swapped = {n for n, m in vae.named_modules() if type(m) is not classes[n]}
+    assert "decoder.mid_block.attentions.0" in swapped
+    assert "decoder.mid_block.attentions.0.group_norm" in swapped
+    assert "decoder.conv_norm_out" in swapped and "decoder.up_blocks.0.upsamplers.0.conv" in swapped
+    assert all(n.startswith("decoder.") for n in swapped)
+    assert "decoder.up_blocks.1.resnets.0.conv_shortcut" not in swapped  # 1x1: local
+    vae.load_state_dict(before, strict=True)
+    vaeshard.unparallelize(vae)
+    assert {n: type(m) for n, m in vae.named_modules()} == classes
+
+
+def test_install_refuses_an_unknown_decoder_layer_before_swapping():
+    from vaeshard.families.autoencoder_kl import FAMILY
+
+    vae = _build("autoencoder_kl")
+    vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
+    with pytest.raises(ValueError, match="decoder.conv_act"):
+        FAMILY.install_spatial(vae)
+    assert not any(vaeshard.shard.is_swapped(m) for m in vae.modules())
