@@ -33,3 +33,27 @@ def family_for(vae) -> Family:
 
 def all_families() -> list[Family]:
     return [getattr(importlib.import_module(m), a) for m, a in _REGISTRY.values()]
+
+
+def support_table() -> str:
+    """The markdown table of what each registered class supports, as docs/families.md shows it.
+
+    Generated from the registry and the families' declarations, so the document cannot drift from
+    the code (tests/test_families.py checks that the document contains exactly this table).
+    """
+
+    def mark(yes: bool) -> str:
+        return "yes" if yes else "no"
+
+    lines = [
+        "| diffusers class | family | latent | tile decode | tile encode | spatial decode | spatial encode |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, (module_name, attr) in _REGISTRY.items():
+        family = getattr(importlib.import_module(module_name), attr)
+        layout = "(B, C, T, H, W)" if family.latent_ndim == 5 else "(B, C, H, W)"
+        lines.append(
+            f"| `{name}` | {family.name} | {layout} | {mark(family.tile_decode)} | {mark(family.tile_encode)} "
+            f"| {mark(family.spatial_decode)} | {mark(family.spatial_encode)} |"
+        )
+    return "\n".join(lines) + "\n"
