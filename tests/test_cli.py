@@ -460,8 +460,9 @@ def test_launch_kills_everything_at_the_deadline():
 
     from vaeshard import launch
 
+    before = set(multiprocessing.active_children())  # e.g. rank pools other tests keep alive
     t0 = time.monotonic()
     with pytest.raises(launch.LaunchTimeout):
         launch.run(_hangs, 2, timeout=8)
     assert time.monotonic() - t0 < 40
-    assert multiprocessing.active_children() == []
+    assert set(multiprocessing.active_children()) - before == set()

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""GPU parity: every mode vs diffusers' single-process decode, fp32 (TF32 off) and bf16.
+
+Run on a GPU machine, one process per GPU (not part of CI):
+
+    torchrun --standalone --nproc_per_node=2 benchmarks/gpu_parity.py --out parity.jsonl
+
+Every rank builds the same random-weight VAE (real configs, torch.manual_seed(0)); rank 0 computes
+the references (untiled decode for spatial modes and auto, diffusers' tiled decode for tile) with an
+unparallelized copy; each mode's result is compared on rank 0. Tolerances are DESIGN.md's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import vaeshard
+
+CONFIGS = {
+    "wan21": dict(),
+    "wan22": dict(
+        base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
+        patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48,
+    ),
+}
+SHAPES = {"wan21": (1, 16, 5, 30, 52), "wan22": (1, 48, 5, 22, 40)}
+TOL = {"fp32": dict(max=1e-4, mean=None), "bf16": dict(max=5e-2, mean=2e-3)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="wan21,wan22")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--modes", default=",".join(vaeshard.MODES))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default=None, help="override, e.g. wan21=1,16,2,6,8;wan22=1,48,2,4,6")
+    args = ap.parse_args()
+
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:  # a CPU smoke run of the script itself (gloo); use --shapes to keep it small
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    from diffusers import AutoencoderKLWan
+
+    shapes = dict(SHAPES)
+    for item in filter(None, (args.shapes or "").split(";")):
+        name, dims = item.split("=")
+        shapes[name] = tuple(int(v) for v in dims.split(","))
+    rows, ok_all = [], True
+    for model in args.models.split(","):
+        torch.manual_seed(0)
+        base = AutoencoderKLWan(**CONFIGS[model]).eval()
+        base.enable_tiling(tile_sample_min_height=128, tile_sample_min_width=128,
+                           tile_sample_stride_height=96, tile_sample_stride_width=96)
+        base.use_tiling = False
+        for dname in args.dtypes.split(","):
+            dtype = torch.float32 if dname == "fp32" else torch.bfloat16
+            plain = copy.deepcopy(base).to(device, dtype)
+            g = torch.Generator().manual_seed(1)
+            z = torch.randn(*shapes[model], generator=g).to(device, dtype)
+            refs = {}
+            if rank == 0:
+                with torch.no_grad():
+                    refs["untiled"] = plain.decode(z).sample.float()
+                    refs["tiled"] = plain.tiled_decode(z).sample.float()
+                    # the fp32 decode of the same latent: how far each bf16 result is from exact math
+                    truth_vae = copy.deepcopy(base).to(device, torch.float32)
+                    refs["fp32"] = truth_vae.decode(z.float()).sample
+                    del truth_vae
+                if dtype != torch.float32:
+                    d = (refs["untiled"] - refs["fp32"]).abs()
+                    rows.append(dict(model=model, dtype=dname, mode="diffusers-untiled", strategy="(reference)",
+                                     world=1, shape=list(z.shape), max_diff=0.0, mean_diff=0.0, bit_identical=True,
+                                     ref_std=refs["untiled"].std().item(), ok=True,
+                                     fp32_max=d.max().item(), fp32_mean=d.mean().item()))
+            vae = vaeshard.parallelize(plain, mode="auto")
+            for mode in args.modes.split(","):
+                vaeshard.parallelize(vae, mode=mode)
+                strategy = vaeshard.plan(vae, z.shape, world, mode).strategy
+                out = vae.decode(z).sample
+                if rank != 0:
+                    continue
+                ref = refs["tiled"] if strategy == "tile" else refs["untiled"]
+                d = (out.float() - ref).abs()
+                tol = TOL[dname]
+                exact = bool(torch.equal(out.float(), ref))
+                if strategy == "tile":
+                    ok = d.max().item() <= tol["max"]
+                else:
+                    ok = d.max().item() <= tol["max"] and (tol["mean"] is None or d.mean().item() <= tol["mean"])
+                ok_all &= ok
+                t = (out.float() - refs["fp32"]).abs()
+                rows.append(dict(model=model, dtype=dname, mode=mode, strategy=strategy, world=world,
+                                 shape=list(z.shape), max_diff=d.max().item(), mean_diff=d.mean().item(),
+                                 bit_identical=exact, ref_std=ref.std().item(), ok=ok,
+                                 fp32_max=t.max().item(), fp32_mean=t.mean().item()))
+            del vae, plain, refs
+            torch.cuda.empty_cache()
+    if rank == 0:
+        print(f"torch {torch.__version__}, GPU {torch.cuda.get_device_name() if device.type == 'cuda' else 'none'}, "
+              f"world {world}")
+        if args.out:
+            with open(args.out, "w") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+        print("max|d|, mean|d|: vs the diffusers reference in the same dtype (tiled for tile, untiled otherwise);")
+        print("vs fp32: the same result against diffusers' fp32 untiled decode (the bf16 noise floor)")
+        print(f"{'model':6} {'dtype':5} {'mode':22} {'strategy':22} {'max|d|':>9} {'mean|d|':>9} {'exact':>5} "
+              f"{'fp32 max':>9} {'fp32 mean':>9} ok")
+        for r in rows:
+            print(f"{r['model']:6} {r['dtype']:5} {r['mode']:22} {r['strategy']:22} {r['max_diff']:9.2e} "
+                  f"{r['mean_diff']:9.2e} {str(r['bit_identical']):>5} {r['fp32_max']:9.2e} {r['fp32_mean']:9.2e} "
+                  f"{r['ok']}")
+    dist.destroy_process_group()
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

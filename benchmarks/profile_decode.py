@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Where the time of one Wan decode goes on one GPU: top CUDA kernels and time per kernel class.
+
+    python3 benchmarks/profile_decode.py --preset wan21-720p --frames 5 [--vaeshard]
+
+Random weights, real config, bf16. `--frames` limits the latent frames profiled (the per-frame cost
+is steady after the first frame). Without --vaeshard it profiles diffusers' own decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+PRESETS = {
+    "wan21-480p": ("wan21", (1, 16, 21, 60, 104)),
+    "wan21-720p": ("wan21", (1, 16, 21, 90, 160)),
+    "wan22-720p": ("wan22", (1, 48, 31, 44, 80)),
+}
+WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
+             patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+
+CLASSES = [
+    ("layout transpose", r"nchwToNhwc|nhwcToNchw|transpose|permute"),
+    ("convolution", r"conv|implicit|sm90_xmma|cudnn|winograd|fprop|dgrad|cutlass|gemm|nhwc|wgrad"),
+    ("cat / pad / copy", r"cat|pad|copy|Copy|memcpy|CatArray|reflection|constant_pad"),
+    ("norm (fp32)", r"norm|reduce|Reduce|sqrt|rsqrt"),
+    ("elementwise", r"elementwise|vectorized|silu|mul|add|clamp|fill"),
+    ("upsample", r"upsample|nearest"),
+    ("attention", r"attention|flash|fmha|softmax"),
+]
+
+
+def classify(name: str) -> str:
+    for label, pattern in CLASSES:
+        if re.search(pattern, name):
+            return label
+    return "other"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
+    ap.add_argument("--frames", type=int, default=5)
+    ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--vaeshard", action="store_true", help="profile vaeshard's 1-rank path instead")
+    args = ap.parse_args()
+    from diffusers import AutoencoderKLWan
+
+    family, shape = PRESETS[args.preset]
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**(WAN22 if family == "wan22" else {})).eval().to("cuda", torch.bfloat16)
+    shape = (*shape[:2], args.frames, *shape[3:])
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16)
+    if args.vaeshard:
+        import vaeshard
+
+        vaeshard.parallelize(vae)
+    with torch.no_grad():
+        vae.decode(z[:, :, :2])  # warm-up
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        vae.decode(z)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            vae.decode(z)
+            torch.cuda.synchronize()
+    kernels = defaultdict(float)
+    for evt in prof.key_averages():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[evt.key] += evt.device_time_total / 1e6
+    total = sum(kernels.values())
+    by_class = defaultdict(float)
+    for name, t in kernels.items():
+        by_class[classify(name)] += t
+    print(f"{args.preset} latent {shape}: wall {wall:.3f} s, GPU kernel time {total:.3f} s")
+    print("time by kernel class:")
+    for label, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
+        print(f"  {label:18} {t:8.3f} s {100 * t / total:5.1f}%")
+    print(f"top {args.top} kernels:")
+    for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"  {t:8.3f} s {100 * t / total:5.1f}%  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
