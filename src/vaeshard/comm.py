@@ -66,7 +66,10 @@ class Comm:
     def _wait(self, work, what: str) -> None:
         if work is None:
             return
-        if self.timeout is None:
+        if self.timeout is None or self.device is not None:
+            # NCCL: a plain wait only orders the current stream after the collective and keeps the
+            # GPU queue full; a wait with a timeout would block the CPU on every halo exchange.
+            # NCCL's own watchdog enforces the process group's timeout instead.
             work.wait()
             return
         try:

@@ -19,8 +19,10 @@ class VaeParallelConfig:
     mode:    one of MODES; `auto` picks per request (see `vaeshard.plan`).
     output:  `all` gives every rank the full result; `rank0` gives it to group rank 0 only and an
              empty tensor to the others.
-    timeout: upper bound for every collective a request makes, or None to use the group's own
-             timeout. A rank that fails or dies makes the others raise within this bound.
+    timeout: upper bound for every collective a request makes on a gloo (CPU) group, or None to use
+             the group's own timeout. A rank that fails or dies makes the others raise within this
+             bound. NCCL groups are bounded by their own timeout (init_process_group(timeout=...)),
+             which NCCL's watchdog enforces without stalling the GPU queue.
     """
 
     size: int | None = None

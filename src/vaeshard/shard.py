@@ -152,13 +152,13 @@ class WholeFrameAttention:
         x_nchw = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         qkv = self.to_qkv(self.norm(x_nchw))  # (b*t, 3c, h, w), per pixel: local
         q, k, v = qkv.chunk(3, dim=1)
-        k = ctx.gather(k, ctx.dim(k))
-        v = ctx.gather(v, ctx.dim(v))
-        q_tokens = q.reshape(b * t, 1, c, -1).transpose(-1, -2)
-        k_tokens = k.reshape(b * t, 1, c, -1).transpose(-1, -2)
-        v_tokens = v.reshape(b * t, 1, c, -1).transpose(-1, -2)
-        out = F.scaled_dot_product_attention(q_tokens, k_tokens, v_tokens)
-        out = out.squeeze(1).transpose(1, 2).reshape(b * t, c, h, w)
+        k, v = ctx.gather(k, ctx.dim(k)), ctx.gather(v, ctx.dim(v))  # whole frame, global order
+
+        def tokens(m):  # (b*t, c, h, w) -> (b*t, 1, h*w, c), the contiguous layout diffusers feeds sdpa
+            return m.reshape(b * t, 1, c, -1).permute(0, 1, 3, 2).contiguous()
+
+        out = F.scaled_dot_product_attention(tokens(q), tokens(k), tokens(v))
+        out = out.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
         out = self.proj(out)
         return out.view(b, t, c, h, w).permute(0, 2, 1, 3, 4) + identity
 
