@@ -71,12 +71,14 @@ def test_unparallelize_restores_plain_diffusers():
     assert "decode" not in vae.__dict__ and not hasattr(vae, "_vaeshard")
 
 
-def test_without_process_group_decode_is_plain_diffusers():
+def test_without_process_group_exact_decode_is_plain_diffusers():
     vae = build("wan21")
     z = latent((1, 4, 2, 5, 6))
     with torch.no_grad():
         reference = vae.decode(z).sample
-    vaeshard.parallelize(vae)
+    vaeshard.parallelize(vae, exact=True)
     out = vae.decode(z)
     assert torch.equal(out.sample, reference)
     assert torch.equal(vae.decode(z, return_dict=False)[0], reference)
+    vaeshard.parallelize(vae)  # the default fast tier: within the CPU fp32 tolerance
+    assert (vae.decode(z).sample - reference).abs().max() <= 1e-5

@@ -120,7 +120,6 @@ class Comm:
             return x
         has_prev = self.rank > 0
         has_next = self.rank < num_ranks - 1
-        x = x.contiguous()
         ops = []
         from_prev = from_next = None
         if has_prev and before > 0:
@@ -137,11 +136,15 @@ class Comm:
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 self._wait(work, "halo exchange")
-        parts = []
-        parts.append(from_prev if from_prev is not None else _zeros_like_rows(x, dim, before))
-        parts.append(x)
-        parts.append(from_next if from_next is not None else _zeros_like_rows(x, dim, after))
-        return torch.cat([p for p in parts if p.shape[dim] > 0], dim=dim)
+        # Received rows arrive in a plain contiguous buffer; give them x's memory format (a copy of a
+        # few rows) so the concatenation keeps x's layout (channels-last in the fast tier).
+        layout = _memory_format(x)
+        edges = [
+            (from_prev if from_prev is not None else _zeros_like_rows(x, dim, before)),
+            (from_next if from_next is not None else _zeros_like_rows(x, dim, after)),
+        ]
+        edges = [e.contiguous(memory_format=layout) for e in edges]
+        return torch.cat([p for p in (edges[0], x, edges[1]) if p.shape[dim] > 0], dim=dim)
 
     # -- gathers --------------------------------------------------------------------------------
 
@@ -197,6 +200,14 @@ def _with_extent(shape: torch.Size, dim: int, extent: int) -> list[int]:
     shape = list(shape)
     shape[dim] = extent
     return shape
+
+
+def _memory_format(x: torch.Tensor):
+    if x.ndim == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    if x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
 
 
 def _zeros_like_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:

@@ -23,12 +23,16 @@ class VaeParallelConfig:
              the group's own timeout. A rank that fails or dies makes the others raise within this
              bound. NCCL groups are bounded by their own timeout (init_process_group(timeout=...)),
              which NCCL's watchdog enforces without stalling the GPU queue.
+    exact:   True runs every layer as diffusers computes it (direct and spatial results then differ
+             from diffusers only by how the work is split); False (default) runs the fast tier
+             (fast.py), within DESIGN.md's tolerances. `tile` is always exact.
     """
 
     size: int | None = None
     mode: str = "auto"
     output: str = "all"
     timeout: float | timedelta | None = None
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -40,6 +44,8 @@ class VaeParallelConfig:
                 raise TypeError(f"size must be an int or None, got {type(self.size).__name__}")
             if self.size < 1:
                 raise ValueError(f"size must be at least 1, got {self.size}")
+        if not isinstance(self.exact, bool):
+            raise TypeError(f"exact must be True or False, got {self.exact!r}")
         if self.timeout is not None:
             seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import comm as comm_mod
-from . import shard
+from . import fast, shard
 from .config import MODES, OUTPUTS, VaeParallelConfig
 from .families import family_for
 from .families.base import Family
@@ -38,14 +38,16 @@ class _State:
     spatial_installed: bool = False
 
 
-def parallelize(vae, *, mode: str = "auto", group=None, output: str = "all", size: int | None = None, timeout=None):
+def parallelize(
+    vae, *, mode: str = "auto", group=None, output: str = "all", size: int | None = None, timeout=None, exact: bool = False
+):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
 
     Returns the same object. Calling it again updates mode/group/output/size/timeout without
     installing twice. Parameters, their names and `state_dict()` are left exactly as diffusers has them.
     """
     family = family_for(vae)
-    config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout)
+    config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact)
     state: _State | None = getattr(vae, "_vaeshard", None)
     if state is not None:
         state.config, state.group = config, group
@@ -194,8 +196,9 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
         log.debug("vaeshard: %s -> %s (%s)", op, chosen.strategy, chosen.reason)
     to_all = config.output == "all"
     receives = to_all or comm.rank == 0
+    fast_tier = not config.exact and chosen.strategy != "tile"  # tile stays bit-identical to diffusers
     try:
-        with torch.no_grad():
+        with torch.no_grad(), fast.tier(fast_tier):
             if chosen.strategy == "direct":
                 out = _direct(vae, state, op, x) if receives else None
             elif chosen.strategy == "tile":

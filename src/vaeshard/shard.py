@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import fast as fast_tier
 from .comm import Comm
 
 HEIGHT, WIDTH = "height", "width"
@@ -82,38 +83,55 @@ class HaloCausalConv3d:
     Sharded: the time cache is prepended as in the original, then the sharded axis is extended by
     exactly the rows its zero padding would have covered, taken from the neighbouring ranks (zeros
     at the global edges), and the convolution runs without padding on that axis.
+    Fast tier (see fast.py): channels-last input and weight, and cuDNN applies the remaining
+    spatial zero padding instead of a padded copy of the input.
     """
 
     def forward(self, x, cache_x=None):
         ctx = current()
-        if ctx is None:
+        fast = fast_tier.enabled()
+        if ctx is None and not fast:
             return super().forward(x, cache_x)
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
         if cache_x is not None and self._padding[4] > 0:
             x = torch.cat([cache_x.to(x.device), x], dim=2)
             padding[4] -= cache_x.shape[2]
-        slot = 2 if ctx.axis == HEIGHT else 0
-        x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1])
-        padding[slot] = padding[slot + 1] = 0
-        x = F.pad(x, padding)
-        return nn.Conv3d.forward(self, x)
+        if ctx is not None:
+            slot = 2 if ctx.axis == HEIGHT else 0
+            x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1])
+            padding[slot] = padding[slot + 1] = 0
+        if not fast:
+            return nn.Conv3d.forward(self, F.pad(x, padding))
+        if padding[4] or padding[5]:  # causal zero frames: only a chunk with no cache yet
+            x = F.pad(x, (0, 0, 0, 0, padding[4], padding[5]))
+        x = fast_tier.to_channels_last(x)
+        weight = fast_tier.channels_last_weight(self, x.dtype)
+        return F.conv3d(x, weight, self.bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
 
 
 class HaloConv2d:
-    """Mixin for a stride-1 zero-padded nn.Conv2d: halo rows replace the padding on the sharded axis."""
+    """Mixin for a stride-1 zero-padded nn.Conv2d: halo rows replace the padding on the sharded axis.
+
+    Fast tier: channels-last input and weight.
+    """
 
     def forward(self, x):
         ctx = current()
-        if ctx is None:
+        fast = fast_tier.enabled()
+        if ctx is None and not fast:
             return super().forward(x)
         pad_h, pad_w = self.padding
-        if ctx.axis == HEIGHT:
+        if ctx is not None and ctx.axis == HEIGHT:
             x = ctx.halo_pad(x, ctx.dim(x), pad_h, pad_h)
-            padding = (0, pad_w)
-        else:
+            pad_h = 0
+        elif ctx is not None:
             x = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w)
-            padding = (pad_h, 0)
-        return F.conv2d(x, self.weight, self.bias, self.stride, padding, self.dilation, self.groups)
+            pad_w = 0
+        weight = self.weight
+        if fast:
+            x = fast_tier.to_channels_last(x)
+            weight = fast_tier.channels_last_weight(self, x.dtype)
+        return F.conv2d(x, weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
 
 
 class HaloZeroPad2d:

@@ -25,5 +25,17 @@ class _QwenImage(WanLike):
 
         return QwenImageAttentionBlock
 
+    @property
+    def residual_block_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageResidualBlock
+
+        return QwenImageResidualBlock
+
+    @property
+    def upsample_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageUpsample
+
+        return QwenImageUpsample
+
 
 FAMILY = _QwenImage().family("qwenimage", ("AutoencoderKLQwenImage",))

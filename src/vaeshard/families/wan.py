@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import shard
+from .. import fast, shard
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
 
@@ -23,6 +23,8 @@ class WanLike:
 
     causal_conv_cls: type
     attention_cls: type
+    residual_block_cls: type
+    upsample_cls: type
     decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
     clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
 
@@ -103,11 +105,12 @@ class WanLike:
         return torch.clamp(merged, min=-1.0, max=1.0) if self.clamp_tiled_decode else merged
 
     def untiled_decode(self, vae, z):
-        return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0])
+        # contiguous: the fast tier computes channels-last; callers get diffusers' layout back
+        return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
-        return with_tiling_off(vae, lambda: vae._encode(x))
+        return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
 
     # -- encode ---------------------------------------------------------------------------------
 
@@ -169,13 +172,16 @@ class WanLike:
     # -- spatial shard --------------------------------------------------------------------------
 
     def install_spatial(self, vae) -> None:
-        """Halo treatment, by leaf class, in the decoder and the encoder.
+        """Request-aware layers, by leaf class, in the decoder and the encoder.
 
-        causal conv with a spatial kernel -> halo rows replace its spatial zero padding;
-        2-D conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv without padding (the
-        downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes the halo;
-        single-head attention -> whole-frame keys and values. Everything else is per voxel, or a
-        local pixel (un)shuffle, and stays as diffusers wrote it.
+        Halo treatment (spatial shard): causal conv with a spatial kernel -> halo rows replace its
+        spatial zero padding; 2-D conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv
+        without padding (the downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes
+        the halo; single-head attention -> whole-frame keys and values. Everything else is per
+        voxel, or a local pixel (un)shuffle, and stays as diffusers wrote it.
+        Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
+        blocks and before conv_out) fuse it, and those SiLU modules pass through; the nearest
+        upsamplers skip their fp32 round trip.
         """
         for part in (vae.decoder, vae.encoder):
             for module in part.modules():
@@ -188,10 +194,18 @@ class WanLike:
                     shard.swap(module, shard.HaloZeroPad2d)
                 elif isinstance(module, self.attention_cls):
                     shard.swap(module, shard.WholeFrameAttention)
+                elif isinstance(module, self.upsample_cls):
+                    shard.swap(module, fast.NearestUpsample)
+            for block in [part, *(m for m in part.modules() if isinstance(m, self.residual_block_cls))]:
+                norms = [block.norm_out] if block is part else [block.norm1, block.norm2]
+                for norm in norms:
+                    shard.swap(norm, fast.FusedRMSNormSiLU)
+                shard.swap(block.nonlinearity, fast.PassThroughSiLU)
 
     def uninstall_spatial(self, vae) -> None:
         for module in vae.modules():
             shard.unswap(module)
+        fast.drop_cached_weights(vae)
 
     def release(self, vae) -> None:
         vae.clear_cache()
@@ -244,6 +258,18 @@ class _Wan(WanLike):
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
 
         return WanAttentionBlock
+
+    @property
+    def residual_block_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
+
+        return WanResidualBlock
+
+    @property
+    def upsample_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
+
+        return WanUpsample
 
 
 FAMILY = _Wan().family("wan", ("AutoencoderKLWan",))

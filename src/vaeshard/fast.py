@@ -1,0 +1,184 @@
+"""The fast tier: layer implementations that trade bit-identity for speed, within DESIGN.md tolerances.
+
+A request runs in the fast tier unless the VAE was parallelized with `exact=True` (then every layer
+runs diffusers' own computation, bit for bit). The tier is request-scoped (a ContextVar), so code
+outside a vaeshard request always sees the original layers. What changes in the fast tier:
+
+- RMS norm + SiLU of the residual blocks and the output head run as one pass (a Triton kernel on
+  CUDA; the same arithmetic in eager PyTorch elsewhere): fp32 statistics, one rounding at the end,
+  instead of diffusers' fp32 upcast, divide, downcast, scale, shift and a separate SiLU.
+- Spatial convolutions run channels-last (NDHWC / NHWC) with a cached channels-last copy of their
+  weight, and cuDNN applies the spatial zero padding, so no padded copy of the input is made.
+- Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+_fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
+
+
+def enabled() -> bool:
+    return _fast.get()
+
+
+@contextlib.contextmanager
+def tier(fast: bool):
+    token = _fast.set(fast)
+    try:
+        yield
+    finally:
+        _fast.reset(token)
+
+
+# --- memory format ----------------------------------------------------------------------------------
+
+
+def channels_last_format(ndim: int):
+    return torch.channels_last_3d if ndim == 5 else torch.channels_last
+
+
+def to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=channels_last_format(x.ndim))
+
+
+def channels_last_weight(conv: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+    """A channels-last copy of `conv.weight` in `dtype`, made once and reused while the weight is unchanged.
+
+    Kept as a plain attribute (not a parameter or buffer), so names and state_dict are untouched;
+    `drop_cached_weights` removes it.
+    """
+    w = conv.weight
+    key = (w.data_ptr(), w._version, w.device, dtype)
+    cached = conv.__dict__.get("_vaeshard_cl_weight")
+    if cached is None or cached[0] != key:
+        cl = w.detach().to(dtype).contiguous(memory_format=channels_last_format(w.ndim))
+        conv.__dict__["_vaeshard_cl_weight"] = cached = (key, cl)
+    return cached[1]
+
+
+def drop_cached_weights(module: nn.Module) -> None:
+    for m in module.modules():
+        m.__dict__.pop("_vaeshard_cl_weight", None)
+
+
+# --- fused RMS norm (+ SiLU) ----------------------------------------------------------------------
+
+try:  # Triton is optional: CUDA machines have it, CPU-only installs need not
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - depends on the installation
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_silu_kernel(
+        x_ptr, y_ptr, w_ptr, b_ptr, S, C, sxn, sxc, sxs, syn, syc, sys_, scale, eps,
+        HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        # One program: one sample n and BLOCK_S voxels, all C channels. Channels-last inputs load
+        # contiguous channel rows, contiguous inputs load contiguous voxel rows; both coalesce.
+        n = tl.program_id(1)
+        offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+        offs_c = tl.arange(0, BLOCK_C)
+        mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
+        x = tl.load(x_ptr + n * sxn + offs_s[:, None] * sxs + offs_c[None, :] * sxc, mask=mask, other=0.0)
+        x = x.to(tl.float32)
+        norm = tl.sqrt(tl.sum(x * x, axis=1))
+        inv = 1.0 / tl.maximum(norm, eps)
+        w = tl.load(w_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32) * scale
+        y = x * inv[:, None] * w[None, :]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)[None, :]
+        if SILU:
+            y = y * tl.sigmoid(y)
+        tl.store(y_ptr + n * syn + offs_s[:, None] * sys_ + offs_c[None, :] * syc, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _flat_view(x: torch.Tensor):
+    """(N, C, S) strides of a contiguous or channels-last tensor, or None when the dims do not merge."""
+    n, c = x.shape[:2]
+    s = x[0, 0].numel() if x.numel() else 0
+    if x.is_contiguous():
+        return n, c, s, (x.stride(0), x.stride(1), 1)
+    if x.ndim >= 4 and x.is_contiguous(memory_format=channels_last_format(x.ndim)):
+        return n, c, s, (x.stride(0), 1, c)
+    return None
+
+
+def rms_norm(x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12) -> torch.Tensor:
+    """silu?(x / max(||x||_C, eps) * scale * gamma + bias), statistics in fp32, one rounding at the end.
+
+    The output keeps the input's memory format.
+    """
+    use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
+    flat = _flat_view(x) if use_triton else None
+    if flat is None:
+        xf = x.float()
+        y = xf / xf.norm(dim=1, keepdim=True).clamp_min(eps) * (gamma.float() * scale)
+        if isinstance(bias, torch.Tensor):
+            y = y + bias.float()
+        if silu:
+            y = F.silu(y)
+        return y.to(x.dtype)
+    n, c, s, (sxn, sxc, sxs) = flat
+    y = torch.empty_like(x)  # same memory format, so the same strides
+    block_c = triton.next_power_of_2(c)
+    block_s = max(1, min(128, 8192 // block_c))
+    has_bias = isinstance(bias, torch.Tensor)
+    grid = (triton.cdiv(s, block_s), n)
+    _rms_norm_silu_kernel[grid](
+        x, y, gamma.reshape(-1), bias.reshape(-1) if has_bias else gamma, s, c, sxn, sxc, sxs, sxn, sxc, sxs,
+        float(scale), float(eps), HAS_BIAS=has_bias, SILU=silu, BLOCK_S=block_s, BLOCK_C=block_c,
+    )
+    return y
+
+
+def _interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# --- swapped layers (mixins; see shard.swap) ----------------------------------------------------------
+
+
+class FusedRMSNormSiLU:
+    """Mixin for a Wan RMS norm that is always followed by SiLU (residual blocks, output head).
+
+    Fast tier: norm and SiLU in one pass; the SiLU module after it (`PassThroughSiLU`) then passes
+    its input on. Exact tier: diffusers' norm, and the SiLU module applies SiLU as usual.
+    """
+
+    def forward(self, x):
+        if not _fast.get():
+            return super().forward(x)
+        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True)
+
+
+class PassThroughSiLU:
+    """Mixin for the SiLU that follows a `FusedRMSNormSiLU`: identity in the fast tier."""
+
+    def forward(self, x):
+        if not _fast.get():
+            return super().forward(x)
+        return x
+
+
+class NearestUpsample:
+    """Mixin for Wan's nearest-exact 2x upsample: in the input dtype and memory format in the fast tier.
+
+    Nearest upsampling only copies values, so skipping diffusers' fp32 round trip is exact.
+    """
+
+    def forward(self, x):
+        if not _fast.get():
+            return super().forward(x)
+        return F.interpolate(x, scale_factor=self.scale_factor, mode=self.mode)
