@@ -85,8 +85,8 @@ if triton is not None:
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels. Channels-last inputs load
         # contiguous channel rows, contiguous inputs load contiguous voxel rows; both coalesce.
-        n = tl.program_id(1)
-        offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+        n = tl.program_id(1).to(tl.int64)
+        offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
         offs_c = tl.arange(0, BLOCK_C)
         mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
         x = tl.load(x_ptr + n * sxn + offs_s[:, None] * sxs + offs_c[None, :] * sxc, mask=mask, other=0.0)

@@ -1,0 +1,110 @@
+"""The fast tier against diffusers, the exact tier bit for bit, and the Triton kernel on CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from .dist_harness import run_ranks
+from .models import build, latent
+
+TOL_CPU_FP32 = 1e-5
+
+
+@pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
+def test_direct_fast_tier_within_tolerance_and_exact_tier_bit_identical(model):
+    import vaeshard
+
+    vae = build(model)
+    z = latent((1, 4, 3, 6, 5))
+    x = latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+        enc_ref = vae.encode(x).latent_dist.mean
+    vaeshard.parallelize(vae, exact=True)
+    assert torch.equal(vae.decode(z).sample, ref)
+    assert torch.equal(vae.encode(x).latent_dist.mean, enc_ref)
+    vaeshard.parallelize(vae)  # fast tier
+    out = vae.decode(z).sample
+    assert out.is_contiguous() and out.dtype == ref.dtype
+    assert (out - ref).abs().max() <= TOL_CPU_FP32
+    assert (vae.encode(x).latent_dist.mean - enc_ref).abs().max() <= TOL_CPU_FP32
+
+
+def _sharded_tiers(rank, world, model, shape, mode):
+    import vaeshard
+
+    vae = build(model, (32, 24))
+    z = latent(shape)
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+        tiled_ref = vae.tiled_decode(z).sample
+    diffs = {}
+    for exact in (True, False):
+        vaeshard.parallelize(vae, mode=mode, exact=exact)
+        diffs[exact] = (vae.decode(z).sample - ref).abs().max().item()
+        vaeshard.parallelize(vae, mode="tile", exact=exact)
+        assert torch.equal(vae.decode(z).sample, tiled_ref)  # tile is exact in both tiers
+    assert max(diffs.values()) <= TOL_CPU_FP32, diffs
+    return diffs
+
+
+@pytest.mark.parametrize(
+    "model,shape,mode,world",
+    [("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 2, 5, 7), "spatial_shard_width", 3)],
+)
+def test_sharded_fast_tier_within_tolerance(model, shape, mode, world):
+    run_ranks(_sharded_tiers, world, model, shape, mode)
+
+
+def test_fast_tier_is_request_scoped():
+    import vaeshard
+    from vaeshard import fast
+
+    vae = vaeshard.parallelize(build("wan21"))
+    vae.decode(latent((1, 4, 1, 3, 3)))
+    assert not fast.enabled()
+    plain = build("wan21")
+    z = latent((1, 4, 2, 4, 4))
+    with torch.no_grad():  # a swapped layer called outside a request runs diffusers' code
+        assert torch.equal(vae.decoder.conv_in(z), plain.decoder.conv_in(z))
+
+
+KERNEL_CHECK = textwrap.dedent(
+    """
+    import torch, torch.nn.functional as F
+    from vaeshard import fast
+    assert fast.triton is not None
+    torch.manual_seed(0)
+    for shape, channels_last, dtype in [((2, 24, 3, 5, 7), False, torch.float32), ((1, 40, 2, 6, 5), True, torch.float32),
+                                        ((3, 16, 4, 6), True, torch.bfloat16), ((1, 96, 1, 3, 4), True, torch.bfloat16)]:
+        x = torch.randn(shape) * 3
+        x = (fast.to_channels_last(x) if channels_last else x).to(dtype)
+        gamma = torch.rand(shape[1], *([1] * (len(shape) - 2))) + 0.5
+        bias = torch.randn(shape[1], *([1] * (len(shape) - 2)))
+        for b in (bias, 0.0):
+            for silu in (True, False):
+                xf = x.float()
+                want = xf / xf.norm(dim=1, keepdim=True).clamp_min(1e-12) * gamma * 2.0
+                want = want + (b if isinstance(b, torch.Tensor) else 0.0)
+                want = F.silu(want) if silu else want
+                got = fast.rms_norm(x, gamma.to(dtype), b if not isinstance(b, torch.Tensor) else b.to(dtype), 2.0, silu)
+                assert got.dtype == dtype and got.stride() == x.stride(), (got.dtype, got.stride(), x.stride())
+                tol = 1e-5 if dtype == torch.float32 else 2e-2 * want.abs().max().item()
+                err = (got.float() - want).abs().max().item()
+                assert err <= tol, (shape, channels_last, dtype, silu, err)
+    print("kernel ok")
+    """
+)
+
+
+def test_triton_rms_norm_kernel_through_the_interpreter():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, env=env, timeout=240)
+    assert run.returncode == 0 and "kernel ok" in run.stdout, run.stdout + run.stderr
