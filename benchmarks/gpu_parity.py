@@ -88,8 +88,8 @@ def main() -> int:
                                      ref_std=refs["untiled"].std().item(), ok=True,
                                      fp32_max=d.max().item(), fp32_mean=d.mean().item()))
             vae = vaeshard.parallelize(plain, mode="auto")
-            for mode, exact in [(m, e) for m in args.modes.split(",") for e in (False, True) if m != "tile" or e]:
-                vaeshard.parallelize(vae, mode=mode, exact=exact)
+            for mode, exact_tier in [(m, e) for m in args.modes.split(",") for e in (False, True) if m != "tile" or e]:
+                vaeshard.parallelize(vae, mode=mode, exact=exact_tier)
                 strategy = vaeshard.plan(vae, z.shape, world, mode).strategy
                 out = vae.decode(z).sample
                 if rank != 0:
@@ -104,7 +104,7 @@ def main() -> int:
                     ok = d.max().item() <= tol["max"] and (tol["mean"] is None or d.mean().item() <= tol["mean"])
                 ok_all &= ok
                 t = (out.float() - refs["fp32"]).abs()
-                rows.append(dict(model=model, dtype=dname, mode=mode + (" exact" if exact else " fast"),
+                rows.append(dict(model=model, dtype=dname, mode=mode + (" exact" if exact_tier else " fast"),
                                  strategy=strategy, world=world,
                                  shape=list(z.shape), max_diff=d.max().item(), mean_diff=d.mean().item(),
                                  bit_identical=exact, ref_std=ref.std().item(), ok=ok,
