@@ -5,8 +5,9 @@ runs diffusers' own computation, bit for bit). The tier is request-scoped (a Con
 outside a vaeshard request always sees the original layers. What changes in the fast tier:
 
 - RMS norm + SiLU of the residual blocks and the output head run as one pass (a Triton kernel on
-  CUDA; the same arithmetic in eager PyTorch elsewhere): fp32 statistics, one rounding at the end,
-  instead of diffusers' fp32 upcast, divide, downcast, scale, shift and a separate SiLU.
+  CUDA; eager PyTorch elsewhere) instead of diffusers' six passes (fp32 upcast, normalize,
+  downcast, scale, shift, SiLU). The kernel rounds to the tensor dtype at the same steps as
+  diffusers, so results track diffusers' own bf16 decode, not only the exact math.
 - Spatial convolutions run channels-last (NDHWC / NHWC) with a cached channels-last copy of their
   weight, and cuDNN applies the spatial zero padding, so no padded copy of the input is made.
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
@@ -85,6 +86,11 @@ if triton is not None:
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels. Channels-last inputs load
         # contiguous channel rows, contiguous inputs load contiguous voxel rows; both coalesce.
+        # The arithmetic follows diffusers' WanRMS_norm step by step, rounding to the tensor dtype
+        # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
+        # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
+        # roundings vanish. Only the order of the sum of squares differs from PyTorch's norm.
+        dt = y_ptr.dtype.element_ty
         n = tl.program_id(1).to(tl.int64)
         offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
         offs_c = tl.arange(0, BLOCK_C)
@@ -92,14 +98,16 @@ if triton is not None:
         x = tl.load(x_ptr + n * sxn + offs_s[:, None] * sxs + offs_c[None, :] * sxc, mask=mask, other=0.0)
         x = x.to(tl.float32)
         norm = tl.sqrt(tl.sum(x * x, axis=1))
-        inv = 1.0 / tl.maximum(norm, eps)
-        w = tl.load(w_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32) * scale
-        y = x * inv[:, None] * w[None, :]
+        y = (x / tl.maximum(norm, eps)[:, None]).to(dt).to(tl.float32)
+        y = (y * scale).to(dt).to(tl.float32)
+        w = tl.load(w_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+        y = (y * w[None, :]).to(dt).to(tl.float32)
         if HAS_BIAS:
-            y += tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)[None, :]
+            b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+            y = (y + b[None, :]).to(dt).to(tl.float32)
         if SILU:
-            y = y * tl.sigmoid(y)
-        tl.store(y_ptr + n * syn + offs_s[:, None] * sys_ + offs_c[None, :] * syc, y.to(y_ptr.dtype.element_ty), mask=mask)
+            y = y / (1.0 + tl.exp(-y))
+        tl.store(y_ptr + n * syn + offs_s[:, None] * sys_ + offs_c[None, :] * syc, y.to(dt), mask=mask)
 
 
 def _flat_view(x: torch.Tensor):
@@ -114,20 +122,15 @@ def _flat_view(x: torch.Tensor):
 
 
 def rms_norm(x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12) -> torch.Tensor:
-    """silu?(x / max(||x||_C, eps) * scale * gamma + bias), statistics in fp32, one rounding at the end.
+    """silu?(x / max(||x||_C, eps) * scale * gamma + bias) in one pass, rounded as diffusers rounds.
 
     The output keeps the input's memory format.
     """
     use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
     flat = _flat_view(x) if use_triton else None
-    if flat is None:
-        xf = x.float()
-        y = xf / xf.norm(dim=1, keepdim=True).clamp_min(eps) * (gamma.float() * scale)
-        if isinstance(bias, torch.Tensor):
-            y = y + bias.float()
-        if silu:
-            y = F.silu(y)
-        return y.to(x.dtype)
+    if flat is None:  # the same steps in eager PyTorch (CPU, or layouts the kernel does not take)
+        y = F.normalize(x.float(), dim=1, eps=eps).to(x.dtype) * scale * gamma + bias
+        return F.silu(y) if silu else y
     n, c, s, (sxn, sxc, sxs) = flat
     y = torch.empty_like(x)  # same memory format, so the same strides
     block_c = triton.next_power_of_2(c)
