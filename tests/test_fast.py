@@ -109,7 +109,9 @@ KERNEL_CHECK = textwrap.dedent(
         got = fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True)
         # (Triton's CPU interpreter casts fp32 -> bf16 by truncation, where GPUs round to nearest,
         # so bf16 bits are compared on the GPU by benchmarks/gpu_parity.py, not here.)
-        assert (got.float() - want.float()).abs().max().item() <= (1e-6 if dtype == torch.float32 else 4e-2)
+        err = (got.float() - want.float()).abs()
+        bound = 1e-5 if dtype == torch.float32 else want.float().abs() * 2**-5 + 1e-3  # a few bf16 ulps
+        assert bool((err <= bound).all()), (dtype, err.max().item())
     print("kernel ok")
     """
 )
