@@ -7,6 +7,7 @@ others raise instead of waiting forever. Buffers created here are scoped to the 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -15,7 +16,8 @@ import torch.distributed as dist
 
 
 class CommTimeout(RuntimeError):
-    """A collective did not complete within the configured timeout (a peer failed or is gone)."""
+    """A collective did not complete within the configured timeout, or its peer closed the connection
+    (a peer failed or is gone). The group is left mid-collective: destroy it rather than reuse it."""
 
 
 def is_initialized() -> bool:
@@ -72,15 +74,20 @@ class Comm:
             # NCCL's own watchdog enforces the process group's timeout instead.
             work.wait()
             return
+        started = time.monotonic()
         try:
             ok = work.wait(timeout=timedelta(seconds=self.timeout))
-        except RuntimeError as exc:  # gloo reports a timeout as an exception
+        except RuntimeError as exc:  # gloo reports a timeout, and a peer that closed its connection, this way
+            waited = time.monotonic() - started
             raise CommTimeout(
-                f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: "
-                f"another rank failed or is gone ({exc})"
+                f"{what} on rank {self.rank} failed after {waited:.1f} s (limit {self.timeout:g} s): another "
+                f"rank failed or is gone, see its error; this group can no longer be used ({exc})"
             ) from exc
         if ok is False:
-            raise CommTimeout(f"{what} on rank {self.rank} did not complete within {self.timeout:g} s")
+            raise CommTimeout(
+                f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: another rank failed "
+                "or is gone, see its error; this group can no longer be used"
+            )
 
     def _global(self, group_rank_: int) -> int:
         if self.group is None or self.group is dist.group.WORLD:
