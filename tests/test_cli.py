@@ -285,8 +285,8 @@ def test_decode_denormalize_matches_the_wan_pipeline_formula(assets, tmp_path):
     with torch.no_grad():
         expected = vae.decode(z / inv_std + mean).sample
         plain = vae.decode(z).sample
-    assert torch.equal(got, expected)
-    assert not torch.equal(got, plain)  # the statistics made a difference
+    assert (got - expected).abs().max() <= 1e-5  # the library's default fast tier, CPU fp32 tolerance
+    assert (got - plain).abs().max() > 1e-2  # the statistics made a difference
 
 
 @pytest.mark.timeout(120)

@@ -361,7 +361,8 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
         log.debug("vaeshard: %s -> %s (%s)", op, chosen.strategy, chosen.reason)
     to_all = config.output == "all"
     receives = to_all or comm.rank == 0
-    fast_tier = not config.exact and chosen.strategy != "tile"  # tile stays bit-identical to diffusers
+    # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
+    fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
         with torch.no_grad(), fast.tier(fast_tier):
             if chosen.strategy == "direct":
