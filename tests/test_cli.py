@@ -148,6 +148,7 @@ EXPECTED_FLAGS = {
         ("--out", None, None, True),
         ("--fps", None, 16, False),
         ("--offline", None, False, False),
+        ("--exact", None, False, False),
         ("--quiet", None, False, False),
         ("--timeout", None, 600.0, False),
     ],
@@ -168,6 +169,7 @@ EXPECTED_FLAGS = {
         ("--tflop", None, None, False),
         ("--json", None, None, False),
         ("--plot", None, None, False),
+        ("--exact", None, False, False),
         ("--timeout", None, 600.0, False),
     ],
 }

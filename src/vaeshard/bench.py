@@ -100,14 +100,32 @@ class PeakMemory:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _timed_decode(ctx, vae, z):
-    """One decode, started together on every rank; returns (sample, seconds on this rank)."""
-    ctx.barrier()
+def _timed_decode(ctx, vae, z, together: bool = True):
+    """One decode (started together on every rank); returns (sample, seconds on this rank)."""
+    if together:
+        ctx.barrier()
     ctx.synchronize()
     t0 = time.perf_counter()
     out = vae.decode(z).sample
     ctx.synchronize()
     return out, time.perf_counter() - t0
+
+
+def _timed_runs(ctx, vae, z, reps: int, memory: "PeakMemory", together: bool):
+    """A warm-up, then `reps` timed decodes; returns (last sample, seconds of each on this rank).
+
+    Peak memory counts from after the warm-up. `together`: start each decode with a barrier, so
+    every rank of a parallel decode starts at once.
+    """
+    memory.reset()
+    _warm_up(vae, z)
+    memory.mark_base()
+    out, times = None, []
+    for _ in range(reps):
+        del out
+        out, seconds = _timed_decode(ctx, vae, z, together)
+        times.append(seconds)
+    return out, times
 
 
 def _diff_stats(out, ref) -> tuple[float, float]:
@@ -138,6 +156,7 @@ class BenchSpec:
     ref_path: str | None  # where the reference run leaves its output for the other runs to compare
     count_flops: bool = False
     group_timeout: float = 600.0
+    exact: bool = False  # vaeshard's exact tier instead of the default fast tier
 
 
 def _load_for(ctx, spec: BenchSpec):
@@ -164,19 +183,9 @@ def _reference_worker(ctx, spec: BenchSpec) -> dict | None:
 
     vae, z = _load_for(ctx, spec)
     memory = PeakMemory(ctx)
-    memory.reset()
-    times = []
     with torch.no_grad():
-        _warm_up(vae, z)
-        memory.mark_base()
-        out = None
-        for _ in range(spec.reps):
-            del out
-            ctx.synchronize()
-            t0 = time.perf_counter()
-            out = vae.decode(z).sample
-            ctx.synchronize()
-            times.append(time.perf_counter() - t0)
+        # one process: no barrier (under torchrun the other ranks are not decoding)
+        out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=False)
         peak = memory.peak_bytes()
         if spec.ref_path:
             torch.save(out.cpu(), spec.ref_path)
@@ -202,18 +211,10 @@ def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
     vae, z = _load_for(ctx, spec)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
     logging.getLogger("vaeshard").setLevel(logging.ERROR)  # a fallback shows in the table, not once per decode
-    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout)
+    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact)
     memory = PeakMemory(ctx)
-    memory.reset()
-    times = []
     with torch.no_grad():
-        _warm_up(vae, z)
-        memory.mark_base()
-        out = None
-        for _ in range(spec.reps):
-            del out
-            out, seconds = _timed_decode(ctx, vae, z)
-            times.append(seconds)
+        out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True)
         peak = memory.peak_bytes()
         diff = None
         if ctx.is_main and spec.ref_path and os.path.exists(spec.ref_path):
@@ -244,6 +245,7 @@ class BenchResult:
     modes: list[str] = field(default_factory=list)
     nprocs: list[int] = field(default_factory=list)
     output: str = "all"  # vaeshard.parallelize's output placement in the timed runs
+    exact: bool = False  # vaeshard.parallelize's tier in the timed runs
     memory_measure: str = ""
     cpu_threads_per_rank: dict = field(default_factory=dict)  # ranks -> torch threads of each rank (CPU)
     rows: list[dict] = field(default_factory=list)
@@ -269,6 +271,7 @@ def run_bench(
     seed: int = 0,
     group_timeout: float = 600.0,
     timeout: float | None = None,
+    exact: bool = False,
     log=None,
 ) -> BenchResult:
     """Measure every (mode, ranks) point and, unless `reference` is False, diffusers' own decode."""
@@ -292,6 +295,7 @@ def run_bench(
         flops_source=flops_source,
         peak_tflops=peak_tflops,
         reference=None,
+        exact=exact,
         environment=environment(device),
     )
     world = launch.torchrun_world()
@@ -304,7 +308,7 @@ def run_bench(
             result.cpu_threads_per_rank = {n: launch.cpu_threads_per_rank(n) for n in result.nprocs}
     with tempfile.TemporaryDirectory(prefix="vaeshard-bench-") as tmp:
         ref_path = os.path.join(tmp, "reference.pt") if reference else None
-        spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout)
+        spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, exact)
         if reference:
             log("reference: diffusers decode, 1 process")
             values = launch.run(_reference_worker, world or 1, spec, device=device, timeout=timeout, group_timeout=group_timeout)
@@ -449,6 +453,7 @@ def bench_table(result: BenchResult) -> str:
         f"vaeshard bench: {result.subject}",
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
         "timed decode(s) after one warm-up; time = slowest rank",
+        f"vaeshard tier: {'exact (exact=True)' if result.exact else 'fast (default)'}; tile is always exact",
     ]
     if result.flops is not None:
         peak = f" at {result.peak_tflops:g} TFLOP/s per device" if result.peak_tflops else ""

@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--out", required=True, metavar="OUT", help="output: .mp4, .png, folder, .safetensors or .pt")
     dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
     dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
+    dec.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--tflop", type=_positive_float, default=None, help="FLOPs of one decode in TFLOP (default: the preset's, else counted)")
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
+    ben.add_argument("--exact", action="store_true", help="measure vaeshard's exact tier (default: the fast tier)")
     ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
     return parser
 
@@ -254,6 +256,7 @@ class DecodeJob:
     fps: int
     progress: bool
     timeout: float
+    exact: bool = False
 
 
 def _decode(args) -> int:
@@ -287,6 +290,7 @@ def _decode(args) -> int:
         fps=args.fps,
         progress=not args.quiet,
         timeout=args.timeout,
+        exact=args.exact,
     )
     from . import launch
 
@@ -346,7 +350,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     else:
         z = z.to(vae.dtype)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
-    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout)
+    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
@@ -448,6 +452,7 @@ def _bench(args) -> int:
         preset_flops=preset_flops,
         peak_tflops=peak,
         group_timeout=args.timeout,
+        exact=args.exact,
         timeout=None,
         log=_bench_log,
     )
