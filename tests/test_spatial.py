@@ -84,3 +84,9 @@ ENCODE_CASES = [
 def test_spatial_encode_matches_untiled(case):
     _, model, shape, world, mode = case
     run_ranks(_spatial_encode_parity, world, model, shape, mode)
+
+
+def test_eight_ranks_uneven_height():
+    # 11 latent rows over 8 ranks (2, 2, 2, 1, 1, 1, 1, 1): one-row shards whose halo is a whole shard
+    diffs = run_ranks(_spatial_parity, 8, "wan21", (1, 4, 2, 11, 4), "spatial_shard_height", timeout=300, fresh=True)
+    assert all(d <= TOL_CPU_FP32 for d in diffs)
