@@ -38,6 +38,10 @@ def group_rank(group) -> int:
     return dist.get_rank(group)
 
 
+def global_rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
 def group_size(group) -> int:
     if group is None:
         return 1

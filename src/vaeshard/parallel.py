@@ -269,7 +269,7 @@ def _run(vae, op: str, x):
     rank = comm_mod.group_rank(group)
     if rank < 0:
         raise ValueError(
-            f"this process (global rank {torch.distributed.get_rank()}) is not a member of the group the VAE "
+            f"this process (global rank {comm_mod.global_rank()}) is not a member of the group the VAE "
             f"was parallelized on: call {op} only on the group's ranks, or parallelize with group=None"
         )
     comm = comm_mod.Comm.for_group(group, timeout=config.timeout_seconds)

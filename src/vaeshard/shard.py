@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast as fast_tier
-from .comm import Comm
+from .comm import Comm, all_reduce_sum
 
 HEIGHT, WIDTH = "height", "width"
 
@@ -216,8 +216,6 @@ def split_extents(extent: int, num_ranks: int) -> list[int]:
 
 
 # --- whole-map statistics and whole-image attention (2-D image VAEs such as AutoencoderKL) ---------
-
-from .comm import all_reduce_sum  # noqa: E402  (kept next to the layers that use it)
 
 
 def global_group_norm(ctx: ShardContext, x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.Tensor:
