@@ -8,8 +8,8 @@ outside a vaeshard request always sees the original layers. What changes in the 
   CUDA; eager PyTorch elsewhere) instead of diffusers' six passes (fp32 upcast, normalize,
   downcast, scale, shift, SiLU). The kernel rounds to the tensor dtype at the same steps as
   diffusers, so results track diffusers' own bf16 decode, not only the exact math.
-- Spatial convolutions run channels-last (NDHWC / NHWC) with a cached channels-last copy of their
-  weight, and cuDNN applies the spatial zero padding, so no padded copy of the input is made.
+- Spatial convolutions run channels-last (NDHWC / NHWC), so cuDNN needs no layout transposes of the
+  activations, and cuDNN applies the spatial zero padding, so no padded copy of the input is made.
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
 """
 
@@ -19,7 +19,6 @@ import contextlib
 import contextvars
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
@@ -47,26 +46,6 @@ def channels_last_format(ndim: int):
 
 def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=channels_last_format(x.ndim))
-
-
-def channels_last_weight(conv: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-    """A channels-last copy of `conv.weight` in `dtype`, made once and reused while the weight is unchanged.
-
-    Kept as a plain attribute (not a parameter or buffer), so names and state_dict are untouched;
-    `drop_cached_weights` removes it.
-    """
-    w = conv.weight
-    key = (w.data_ptr(), w._version, w.device, dtype)
-    cached = conv.__dict__.get("_vaeshard_cl_weight")
-    if cached is None or cached[0] != key:
-        cl = w.detach().to(dtype).contiguous(memory_format=channels_last_format(w.ndim))
-        conv.__dict__["_vaeshard_cl_weight"] = cached = (key, cl)
-    return cached[1]
-
-
-def drop_cached_weights(module: nn.Module) -> None:
-    for m in module.modules():
-        m.__dict__.pop("_vaeshard_cl_weight", None)
 
 
 # --- fused RMS norm (+ SiLU) ----------------------------------------------------------------------

@@ -83,8 +83,8 @@ class HaloCausalConv3d:
     Sharded: the time cache is prepended as in the original, then the sharded axis is extended by
     exactly the rows its zero padding would have covered, taken from the neighbouring ranks (zeros
     at the global edges), and the convolution runs without padding on that axis.
-    Fast tier (see fast.py): channels-last input and weight, and cuDNN applies the remaining
-    spatial zero padding instead of a padded copy of the input.
+    Fast tier (see fast.py): channels-last input, and cuDNN applies the remaining spatial zero
+    padding instead of a padded copy of the input.
     """
 
     def forward(self, x, cache_x=None):
@@ -104,15 +104,16 @@ class HaloCausalConv3d:
             return nn.Conv3d.forward(self, F.pad(x, padding))
         if padding[4] or padding[5]:  # causal zero frames: only a chunk with no cache yet
             x = F.pad(x, (0, 0, 0, 0, padding[4], padding[5]))
+        # A channels-last input makes PyTorch run cuDNN's channels-last kernels directly (the weight is
+        # re-laid per call, a copy of one layer's weight, instead of a persistent second copy).
         x = fast_tier.to_channels_last(x)
-        weight = fast_tier.channels_last_weight(self, x.dtype)
-        return F.conv3d(x, weight, self.bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+        return F.conv3d(x, self.weight, self.bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
 
 
 class HaloConv2d:
     """Mixin for a stride-1 zero-padded nn.Conv2d: halo rows replace the padding on the sharded axis.
 
-    Fast tier: channels-last input and weight.
+    Fast tier: channels-last input.
     """
 
     def forward(self, x):
@@ -127,11 +128,9 @@ class HaloConv2d:
         elif ctx is not None:
             x = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w)
             pad_w = 0
-        weight = self.weight
         if fast:
             x = fast_tier.to_channels_last(x)
-            weight = fast_tier.channels_last_weight(self, x.dtype)
-        return F.conv2d(x, weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
+        return F.conv2d(x, self.weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
 
 
 class HaloZeroPad2d:

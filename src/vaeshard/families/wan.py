@@ -205,7 +205,6 @@ class WanLike:
     def uninstall_spatial(self, vae) -> None:
         for module in vae.modules():
             shard.unswap(module)
-        fast.drop_cached_weights(vae)
 
     def release(self, vae) -> None:
         vae.clear_cache()
