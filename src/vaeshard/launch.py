@@ -238,26 +238,19 @@ def _worker(rank, world, device, init_file, fn, args, results, group_timeout, th
     if threads is not None:
         torch.set_num_threads(threads)
     try:
+        backend, where, extra = "gloo", "cpu", {}
         if device == "cuda":
             torch.cuda.set_device(rank)
-            dist.init_process_group(
-                "nccl",
-                init_method=f"file://{init_file}",
-                rank=rank,
-                world_size=world,
-                timeout=timedelta(seconds=group_timeout),
-                device_id=torch.device("cuda", rank),
-            )
-            ctx = RankContext(rank, world, rank, f"cuda:{rank}", "nccl")
-        else:
-            dist.init_process_group(
-                "gloo",
-                init_method=f"file://{init_file}",
-                rank=rank,
-                world_size=world,
-                timeout=timedelta(seconds=group_timeout),
-            )
-            ctx = RankContext(rank, world, rank, "cpu", "gloo")
+            backend, where, extra = "nccl", f"cuda:{rank}", {"device_id": torch.device("cuda", rank)}
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=group_timeout),
+            **extra,
+        )
+        ctx = RankContext(rank, world, rank, where, backend)
         value = fn(ctx, *args)
         results.put((rank, True, pickle.dumps(value)))
     except BaseException as exc:  # report everything, also KeyboardInterrupt and SystemExit

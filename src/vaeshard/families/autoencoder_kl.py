@@ -72,41 +72,50 @@ def _concat_extent(tiles_along, keep: int, scale_out) -> int:
     return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
 
 
-def decode_tile_ops(vae, z_bchw):
-    sample, latent = _tile_sizes(vae)
-    if not (z_bchw.shape[-1] > latent or z_bchw.shape[-2] > latent):
-        return None  # diffusers' _decode does not tile this latent
-    height, width = z_bchw.shape[-2:]
-    stride = int(latent * (1 - vae.tile_overlap_factor))
-    blend = int(sample * vae.tile_overlap_factor)
-    keep = sample - blend
-    up = 2 ** _num_upsamplers(vae)
-    rows = [(h, min(h + latent, height)) for h in range(0, height, stride)]
-    cols = [(w, min(w + latent, width)) for w in range(0, width, stride)]
+def _tile_ops(vae, x, tile_in: int, tile_out: int, scale_out, run, channels: int) -> TileOps:
+    """diffusers' square tile grid over `x`: tiles of `tile_in` every `(1 - overlap) * tile_in`,
+    blended over `overlap * tile_out` and cut to the rest; `scale_out` maps an input extent to the
+    finished tile's extent."""
+    height, width = x.shape[-2:]
+    stride = int(tile_in * (1 - vae.tile_overlap_factor))
+    blend = int(tile_out * vae.tile_overlap_factor)
+    keep = tile_out - blend
+    rows = [(h, min(h + tile_in, height)) for h in range(0, height, stride)]
+    cols = [(w, min(w + tile_in, width)) for w in range(0, width, stride)]
     grid = TileGrid.regular(
         height,
         width,
-        latent,
-        latent,
+        tile_in,
+        tile_in,
         stride,
         stride,
         blend_rows=blend,
         blend_cols=blend,
         keep_rows=keep,
         keep_cols=keep,
-        out_rows=_concat_extent(rows, keep, lambda n: n * up),
-        out_cols=_concat_extent(cols, keep, lambda n: n * up),
+        out_rows=_concat_extent(rows, keep, scale_out),
+        out_cols=_concat_extent(cols, keep, scale_out),
     )
-    channels = vae.decoder.conv_out.out_channels
     return TileOps(
         grid=grid,
-        source=z_bchw,
-        run=lambda tile: _decode_tile(vae, tile),
+        source=x,
+        run=run,
         blend_v=vae.blend_v,
         blend_h=vae.blend_h,
         finish=lambda merged: merged,
-        out_shape=lambda s: (s[0], channels, s[2] * up, s[3] * up),
-        out_dtype=z_bchw.dtype,
+        out_shape=lambda s: (s[0], channels, scale_out(s[2]), scale_out(s[3])),
+        out_dtype=x.dtype,
+    )
+
+
+def decode_tile_ops(vae, z_bchw):
+    sample, latent = _tile_sizes(vae)
+    if not (z_bchw.shape[-1] > latent or z_bchw.shape[-2] > latent):
+        return None  # diffusers' _decode does not tile this latent
+    up = 2 ** _num_upsamplers(vae)
+    return _tile_ops(
+        vae, z_bchw, latent, sample, lambda n: n * up, lambda tile: _decode_tile(vae, tile),
+        vae.decoder.conv_out.out_channels,
     )
 
 
@@ -120,37 +129,10 @@ def encode_tile_ops(vae, x_bchw):
     sample, latent = _tile_sizes(vae)
     if not (x_bchw.shape[-1] > sample or x_bchw.shape[-2] > sample):
         return None  # diffusers' _encode does not tile this image
-    height, width = x_bchw.shape[-2:]
-    stride = int(sample * (1 - vae.tile_overlap_factor))
-    blend = int(latent * vae.tile_overlap_factor)
-    keep = latent - blend
     stages = _num_downsamplers(vae)
-    rows = [(h, min(h + sample, height)) for h in range(0, height, stride)]
-    cols = [(w, min(w + sample, width)) for w in range(0, width, stride)]
-    grid = TileGrid.regular(
-        height,
-        width,
-        sample,
-        sample,
-        stride,
-        stride,
-        blend_rows=blend,
-        blend_cols=blend,
-        keep_rows=keep,
-        keep_cols=keep,
-        out_rows=_concat_extent(rows, keep, lambda n: n >> stages),
-        out_cols=_concat_extent(cols, keep, lambda n: n >> stages),
-    )
-    channels = vae.encoder.conv_out.out_channels  # quant_conv keeps the channel count
-    return TileOps(
-        grid=grid,
-        source=x_bchw,
-        run=lambda tile: _encode_tile(vae, tile),
-        blend_v=vae.blend_v,
-        blend_h=vae.blend_h,
-        finish=lambda merged: merged,
-        out_shape=lambda s: (s[0], channels, s[2] >> stages, s[3] >> stages),
-        out_dtype=x_bchw.dtype,
+    return _tile_ops(
+        vae, x_bchw, sample, latent, lambda n: n >> stages, lambda tile: _encode_tile(vae, tile),
+        vae.encoder.conv_out.out_channels,  # quant_conv keeps the channel count
     )
 
 
@@ -166,11 +148,12 @@ def encode_prepare(vae, x):
 
 
 def untiled_decode(vae, z):
-    return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0])
+    # contiguous: the fast tier computes channels-last; callers get diffusers' layout back
+    return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
 
 
 def untiled_encode(vae, x):
-    return with_tiling_off(vae, lambda: vae._encode(x))
+    return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
 
 
 # -- spatial shard ----------------------------------------------------------------------------------
