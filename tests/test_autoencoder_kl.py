@@ -249,5 +249,5 @@ def test_install_refuses_an_unknown_decoder_layer_before_swapping():
     vae = _build("autoencoder_kl")
     vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
     with pytest.raises(ValueError, match="decoder.conv_act"):
-        FAMILY.install_spatial(vae)
+        FAMILY.install_layers(vae)
     assert not any(vaeshard.shard.is_swapped(m) for m in vae.modules())

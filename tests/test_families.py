@@ -62,8 +62,8 @@ def test_family_declarations_are_complete(cls_name):
     hooks = {
         "tile_decode": ["decode_tile_ops"],
         "tile_encode": ["encode_tile_ops", "encode_prepare"],
-        "spatial_decode": ["untiled_decode", "install_spatial", "uninstall_spatial"],
-        "spatial_encode": ["untiled_encode", "install_spatial", "uninstall_spatial"],
+        "spatial_decode": ["untiled_decode", "install_layers", "uninstall_layers"],
+        "spatial_encode": ["untiled_encode", "install_layers", "uninstall_layers"],
     }
     for capability, names in hooks.items():
         if getattr(family, capability):
@@ -89,12 +89,12 @@ def test_install_and_uninstall_keep_parameters_and_classes(cls_name):
     family = families.family_for(vae)
     classes = {n: type(m) for n, m in vae.named_modules()}
     state = {k: v.clone() for k, v in vae.state_dict().items()}
-    family.install_spatial(vae)
-    family.install_spatial(vae)  # idempotent
+    family.install_layers(vae)
+    family.install_layers(vae)  # idempotent
     assert any(shard.is_swapped(m) for m in vae.modules())
     assert list(vae.state_dict()) == list(state)
     vae.load_state_dict(state, strict=True)
-    family.uninstall_spatial(vae)
+    family.uninstall_layers(vae)
     assert {n: type(m) for n, m in vae.named_modules()} == classes
 
 

@@ -37,7 +37,7 @@ class _State:
     group: object
     original_decode: object
     original_encode: object
-    spatial_installed: bool = False
+    layers_installed: bool = False
     verify_pending: bool = False  # compare parameter checksums across ranks at the next request
 
 
@@ -80,21 +80,21 @@ def parallelize(
         state.config, state.group = config, group
         state.verify_pending = state.verify_pending or verify
         return vae
-    spatial_installed = False
+    layers_installed = False
     if family.spatial_decode:
         try:
-            family.install_spatial(vae)
+            family.install_layers(vae)
         except BaseException:
-            family.uninstall_spatial(vae)  # a family may have swapped some layers before refusing
+            family.uninstall_layers(vae)  # a family may have swapped some layers before refusing
             raise
-        spatial_installed = True
+        layers_installed = True
     state = _State(
         family=family,
         config=config,
         group=group,
         original_decode=vae.__dict__.get("decode"),
         original_encode=vae.__dict__.get("encode"),
-        spatial_installed=spatial_installed,
+        layers_installed=layers_installed,
         verify_pending=verify,
     )
     object.__setattr__(vae, "_vaeshard", state)
@@ -128,8 +128,8 @@ def unparallelize(vae):
     state: _State | None = getattr(vae, "_vaeshard", None)
     if state is None:
         return vae
-    if state.spatial_installed:
-        state.family.uninstall_spatial(vae)
+    if state.layers_installed:
+        state.family.uninstall_layers(vae)
     for name, original in (("decode", state.original_decode), ("encode", state.original_encode)):
         if original is None:
             vae.__dict__.pop(name, None)

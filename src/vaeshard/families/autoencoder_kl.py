@@ -159,7 +159,7 @@ def untiled_encode(vae, x):
 # -- spatial shard ----------------------------------------------------------------------------------
 
 
-def install_spatial(vae) -> None:
+def install_layers(vae) -> None:
     """Treatment by layer class, decoder only (spatial-shard encode is not offered).
 
     3x3 stride-1 Conv2d -> halo rows replace its zero padding on the sharded axis; 1x1 Conv2d -> local;
@@ -214,7 +214,7 @@ def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
     )
 
 
-def uninstall_spatial(vae) -> None:
+def uninstall_layers(vae) -> None:
     for module in vae.decoder.modules():
         shard.unswap(module)
 
@@ -237,7 +237,7 @@ FAMILY = Family(
     encode_prepare=encode_prepare,
     untiled_decode=untiled_decode,
     untiled_encode=untiled_encode,
-    install_spatial=install_spatial,
-    uninstall_spatial=uninstall_spatial,
+    install_layers=install_layers,
+    uninstall_layers=uninstall_layers,
     release=release,
 )

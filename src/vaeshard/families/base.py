@@ -31,8 +31,8 @@ class Family:
     encode_prepare: object = None  # (vae, x) -> x in encoder coordinates (e.g. patchified)
     untiled_decode: object = None  # (vae, z) -> tensor: diffusers' untiled decode (the spatial reference)
     untiled_encode: object = None  # (vae, x) -> moments: diffusers' untiled encode
-    install_spatial: object = None  # vae -> None: swap halo-aware layers (idempotent)
-    uninstall_spatial: object = None  # vae -> None
+    install_layers: object = None  # vae -> None: swap in request-aware layers (halo, fast tier; idempotent)
+    uninstall_layers: object = None  # vae -> None
     release: object = None  # vae -> None: drop request scratch the model keeps (e.g. feature caches)
     notes: dict = field(default_factory=dict)
 

@@ -171,7 +171,7 @@ class WanLike:
 
     # -- spatial shard --------------------------------------------------------------------------
 
-    def install_spatial(self, vae) -> None:
+    def install_layers(self, vae) -> None:
         """Request-aware layers, by leaf class, in the decoder and the encoder.
 
         Halo treatment (spatial shard): causal conv with a spatial kernel -> halo rows replace its
@@ -202,7 +202,7 @@ class WanLike:
                     shard.swap(norm, fast.FusedRMSNormSiLU)
                 shard.swap(block.nonlinearity, fast.PassThroughSiLU)
 
-    def uninstall_spatial(self, vae) -> None:
+    def uninstall_layers(self, vae) -> None:
         for module in vae.modules():
             shard.unswap(module)
 
@@ -224,8 +224,8 @@ class WanLike:
             encode_prepare=self.encode_prepare,
             untiled_decode=self.untiled_decode,
             untiled_encode=self.untiled_encode,
-            install_spatial=self.install_spatial,
-            uninstall_spatial=self.uninstall_spatial,
+            install_layers=self.install_layers,
+            uninstall_layers=self.uninstall_layers,
             release=self.release,
         )
 
