@@ -388,6 +388,11 @@ def test_bench_writes_json_and_plot(assets, tmp_path):
         assert row["speedup_vs_diffusers"] > 0 and 0 < row["utilisation"]
         assert row["max_abs_diff"] <= 1e-5 and row["reason"]
     assert data["rows"][0]["strategy"] == "direct"
+    one, two = (r["seconds"] for r in data["rows"])
+    assert data["rows"][0]["speedup_vs_1_rank"] == 1.0 and data["rows"][0]["scaling_efficiency"] == 1.0
+    assert data["rows"][1]["speedup_vs_1_rank"] == pytest.approx(one / two)
+    assert data["rows"][1]["scaling_efficiency"] == pytest.approx(one / two / 2)
+    assert "vs 1 rank" in run.stdout
     auto2 = data["rows"][1]
     assert auto2["strategy"] == "spatial_shard_width" and auto2["max_abs_diff"] > 0  # sharded, real values compared
     env = data["environment"]

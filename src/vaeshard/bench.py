@@ -327,7 +327,17 @@ def run_bench(
                 log(f"{mode}: {nproc} rank(s)")
                 values = launch.run(_mode_worker, nproc, spec, mode, device=device, timeout=timeout, group_timeout=group_timeout)
                 result.rows.append(_summarise(values, mode, nproc, result))
+    _add_scaling(result.rows)
     return result
+
+
+def _add_scaling(rows: list[dict]) -> None:
+    """Speed-up of each point over the same mode on one rank, and that speed-up per rank."""
+    one = {r["mode"]: r["seconds"] for r in rows if r["nproc"] == 1}
+    for r in rows:
+        base = one.get(r["mode"])
+        r["speedup_vs_1_rank"] = base / r["seconds"] if base else None
+        r["scaling_efficiency"] = base / r["seconds"] / r["nproc"] if base else None
 
 
 def _summarise(values: list[dict], mode: str, nproc: int, result: BenchResult) -> dict:
@@ -415,6 +425,7 @@ def bench_table(result: BenchResult) -> str:
         "strategy",
         "median s",
         "vs diffusers",
+        "vs 1 rank",
         "util",
         f"peak {mem_kind} {unit}/rank",
         "max|diff|",
@@ -429,6 +440,7 @@ def bench_table(result: BenchResult) -> str:
                 "untiled decode",
                 f"{result.reference['seconds']:.3f}",
                 "1.00x",
+                "",
                 _fmt(_util(result, result.reference["seconds"], 1), ".1%"),
                 _memory_text(result.reference["peak_bytes"], result.device),
                 "(reference)",
@@ -443,6 +455,7 @@ def bench_table(result: BenchResult) -> str:
                 r["strategy"] + (" (fallback)" if r["fallback"] else ""),
                 f"{r['seconds']:.3f}",
                 _fmt(r["speedup_vs_diffusers"], ".2f", "-") + ("x" if r["speedup_vs_diffusers"] else ""),
+                _scaling_text(r),
                 _fmt(r["utilisation"], ".1%"),
                 "/".join(_memory_text(b, result.device) for b in r["peak_bytes_per_rank"]),
                 _fmt(r["max_abs_diff"], ".2e", "-"),
@@ -468,6 +481,12 @@ def bench_table(result: BenchResult) -> str:
     if any(r["peak_over_process_life"] for r in result.rows):
         notes.append("  (peak RSS is over each process's life: this system does not allow resetting it)")
     return "\n".join(head + ["", format_table(headers, rows)] + notes)
+
+
+def _scaling_text(row: dict) -> str:
+    if row.get("speedup_vs_1_rank") is None:
+        return "-"
+    return f"{row['speedup_vs_1_rank']:.2f}x ({row['scaling_efficiency']:.0%})"
 
 
 def _util(result: BenchResult, seconds: float, nproc: int):
