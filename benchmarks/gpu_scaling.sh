@@ -11,7 +11,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m vaeshard bench --preset "$SUBJECT" --dtype bf16 --reps 3 --nproc "$NPROCS" \
-  --modes tile,auto,spatial_shard_height,spatial_shard_width \
+  --modes "${MODES:-tile,auto,spatial_shard_height,spatial_shard_width}" \
   --json "$OUT/scaling_$SUBJECT.json" --plot "$OUT/scaling_$SUBJECT.png" 2>>"$OUT/err.log" | tee "$OUT/scaling_$SUBJECT.txt"
 [[ -n "${ANCHORS:-}" ]] || exit 0
 [[ -d .anchors/vllm_omni/_vendor ]] || bash .anchors/vllm_omni/prepare.sh "$PWD/.whl/vllm_omni-0.30.0-py3-none-any.whl" >/dev/null

@@ -273,8 +273,13 @@ def run_bench(
     timeout: float | None = None,
     exact: bool = False,
     log=None,
+    on_point=None,
 ) -> BenchResult:
-    """Measure every (mode, ranks) point and, unless `reference` is False, diffusers' own decode."""
+    """Measure every (mode, ranks) point and, unless `reference` is False, diffusers' own decode.
+
+    `on_point(result)`, when given, is called after the reference and after each point with the
+    result so far, so a run cut short still leaves what it measured.
+    """
     from . import launch
 
     log = log or (lambda msg: None)
@@ -322,12 +327,16 @@ def run_bench(
             }
             if ref["flops"] is not None:
                 result.flops, result.flops_source = ref["flops"], "FlopCounterMode"
+            if on_point is not None:
+                on_point(result)
         for nproc in result.nprocs:
             for mode in modes:
                 log(f"{mode}: {nproc} rank(s)")
                 values = launch.run(_mode_worker, nproc, spec, mode, device=device, timeout=timeout, group_timeout=group_timeout)
                 result.rows.append(_summarise(values, mode, nproc, result))
-    _add_scaling(result.rows)
+                _add_scaling(result.rows)
+                if on_point is not None:
+                    on_point(result)
     return result
 
 

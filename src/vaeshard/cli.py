@@ -9,6 +9,7 @@ exits with 2; a failure while running exits with 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import sys
@@ -455,6 +456,7 @@ def _bench(args) -> int:
         exact=args.exact,
         timeout=None,
         log=_bench_log,
+        on_point=functools.partial(_bench_point, args.json),
     )
     if not _is_main_rank():
         return EXIT_OK
@@ -466,6 +468,21 @@ def _bench(args) -> int:
         bench.plot(result, args.plot)
         print(f"wrote {args.plot}")
     return EXIT_OK
+
+
+def _bench_point(json_path, result) -> None:
+    """After each measured point: one line on stderr, and the JSON so far (a cut-short run keeps it)."""
+    from . import bench
+
+    if not _is_main_rank():
+        return
+    if result.rows:
+        r = result.rows[-1]
+        _bench_log(f"{r['mode']} x{r['nproc']}: {r['seconds']:.3f} s ({r['strategy']})")
+    elif result.reference is not None:
+        _bench_log(f"diffusers x1: {result.reference['seconds']:.3f} s")
+    if json_path:
+        bench.write_json(result, json_path)
 
 
 def _bench_log(message: str) -> None:
