@@ -48,3 +48,35 @@ def test_halo_rows_keep_the_channels_last_layout():
 @pytest.mark.parametrize("extent,ranks,expected", [(90, 4, [23, 23, 22, 22]), (9, 4, [3, 2, 2, 2]), (8, 8, [1] * 8)])
 def test_split_extents_is_contiguous_and_near_even(extent, ranks, expected):
     assert split_extents(extent, ranks) == expected
+
+
+def _halo_with_prefix(rank, world, dim, layout_name):
+    """One buffer (cached frames + shard + halo rows) equals cat-then-pad, bit for bit, on every rank."""
+    import torch.distributed as dist
+
+    layout = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last_3d}[layout_name]
+    c = comm.Comm.for_group(dist.group.WORLD)
+    extents = split_extents(7, world)  # uneven: 3, 2, 2 over 3 ranks
+    g = torch.Generator().manual_seed(3)
+    whole = torch.randn(1, 4, 3, 7, 5, generator=g) if dim == 3 else torch.randn(1, 4, 3, 5, 7, generator=g)
+    cache = torch.randn(*whole.shape[:2], 2, *whole.shape[3:], generator=g)
+    start = sum(extents[:rank])
+    x = whole.narrow(dim, start, extents[rank]).contiguous(memory_format=layout)
+    prefix = cache.narrow(dim, start, extents[rank]).contiguous(memory_format=layout)
+    got = c.halo_pad(x, dim, 1, 1, world, prefix=prefix, prefix_dim=2, memory_format=torch.channels_last_3d)
+    want = c.halo_pad(torch.cat([prefix, x], dim=2), dim, 1, 1, world)  # the two-copy way
+    full = torch.nn.functional.pad(torch.cat([cache, whole], dim=2), (1, 1, 0, 0) if dim == 4 else (0, 0, 1, 1))
+    expected = full.narrow(dim, start, extents[rank] + 2)  # the unsharded zero-padded rows this rank needs
+    assert got.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(got, want) and torch.equal(got, expected)
+    no_halo = c.halo_pad(x, dim, 0, 0, world, prefix=prefix, prefix_dim=2)
+    assert torch.equal(no_halo, torch.cat([prefix, x], dim=2))
+    return got.shape[dim]
+
+
+@pytest.mark.parametrize("dim", [3, 4], ids=["height", "width"])
+@pytest.mark.parametrize("layout_name", ["contiguous", "channels_last"])
+def test_halo_pad_with_cached_frames_is_one_buffer_equal_to_cat_then_pad(dim, layout_name):
+    from .dist_harness import run_ranks
+
+    assert run_ranks(_halo_with_prefix, 3, dim, layout_name) == [5, 4, 4]

@@ -120,42 +120,73 @@ class Comm:
 
     # -- halo exchange --------------------------------------------------------------------------
 
-    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int, num_ranks: int) -> torch.Tensor:
+    def halo_pad(
+        self,
+        x: torch.Tensor,
+        dim: int,
+        before: int,
+        after: int,
+        num_ranks: int,
+        prefix: torch.Tensor | None = None,
+        prefix_dim: int = 2,
+        memory_format: torch.memory_format | None = None,
+    ) -> torch.Tensor:
         """Extend `x` along `dim` by `before` rows from the previous rank and `after` from the next.
 
         Ranks 0..num_ranks-1 hold consecutive slices of one tensor. At the global edges the rows are
         zeros, exactly the zero padding the unsharded convolution would apply. An interior rank
         posts two sends and two receives, batched so no pair of ranks can deadlock on ordering.
+
+        `prefix`, when given, is put in front of `x` along `prefix_dim` first (a causal convolution's
+        cached frames): the result equals halo-padding `torch.cat([prefix, x], prefix_dim)`, built
+        in one buffer so `x` is copied once. The buffer has `memory_format` (default: x's).
         """
+        if prefix is not None and prefix.shape[prefix_dim] == 0:
+            prefix = None
         if before == 0 and after == 0:
-            return x
+            if prefix is None:
+                return x
+            return torch.cat([prefix, x], dim=prefix_dim)
+        layout = memory_format if memory_format is not None else _memory_format(x)
+        extent = x.shape[dim]
+        shape = list(x.shape)
+        shape[dim] += before + after
+        lead = 0 if prefix is None else prefix.shape[prefix_dim]
+        shape[prefix_dim] += lead
+        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
+        core = out.narrow(dim, before, extent)  # cat([prefix, x]) without the halo rows
+        if prefix is not None:
+            core.narrow(prefix_dim, 0, lead).copy_(prefix)
+        core.narrow(prefix_dim, lead, x.shape[prefix_dim]).copy_(x)
         has_prev = self.rank > 0
         has_next = self.rank < num_ranks - 1
         ops = []
         from_prev = from_next = None
         if has_prev and before > 0:
-            from_prev = x.new_empty(_with_extent(x.shape, dim, before))
+            from_prev = core.new_empty(_with_extent(core.shape, dim, before))
             ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
         if has_next and after > 0:
-            from_next = x.new_empty(_with_extent(x.shape, dim, after))
+            from_next = core.new_empty(_with_extent(core.shape, dim, after))
             ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
         if has_prev and after > 0:
-            ops.append(dist.P2POp(dist.isend, x.narrow(dim, 0, after).contiguous(), self._global(self.rank - 1), self.group))
+            ops.append(dist.P2POp(dist.isend, core.narrow(dim, 0, after).contiguous(), self._global(self.rank - 1), self.group))
         if has_next and before > 0:
-            first = x.shape[dim] - before
-            ops.append(dist.P2POp(dist.isend, x.narrow(dim, first, before).contiguous(), self._global(self.rank + 1), self.group))
+            first = extent - before
+            ops.append(dist.P2POp(dist.isend, core.narrow(dim, first, before).contiguous(), self._global(self.rank + 1), self.group))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 self._wait(work, "halo exchange")
-        # Received rows arrive in a plain contiguous buffer; give them x's memory format (a copy of a
-        # few rows) so the concatenation keeps x's layout (channels-last in the fast tier).
-        layout = _memory_format(x)
-        edges = [
-            (from_prev if from_prev is not None else _zeros_like_rows(x, dim, before)),
-            (from_next if from_next is not None else _zeros_like_rows(x, dim, after)),
-        ]
-        edges = [e.contiguous(memory_format=layout) for e in edges]
-        return torch.cat([p for p in (edges[0], x, edges[1]) if p.shape[dim] > 0], dim=dim)
+        # Received rows arrive in plain contiguous buffers; they are copied into the halo rows of the
+        # one output buffer (a few rows), zeros at the global edges.
+        for rows, at, received in ((before, 0, from_prev), (after, before + extent, from_next)):
+            if rows == 0:
+                continue
+            target = out.narrow(dim, at, rows)
+            if received is None:
+                target.zero_()
+            else:
+                target.copy_(received)
+        return out
 
     # -- gathers --------------------------------------------------------------------------------
 

@@ -49,8 +49,9 @@ class ShardContext:
         scale = local_extent // mine
         return [e * scale for e in self.extents]
 
-    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
-        return self.comm.halo_pad(x, dim, before, after, self.num_ranks)
+    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int, **buffer) -> torch.Tensor:
+        """Comm.halo_pad over this request's shard ranks (`buffer`: its prefix / memory_format options)."""
+        return self.comm.halo_pad(x, dim, before, after, self.num_ranks, **buffer)
 
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """The whole extent of the sharded axis, assembled in global order on every shard rank."""
@@ -93,13 +94,18 @@ class HaloCausalConv3d:
         if ctx is None and not fast:
             return super().forward(x, cache_x)
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
+        cached = None
         if cache_x is not None and self._padding[4] > 0:
-            x = torch.cat([cache_x.to(x.device), x], dim=2)
+            cached = cache_x.to(x.device)
             padding[4] -= cache_x.shape[2]
         if ctx is not None:
+            # cached frames + this chunk + halo rows in one buffer: x is copied once
             slot = 2 if ctx.axis == HEIGHT else 0
-            x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1])
+            layout = {"memory_format": fast_tier.channels_last_format(x.ndim)} if fast else {}
+            x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1], prefix=cached, prefix_dim=2, **layout)
             padding[slot] = padding[slot + 1] = 0
+        elif cached is not None:
+            x = torch.cat([cached, x], dim=2)
         if not fast:
             return nn.Conv3d.forward(self, F.pad(x, padding))
         if padding[4] or padding[5]:  # causal zero frames: only a chunk with no cache yet
@@ -122,11 +128,12 @@ class HaloConv2d:
         if ctx is None and not fast:
             return super().forward(x)
         pad_h, pad_w = self.padding
+        layout = {"memory_format": fast_tier.channels_last_format(x.ndim)} if fast else {}
         if ctx is not None and ctx.axis == HEIGHT:
-            x = ctx.halo_pad(x, ctx.dim(x), pad_h, pad_h)
+            x = ctx.halo_pad(x, ctx.dim(x), pad_h, pad_h, **layout)
             pad_h = 0
         elif ctx is not None:
-            x = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w)
+            x = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w, **layout)
             pad_w = 0
         if fast:
             x = fast_tier.to_channels_last(x)
