@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Where the time of one Wan decode goes on one GPU: top CUDA kernels and time per kernel class.
+"""Where the time of one Wan decode goes: top CUDA kernels and time per kernel class.
 
     python3 benchmarks/profile_decode.py --preset wan21-720p --frames 5 [--vaeshard]
+    torchrun --standalone --nproc_per_node=2 benchmarks/profile_decode.py --preset wan21-720p --frames 5 --mode auto
 
 Random weights, real config, bf16. `--frames` limits the latent frames profiled (the per-frame cost
-is steady after the first frame). Without --vaeshard it profiles diffusers' own decode.
+is steady after the first frame). Without --vaeshard it profiles diffusers' own decode on one GPU;
+under torchrun every rank profiles vaeshard's decode in `--mode` and prints its own summary, rank 0
+also the kernel table. "GPU idle" is wall time minus the union of the intervals in which any kernel
+of that rank ran: time the GPU waited for the host or for a peer.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 from collections import defaultdict
@@ -34,6 +39,7 @@ CLASSES = [
     ("upsample", r"upsample|nearest"),
     ("attention", r"attention|flash|fmha|softmax"),
 ]
+CLASSES.insert(0, ("communication (NCCL)", r"nccl|ncclDevKernel"))
 
 
 def classify(name: str) -> str:
@@ -49,18 +55,30 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=5)
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--vaeshard", action="store_true", help="profile vaeshard's 1-rank path instead")
+    ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
+    ap.add_argument("--exact", action="store_true", help="vaeshard's exact tier")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = 0
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl", device_id=device)
+        rank = dist.get_rank()
     family, shape = PRESETS[args.preset]
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(**(WAN22 if family == "wan22" else {})).eval().to("cuda", torch.bfloat16)
+    vae = AutoencoderKLWan(**(WAN22 if family == "wan22" else {})).eval().to(device, torch.bfloat16)
     shape = (*shape[:2], args.frames, *shape[3:])
-    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to("cuda", torch.bfloat16)
-    if args.vaeshard:
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    if args.vaeshard or world > 1:
         import vaeshard
 
-        vaeshard.parallelize(vae)
+        vaeshard.parallelize(vae, mode=args.mode, exact=args.exact)
+        print(f"[rank {rank}] {vaeshard.plan(vae, z.shape, world, args.mode).reason}", flush=True)
     with torch.no_grad():
         vae.decode(z[:, :, :2])  # warm-up
         torch.cuda.synchronize()
@@ -79,13 +97,45 @@ def main() -> None:
     by_class = defaultdict(float)
     for name, t in kernels.items():
         by_class[classify(name)] += t
-    print(f"{args.preset} latent {shape}: wall {wall:.3f} s, GPU kernel time {total:.3f} s")
+    busy = _busy_seconds(prof)
+    print(f"[rank {rank}] {args.preset} latent {shape}, {world} rank(s): wall {wall:.3f} s, GPU kernel time "
+          f"{total:.3f} s, GPU busy {busy:.3f} s, GPU idle {max(wall - busy, 0):.3f} s, communication "
+          f"{by_class.get('communication (NCCL)', 0.0):.3f} s", flush=True)
+    if rank != 0:
+        _finish(world)
+        return
     print("time by kernel class:")
     for label, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
         print(f"  {label:18} {t:8.3f} s {100 * t / total:5.1f}%")
     print(f"top {args.top} kernels:")
     for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"  {t:8.3f} s {100 * t / total:5.1f}%  {name[:110]}")
+    _finish(world)
+
+
+def _busy_seconds(prof) -> float:
+    """Length of the union of all CUDA kernel intervals (kernels on several streams overlap)."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, end = 0.0, None
+    for start, stop in spans:
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    return busy / 1e6
+
+
+def _finish(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
