@@ -4,7 +4,8 @@
     python3 benchmarks/profile_decode.py --preset wan21-720p --frames 5 [--vaeshard]
     torchrun --standalone --nproc_per_node=2 benchmarks/profile_decode.py --preset wan21-720p --frames 5 --mode auto
 
-Random weights, real config, bf16. `--frames` limits the latent frames profiled (the per-frame cost
+`--memory` adds, per rank, the decode's peak and what is allocated at that moment by source line
+(the allocator's trace). Random weights, real config, bf16. `--frames` limits the latent frames profiled (the per-frame cost
 is steady after the first frame). Without --vaeshard it profiles diffusers' own decode on one GPU;
 under torchrun every rank profiles vaeshard's decode in `--mode` and prints its own summary, rank 0
 also the kernel table. "GPU idle" is wall time minus the union of the intervals in which any kernel
@@ -57,6 +58,7 @@ def main() -> None:
     ap.add_argument("--vaeshard", action="store_true", help="profile vaeshard's 1-rank path instead")
     ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
     ap.add_argument("--exact", action="store_true", help="vaeshard's exact tier")
+    ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -101,6 +103,9 @@ def main() -> None:
     print(f"[rank {rank}] {args.preset} latent {shape}, {world} rank(s): wall {wall:.3f} s, GPU kernel time "
           f"{total:.3f} s, GPU busy {busy:.3f} s, GPU idle {max(wall - busy, 0):.3f} s, communication "
           f"{by_class.get('communication (NCCL)', 0.0):.3f} s", flush=True)
+    if args.memory:
+        with torch.no_grad():
+            _memory_report(vae, z, rank)
     if rank != 0:
         _finish(world)
         return
@@ -111,6 +116,64 @@ def main() -> None:
     for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"  {t:8.3f} s {100 * t / total:5.1f}%  {name[:110]}")
     _finish(world)
+
+
+def _memory_report(vae, z, rank: int, top: int = 12) -> None:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    try:
+        vae.decode(z)
+        torch.cuda.synchronize()
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    peak = torch.cuda.max_memory_allocated() - base
+    device = torch.cuda.current_device()
+    traced_peak, sites = peak_breakdown(snapshot["device_traces"][device])
+    print(f"[rank {rank}] peak allocated during the decode {peak / 2**30:.2f} GiB above the "
+          f"{base / 2**30:.2f} GiB held before it; at the traced peak ({traced_peak / 2**30:.2f} GiB) by source:")
+    for site, size in sites[:top]:
+        print(f"[rank {rank}]   {size / 2**30:6.2f} GiB  {site}")
+
+
+def peak_breakdown(entries: list[dict], marks=("vaeshard", "diffusers")) -> tuple[int, list[tuple[str, int]]]:
+    """Replay a CUDA allocator trace: the peak of live bytes, and the live bytes then by source line.
+
+    A block counts from its `alloc` to its `free_requested` (when memory_allocated drops). The source
+    is the innermost Python frame in a file whose path contains one of `marks`.
+    """
+    current = peak = 0
+    peak_index = -1
+    sizes: dict[int, int] = {}
+    for i, e in enumerate(entries):
+        if e["action"] == "alloc":
+            sizes[e["addr"]] = e["size"]
+            current += e["size"]
+            if current > peak:
+                peak, peak_index = current, i
+        elif e["action"] == "free_requested" and e["addr"] in sizes:
+            current -= sizes.pop(e["addr"])
+    live: dict[int, tuple[int, str]] = {}
+    for e in entries[: peak_index + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = (e["size"], _site(e.get("frames") or [], marks))
+        elif e["action"] == "free_requested":
+            live.pop(e["addr"], None)
+    by_site: dict[str, int] = defaultdict(int)
+    for size, site in live.values():
+        by_site[site] += size
+    return peak, sorted(by_site.items(), key=lambda kv: -kv[1])
+
+
+def _site(frames: list[dict], marks) -> str:
+    for f in frames:
+        name = f.get("filename", "")
+        if any(m in name for m in marks):
+            short = re.sub(r"^.*?/(site-packages|src)/", "", name)
+            return f"{short}:{f.get('line')} {f.get('name')}"
+    return "(outside vaeshard and diffusers)"
 
 
 def _busy_seconds(prof) -> float:
