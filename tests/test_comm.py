@@ -80,3 +80,27 @@ def test_halo_pad_with_cached_frames_is_one_buffer_equal_to_cat_then_pad(dim, la
     from .dist_harness import run_ranks
 
     assert run_ranks(_halo_with_prefix, 3, dim, layout_name) == [5, 4, 4]
+
+
+def _assemble(rank, world, dim, to_all, extents):
+    import torch.distributed as dist
+
+    c = comm.Comm.for_group(dist.group.WORLD)
+    whole = torch.randn(2, 3, 4, 6, 7, generator=torch.Generator().manual_seed(11)).narrow(dim, 0, sum(extents))
+    start = sum(extents[:rank])
+    mine = whole.narrow(dim, start, extents[rank]).clone()
+    got = c.assemble_along(mine, dim, extents, to_all)
+    if to_all or rank == 0:
+        assert got.shape == whole.shape and torch.equal(got, whole) and got.is_contiguous()
+        return "whole"
+    assert got is None
+    return None
+
+
+@pytest.mark.parametrize("to_all", [True, False], ids=["to-all", "to-rank0"])
+@pytest.mark.parametrize("dim,extents", [(3, [3, 2, 1]), (4, [2, 0, 3])], ids=["height-uneven", "width-empty-rank"])
+def test_assemble_along_builds_the_whole_tensor_in_place(to_all, dim, extents):
+    from .dist_harness import run_ranks
+
+    expected = ["whole"] * 3 if to_all else ["whole", None, None]
+    assert run_ranks(_assemble, 3, dim, to_all, extents) == expected

@@ -195,14 +195,51 @@ class Comm:
 
         Ranks past len(extents) take part in the collective with an empty slice.
         """
-        parts = self._gather_padded(x, dim, extents, to_all=True)
+        parts = self._gather_padded(x, dim, extents)
         return torch.cat(parts, dim=dim)
 
-    def gather_along_to_rank0(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor | None:
-        parts = self._gather_padded(x, dim, extents, to_all=False)
-        return None if parts is None else torch.cat(parts, dim=dim)
+    def assemble_along(self, x: torch.Tensor, dim: int, extents: list[int], to_all: bool) -> torch.Tensor | None:
+        """The whole tensor from every rank's slice along `dim` (rank r holds `extents[r]` rows).
 
-    def _gather_padded(self, x: torch.Tensor, dim: int, extents: list[int], to_all: bool):
+        Built in place in one output tensor, one slice at a time: the peak is the output plus one
+        slice, not the output plus a copy of every slice. `to_all`: every rank gets it (one broadcast
+        per rank holding rows); otherwise group rank 0 gets it (one receive per rank) and the others
+        get None. Uneven extents need no padding: every rank knows every slice's size.
+        """
+        extents = list(extents) + [0] * (self.world - len(extents))
+        if self.world == 1:
+            return x.narrow(dim, 0, extents[0])
+        mine = x.narrow(dim, 0, min(x.shape[dim], extents[self.rank]))
+        if not to_all and self.rank != 0:
+            if extents[self.rank]:
+                work = dist.isend(mine.contiguous(), self._global(0), group=self.group)
+                self._wait(work, "gather of results")
+            return None
+        out = torch.empty(_with_extent(mine.shape, dim, sum(extents)), dtype=x.dtype, device=x.device,
+                          memory_format=_memory_format(x))
+        offset = 0
+        for r, extent in enumerate(extents):
+            if extent == 0:
+                continue
+            target = out.narrow(dim, offset, extent)
+            offset += extent
+            if r == self.rank:
+                if to_all:
+                    self._wait(dist.broadcast(mine.contiguous(), self._global(r), group=self.group, async_op=True),
+                               "gather of results")
+                target.copy_(mine)
+                continue
+            part = torch.empty(_with_extent(mine.shape, dim, extent), dtype=x.dtype, device=x.device)
+            if to_all:
+                work = dist.broadcast(part, self._global(r), group=self.group, async_op=True)
+            else:
+                work = dist.irecv(part, self._global(r), group=self.group)
+            self._wait(work, "gather of results")
+            target.copy_(part)
+            del part  # the next slice may reuse its memory
+        return out
+
+    def _gather_padded(self, x: torch.Tensor, dim: int, extents: list[int]) -> list[torch.Tensor]:
         extents = list(extents) + [0] * (self.world - len(extents))
         if self.world == 1:
             return [x.narrow(dim, 0, extents[0])]
@@ -212,16 +249,8 @@ class Comm:
         if pad:
             mine = torch.cat([mine, _zeros_like_rows(mine, dim, pad)], dim=dim)
         mine = mine.contiguous()
-        if to_all:
-            bufs = [torch.empty_like(mine) for _ in range(self.world)]
-            self._wait(dist.all_gather(bufs, mine, group=self.group, async_op=True), "gather of results")
-        else:
-            bufs = [torch.empty_like(mine) for _ in range(self.world)] if self.rank == 0 else None
-            self._wait(
-                dist.gather(mine, bufs, dst=self._global(0), group=self.group, async_op=True), "gather of results"
-            )
-            if bufs is None:
-                return None
+        bufs = [torch.empty_like(mine) for _ in range(self.world)]
+        self._wait(dist.all_gather(bufs, mine, group=self.group, async_op=True), "all-gather")
         return [b.narrow(dim, 0, e) for b, e in zip(bufs, extents) if e > 0]
 
     def gather_stacks(self, stack: torch.Tensor, to_all: bool) -> list[torch.Tensor] | None:

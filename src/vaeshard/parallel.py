@@ -400,9 +400,7 @@ def _spatial(vae, family: Family, comm, op: str, x, strategy: str, to_all: bool)
     with shard.sharding(ctx):
         out_local = run(vae, local)
     out_extents = ctx.extents_at(out_local.shape[dim])
-    if to_all:
-        return comm.all_gather_along(out_local, dim, out_extents)
-    return comm.gather_along_to_rank0(out_local, dim, out_extents)
+    return comm.assemble_along(out_local, dim, out_extents, to_all)
 
 
 __all__ = ["parallelize", "unparallelize", "config_of"]
