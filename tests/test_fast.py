@@ -75,6 +75,25 @@ def test_fast_tier_is_request_scoped():
         assert torch.equal(vae.decoder.conv_in(z), plain.decoder.conv_in(z))
 
 
+def test_residual_block_conv1_bias_moves_into_norm2_only_while_parallelized():
+    import vaeshard
+    from vaeshard import fast
+
+    vae = build("wan22")
+    keys = sorted(vae.state_dict())
+    blocks = [m for m in vae.modules() if type(m).__name__ == "WanResidualBlock"]
+    assert blocks and all(b.conv1.bias is not None and b.conv1.bias.abs().sum() > 0 for b in blocks)
+    vaeshard.parallelize(vae)
+    assert all(fast.bias_moved(b.conv1) and not fast.bias_moved(b.conv2) for b in blocks)
+    assert sorted(vae.state_dict()) == keys  # nothing registered
+    z = latent((1, 4, 2, 4, 3))
+    with torch.no_grad():  # the fast tier adds conv1's bias in norm2, so the result is still the decode
+        plain = build("wan22").decode(z).sample
+    assert (vae.decode(z).sample - plain).abs().max() <= TOL_CPU_FP32
+    vaeshard.unparallelize(vae)
+    assert not any(fast.bias_moved(b.conv1) or "_vaeshard_bias_from" in vars(b.norm2) for b in blocks)
+
+
 KERNEL_CHECK = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
@@ -112,6 +131,12 @@ KERNEL_CHECK = textwrap.dedent(
         err = (got.float() - want.float()).abs()
         bound = 1e-5 if dtype == torch.float32 else want.float().abs() * 2**-5 + 1e-3  # a few bf16 ulps
         assert bool((err <= bound).all()), (dtype, err.max().item())
+    # a convolution's bias moved into the norm: the same as adding it first (fp32: no rounding between)
+    x = fast.to_channels_last(torch.randn(1, 48, 2, 5, 6) * 2)
+    gamma, pre = torch.rand(48, 1, 1, 1) + 0.5, torch.randn(48)
+    got = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre)
+    want = fast.rms_norm(x + pre.reshape(1, -1, 1, 1, 1), gamma, 0.0, 2.0, True)
+    assert (got - want).abs().max().item() <= 1e-6
     print("kernel ok")
     """
 )

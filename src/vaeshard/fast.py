@@ -11,6 +11,10 @@ outside a vaeshard request always sees the original layers. What changes in the 
 - Spatial convolutions run channels-last (NDHWC / NHWC), so cuDNN needs no layout transposes of the
   activations, and cuDNN applies the spatial zero padding, so no padded copy of the input is made.
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
+- A residual block's first convolution leaves out its bias and the fused norm after it adds the bias
+  as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
+  (on CUDA, PyTorch adds a cuDNN convolution's bias in a second pass), so one pass over the
+  convolution's output is saved.
 """
 
 from __future__ import annotations
@@ -60,8 +64,9 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_silu_kernel(
-        x_ptr, y_ptr, w_ptr, b_ptr, S, C, sxn, sxc, sxs, syn, syc, sys_, scale, eps,
-        HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+        x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, sxn, sxc, sxs, syn, syc, sys_, scale, eps,
+        HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
+        BLOCK_C: tl.constexpr,
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels. Channels-last inputs load
         # contiguous channel rows, contiguous inputs load contiguous voxel rows; both coalesce.
@@ -69,6 +74,7 @@ if triton is not None:
         # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
         # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
         # roundings vanish. Only the order of the sum of squares differs from PyTorch's norm.
+        # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
         dt = y_ptr.dtype.element_ty
         n = tl.program_id(1).to(tl.int64)
         offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
@@ -76,6 +82,10 @@ if triton is not None:
         mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
         x = tl.load(x_ptr + n * sxn + offs_s[:, None] * sxs + offs_c[None, :] * sxc, mask=mask, other=0.0)
         x = x.to(tl.float32)
+        if PRE_BIAS:
+            p = tl.load(p_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+            x = (x + p[None, :]).to(dt).to(tl.float32)
+            x = tl.where(mask, x, 0.0)
         norm = tl.sqrt(tl.sum(x * x, axis=1))
         y = (x / tl.maximum(norm, eps)[:, None]).to(dt).to(tl.float32)
         y = (y * scale).to(dt).to(tl.float32)
@@ -100,14 +110,19 @@ def _flat_view(x: torch.Tensor):
     return None
 
 
-def rms_norm(x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12, pre_bias=None
+) -> torch.Tensor:
     """silu?(x / max(||x||_C, eps) * scale * gamma + bias) in one pass, rounded as diffusers rounds.
 
+    `pre_bias` (one value per channel) is added to `x` first, as a convolution's bias would have been.
     The output keeps the input's memory format.
     """
     use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
     flat = _flat_view(x) if use_triton else None
     if flat is None:  # the same steps in eager PyTorch (CPU, or layouts the kernel does not take)
+        if pre_bias is not None:
+            x = x + pre_bias.reshape(1, -1, *([1] * (x.ndim - 2)))
         y = F.normalize(x.float(), dim=1, eps=eps).to(x.dtype) * scale * gamma + bias
         return F.silu(y) if silu else y
     n, c, s, (sxn, sxc, sxs) = flat
@@ -117,8 +132,10 @@ def rms_norm(x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: boo
     has_bias = isinstance(bias, torch.Tensor)
     grid = (triton.cdiv(s, block_s), n)
     _rms_norm_silu_kernel[grid](
-        x, y, gamma.reshape(-1), bias.reshape(-1) if has_bias else gamma, s, c, sxn, sxc, sxs, sxn, sxc, sxs,
-        float(scale), float(eps), HAS_BIAS=has_bias, SILU=silu, BLOCK_S=block_s, BLOCK_C=block_c,
+        x, y, gamma.reshape(-1), bias.reshape(-1) if has_bias else gamma,
+        pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, sxn, sxc, sxs, sxn, sxc, sxs,
+        float(scale), float(eps), HAS_BIAS=has_bias, PRE_BIAS=pre_bias is not None, SILU=silu,
+        BLOCK_S=block_s, BLOCK_C=block_c,
     )
     return y
 
@@ -142,7 +159,36 @@ class FusedRMSNormSiLU:
     def forward(self, x):
         if not _fast.get():
             return super().forward(x)
-        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True)
+        conv = self.__dict__.get(_BIAS_FROM)
+        pre_bias = conv.bias if conv is not None else None
+        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias)
+
+
+# --- a convolution's bias moved into the norm after it ------------------------------------------------
+
+_BIAS_TO_NEXT = "_vaeshard_bias_to_next"  # on the convolution: leave the bias out in the fast tier
+_BIAS_FROM = "_vaeshard_bias_from"  # on the norm: the convolution whose bias it adds first
+
+
+def move_bias_into_norm(conv, norm) -> None:
+    """In the fast tier, `conv` (whose output only `norm` reads) leaves out its bias and `norm` adds it.
+
+    Stored outside nn.Module's registries (no new parameters, submodules or state_dict entries).
+    """
+    if getattr(conv, "bias", None) is None:
+        return
+    conv.__dict__[_BIAS_TO_NEXT] = True
+    norm.__dict__[_BIAS_FROM] = conv
+
+
+def bias_moved(conv) -> bool:
+    """Whether `conv` leaves its bias to the norm after it (in the fast tier)."""
+    return conv.__dict__.get(_BIAS_TO_NEXT, False)
+
+
+def forget_moved_bias(module) -> None:
+    module.__dict__.pop(_BIAS_TO_NEXT, None)
+    module.__dict__.pop(_BIAS_FROM, None)
 
 
 class PassThroughSiLU:

@@ -113,7 +113,8 @@ class HaloCausalConv3d:
         # A channels-last input makes PyTorch run cuDNN's channels-last kernels directly (the weight is
         # re-laid per call, a copy of one layer's weight, instead of a persistent second copy).
         x = fast_tier.to_channels_last(x)
-        return F.conv3d(x, self.weight, self.bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+        bias = None if fast_tier.bias_moved(self) else self.bias  # then the norm after it adds it
+        return F.conv3d(x, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
 
 
 class HaloConv2d:

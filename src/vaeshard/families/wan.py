@@ -180,7 +180,8 @@ class WanLike:
         the halo; single-head attention -> whole-frame keys and values. Everything else is per
         voxel, or a local pixel (un)shuffle, and stays as diffusers wrote it.
         Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
-        blocks and before conv_out) fuse it, and those SiLU modules pass through; the nearest
+        blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
+        block's conv1 (read only by norm2) leaves its bias for norm2 to add; the nearest
         upsamplers skip their fp32 round trip.
         """
         for part in (vae.decoder, vae.encoder):
@@ -201,10 +202,13 @@ class WanLike:
                 for norm in norms:
                     shard.swap(norm, fast.FusedRMSNormSiLU)
                 shard.swap(block.nonlinearity, fast.PassThroughSiLU)
+                if block is not part and shard.is_swapped(block.conv1):
+                    fast.move_bias_into_norm(block.conv1, block.norm2)
 
     def uninstall_layers(self, vae) -> None:
         for module in vae.modules():
             shard.unswap(module)
+            fast.forget_moved_bias(module)
 
     def release(self, vae) -> None:
         vae.clear_cache()
