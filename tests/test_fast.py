@@ -94,6 +94,27 @@ def test_residual_block_conv1_bias_moves_into_norm2_only_while_parallelized():
     assert not any(fast.bias_moved(b.conv1) or "_vaeshard_bias_from" in vars(b.norm2) for b in blocks)
 
 
+@pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
+def test_memory_reusing_residual_block_gives_the_same_bits(model):
+    # FastResidualBlock only reuses memory: without it the fast tier computes the same values
+    import vaeshard
+    from vaeshard import shard
+    from vaeshard.families.wan import FastResidualBlock
+
+    vae = vaeshard.parallelize(build(model))
+    blocks = [m for m in vae.modules() if isinstance(m, FastResidualBlock)]
+    assert blocks
+    z, x = latent((1, 4, 3, 5, 4)), latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
+    with_reuse = vae.decode(z).sample, vae.encode(x).latent_dist.mean
+    for block in blocks:
+        shard.unswap(block)
+    without = vae.decode(z).sample, vae.encode(x).latent_dist.mean
+    assert all(torch.equal(a, b) for a, b in zip(with_reuse, without))
+    with torch.no_grad():
+        plain = build(model).decode(z).sample
+    assert (with_reuse[0] - plain).abs().max() <= TOL_CPU_FP32
+
+
 KERNEL_CHECK = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
@@ -137,6 +158,8 @@ KERNEL_CHECK = textwrap.dedent(
     got = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre)
     want = fast.rms_norm(x + pre.reshape(1, -1, 1, 1, 1), gamma, 0.0, 2.0, True)
     assert (got - want).abs().max().item() <= 1e-6
+    y = x.clone()
+    assert fast.rms_norm(y, gamma, 0.0, 2.0, True, pre_bias=pre, in_place=True) is y and torch.equal(y, got)
     print("kernel ok")
     """
 )

@@ -111,22 +111,26 @@ def _flat_view(x: torch.Tensor):
 
 
 def rms_norm(
-    x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12, pre_bias=None
+    x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12, pre_bias=None,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """silu?(x / max(||x||_C, eps) * scale * gamma + bias) in one pass, rounded as diffusers rounds.
 
     `pre_bias` (one value per channel) is added to `x` first, as a convolution's bias would have been.
-    The output keeps the input's memory format.
+    The output keeps the input's memory format; `in_place` writes it over `x` (each voxel's channels
+    are read before they are written, so this is safe) and returns `x`.
     """
     use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
     flat = _flat_view(x) if use_triton else None
     if flat is None:  # the same steps in eager PyTorch (CPU, or layouts the kernel does not take)
+        source = x
         if pre_bias is not None:
             x = x + pre_bias.reshape(1, -1, *([1] * (x.ndim - 2)))
         y = F.normalize(x.float(), dim=1, eps=eps).to(x.dtype) * scale * gamma + bias
-        return F.silu(y) if silu else y
+        y = F.silu(y) if silu else y
+        return source.copy_(y) if in_place else y
     n, c, s, (sxn, sxc, sxs) = flat
-    y = torch.empty_like(x)  # same memory format, so the same strides
+    y = x if in_place else torch.empty_like(x)  # same memory format, so the same strides
     block_c = triton.next_power_of_2(c)
     block_s = max(1, min(128, 8192 // block_c))
     has_bias = isinstance(bias, torch.Tensor)
