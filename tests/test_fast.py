@@ -160,6 +160,12 @@ KERNEL_CHECK = textwrap.dedent(
     assert (got - want).abs().max().item() <= 1e-6
     y = x.clone()
     assert fast.rms_norm(y, gamma, 0.0, 2.0, True, pre_bias=pre, in_place=True) is y and torch.equal(y, got)
+    # into a strided view of a larger buffer (a convolution's input: leading frames, halo rows)
+    for source in (x, x.contiguous()):
+        buf = fast.to_channels_last(torch.zeros(1, 48, 4, 7, 6))
+        view = buf[:, :, 2:, 1:-1]
+        assert fast.rms_norm(source, gamma, 0.0, 2.0, True, pre_bias=pre, out=view) is view
+        assert torch.equal(view, got) and not buf[:, :, :2].any() and not buf[:, :, :, 0].any() and not buf[:, :, :, -1].any()
     print("kernel ok")
     """
 )

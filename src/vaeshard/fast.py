@@ -64,12 +64,15 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_silu_kernel(
-        x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, sxn, sxc, sxs, syn, syc, sys_, scale, eps,
+        x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, D1, D2,
+        sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2, scale, eps,
         HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
-        # One program: one sample n and BLOCK_S voxels, all C channels. Channels-last inputs load
-        # contiguous channel rows, contiguous inputs load contiguous voxel rows; both coalesce.
+        # One program: one sample n and BLOCK_S voxels, all C channels. A voxel index s splits into
+        # (d0, d1, d2) over the spatial dims (D0 x D1 x D2 = S), each with its own stride, so x and y
+        # may be any strided views (a slice of a larger buffer, too). Channels-last tensors load
+        # contiguous channel rows, contiguous ones contiguous voxel rows; both coalesce.
         # The arithmetic follows diffusers' WanRMS_norm step by step, rounding to the tensor dtype
         # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
         # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
@@ -79,8 +82,12 @@ if triton is not None:
         n = tl.program_id(1).to(tl.int64)
         offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
         offs_c = tl.arange(0, BLOCK_C)
+        i2 = offs_s % D2
+        i1 = (offs_s // D2) % D1
+        i0 = offs_s // (D2 * D1)
         mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
-        x = tl.load(x_ptr + n * sxn + offs_s[:, None] * sxs + offs_c[None, :] * sxc, mask=mask, other=0.0)
+        x_at = n * sxn + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + offs_c[None, :] * sxc
+        x = tl.load(x_ptr + x_at, mask=mask, other=0.0)
         x = x.to(tl.float32)
         if PRE_BIAS:
             p = tl.load(p_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
@@ -96,48 +103,56 @@ if triton is not None:
             y = (y + b[None, :]).to(dt).to(tl.float32)
         if SILU:
             y = y / (1.0 + tl.exp(-y))
-        tl.store(y_ptr + n * syn + offs_s[:, None] * sys_ + offs_c[None, :] * syc, y.to(dt), mask=mask)
+        y_at = n * syn + (i0 * sy0 + i1 * sy1 + i2 * sy2)[:, None] + offs_c[None, :] * syc
+        tl.store(y_ptr + y_at, y.to(dt), mask=mask)
 
 
-def _flat_view(x: torch.Tensor):
-    """(N, C, S) strides of a contiguous or channels-last tensor, or None when the dims do not merge."""
-    n, c = x.shape[:2]
-    s = x[0, 0].numel() if x.numel() else 0
-    if x.is_contiguous():
-        return n, c, s, (x.stride(0), x.stride(1), 1)
-    if x.ndim >= 4 and x.is_contiguous(memory_format=channels_last_format(x.ndim)):
-        return n, c, s, (x.stride(0), 1, c)
-    return None
+def _spatial_strides(x: torch.Tensor):
+    """(N, C, (D0, D1, D2), (stride n, stride c, strides of D0, D1, D2)) of a 3- to 5-D tensor."""
+    if not 3 <= x.ndim <= 5:
+        return None
+    pad = 5 - x.ndim  # missing leading spatial dims: extent 1, stride 0
+    dims = (1,) * pad + tuple(x.shape[2:])
+    strides = (0,) * pad + tuple(x.stride()[2:])
+    return x.shape[0], x.shape[1], dims, (x.stride(0), x.stride(1), *strides)
 
 
 def rms_norm(
     x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12, pre_bias=None,
-    in_place: bool = False,
+    in_place: bool = False, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu?(x / max(||x||_C, eps) * scale * gamma + bias) in one pass, rounded as diffusers rounds.
 
     `pre_bias` (one value per channel) is added to `x` first, as a convolution's bias would have been.
-    The output keeps the input's memory format; `in_place` writes it over `x` (each voxel's channels
-    are read before they are written, so this is safe) and returns `x`.
+    The result goes to a new tensor in the input's memory format, or over `x` (`in_place`: each
+    voxel's channels are read before they are written), or into `out` (same shape as `x`, any strides,
+    e.g. the new-frames view of a convolution's input buffer); the tensor written is returned.
     """
+    if in_place:
+        out = x
     use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
-    flat = _flat_view(x) if use_triton else None
-    if flat is None:  # the same steps in eager PyTorch (CPU, or layouts the kernel does not take)
+    geometry = _spatial_strides(x) if use_triton else None
+    if geometry is None:  # the same steps in eager PyTorch (CPU, or shapes the kernel does not take)
         source = x
         if pre_bias is not None:
             x = x + pre_bias.reshape(1, -1, *([1] * (x.ndim - 2)))
         y = F.normalize(x.float(), dim=1, eps=eps).to(x.dtype) * scale * gamma + bias
         y = F.silu(y) if silu else y
-        return source.copy_(y) if in_place else y
-    n, c, s, (sxn, sxc, sxs) = flat
-    y = x if in_place else torch.empty_like(x)  # same memory format, so the same strides
+        return out.copy_(y) if out is not None else y
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
+    y = out if out is not None else torch.empty_like(x)  # same memory format
+    if y.shape != x.shape or y.dtype != x.dtype:
+        raise ValueError(f"rms_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(y.shape)}, {y.dtype}")
+    _, _, _, (syn, syc, sy0, sy1, sy2) = _spatial_strides(y)
+    s = d0 * d1 * d2
     block_c = triton.next_power_of_2(c)
     block_s = max(1, min(128, 8192 // block_c))
     has_bias = isinstance(bias, torch.Tensor)
     grid = (triton.cdiv(s, block_s), n)
     _rms_norm_silu_kernel[grid](
         x, y, gamma.reshape(-1), bias.reshape(-1) if has_bias else gamma,
-        pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, sxn, sxc, sxs, sxn, sxc, sxs,
+        pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, d1, d2,
+        sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2,
         float(scale), float(eps), HAS_BIAS=has_bias, PRE_BIAS=pre_bias is not None, SILU=silu,
         BLOCK_S=block_s, BLOCK_C=block_c,
     )
