@@ -158,6 +158,17 @@ class Comm:
         if prefix is not None:
             core.narrow(prefix_dim, 0, lead).copy_(prefix)
         core.narrow(prefix_dim, lead, x.shape[prefix_dim]).copy_(x)
+        return self.fill_halo(out, dim, before, after, num_ranks)
+
+    def fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int, num_ranks: int) -> torch.Tensor:
+        """Fill the first `before` and last `after` rows of `buf` along `dim` from the neighbours.
+
+        `buf`'s other rows hold this rank's slice (its "core"). The previous rank sends the last
+        `before` rows of its core, the next rank the first `after` of its; at the global edges the
+        rows become zeros. For a caller that built the core in place (see halo_pad). Returns `buf`.
+        """
+        extent = buf.shape[dim] - before - after
+        core = buf.narrow(dim, before, extent)
         has_prev = self.rank > 0
         has_next = self.rank < num_ranks - 1
         ops = []
@@ -176,17 +187,17 @@ class Comm:
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 self._wait(work, "halo exchange")
-        # Received rows arrive in plain contiguous buffers; they are copied into the halo rows of the
-        # one output buffer (a few rows), zeros at the global edges.
+        # Received rows arrive in plain contiguous buffers; they are copied into the halo rows of
+        # the buffer (a few rows), zeros at the global edges.
         for rows, at, received in ((before, 0, from_prev), (after, before + extent, from_next)):
             if rows == 0:
                 continue
-            target = out.narrow(dim, at, rows)
+            target = buf.narrow(dim, at, rows)
             if received is None:
                 target.zero_()
             else:
                 target.copy_(received)
-        return out
+        return buf
 
     # -- gathers --------------------------------------------------------------------------------
 

@@ -53,6 +53,10 @@ class ShardContext:
         """Comm.halo_pad over this request's shard ranks (`buffer`: its prefix / memory_format options)."""
         return self.comm.halo_pad(x, dim, before, after, self.num_ranks, **buffer)
 
+    def fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
+        """Comm.fill_halo over this request's shard ranks."""
+        return self.comm.fill_halo(buf, dim, before, after, self.num_ranks)
+
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """The whole extent of the sharded axis, assembled in global order on every shard rank."""
         return self.comm.all_gather_along(x, dim, self.extents_at(x.shape[dim]))
@@ -115,6 +119,46 @@ class HaloCausalConv3d:
         x = fast_tier.to_channels_last(x)
         bias = None if fast_tier.bias_moved(self) else self.bias  # then the norm after it adds it
         return F.conv3d(x, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+
+    # Fast tier, for a caller that produces this convolution's input itself (a residual block whose
+    # fused norm writes straight into the buffer): the input is never copied.
+
+    def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None):
+        """(buffer, view): this convolution's whole input, channels-last, with `cache_x` and the causal
+        zero frames in front and room for the halo rows of a sharded request; the caller writes the
+        new frames (shaped like `like`) into the view, then calls `forward_buffer(buffer)`."""
+        ctx = current()
+        tpad = self._padding[4]
+        shape = list(like.shape)
+        shape[2] += tpad
+        dim, before = None, 0
+        if ctx is not None:
+            dim, (before, after) = ctx.dim(like), self._halo_rows(ctx)
+            shape[dim] += before + after
+        buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
+        core = buf if dim is None else buf.narrow(dim, before, like.shape[dim])
+        cached = 0 if cache_x is None else cache_x.shape[2]
+        if tpad > cached:
+            core[:, :, : tpad - cached].zero_()
+        if cached:
+            core[:, :, tpad - cached : tpad].copy_(cache_x)
+        return buf, core[:, :, tpad:]
+
+    def forward_buffer(self, buf: torch.Tensor) -> torch.Tensor:
+        """The convolution of a buffer from `input_buffer` whose new frames are written."""
+        ctx = current()
+        padding = list(self._padding)
+        if ctx is not None:
+            before, after = self._halo_rows(ctx)
+            ctx.fill_halo(buf, ctx.dim(buf), before, after)
+            slot = 2 if ctx.axis == HEIGHT else 0
+            padding[slot] = padding[slot + 1] = 0
+        bias = None if fast_tier.bias_moved(self) else self.bias
+        return F.conv3d(buf, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+
+    def _halo_rows(self, ctx) -> tuple[int, int]:
+        slot = 2 if ctx.axis == HEIGHT else 0
+        return self._padding[slot], self._padding[slot + 1]
 
 
 class HaloConv2d:

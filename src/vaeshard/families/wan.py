@@ -181,8 +181,9 @@ class WanLike:
         voxel, or a local pixel (un)shuffle, and stays as diffusers wrote it.
         Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
         blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
-        block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block reuses
-        memory (`FastResidualBlock`); the nearest upsamplers skip their fp32 round trip.
+        block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block's norms
+        write straight into the convolutions' input buffers (`FastResidualBlock`); the nearest
+        upsamplers skip their fp32 round trip.
         """
         for part in (vae.decoder, vae.encoder):
             for module in part.modules():
@@ -204,7 +205,7 @@ class WanLike:
                 shard.swap(block.nonlinearity, fast.PassThroughSiLU)
                 if block is not part and shard.is_swapped(block.conv1):
                     fast.move_bias_into_norm(block.conv1, block.norm2)
-                if block is not part:
+                if block is not part and all(hasattr(c, "input_buffer") for c in (block.conv1, block.conv2)):
                     shard.swap(block, FastResidualBlock)
 
     def uninstall_layers(self, vae) -> None:
@@ -240,42 +241,55 @@ CACHE_T = 2  # frames of a causal convolution's input that diffusers keeps for t
 
 
 class FastResidualBlock:
-    """Mixin for a Wan residual block: diffusers' computation, step for step, with memory reused.
+    """Mixin for a Wan residual block: diffusers' computation, step for step, with less data movement.
 
-    Fast tier, inference only: norm2 (with SiLU and conv1's bias, see fast.move_bias_into_norm)
-    overwrites conv1's output, and the residual is added into conv2's output, instead of each step
-    allocating a new map of the block's full size. The values are the same as the fast tier computes
-    without this mixin; only fewer maps are alive at once. Otherwise diffusers' forward runs.
-    The feature-cache handling is diffusers' own (`WanResidualBlock.forward`, unchanged from
-    diffusers 0.36 to 0.42; the tests compare against diffusers' decode).
+    Fast tier, inference only: each fused norm (+ SiLU, + conv1's bias before norm2, see
+    fast.move_bias_into_norm) writes straight into the next causal convolution's input buffer, behind
+    the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
+    activations are never copied to build that input; the residual is added into conv2's output.
+    The values are exactly those of the fast tier without this mixin (a test compares the bits).
+    The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
+    diffusers 0.36 to 0.42). Otherwise (training, autograd, exact tier, or a forward hook on one of
+    the block's layers, which this path would not call) diffusers' forward runs.
     """
 
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
-        if not fast.enabled() or self.training or torch.is_grad_enabled():
+        if not fast.enabled() or self.training or torch.is_grad_enabled() or _hooked(self):
             return super().forward(x, feat_cache, feat_idx)
         h = self.conv_shortcut(x)
-        x = self.nonlinearity(self.norm1(x))  # fused norm + SiLU; the SiLU module passes through
-        x = _causal_conv(self.conv1, x, feat_cache, feat_idx)
-        norm = self.norm2
+        x = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx)
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
-        x = fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, in_place=True)
-        x = self.dropout(x)
-        x = _causal_conv(self.conv2, x, feat_cache, feat_idx)
+        # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
+        x = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, x, feat_cache, feat_idx)
         return x.add_(h)
 
 
-def _causal_conv(conv, x, feat_cache, feat_idx):
-    """A residual block's causal convolution with diffusers' feature-cache bookkeeping."""
-    if feat_cache is None:
-        return conv(x)
-    idx = feat_idx[0]
-    cache_x = x[:, :, -CACHE_T:, :, :].clone()
-    if cache_x.shape[2] < 2 and feat_cache[idx] is not None:
-        cache_x = torch.cat([feat_cache[idx][:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
-    x = conv(x, feat_cache[idx])
-    feat_cache[idx] = cache_x
-    feat_idx[0] += 1
-    return x
+def _hooked(block: nn.Module) -> bool:
+    """Whether a forward hook would see the block's norms or convolutions (this path calls neither)."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in block.children())
+
+
+def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx):
+    """conv(silu(norm(x))) with diffusers' feature-cache bookkeeping, the norm writing into conv's input."""
+    cache = None
+    if feat_cache is not None:
+        idx = feat_idx[0]
+        cache = feat_cache[idx]
+    buf, new = conv.input_buffer(x, cache)
+    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
+    del x
+    if feat_cache is not None:
+        cache_x = new[:, :, -CACHE_T:, :, :].clone()
+        if cache_x.shape[2] < 2 and cache is not None:
+            cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
+        feat_cache[idx] = cache_x
+        feat_idx[0] += 1
+    del new
+    return conv.forward_buffer(buf)
 
 
 def _spatial_kernel(conv: nn.Module) -> int:
