@@ -107,6 +107,66 @@ if triton is not None:
         tl.store(y_ptr + y_at, y.to(dt), mask=mask)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _bias_residual_kernel(
+        x_ptr, h_ptr, b_ptr, S, C, D1, D2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
+        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+    ):
+        # x <- (x + bias) + h in place, rounding to the dtype after each add as PyTorch's two
+        # separate adds do (a convolution's bias pass, then the residual add). Indexing as above.
+        dt = x_ptr.dtype.element_ty
+        n = tl.program_id(1).to(tl.int64)
+        offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+        offs_c = tl.arange(0, BLOCK_C)
+        i2 = offs_s % D2
+        i1 = (offs_s // D2) % D1
+        i0 = offs_s // (D2 * D1)
+        mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
+        x_at = n * sxn + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + offs_c[None, :] * sxc
+        h_at = n * shn + (i0 * sh0 + i1 * sh1 + i2 * sh2)[:, None] + offs_c[None, :] * shc
+        x = tl.load(x_ptr + x_at, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+        x = (x + b[None, :]).to(dt).to(tl.float32)
+        h = tl.load(h_ptr + h_at, mask=mask, other=0.0).to(tl.float32)
+        tl.store(x_ptr + x_at, (x + h).to(dt), mask=mask)
+
+
+def fused_bias_add_available(x: torch.Tensor) -> bool:
+    """Whether `add_bias_and_residual_` runs as one kernel for `x` (CUDA with Triton). Only there is
+    it worth leaving a convolution's bias out: PyTorch adds it in a separate pass on CUDA anyway,
+    while CPU convolutions fold it in (so leaving it out on CPU would cost a pass and change bits)."""
+    return triton is not None and (x.is_cuda or _interpreting())
+
+
+def add_bias_and_residual_(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
+    """x <- (x + bias) + residual in place (bias: one value per channel), in one pass on CUDA.
+
+    Rounds after each add exactly as `conv(...)` with its bias followed by `+ residual` does in
+    PyTorch (whose cuDNN path adds a convolution's bias in a separate pass). Returns `x`.
+    """
+    use_triton = (
+        bias is not None and triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
+        and residual.shape == x.shape and residual.dtype == x.dtype
+    )
+    geometry = _spatial_strides(x) if use_triton else None
+    if geometry is None:
+        if bias is not None:
+            x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
+        return x.add_(residual)
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
+    _, _, _, (shn, shc, sh0, sh1, sh2) = _spatial_strides(residual)
+    s = d0 * d1 * d2
+    block_c = triton.next_power_of_2(c)
+    block_s = max(1, min(128, 8192 // block_c))
+    _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
+        x, residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
+        BLOCK_S=block_s, BLOCK_C=block_c,
+    )
+    return x
+
+
 def _spatial_strides(x: torch.Tensor):
     """(N, C, (D0, D1, D2), (stride n, stride c, strides of D0, D1, D2)) of a 3- to 5-D tensor."""
     if not 3 <= x.ndim <= 5:

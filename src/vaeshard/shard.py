@@ -144,8 +144,10 @@ class HaloCausalConv3d:
             core[:, :, tpad - cached : tpad].copy_(cache_x)
         return buf, core[:, :, tpad:]
 
-    def forward_buffer(self, buf: torch.Tensor) -> torch.Tensor:
-        """The convolution of a buffer from `input_buffer` whose new frames are written."""
+    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+        """The convolution of a buffer from `input_buffer` whose new frames are written.
+
+        `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway)."""
         ctx = current()
         padding = list(self._padding)
         if ctx is not None:
@@ -153,7 +155,7 @@ class HaloCausalConv3d:
             ctx.fill_halo(buf, ctx.dim(buf), before, after)
             slot = 2 if ctx.axis == HEIGHT else 0
             padding[slot] = padding[slot + 1] = 0
-        bias = None if fast_tier.bias_moved(self) else self.bias
+        bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return F.conv3d(buf, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
 
     def _halo_rows(self, ctx) -> tuple[int, int]:

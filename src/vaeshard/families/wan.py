@@ -246,7 +246,9 @@ class FastResidualBlock:
     Fast tier, inference only: each fused norm (+ SiLU, + conv1's bias before norm2, see
     fast.move_bias_into_norm) writes straight into the next causal convolution's input buffer, behind
     the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
-    activations are never copied to build that input; the residual is added into conv2's output.
+    activations are never copied to build that input; on CUDA, conv2's bias and the residual are
+    added to its output in one pass (`fast.add_bias_and_residual_`), rounded as PyTorch's separate
+    bias pass and residual add round.
     The values are exactly those of the fast tier without this mixin (a test compares the bits).
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42). Otherwise (training, autograd, exact tier, or a forward hook on one of
@@ -260,8 +262,9 @@ class FastResidualBlock:
         x = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx)
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
-        x = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, x, feat_cache, feat_idx)
-        return x.add_(h)
+        fuse = fast.fused_bias_add_available(x)  # conv2's bias and the residual in one pass (CUDA)
+        x = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, x, feat_cache, feat_idx, with_bias=not fuse)
+        return fast.add_bias_and_residual_(x, self.conv2.bias if fuse else None, h)
 
 
 def _hooked(block: nn.Module) -> bool:
@@ -273,7 +276,7 @@ def _hooked(block: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in block.children())
 
 
-def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx):
+def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, with_bias=True):
     """conv(silu(norm(x))) with diffusers' feature-cache bookkeeping, the norm writing into conv's input."""
     cache = None
     if feat_cache is not None:
@@ -289,7 +292,7 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx):
         feat_cache[idx] = cache_x
         feat_idx[0] += 1
     del new
-    return conv.forward_buffer(buf)
+    return conv.forward_buffer(buf, with_bias=with_bias)
 
 
 def _spatial_kernel(conv: nn.Module) -> int:
