@@ -63,22 +63,9 @@ except Exception:  # pragma: no cover - depends on the installation
 if triton is not None:
 
     @triton.jit
-    def _rms_norm_silu_kernel(
-        x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, D1, D2,
-        sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2, scale, eps,
-        HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
-        BLOCK_C: tl.constexpr,
-    ):
-        # One program: one sample n and BLOCK_S voxels, all C channels. A voxel index s splits into
-        # (d0, d1, d2) over the spatial dims (D0 x D1 x D2 = S), each with its own stride, so x and y
-        # may be any strided views (a slice of a larger buffer, too). Channels-last tensors load
-        # contiguous channel rows, contiguous ones contiguous voxel rows; both coalesce.
-        # The arithmetic follows diffusers' WanRMS_norm step by step, rounding to the tensor dtype
-        # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
-        # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
-        # roundings vanish. Only the order of the sum of squares differs from PyTorch's norm.
-        # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
-        dt = y_ptr.dtype.element_ty
+    def _voxel_block(S, C, D1, D2, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+        # This program's sample n, its BLOCK_S voxels split into (i0, i1, i2) over the spatial dims
+        # (D0 x D1 x D2 = S), all channels, and the mask of the ones that exist.
         n = tl.program_id(1).to(tl.int64)
         offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
         offs_c = tl.arange(0, BLOCK_C)
@@ -86,8 +73,31 @@ if triton is not None:
         i1 = (offs_s // D2) % D1
         i0 = offs_s // (D2 * D1)
         mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
-        x_at = n * sxn + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + offs_c[None, :] * sxc
-        x = tl.load(x_ptr + x_at, mask=mask, other=0.0)
+        return n, offs_c, i0, i1, i2, mask
+
+    @triton.jit
+    def _offsets(n, offs_c, i0, i1, i2, sn, sc, s0, s1, s2):
+        return n * sn + (i0 * s0 + i1 * s1 + i2 * s2)[:, None] + offs_c[None, :] * sc
+
+    @triton.jit
+    def _rms_norm_silu_kernel(
+        x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, D1, D2,
+        sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2, scale, eps,
+        HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block). Every spatial
+        # dim has its own stride, so x and y may be any strided views (a slice of a larger buffer,
+        # too). Channels-last tensors load contiguous channel rows, contiguous ones contiguous voxel
+        # rows; both coalesce.
+        # The arithmetic follows diffusers' WanRMS_norm step by step, rounding to the tensor dtype
+        # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
+        # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
+        # roundings vanish. Only the order of the sum of squares differs from PyTorch's norm.
+        # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
+        dt = y_ptr.dtype.element_ty
+        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C)
+        x = tl.load(x_ptr + _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
         x = x.to(tl.float32)
         if PRE_BIAS:
             p = tl.load(p_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
@@ -103,8 +113,7 @@ if triton is not None:
             y = (y + b[None, :]).to(dt).to(tl.float32)
         if SILU:
             y = y / (1.0 + tl.exp(-y))
-        y_at = n * syn + (i0 * sy0 + i1 * sy1 + i2 * sy2)[:, None] + offs_c[None, :] * syc
-        tl.store(y_ptr + y_at, y.to(dt), mask=mask)
+        tl.store(y_ptr + _offsets(n, offs_c, i0, i1, i2, syn, syc, sy0, sy1, sy2), y.to(dt), mask=mask)
 
 
 if triton is not None:
@@ -115,17 +124,11 @@ if triton is not None:
         BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         # x <- (x + bias) + h in place, rounding to the dtype after each add as PyTorch's two
-        # separate adds do (a convolution's bias pass, then the residual add). Indexing as above.
+        # separate adds do (a convolution's bias pass, then the residual add).
         dt = x_ptr.dtype.element_ty
-        n = tl.program_id(1).to(tl.int64)
-        offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
-        offs_c = tl.arange(0, BLOCK_C)
-        i2 = offs_s % D2
-        i1 = (offs_s // D2) % D1
-        i0 = offs_s // (D2 * D1)
-        mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
-        x_at = n * sxn + (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + offs_c[None, :] * sxc
-        h_at = n * shn + (i0 * sh0 + i1 * sh1 + i2 * sh2)[:, None] + offs_c[None, :] * shc
+        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C)
+        x_at = _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2)
+        h_at = _offsets(n, offs_c, i0, i1, i2, shn, shc, sh0, sh1, sh2)
         x = tl.load(x_ptr + x_at, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
         x = (x + b[None, :]).to(dt).to(tl.float32)
