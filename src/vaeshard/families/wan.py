@@ -249,7 +249,8 @@ class FastResidualBlock:
     activations are never copied to build that input; on CUDA, conv2's bias and the residual are
     added to its output in one pass (`fast.add_bias_and_residual_`), rounded as PyTorch's separate
     bias pass and residual add round.
-    The values are exactly those of the fast tier without this mixin (a test compares the bits).
+    The values are exactly those of the fast tier without this mixin (tests compare the bits on CPU,
+    one rank and sharded; on CUDA the one-pass add rounds as the two passes it replaces).
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42). Otherwise (training, autograd, exact tier, or a forward hook on one of
     the block's layers, which this path would not call) diffusers' forward runs.
