@@ -203,7 +203,7 @@ KERNEL_CHECK = textwrap.dedent(
     want = fast.rms_norm(x + pre.reshape(1, -1, 1, 1, 1), gamma, 0.0, 2.0, True)
     assert (got - want).abs().max().item() <= 1e-6
     y = x.clone()
-    assert fast.rms_norm(y, gamma, 0.0, 2.0, True, pre_bias=pre, in_place=True) is y and torch.equal(y, got)
+    assert fast.rms_norm(y, gamma, 0.0, 2.0, True, pre_bias=pre, out=y) is y and torch.equal(y, got)
     # into a strided view of a larger buffer (a convolution's input: leading frames, halo rows)
     for source in (x, x.contiguous()):
         buf = fast.to_channels_last(torch.zeros(1, 48, 4, 7, 6))

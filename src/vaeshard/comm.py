@@ -127,8 +127,6 @@ class Comm:
         before: int,
         after: int,
         num_ranks: int,
-        prefix: torch.Tensor | None = None,
-        prefix_dim: int = 2,
         memory_format: torch.memory_format | None = None,
     ) -> torch.Tensor:
         """Extend `x` along `dim` by `before` rows from the previous rank and `after` from the next.
@@ -136,28 +134,14 @@ class Comm:
         Ranks 0..num_ranks-1 hold consecutive slices of one tensor. At the global edges the rows are
         zeros, exactly the zero padding the unsharded convolution would apply. An interior rank
         posts two sends and two receives, batched so no pair of ranks can deadlock on ordering.
-
-        `prefix`, when given, is put in front of `x` along `prefix_dim` first (a causal convolution's
-        cached frames): the result equals halo-padding `torch.cat([prefix, x], prefix_dim)`, built
-        in one buffer so `x` is copied once. The buffer has `memory_format` (default: x's).
+        The result is one new tensor in `memory_format` (default: x's); see fill_halo.
         """
-        if prefix is not None and prefix.shape[prefix_dim] == 0:
-            prefix = None
         if before == 0 and after == 0:
-            if prefix is None:
-                return x
-            return torch.cat([prefix, x], dim=prefix_dim)
+            return x
         layout = memory_format if memory_format is not None else _memory_format(x)
-        extent = x.shape[dim]
-        shape = list(x.shape)
-        shape[dim] += before + after
-        lead = 0 if prefix is None else prefix.shape[prefix_dim]
-        shape[prefix_dim] += lead
-        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
-        core = out.narrow(dim, before, extent)  # cat([prefix, x]) without the halo rows
-        if prefix is not None:
-            core.narrow(prefix_dim, 0, lead).copy_(prefix)
-        core.narrow(prefix_dim, lead, x.shape[prefix_dim]).copy_(x)
+        out = torch.empty(_with_extent(x.shape, dim, x.shape[dim] + before + after), dtype=x.dtype,
+                          device=x.device, memory_format=layout)
+        out.narrow(dim, before, x.shape[dim]).copy_(x)
         return self.fill_halo(out, dim, before, after, num_ranks)
 
     def fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int, num_ranks: int) -> torch.Tensor:
@@ -165,7 +149,8 @@ class Comm:
 
         `buf`'s other rows hold this rank's slice (its "core"). The previous rank sends the last
         `before` rows of its core, the next rank the first `after` of its; at the global edges the
-        rows become zeros. For a caller that built the core in place (see halo_pad). Returns `buf`.
+        rows become zeros. For a caller that built the core in place (a convolution's input buffer).
+        Returns `buf`.
         """
         extent = buf.shape[dim] - before - after
         core = buf.narrow(dim, before, extent)

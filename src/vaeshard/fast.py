@@ -182,17 +182,15 @@ def _spatial_strides(x: torch.Tensor):
 
 def rms_norm(
     x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12, pre_bias=None,
-    in_place: bool = False, out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu?(x / max(||x||_C, eps) * scale * gamma + bias) in one pass, rounded as diffusers rounds.
 
     `pre_bias` (one value per channel) is added to `x` first, as a convolution's bias would have been.
-    The result goes to a new tensor in the input's memory format, or over `x` (`in_place`: each
-    voxel's channels are read before they are written), or into `out` (same shape as `x`, any strides,
-    e.g. the new-frames view of a convolution's input buffer); the tensor written is returned.
+    The result goes to a new tensor in the input's memory format, or into `out` (same shape as `x`,
+    any strides, e.g. the new-frames view of a convolution's input buffer; `x` itself works too, as
+    each voxel's channels are read before they are written); the tensor written is returned.
     """
-    if in_place:
-        out = x
     use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
     geometry = _spatial_strides(x) if use_triton else None
     if geometry is None:  # the same steps in eager PyTorch (CPU, or shapes the kernel does not take)

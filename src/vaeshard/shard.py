@@ -49,9 +49,9 @@ class ShardContext:
         scale = local_extent // mine
         return [e * scale for e in self.extents]
 
-    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int, **buffer) -> torch.Tensor:
-        """Comm.halo_pad over this request's shard ranks (`buffer`: its prefix / memory_format options)."""
-        return self.comm.halo_pad(x, dim, before, after, self.num_ranks, **buffer)
+    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int, memory_format=None) -> torch.Tensor:
+        """Comm.halo_pad over this request's shard ranks."""
+        return self.comm.halo_pad(x, dim, before, after, self.num_ranks, memory_format)
 
     def fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
         """Comm.fill_halo over this request's shard ranks."""
@@ -97,31 +97,24 @@ class HaloCausalConv3d:
         fast = fast_tier.enabled()
         if ctx is None and not fast:
             return super().forward(x, cache_x)
+        cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
+        if fast:  # one buffer: causal zero frames, cached frames, this chunk, halo rows
+            buf, new = self.input_buffer(x, cached)
+            new.copy_(x)
+            return self.forward_buffer(buf)
+        # exact tier, sharded: diffusers' steps, with halo rows in place of the sharded axis's padding
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
-        cached = None
-        if cache_x is not None and self._padding[4] > 0:
-            cached = cache_x.to(x.device)
-            padding[4] -= cache_x.shape[2]
-        if ctx is not None:
-            # cached frames + this chunk + halo rows in one buffer: x is copied once
-            slot = 2 if ctx.axis == HEIGHT else 0
-            layout = {"memory_format": fast_tier.channels_last_format(x.ndim)} if fast else {}
-            x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1], prefix=cached, prefix_dim=2, **layout)
-            padding[slot] = padding[slot + 1] = 0
-        elif cached is not None:
+        if cached is not None:
             x = torch.cat([cached, x], dim=2)
-        if not fast:
-            return nn.Conv3d.forward(self, F.pad(x, padding))
-        if padding[4] or padding[5]:  # causal zero frames: only a chunk with no cache yet
-            x = F.pad(x, (0, 0, 0, 0, padding[4], padding[5]))
-        # A channels-last input makes PyTorch run cuDNN's channels-last kernels directly (the weight is
-        # re-laid per call, a copy of one layer's weight, instead of a persistent second copy).
-        x = fast_tier.to_channels_last(x)
-        bias = None if fast_tier.bias_moved(self) else self.bias  # then the norm after it adds it
-        return F.conv3d(x, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+            padding[4] -= cached.shape[2]
+        slot = self._slot(ctx)
+        x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1])
+        padding[slot] = padding[slot + 1] = 0
+        return nn.Conv3d.forward(self, F.pad(x, padding))
 
-    # Fast tier, for a caller that produces this convolution's input itself (a residual block whose
-    # fused norm writes straight into the buffer): the input is never copied.
+    # Fast tier: the input is built in one channels-last buffer. A caller that produces the input
+    # itself (a residual block whose fused norm writes into the buffer) uses the two steps directly,
+    # so its activations are never copied.
 
     def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None):
         """(buffer, view): this convolution's whole input, channels-last, with `cache_x` and the causal
@@ -145,21 +138,28 @@ class HaloCausalConv3d:
         return buf, core[:, :, tpad:]
 
     def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
-        """The convolution of a buffer from `input_buffer` whose new frames are written.
+        """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
+        exchanged, then cuDNN applies the zero padding of the unsharded axis (no padded copy).
 
-        `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway)."""
+        `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
+        into the next norm (fast.move_bias_into_norm) is left out too."""
         ctx = current()
         padding = list(self._padding)
         if ctx is not None:
             before, after = self._halo_rows(ctx)
             ctx.fill_halo(buf, ctx.dim(buf), before, after)
-            slot = 2 if ctx.axis == HEIGHT else 0
+            slot = self._slot(ctx)
             padding[slot] = padding[slot + 1] = 0
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return F.conv3d(buf, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
 
+    @staticmethod
+    def _slot(ctx) -> int:
+        """Index in `_padding` of the sharded axis's leading pad (the trailing one follows it)."""
+        return 2 if ctx.axis == HEIGHT else 0
+
     def _halo_rows(self, ctx) -> tuple[int, int]:
-        slot = 2 if ctx.axis == HEIGHT else 0
+        slot = self._slot(ctx)
         return self._padding[slot], self._padding[slot + 1]
 
 
