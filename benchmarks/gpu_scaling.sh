@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_scaling.sh wan21-720p "$OUT" 1,2,4
 # Environment: MODES (default every mode), ANCHORS=1 (also time the anchors), SRC (the vaeshard
 # sources to measure, default ./src: an A/B run points it at a worktree of another commit) and TAG
-# (added to the output names).
+# (added to the output names), EXTRA (more `vaeshard bench` arguments, e.g. --no-ref).
 set -uo pipefail
 SUBJECT=${1:?usage: $0 wan21-480p|wan21-720p|wan22-720p OUTDIR [NPROCS]}
 OUT=${2:?usage: $0 SUBJECT OUTDIR [NPROCS]}
@@ -17,7 +17,7 @@ NAME="$SUBJECT${TAG:+_$TAG}"
 export PYTHONPATH=/tmp/site:$SRC${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 python3 -m vaeshard bench --preset "$SUBJECT" --dtype bf16 --reps 3 --nproc "$NPROCS" \
   --modes "${MODES:-tile,auto,spatial_shard_height,spatial_shard_width}" \
-  --json "$OUT/scaling_$NAME.json" --plot "$OUT/scaling_$NAME.png" 2>>"$OUT/err.log" | tee "$OUT/scaling_$NAME.txt"
+  --json "$OUT/scaling_$NAME.json" --plot "$OUT/scaling_$NAME.png" ${EXTRA:-} 2>>"$OUT/err.log" | tee "$OUT/scaling_$NAME.txt"
 [[ -n "${ANCHORS:-}" ]] || exit 0
 [[ -d .anchors/vllm_omni/_vendor ]] || bash .anchors/vllm_omni/prepare.sh "$PWD/.whl/vllm_omni-0.30.0-py3-none-any.whl" >/dev/null
 case "$SUBJECT" in

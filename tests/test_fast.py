@@ -75,6 +75,31 @@ def test_fast_tier_is_request_scoped():
         assert torch.equal(vae.decoder.conv_in(z), plain.decoder.conv_in(z))
 
 
+@pytest.mark.parametrize("exact", [False, True])
+def test_cudnn_benchmark_mode_only_inside_fast_tier_requests(exact):
+    # seen from a layer during the decode: on in the fast tier, the caller's setting in the exact tier;
+    # the caller's setting is back afterwards, also after a failed request
+    import vaeshard
+
+    vae = vaeshard.parallelize(build("wan21"), exact=exact)
+    seen = []
+    handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.cudnn.benchmark))
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        vae.decode(latent((1, 4, 1, 3, 3)))
+        assert seen and set(seen) == {not exact}
+        assert torch.backends.cudnn.benchmark is False
+        handle.remove()
+        handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            vae.decode(latent((1, 4, 1, 3, 3)))
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        handle.remove()
+        torch.backends.cudnn.benchmark = before
+
+
 def test_residual_block_conv1_bias_moves_into_norm2_only_while_parallelized():
     import vaeshard
     from vaeshard import fast
