@@ -120,27 +120,29 @@ def test_residual_block_conv1_bias_moves_into_norm2_only_while_parallelized():
 
 
 @pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
-def test_residual_block_buffers_give_the_same_bits(model):
-    # FastResidualBlock only moves less data: without it the fast tier computes the same values
+@pytest.mark.parametrize("mixin", ["FastResidualBlock", "FastUpsample"])
+def test_fast_blocks_give_the_same_bits(model, mixin):
+    # the fast blocks only move less data: without them the fast tier computes the same values
     import vaeshard
     from vaeshard import shard
-    from vaeshard.families.wan import FastResidualBlock
+    from vaeshard.families import wan
 
     vae = vaeshard.parallelize(build(model))
-    blocks = [m for m in vae.modules() if isinstance(m, FastResidualBlock)]
+    blocks = [m for m in vae.modules() if isinstance(m, getattr(wan, mixin))]
     assert blocks
     z, x = latent((1, 4, 3, 5, 4)), latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
-    with_reuse = vae.decode(z).sample, vae.encode(x).latent_dist.mean
+    with_blocks = vae.decode(z).sample, vae.encode(x).latent_dist.mean
     for block in blocks:
         shard.unswap(block)
     without = vae.decode(z).sample, vae.encode(x).latent_dist.mean
-    assert all(torch.equal(a, b) for a, b in zip(with_reuse, without))
+    assert all(torch.equal(a, b) for a, b in zip(with_blocks, without))
     with torch.no_grad():
         plain = build(model).decode(z).sample
-    assert (with_reuse[0] - plain).abs().max() <= TOL_CPU_FP32
+    assert (with_blocks[0] - plain).abs().max() <= TOL_CPU_FP32
 
 
-def test_hooks_on_a_residual_blocks_layers_still_run():
+@pytest.mark.parametrize("where", ["residual block", "upsample"])
+def test_hooks_on_a_fast_blocks_layers_still_run(where):
     # offloading and debugging hooks sit on leaf layers: the block then runs diffusers' own forward
     import vaeshard
 
@@ -148,38 +150,45 @@ def test_hooks_on_a_residual_blocks_layers_still_run():
     z = latent((1, 4, 2, 4, 3))
     plain = vae.decode(z).sample
     seen = []
-    block = vae.decoder.up_blocks[0].resnets[0]
-    handles = [block.conv1.register_forward_pre_hook(lambda m, a: seen.append("conv1")),
-               block.norm2.register_forward_hook(lambda m, a, o: seen.append("norm2"))]
+    if where == "residual block":
+        block = vae.decoder.up_blocks[0].resnets[0]
+        first, second = block.conv1, block.norm2
+    else:
+        block = next(m for m in vae.decoder.modules() if getattr(m, "mode", None) == "upsample3d")
+        first, second = block.time_conv, block.resample[1]
+    handles = [first.register_forward_pre_hook(lambda m, a: seen.append("first")),
+               second.register_forward_hook(lambda m, a, o: seen.append("second"))]
     hooked = vae.decode(z).sample
     for handle in handles:
         handle.remove()
-    assert "conv1" in seen and "norm2" in seen
+    assert "first" in seen and "second" in seen
     assert (hooked - plain).abs().max() <= TOL_CPU_FP32
 
 
 def _sharded_block_bits(rank, world, model, shape, mode):
     import vaeshard
     from vaeshard import shard
-    from vaeshard.families.wan import FastResidualBlock
+    from vaeshard.families.wan import FastResidualBlock, FastUpsample
 
     vae = vaeshard.parallelize(build(model), mode=mode)
     z = latent(shape)
-    blocks = [m for m in vae.modules() if isinstance(m, FastResidualBlock)]
-    with_buffers = vae.decode(z).sample
-    for block in blocks:
-        shard.unswap(block)
-    assert torch.equal(with_buffers, vae.decode(z).sample)
+    with_blocks = vae.decode(z).sample
+    for mixin in (FastUpsample, FastResidualBlock):  # one kind of block at a time back to diffusers' forward
+        blocks = [m for m in vae.modules() if isinstance(m, mixin)]
+        assert blocks
+        for block in blocks:
+            shard.unswap(block)
+        assert torch.equal(with_blocks, vae.decode(z).sample), mixin.__name__
     with torch.no_grad():
         plain = build(model).decode(z).sample
-    return (with_buffers - plain).abs().max().item()
+    return (with_blocks - plain).abs().max().item()
 
 
 @pytest.mark.parametrize(
     "model,shape,mode,world",
     [("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 3, 5, 7), "spatial_shard_width", 3)],
 )
-def test_sharded_residual_block_buffers_give_the_same_bits(model, shape, mode, world):
+def test_sharded_fast_blocks_give_the_same_bits(model, shape, mode, world):
     diffs = run_ranks(_sharded_block_bits, world, model, shape, mode)
     assert max(diffs) <= TOL_CPU_FP32
 

@@ -166,7 +166,9 @@ class HaloCausalConv3d:
 class HaloConv2d:
     """Mixin for a stride-1 zero-padded nn.Conv2d: halo rows replace the padding on the sharded axis.
 
-    Fast tier: channels-last input.
+    Fast tier: channels-last input; sharded, the input is built in one buffer with room for the halo
+    rows (`input_buffer` / `forward_buffer`, which a caller that produces the input itself, such as
+    an upsampler writing into it, uses directly), and cuDNN applies the other axis's padding.
     """
 
     def forward(self, x):
@@ -174,17 +176,47 @@ class HaloConv2d:
         fast = fast_tier.enabled()
         if ctx is None and not fast:
             return super().forward(x)
-        pad_h, pad_w = self.padding
-        layout = {"memory_format": fast_tier.channels_last_format(x.ndim)} if fast else {}
-        if ctx is not None and ctx.axis == HEIGHT:
-            x = ctx.halo_pad(x, ctx.dim(x), pad_h, pad_h, **layout)
-            pad_h = 0
-        elif ctx is not None:
-            x = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w, **layout)
-            pad_w = 0
+        if fast and ctx is None:
+            return F.conv2d(fast_tier.to_channels_last(x), self.weight, self.bias, self.stride, self.padding,
+                            self.dilation, self.groups)
         if fast:
-            x = fast_tier.to_channels_last(x)
+            buf, core = self.input_buffer(x)
+            core.copy_(x)
+            return self.forward_buffer(buf)
+        # exact tier, sharded: the halo rows in place of the sharded axis's padding
+        pad_h, pad_w = self.padding
+        if ctx.axis == HEIGHT:
+            x, pad_h = ctx.halo_pad(x, ctx.dim(x), pad_h, pad_h), 0
+        else:
+            x, pad_w = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w), 0
         return F.conv2d(x, self.weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
+
+    def input_buffer(self, like: torch.Tensor, shape=None):
+        """(buffer, view): this convolution's input (`shape`, default `like`'s; dtype and device of
+        `like`), channels-last, with room for the halo rows of a sharded request. The caller writes
+        the input into the view, then calls `forward_buffer(buffer)`."""
+        ctx = current()
+        shape = list(like.shape if shape is None else shape)
+        dim, rows = None, 0
+        if ctx is not None:
+            dim, rows = len(shape) - (2 if ctx.axis == HEIGHT else 1), self._halo_rows(ctx)  # H or W
+            shape[dim] += 2 * rows
+        buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last)
+        return buf, (buf if dim is None else buf.narrow(dim, rows, shape[dim] - 2 * rows))
+
+    def forward_buffer(self, buf: torch.Tensor) -> torch.Tensor:
+        """The convolution of a buffer from `input_buffer` whose input is written: halo rows
+        exchanged, the other axis zero-padded by cuDNN."""
+        ctx = current()
+        pad_h, pad_w = self.padding
+        if ctx is not None:
+            rows = self._halo_rows(ctx)
+            ctx.fill_halo(buf, ctx.dim(buf), rows, rows)
+            pad_h, pad_w = (0, pad_w) if ctx.axis == HEIGHT else (pad_h, 0)
+        return F.conv2d(buf, self.weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
+
+    def _halo_rows(self, ctx) -> int:
+        return self.padding[0] if ctx.axis == HEIGHT else self.padding[1]
 
 
 class HaloZeroPad2d:

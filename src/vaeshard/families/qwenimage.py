@@ -32,6 +32,12 @@ class _QwenImage(WanLike):
         return QwenImageResidualBlock
 
     @property
+    def resample_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageResample
+
+        return QwenImageResample
+
+    @property
     def upsample_cls(self):
         from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageUpsample
 

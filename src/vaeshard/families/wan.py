@@ -24,6 +24,7 @@ class WanLike:
     causal_conv_cls: type
     attention_cls: type
     residual_block_cls: type
+    resample_cls: type
     upsample_cls: type
     decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
     clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
@@ -174,20 +175,22 @@ class WanLike:
     def install_layers(self, vae) -> None:
         """Request-aware layers, by leaf class, in the decoder and the encoder.
 
-        Halo treatment (spatial shard): causal conv with a spatial kernel -> halo rows replace its
-        spatial zero padding; 2-D conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv
-        without padding (the downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes
-        the halo; single-head attention -> whole-frame keys and values. Everything else is per
-        voxel, or a local pixel (un)shuffle, and stays as diffusers wrote it.
+        Halo treatment (spatial shard): causal conv -> halo rows replace its spatial zero padding
+        (none for the temporal-only ones, which the fast tier still gives one input buffer); 2-D
+        conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv without padding (the
+        downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes the halo; single-head
+        attention -> whole-frame keys and values. Everything else is per voxel, or a local pixel
+        (un)shuffle, and stays as diffusers wrote it.
         Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
         blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
         block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block's norms
         write straight into the convolutions' input buffers (`FastResidualBlock`); the nearest
-        upsamplers skip their fp32 round trip.
+        upsamplers skip their fp32 round trip, and an upsampling resample writes each upsampled
+        frame straight into its 3x3 convolution's input buffer (`FastUpsample`).
         """
         for part in (vae.decoder, vae.encoder):
             for module in part.modules():
-                if isinstance(module, self.causal_conv_cls) and _spatial_kernel(module) > 1:
+                if isinstance(module, self.causal_conv_cls):
                     shard.swap(module, shard.HaloCausalConv3d)
                 elif type(module) is nn.Conv2d and any(module.padding):
                     _check_halo_conv2d(module)
@@ -207,6 +210,9 @@ class WanLike:
                     fast.move_bias_into_norm(block.conv1, block.norm2)
                 if block is not part and all(hasattr(c, "input_buffer") for c in (block.conv1, block.conv2)):
                     shard.swap(block, FastResidualBlock)
+            for module in part.modules():
+                if isinstance(module, self.resample_cls) and _upsamples_into_conv(module, self.upsample_cls):
+                    shard.swap(module, FastUpsample)
 
     def uninstall_layers(self, vae) -> None:
         for module in vae.modules():
@@ -257,47 +263,117 @@ class FastResidualBlock:
     """
 
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
-        if not fast.enabled() or self.training or torch.is_grad_enabled() or _hooked(self):
+        if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
         h = self.conv_shortcut(x)
-        x = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx)
+        # each activation is dropped as soon as the next buffer holds what is needed of it, so a
+        # block holds at most its input (the residual), one convolution input and one output
+        buf = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx)
+        del x
+        y = self.conv1.forward_buffer(buf)
+        del buf
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
-        fuse = fast.fused_bias_add_available(x)  # conv2's bias and the residual in one pass (CUDA)
-        x = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, x, feat_cache, feat_idx, with_bias=not fuse)
-        return fast.add_bias_and_residual_(x, self.conv2.bias if fuse else None, h)
+        fuse = fast.fused_bias_add_available(y)  # conv2's bias and the residual in one pass (CUDA)
+        buf = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx)
+        del y
+        y = self.conv2.forward_buffer(buf, with_bias=not fuse)
+        del buf
+        return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h)
+
+
+class FastUpsample:
+    """Mixin for a Wan upsampling `WanResample` (`upsample2d`, `upsample3d`): diffusers' computation
+    with less data movement.
+
+    Fast tier, inference only. diffusers interleaves the time convolution's two channel halves into
+    twice the frames (`torch.stack`), lays the frames out as a batch (a second copy), upsamples them
+    (a third tensor, 4x the input) and, sharded, copies that into a halo-padded input (a fourth).
+    Here the frames are upsampled straight from their (strided) source into the 3x3 convolution's
+    channels-last input buffer, between the halo rows: one copy. The convolution sees the same
+    input, shapes and layout as without this mixin, so the values are the same bits; nearest 2x
+    upsampling only copies values. The feature-cache bookkeeping is diffusers' own
+    (`WanResample.forward`, unchanged from diffusers 0.36 to 0.42).
+    """
+
+    def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
+        if not (self.mode in ("upsample2d", "upsample3d") and _fast_path(self)):
+            return super().forward(x, feat_cache, feat_idx)
+        b, c, t, h, w = x.shape
+        frames = x.permute(0, 2, 1, 3, 4)  # (b, t, c, h, w): diffusers' batch of frames, not copied
+        if self.mode == "upsample3d" and feat_cache is not None:
+            idx = feat_idx[0]
+            cached = feat_cache[idx]
+            if cached is None:
+                feat_cache[idx] = "Rep"
+            else:
+                cache_x = x[:, :, -CACHE_T:].clone()
+                if cache_x.shape[2] < 2:
+                    last = torch.zeros_like(cache_x) if isinstance(cached, str) else cached[:, :, -1:].to(cache_x.device)
+                    cache_x = torch.cat([last, cache_x], dim=2)
+                x = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
+                feat_cache[idx] = cache_x
+                # frame 2i + j is channel half j of the time convolution's frame i
+                frames = x.unflatten(1, (2, c)).permute(0, 3, 1, 2, 4, 5)  # (b, t, 2, c, h, w)
+                t *= 2
+            feat_idx[0] += 1
+        conv = self.resample[1]
+        buf, core = conv.input_buffer(x, (b * t, c, 2 * h, 2 * w))
+        # nearest 2x (nearest-exact at an integer scale takes source row i // 2): one strided copy
+        lead = frames.shape[:-3]
+        target = core.unflatten(0, lead).unflatten(-1, (w, 2)).unflatten(-3, (h, 2))
+        target.copy_(frames[..., None, :, None].expand(*lead, c, h, 2, w, 2))
+        del x, frames
+        y = conv.forward_buffer(buf)
+        return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+def _fast_path(block: nn.Module) -> bool:
+    """Whether `block` may run its fast-tier forward: fast tier, inference, no autograd, and no hook
+    on a layer inside it (the fast forward calls those layers' computations directly)."""
+    return fast.enabled() and not block.training and not torch.is_grad_enabled() and not _hooked(block)
 
 
 def _hooked(block: nn.Module) -> bool:
-    """Whether a forward hook would see the block's norms or convolutions (this path calls neither)."""
+    """Whether a forward hook would see a layer inside the block (the fast forwards call none)."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in block.children())
+    return any(m._forward_hooks or m._forward_pre_hooks for m in block.modules() if m is not block)
 
 
-def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, with_bias=True):
-    """conv(silu(norm(x))) with diffusers' feature-cache bookkeeping, the norm writing into conv's input."""
+def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx):
+    """silu(norm(x)) written into `conv`'s input buffer, with diffusers' feature-cache bookkeeping;
+    returns the buffer for `conv.forward_buffer`."""
     cache = None
     if feat_cache is not None:
         idx = feat_idx[0]
         cache = feat_cache[idx]
     buf, new = conv.input_buffer(x, cache)
     fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
-    del x
     if feat_cache is not None:
         cache_x = new[:, :, -CACHE_T:, :, :].clone()
         if cache_x.shape[2] < 2 and cache is not None:
             cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
         feat_cache[idx] = cache_x
         feat_idx[0] += 1
-    del new
-    return conv.forward_buffer(buf, with_bias=with_bias)
+    return buf
 
 
-def _spatial_kernel(conv: nn.Module) -> int:
-    return max(conv.kernel_size[-2:])
+def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
+    """A Wan upsampling resample whose layers FastUpsample knows: nearest 2x, then a halo 3x3 conv."""
+    if resample.mode not in ("upsample2d", "upsample3d"):
+        return False
+    layers = list(resample.resample)
+    return (
+        len(layers) == 2
+        and isinstance(layers[0], upsample_cls)
+        and layers[0].mode in ("nearest", "nearest-exact")
+        and tuple(layers[0].scale_factor) == (2.0, 2.0)
+        and hasattr(layers[1], "input_buffer")
+        and (resample.mode == "upsample2d" or hasattr(resample.time_conv, "input_buffer"))
+    )
 
 
 def _check_halo_conv2d(conv: nn.Conv2d) -> None:
@@ -329,6 +405,12 @@ class _Wan(WanLike):
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
 
         return WanResidualBlock
+
+    @property
+    def resample_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
+
+        return WanResample
 
     @property
     def upsample_cls(self):
