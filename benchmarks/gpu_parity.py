@@ -61,6 +61,25 @@ def main() -> int:
         name, dims = item.split("=")
         shapes[name] = tuple(int(v) for v in dims.split(","))
     rows, ok_all = [], True
+    if rank == 0:
+        print(f"torch {torch.__version__}, GPU {torch.cuda.get_device_name() if device.type == 'cuda' else 'none'}, "
+              f"world {world}")
+        print("max|d|, mean|d|: vs the diffusers reference in the same dtype (tiled for tile, untiled otherwise);")
+        print("vs fp32: the same result against diffusers' fp32 untiled decode (the bf16 noise floor)")
+        print(f"{'model':6} {'dtype':5} {'mode':22} {'strategy':22} {'max|d|':>9} {'mean|d|':>9} {'exact':>5} "
+              f"{'fp32 max':>9} {'fp32 mean':>9} ok", flush=True)
+        if args.out:
+            open(args.out, "w").close()
+
+    def emit(r):  # each row as soon as it is measured: a run cut short still leaves what it measured
+        rows.append(r)
+        print(f"{r['model']:6} {r['dtype']:5} {r['mode']:22} {r['strategy']:22} {r['max_diff']:9.2e} "
+              f"{r['mean_diff']:9.2e} {str(r['bit_identical']):>5} {r['fp32_max']:9.2e} {r['fp32_mean']:9.2e} "
+              f"{r['ok']}", flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(r) + "\n")
+
     for model in args.models.split(","):
         torch.manual_seed(0)
         base = AutoencoderKLWan(**CONFIGS[model]).eval()
@@ -83,7 +102,7 @@ def main() -> int:
                     del truth_vae
                 if dtype != torch.float32:
                     d = (refs["untiled"] - refs["fp32"]).abs()
-                    rows.append(dict(model=model, dtype=dname, mode="diffusers-untiled", strategy="(reference)",
+                    emit(dict(model=model, dtype=dname, mode="diffusers-untiled", strategy="(reference)",
                                      world=1, shape=list(z.shape), max_diff=0.0, mean_diff=0.0, bit_identical=True,
                                      ref_std=refs["untiled"].std().item(), ok=True,
                                      fp32_max=d.max().item(), fp32_mean=d.mean().item()))
@@ -104,28 +123,13 @@ def main() -> int:
                     ok = d.max().item() <= tol["max"] and (tol["mean"] is None or d.mean().item() <= tol["mean"])
                 ok_all &= ok
                 t = (out.float() - refs["fp32"]).abs()
-                rows.append(dict(model=model, dtype=dname, mode=mode + (" exact" if exact_tier else " fast"),
+                emit(dict(model=model, dtype=dname, mode=mode + (" exact" if exact_tier else " fast"),
                                  strategy=strategy, world=world,
                                  shape=list(z.shape), max_diff=d.max().item(), mean_diff=d.mean().item(),
                                  bit_identical=exact, ref_std=ref.std().item(), ok=ok,
                                  fp32_max=t.max().item(), fp32_mean=t.mean().item()))
             del vae, plain, refs
             torch.cuda.empty_cache()
-    if rank == 0:
-        print(f"torch {torch.__version__}, GPU {torch.cuda.get_device_name() if device.type == 'cuda' else 'none'}, "
-              f"world {world}")
-        if args.out:
-            with open(args.out, "w") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
-        print("max|d|, mean|d|: vs the diffusers reference in the same dtype (tiled for tile, untiled otherwise);")
-        print("vs fp32: the same result against diffusers' fp32 untiled decode (the bf16 noise floor)")
-        print(f"{'model':6} {'dtype':5} {'mode':22} {'strategy':22} {'max|d|':>9} {'mean|d|':>9} {'exact':>5} "
-              f"{'fp32 max':>9} {'fp32 mean':>9} ok")
-        for r in rows:
-            print(f"{r['model']:6} {r['dtype']:5} {r['mode']:22} {r['strategy']:22} {r['max_diff']:9.2e} "
-                  f"{r['mean_diff']:9.2e} {str(r['bit_identical']):>5} {r['fp32_max']:9.2e} {r['fp32_mean']:9.2e} "
-                  f"{r['ok']}")
     dist.destroy_process_group()
     return 0 if ok_all else 1
 

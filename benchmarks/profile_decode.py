@@ -4,6 +4,7 @@
     python3 benchmarks/profile_decode.py --preset wan21-720p --frames 5 [--vaeshard]
     torchrun --standalone --nproc_per_node=2 benchmarks/profile_decode.py --preset wan21-720p --frames 5 --mode auto
 
+`--cold` first times the process's first decode (cuDNN autotuning and kernel compiles included).
 `--memory` adds, per rank, the decode's peak and what is allocated at that moment by source line
 (the allocator's trace). Random weights, real config, bf16. `--frames` limits the latent frames profiled (the per-frame cost
 is steady after the first frame). Without --vaeshard it profiles diffusers' own decode on one GPU;
@@ -59,6 +60,8 @@ def main() -> None:
     ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
     ap.add_argument("--exact", action="store_true", help="vaeshard's exact tier")
     ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
+    ap.add_argument("--cold", action="store_true",
+                    help="also time the process's first decode (before any warm-up: cuDNN autotuning, kernel compiles)")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -82,6 +85,12 @@ def main() -> None:
         vaeshard.parallelize(vae, mode=args.mode, exact=args.exact)
         print(f"[rank {rank}] {vaeshard.plan(vae, z.shape, world, args.mode).reason}", flush=True)
     with torch.no_grad():
+        if args.cold:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            vae.decode(z)
+            torch.cuda.synchronize()
+            print(f"[rank {rank}] first decode in this process: {time.perf_counter() - t0:.3f} s", flush=True)
         vae.decode(z[:, :, :2])  # warm-up
         torch.cuda.synchronize()
         t0 = time.perf_counter()
