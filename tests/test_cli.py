@@ -149,6 +149,7 @@ EXPECTED_FLAGS = {
         ("--fps", None, 16, False),
         ("--offline", None, False, False),
         ("--exact", None, False, False),
+        ("--no-cudnn-benchmark", None, True, False),
         ("--quiet", None, False, False),
         ("--timeout", None, 600.0, False),
     ],

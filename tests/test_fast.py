@@ -75,20 +75,22 @@ def test_fast_tier_is_request_scoped():
         assert torch.equal(vae.decoder.conv_in(z), plain.decoder.conv_in(z))
 
 
-@pytest.mark.parametrize("exact", [False, True])
-def test_cudnn_benchmark_mode_only_inside_fast_tier_requests(exact):
-    # seen from a layer during the decode: on in the fast tier, the caller's setting in the exact tier;
-    # the caller's setting is back afterwards, also after a failed request
+@pytest.mark.parametrize("exact,cudnn_benchmark", [(False, True), (True, True), (False, False)])
+def test_cudnn_benchmark_mode_only_inside_fast_tier_requests(exact, cudnn_benchmark):
+    # seen from a layer during the decode: on in the fast tier unless turned off, the caller's setting
+    # in the exact tier; the caller's setting is back afterwards, also after a failed request
     import vaeshard
 
-    vae = vaeshard.parallelize(build("wan21"), exact=exact)
+    with pytest.raises(TypeError, match="cudnn_benchmark must be True or False"):
+        vaeshard.parallelize(build("wan21"), cudnn_benchmark="yes")
+    vae = vaeshard.parallelize(build("wan21"), exact=exact, cudnn_benchmark=cudnn_benchmark)
     seen = []
     handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.cudnn.benchmark))
     before = torch.backends.cudnn.benchmark
     try:
         torch.backends.cudnn.benchmark = False
         vae.decode(latent((1, 4, 1, 3, 3)))
-        assert seen and set(seen) == {not exact}
+        assert seen and set(seen) == {not exact and cudnn_benchmark}
         assert torch.backends.cudnn.benchmark is False
         handle.remove()
         handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: 1 / 0)

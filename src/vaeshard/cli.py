@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
     dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     dec.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
+    dec.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
+                     help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -258,6 +260,7 @@ class DecodeJob:
     progress: bool
     timeout: float
     exact: bool = False
+    cudnn_benchmark: bool = True
 
 
 def _decode(args) -> int:
@@ -292,6 +295,7 @@ def _decode(args) -> int:
         progress=not args.quiet,
         timeout=args.timeout,
         exact=args.exact,
+        cudnn_benchmark=args.cudnn_benchmark,
     )
     from . import launch
 
@@ -351,7 +355,8 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     else:
         z = z.to(vae.dtype)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
-    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact)
+    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact,
+                         cudnn_benchmark=job.cudnn_benchmark)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()

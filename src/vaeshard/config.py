@@ -26,6 +26,9 @@ class VaeParallelConfig:
     exact:   True runs every layer as diffusers computes it (direct and spatial results then differ
              from diffusers only by how the work is split); False (default) runs the fast tier
              (fast.py), within DESIGN.md's tolerances. `tile` is always exact.
+    cudnn_benchmark: fast tier only: cuDNN times its algorithms for each new convolution shape and
+             keeps the fastest (torch.backends.cudnn.benchmark, on for the request only). The first
+             request of each size pays the timing once per process; False keeps cuDNN's heuristic.
     """
 
     size: int | None = None
@@ -33,6 +36,7 @@ class VaeParallelConfig:
     output: str = "all"
     timeout: float | timedelta | None = None
     exact: bool = False
+    cudnn_benchmark: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -46,6 +50,8 @@ class VaeParallelConfig:
                 raise ValueError(f"size must be at least 1, got {self.size}")
         if not isinstance(self.exact, bool):
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
+        if not isinstance(self.cudnn_benchmark, bool):
+            raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if self.timeout is not None:
             seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:

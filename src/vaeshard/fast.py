@@ -10,8 +10,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   diffusers, so results track diffusers' own bf16 decode, not only the exact math.
 - Spatial convolutions run channels-last (NDHWC / NHWC), so cuDNN needs no layout transposes of the
   activations, and cuDNN applies the spatial zero padding, so no padded copy of the input is made.
-- cuDNN runs in benchmark mode (see `tier`): each convolution shape is timed once per process and
-  its fastest algorithm reused, instead of cuDNN's heuristic pick.
+- cuDNN runs in benchmark mode unless parallelized with `cudnn_benchmark=False` (see `tier`): each
+  convolution shape is timed once per process and its fastest algorithm reused, instead of cuDNN's
+  heuristic pick.
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
 - A residual block's first convolution leaves out its bias and the fused norm after it adds the bias
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
@@ -35,16 +36,16 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def tier(fast: bool):
+def tier(fast: bool, cudnn_benchmark: bool = True):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
-    The fast tier also turns on cuDNN's benchmark mode for the request (and restores the caller's
-    setting afterwards): the first convolution of each new shape times cuDNN's algorithms once per
-    process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
+    `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
+    restored afterwards. The first convolution of each new shape then times cuDNN's algorithms once
+    per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
     """
     token = _fast.set(fast)
     benchmark = torch.backends.cudnn.benchmark
-    if fast:
+    if fast and cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
     try:
         yield

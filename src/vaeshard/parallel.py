@@ -50,6 +50,7 @@ def parallelize(
     size: int | None = None,
     timeout=None,
     exact: bool = False,
+    cudnn_benchmark: bool = True,
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -66,7 +67,8 @@ def parallelize(
     layers cannot be sharded raise and leave `vae` exactly as it was.
     """
     family = family_for(vae)
-    config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact)
+    config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
+                               cudnn_benchmark=cudnn_benchmark)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
@@ -364,7 +366,7 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
-        with torch.no_grad(), fast.tier(fast_tier):
+        with torch.no_grad(), fast.tier(fast_tier, cudnn_benchmark=config.cudnn_benchmark):
             if chosen.strategy == "direct":
                 out = _direct(vae, state, op, x) if receives else None
             elif chosen.strategy == "tile":
