@@ -10,7 +10,8 @@
 is steady after the first frame). Without --vaeshard it profiles diffusers' own decode on one GPU;
 under torchrun every rank profiles vaeshard's decode in `--mode` and prints its own summary, rank 0
 also the kernel table. "GPU idle" is wall time minus the union of the intervals in which any kernel
-of that rank ran: time the GPU waited for the host or for a peer.
+of that rank ran: time the GPU waited for the host or for a peer. The idle time inside the span of
+the profiled kernels is also attributed to the class of the kernel that ends each gap.
 """
 
 from __future__ import annotations
@@ -112,6 +113,10 @@ def main() -> None:
     print(f"[rank {rank}] {args.preset} latent {shape}, {world} rank(s): wall {wall:.3f} s, GPU kernel time "
           f"{total:.3f} s, GPU busy {busy:.3f} s, GPU idle {max(wall - busy, 0):.3f} s, communication "
           f"{by_class.get('communication (NCCL)', 0.0):.3f} s", flush=True)
+    span, inside, gaps = _idle_gaps(prof)
+    waits = ", ".join(f"{label} {t:.3f} s in {n} gaps" for label, (t, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0]))
+    print(f"[rank {rank}] GPU idle inside the kernel span ({span:.3f} s): {inside:.3f} s, before the start of: "
+          f"{waits or 'none'}", flush=True)
     if args.memory:
         with torch.no_grad():
             _memory_report(vae, z, rank)
@@ -201,6 +206,29 @@ def _busy_seconds(prof) -> float:
             busy += stop - end
             end = stop
     return busy / 1e6
+
+
+def _idle_gaps(prof, min_us: float = 10.0) -> tuple[float, float, dict[str, tuple[float, int]]]:
+    """GPU idle time inside the span of the profiled kernels, attributed to the kernel class that
+    ends each gap (what the GPU was waiting to start: a convolution the host had not launched yet,
+    an NCCL transfer whose peer was not ready, ...). Returns (span s, idle s, {class: (s, gaps)})."""
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if not spans:
+        return 0.0, 0.0, {}
+    gaps: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    end, idle = spans[0][1], 0.0
+    for start, stop, name in spans[1:]:
+        if start - end >= min_us:
+            gap = gaps[classify(name)]
+            gap[0] += (start - end) / 1e6
+            gap[1] += 1
+            idle += (start - end) / 1e6
+        end = max(end, stop)
+    return (end - spans[0][0]) / 1e6, idle, {k: (v[0], v[1]) for k, v in gaps.items()}
 
 
 def _finish(world: int) -> None:

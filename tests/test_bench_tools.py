@@ -44,3 +44,31 @@ def test_peak_breakdown_finds_the_peak_and_its_live_blocks_by_source():
         ("vaeshard/comm.py:150 halo_pad", 50),
         ("(outside vaeshard and diffusers)", 7),
     ]
+
+
+def test_idle_gaps_are_attributed_to_the_kernel_that_ends_them():
+    import types
+
+    import torch
+
+    prof_mod = _load("profile_decode")
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(start, end, name, device=cuda):
+        return types.SimpleNamespace(time_range=types.SimpleNamespace(start=start, end=end), name=name, device_type=device)
+
+    events = [
+        event(0, 100, "sm90_xmma_fprop_implicit_gemm"),
+        event(50, 120, "ncclDevKernel_SendRecv"),  # overlaps: no gap
+        event(0, 1000, "aten::conv3d", device=cpu),  # host events are not GPU time
+        event(170, 200, "sm90_xmma_fprop_implicit_gemm"),  # 50 us idle before a convolution
+        event(205, 300, "_rms_norm_silu_kernel"),  # 5 us: below the 10 us threshold
+        event(400, 420, "ncclDevKernel_SendRecv"),  # 100 us idle before NCCL
+        event(440, 500, "sm90_xmma_fprop_implicit_gemm"),  # 20 us before a convolution
+    ]
+    span, idle, gaps = prof_mod._idle_gaps(types.SimpleNamespace(events=lambda: events))
+    assert span == 500e-6
+    assert abs(idle - 170e-6) < 1e-12
+    assert gaps.keys() == {"convolution", "communication (NCCL)"}
+    assert abs(gaps["convolution"][0] - 70e-6) < 1e-12 and gaps["convolution"][1] == 2
+    assert abs(gaps["communication (NCCL)"][0] - 100e-6) < 1e-12 and gaps["communication (NCCL)"][1] == 1
