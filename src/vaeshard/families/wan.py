@@ -366,11 +366,13 @@ def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
     if resample.mode not in ("upsample2d", "upsample3d"):
         return False
     layers = list(resample.resample)
+    if len(layers) != 2 or not isinstance(layers[0], upsample_cls):
+        return False
+    scale = layers[0].scale_factor
     return (
-        len(layers) == 2
-        and isinstance(layers[0], upsample_cls)
-        and layers[0].mode in ("nearest", "nearest-exact")
-        and tuple(layers[0].scale_factor) == (2.0, 2.0)
+        layers[0].mode in ("nearest", "nearest-exact")
+        and layers[0].size is None
+        and tuple(scale if isinstance(scale, (tuple, list)) else (scale, scale)) == (2.0, 2.0)
         and hasattr(layers[1], "input_buffer")
         and (resample.mode == "upsample2d" or hasattr(resample.time_conv, "input_buffer"))
     )
