@@ -143,6 +143,27 @@ def test_fast_blocks_give_the_same_bits(model, mixin):
     assert (with_blocks[0] - plain).abs().max() <= TOL_CPU_FP32
 
 
+def test_residual_block_output_takes_its_inputs_storage():
+    # a block whose input has its output's layout returns the sum in the input's storage, so the
+    # input its caller still references is not a third full-size tensor (bits: the tests above)
+    import vaeshard
+
+    vae = vaeshard.parallelize(build("wan21"))
+    block = vae.decoder.mid_block.resnets[-1]  # identity shortcut; its output is the mid block's
+    inputs, outputs = [], []
+    block.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    vae.decoder.mid_block.register_forward_hook(lambda m, args, out: outputs.append(out))
+    z = latent((1, 4, 2, 4, 3))
+    vae.decode(z)
+    assert len(inputs) == len(outputs) == 2
+    assert all(out is x for x, out in zip(inputs, outputs))
+    # a forward hook on the block itself sees the input: then the sum goes to a new tensor
+    seen = []
+    block.register_forward_hook(lambda m, args, out: seen.append(out is args[0]))
+    vae.decode(z)
+    assert seen == [False, False]
+
+
 @pytest.mark.parametrize("where", ["residual block", "upsample"])
 def test_hooks_on_a_fast_blocks_layers_still_run(where):
     # offloading and debugging hooks sit on leaf layers: the block then runs diffusers' own forward
@@ -252,7 +273,13 @@ KERNEL_CHECK = textwrap.dedent(
         b = torch.randn(40)
         assert fast.fused_bias_add_available(out)
         want = (out + b.reshape(1, -1, 1, 1, 1)) + res
+        kept_out, kept_res = out.clone(), res.clone()
         assert fast.add_bias_and_residual_(out, b, res) is out and torch.equal(out, want)
+        assert torch.equal(res, kept_res)
+        # into the residual instead: the same bits there, the convolution's output left alone
+        out = kept_out
+        assert fast.add_bias_and_residual_(out, b, res, into_residual=True) is res and torch.equal(res, want)
+        assert torch.equal(out, kept_out)
     print("kernel ok")
     """
 )

@@ -134,10 +134,10 @@ if triton is not None:
     @triton.jit
     def _bias_residual_kernel(
         x_ptr, h_ptr, b_ptr, S, C, D1, D2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTO_H: tl.constexpr,
     ):
-        # x <- (x + bias) + h in place, rounding to the dtype after each add as PyTorch's two
-        # separate adds do (a convolution's bias pass, then the residual add).
+        # x <- (x + bias) + h in place (h <- it with INTO_H), rounding to the dtype after each add as
+        # PyTorch's two separate adds do (a convolution's bias pass, then the residual add).
         dt = x_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C)
         x_at = _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2)
@@ -146,7 +146,10 @@ if triton is not None:
         b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
         x = (x + b[None, :]).to(dt).to(tl.float32)
         h = tl.load(h_ptr + h_at, mask=mask, other=0.0).to(tl.float32)
-        tl.store(x_ptr + x_at, (x + h).to(dt), mask=mask)
+        if INTO_H:
+            tl.store(h_ptr + h_at, (x + h).to(dt), mask=mask)
+        else:
+            tl.store(x_ptr + x_at, (x + h).to(dt), mask=mask)
 
 
 def fused_bias_add_available(x: torch.Tensor) -> bool:
@@ -156,11 +159,15 @@ def fused_bias_add_available(x: torch.Tensor) -> bool:
     return triton is not None and (x.is_cuda or _interpreting())
 
 
-def add_bias_and_residual_(x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
+def add_bias_and_residual_(
+    x: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, into_residual: bool = False
+) -> torch.Tensor:
     """x <- (x + bias) + residual in place (bias: one value per channel), in one pass on CUDA.
 
     Rounds after each add exactly as `conv(...)` with its bias followed by `+ residual` does in
-    PyTorch (whose cuDNN path adds a convolution's bias in a separate pass). Returns `x`.
+    PyTorch (whose cuDNN path adds a convolution's bias in a separate pass). Returns `x`; with
+    `into_residual` the sum is written into `residual` instead (the same bits: addition commutes)
+    and `residual` is returned, so the caller can drop `x`.
     """
     use_triton = (
         bias is not None and triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
@@ -170,7 +177,7 @@ def add_bias_and_residual_(x: torch.Tensor, bias: torch.Tensor | None, residual:
     if geometry is None:
         if bias is not None:
             x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
-        return x.add_(residual)
+        return residual.add_(x) if into_residual else x.add_(residual)
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
     _, _, _, (shn, shc, sh0, sh1, sh2) = _spatial_strides(residual)
     s = d0 * d1 * d2
@@ -178,9 +185,9 @@ def add_bias_and_residual_(x: torch.Tensor, bias: torch.Tensor | None, residual:
     block_s = max(1, min(128, 8192 // block_c))
     _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
         x, residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S=block_s, BLOCK_C=block_c,
+        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual,
     )
-    return x
+    return residual if into_residual else x
 
 
 def _spatial_strides(x: torch.Tensor):

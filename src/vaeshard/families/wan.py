@@ -255,8 +255,13 @@ class FastResidualBlock:
     activations are never copied to build that input; on CUDA, conv2's bias and the residual are
     added to its output in one pass (`fast.add_bias_and_residual_`), rounded as PyTorch's separate
     bias pass and residual add round.
-    The values are exactly those of the fast tier without this mixin (tests compare the bits on CPU,
-    one rank and sharded; on CUDA the one-pass add rounds as the two passes it replaces).
+    Where the layouts agree (on CUDA: channels-last both) the sum is written into the block's input
+    (identity shortcut) or the shortcut's output, so the input, which diffusers' callers keep
+    referenced until the block returns, is not a third full-size tensor beside the convolution's
+    input and output; callers must not read the input afterwards (diffusers' never do; a forward
+    hook on the block itself, which would see the input, turns this off). The values are exactly those of the fast tier without this mixin (tests
+    compare the bits on CPU, one rank and sharded; on CUDA the one-pass add rounds as the two passes
+    it replaces).
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42). Otherwise (training, autograd, exact tier, or a forward hook on one of
     the block's layers, which this path would not call) diffusers' forward runs.
@@ -279,7 +284,13 @@ class FastResidualBlock:
         del y
         y = self.conv2.forward_buffer(buf, with_bias=not fuse)
         del buf
-        return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h)
+        # the sum goes into h where it has y's layout (on CUDA, channels-last both): the block's
+        # output takes the storage of its input (or of the shortcut's output), which diffusers'
+        # callers hold until the block returns and never read again (they reassign it; Wan 2.2's
+        # up and down blocks clone it first), so no third full-size tensor stays alive. (Another
+        # layout would change the layout, and on CPU the reduction order, of the layers after it.)
+        into = h.stride() == y.stride() and not self._forward_hooks  # a hook on the block sees its input
+        return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h, into_residual=into)
 
 
 class FastUpsample:
