@@ -334,7 +334,8 @@ def test_triton_kernels_compile_for_hopper():
     kernels = [
         (fast._rms_norm_silu_kernel, dict(HAS_BIAS=True, PRE_BIAS=True, SILU=True, BLOCK_S=64, BLOCK_C=128)),
         (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=False, SILU=False, BLOCK_S=8, BLOCK_C=1024)),
-        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128)),
+        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False)),
+        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=True)),
     ]
     for kernel, constants in kernels:
         names = kernel.arg_names
