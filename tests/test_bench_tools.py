@@ -72,3 +72,43 @@ def test_idle_gaps_are_attributed_to_the_kernel_that_ends_them():
     assert gaps.keys() == {"convolution", "communication (NCCL)"}
     assert abs(gaps["convolution"][0] - 70e-6) < 1e-12 and gaps["convolution"][1] == 2
     assert abs(gaps["communication (NCCL)"][0] - 100e-6) < 1e-12 and gaps["communication (NCCL)"][1] == 1
+
+
+def test_memory_model_counts_storages_until_their_last_tensor_is_gone():
+    import torch
+
+    model = _load("memory_model")
+    weight = torch.empty(1000, device="meta")  # external: never counted
+    with model.LiveBytes([weight]) as live:
+        a = torch.empty(100, device="meta")  # 400 B
+        b = a.view(10, 10)  # same storage: nothing new
+        w = weight.view(10, 100)  # a view of an external storage: nothing new
+        c = torch.empty(50, device="meta")  # 600 B live
+        del a
+        assert live.current == 600  # b still uses a's storage
+        del b
+        assert live.current == 200
+        d = torch.empty(300, device="meta")  # 1400 B: the peak
+        c.add_(1)  # in place: nothing new
+        del d
+    assert (live.peak, live.current) == (1400, 200)
+    del c, w
+
+
+def test_memory_model_predicts_a_sharded_decode_below_a_direct_one():
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    import vaeshard
+
+    model = _load("memory_model")
+    with torch.device("meta"):
+        vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1).eval()
+    vaeshard.parallelize(vae)
+    z = torch.empty(1, 4, 3, 6, 8, device="meta")
+    one, sites = model.predicted_peak(vae, z, 1)
+    two, _ = model.predicted_peak(vae, z, 2)
+    four, _ = model.predicted_peak(vae, z, 4)
+    assert one > two > four > 0
+    assert sum(size for _, size in sites) == one
+    assert any("_norm_into_causal_conv" in site for site, _ in sites)  # the causal caches

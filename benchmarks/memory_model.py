@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""A decode's peak allocated memory per rank, predicted without a GPU.
+
+    python3 benchmarks/memory_model.py --preset wan21-720p --ranks 1,2
+
+vaeshard's fast-tier decode (real config, bf16) runs on PyTorch's meta device: shapes only, no
+arithmetic. A dispatch mode counts the bytes of every tensor an operation creates until the last
+tensor using that storage is gone, as the CUDA caching allocator's `memory_allocated` would (block
+rounding and fragmentation aside). Convolutions return channels-last outputs for channels-last
+inputs, as cuDNN does, and the Triton kernels allocate only their outputs, as on CUDA. A sharded request is modelled on one rank (rank 0 of N, or rank 1 when N > 2,
+which has two neighbours) with a stand-in for the communication that allocates what `Comm` allocates
+(send copies, receive buffers, gathered keys and values, the assembled output) without sending.
+
+The figure is a prediction, for comparing designs between GPU runs; BENCHMARKS.md records what the
+GPU measured. It counts what the decode allocates beyond the weights and the latent, which is what
+`vaeshard bench` reports as the per-rank peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import traceback
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from vaeshard import comm as comm_mod
+from vaeshard import fast, shard
+from vaeshard.families import family_for
+
+PRESETS = {
+    "wan21-480p": ("wan21", (1, 16, 21, 60, 104)),
+    "wan21-720p": ("wan21", (1, 16, 21, 90, 160)),
+    "wan22-720p": ("wan22", (1, 48, 31, 44, 80)),
+}
+WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
+             patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+_CONVOLUTIONS = {torch.ops.aten.convolution.default}
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages created under this mode that some tensor still uses; and their peak."""
+
+    def __init__(self, external: list[torch.Tensor]):
+        super().__init__()
+        self.external = {t.untyped_storage()._cdata for t in external}
+        self.sizes: dict[int, int] = {}
+        self.users: dict[int, int] = {}
+        self.sites: dict[int, str] = {}
+        self.current = self.peak = 0
+        self.at_peak: dict[str, int] = {}
+
+    def _track(self, t: torch.Tensor) -> None:
+        key = t.untyped_storage()._cdata
+        if key in self.external:
+            return
+        if key not in self.sizes:
+            self.sizes[key] = t.untyped_storage().nbytes()
+            self.users[key] = 0
+            self.sites[key] = _site()
+            self.current += self.sizes[key]
+            if self.current > self.peak:
+                self.peak = self.current
+                self.at_peak = {}
+                for k, size in self.sizes.items():
+                    self.at_peak[self.sites[k]] = self.at_peak.get(self.sites[k], 0) + size
+        self.users[key] += 1
+        weakref.finalize(t, self._release, key)
+
+    def _release(self, key: int) -> None:
+        self.users[key] -= 1
+        if self.users[key] == 0:
+            self.current -= self.sizes.pop(key)
+            del self.users[key], self.sites[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _CONVOLUTIONS and args[0].is_contiguous(memory_format=fast.channels_last_format(args[0].ndim)):
+            out = torch.empty(out.shape, dtype=out.dtype, device=out.device,
+                              memory_format=fast.channels_last_format(out.ndim))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+
+def _site() -> str:
+    """The innermost vaeshard or diffusers source line of the current Python stack."""
+    for frame in reversed(traceback.extract_stack()):
+        if ("vaeshard" in frame.filename or "diffusers" in frame.filename) and "memory_model" not in frame.filename:
+            short = frame.filename.split("site-packages/")[-1].split("src/")[-1]
+            return f"{short}:{frame.lineno} {frame.name}"
+    return "(elsewhere)"
+
+
+@dataclass
+class StandInComm(comm_mod.Comm):
+    """`Comm`'s allocations for one rank of a sharded request, without communication."""
+
+    def fill_halo(self, buf, dim, before, after, num_ranks):
+        extent = buf.shape[dim] - before - after
+        core = buf.narrow(dim, before, extent)
+        sends, received = [], []
+        if self.rank > 0:
+            if before:
+                received.append((0, core.new_empty(comm_mod._with_extent(core.shape, dim, before))))
+            if after:
+                sends.append(core.narrow(dim, 0, after).contiguous())
+        if self.rank < num_ranks - 1:
+            if after:
+                received.append((before + extent, core.new_empty(comm_mod._with_extent(core.shape, dim, after))))
+            if before:
+                sends.append(core.narrow(dim, extent - before, before).contiguous())
+        for at, rows in received:
+            buf.narrow(dim, at, rows.shape[dim]).copy_(rows)
+        if self.rank == 0 and before:
+            buf.narrow(dim, 0, before).zero_()
+        if self.rank == num_ranks - 1 and after:
+            buf.narrow(dim, before + extent, after).zero_()
+        return buf
+
+    def all_gather_along(self, x, dim, extents):
+        parts = [x.new_empty(comm_mod._with_extent(x.shape, dim, max(extents))) for _ in extents]
+        return torch.cat([p.narrow(dim, 0, e) for p, e in zip(parts, extents)], dim=dim)
+
+    def assemble_along(self, x, dim, extents, to_all):
+        out = torch.empty(comm_mod._with_extent(x.shape, dim, sum(extents)), dtype=x.dtype, device=x.device)
+        part = torch.empty(comm_mod._with_extent(x.shape, dim, max(extents)), dtype=x.dtype, device=x.device)
+        out.narrow(dim, 0, part.shape[dim]).copy_(part)
+        return out
+
+
+@contextlib.contextmanager
+def cuda_kernels():
+    """The fast tier's CUDA path: the fused norm and the bias + residual pass as one kernel each,
+    which allocate nothing beyond their output (the eager CPU path makes fp32 temporaries)."""
+
+    def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
+        return out if out is not None else torch.empty_like(x)
+
+    def add_bias_and_residual_(x, bias, residual, into_residual=False):
+        return residual if into_residual else x
+
+    stand_ins = {"rms_norm": rms_norm, "add_bias_and_residual_": add_bias_and_residual_,
+                 "fused_bias_add_available": lambda x: True}
+    saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
+    for name in saved:
+        setattr(fast, name, stand_ins[name])
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(fast, name, original)
+
+
+def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH) -> tuple[int, list[tuple[str, int]]]:
+    """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
+    what is alive then, by the source line that allocated it."""
+    family = family_for(vae)
+    external = [*vae.parameters(), *vae.buffers(), z]
+    with LiveBytes(external) as live, torch.no_grad(), fast.tier(True), cuda_kernels():
+        if ranks == 1:
+            out = family.untiled_decode(vae, z)
+        else:
+            dim = z.ndim - 1 if axis == shard.WIDTH else z.ndim - 2
+            extents = shard.split_extents(z.shape[dim], ranks)
+            rank = 0 if ranks == 2 else 1
+            local = z.narrow(dim, sum(extents[:rank]), extents[rank])
+            ctx = shard.ShardContext(comm=StandInComm(group=None, rank=rank, world=ranks), axis=axis, extents=extents)
+            with shard.sharding(ctx):
+                out_local = family.untiled_decode(vae, local)
+            out = ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
+            del out_local
+        del out
+    return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
+    ap.add_argument("--ranks", default="1,2", help="rank counts to model (default 1,2)")
+    ap.add_argument("--frames", type=int, default=None, help="latent frames (default: the preset's)")
+    ap.add_argument("--top", type=int, default=8, help="allocation sites listed at the peak (default 8)")
+    args = ap.parse_args()
+    from diffusers import AutoencoderKLWan
+
+    import vaeshard
+
+    family_name, shape = PRESETS[args.preset]
+    if args.frames:
+        shape = (*shape[:2], args.frames, *shape[3:])
+    with torch.device("meta"):
+        vae = AutoencoderKLWan(**(WAN22 if family_name == "wan22" else {})).to(torch.bfloat16).eval()
+    vaeshard.parallelize(vae)
+    z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        peak, sites = predicted_peak(vae, z, ranks)
+        print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s): predicted peak {peak / 2**30:.2f} GiB per rank "
+              "above weights and latent", flush=True)
+        for site, size in sites[: args.top]:
+            print(f"    {size / 2**30:6.2f} GiB  {site}")
+
+
+if __name__ == "__main__":
+    main()
