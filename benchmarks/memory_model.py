@@ -30,15 +30,10 @@ from torch.utils._pytree import tree_flatten
 
 from vaeshard import comm as comm_mod
 from vaeshard import fast, shard
+from vaeshard.bench import PRESETS
 from vaeshard.families import family_for
+from vaeshard.io import NAMED_CONFIGS
 
-PRESETS = {
-    "wan21-480p": ("wan21", (1, 16, 21, 60, 104)),
-    "wan21-720p": ("wan21", (1, 16, 21, 90, 160)),
-    "wan22-720p": ("wan22", (1, 48, 31, 44, 80)),
-}
-WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
-             patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
 _CONVOLUTIONS = {torch.ops.aten.convolution.default}
 
 
@@ -190,11 +185,11 @@ def main() -> None:
 
     import vaeshard
 
-    family_name, shape = PRESETS[args.preset]
+    config, shape, _ = PRESETS[args.preset]
     if args.frames:
         shape = (*shape[:2], args.frames, *shape[3:])
     with torch.device("meta"):
-        vae = AutoencoderKLWan(**(WAN22 if family_name == "wan22" else {})).to(torch.bfloat16).eval()
+        vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).to(torch.bfloat16).eval()
     vaeshard.parallelize(vae)
     z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     for ranks in (int(r) for r in args.ranks.split(",")):
