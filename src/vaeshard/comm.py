@@ -127,20 +127,18 @@ class Comm:
         before: int,
         after: int,
         num_ranks: int,
-        memory_format: torch.memory_format | None = None,
     ) -> torch.Tensor:
         """Extend `x` along `dim` by `before` rows from the previous rank and `after` from the next.
 
         Ranks 0..num_ranks-1 hold consecutive slices of one tensor. At the global edges the rows are
         zeros, exactly the zero padding the unsharded convolution would apply. An interior rank
         posts two sends and two receives, batched so no pair of ranks can deadlock on ordering.
-        The result is one new tensor in `memory_format` (default: x's); see fill_halo.
+        The result is one new tensor in x's memory format; see fill_halo.
         """
         if before == 0 and after == 0:
             return x
-        layout = memory_format if memory_format is not None else _memory_format(x)
         out = torch.empty(_with_extent(x.shape, dim, x.shape[dim] + before + after), dtype=x.dtype,
-                          device=x.device, memory_format=layout)
+                          device=x.device, memory_format=_memory_format(x))
         out.narrow(dim, before, x.shape[dim]).copy_(x)
         return self.fill_halo(out, dim, before, after, num_ranks)
 

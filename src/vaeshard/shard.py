@@ -34,9 +34,11 @@ class ShardContext:
     def num_ranks(self) -> int:
         return len(self.extents)
 
-    def dim(self, x: torch.Tensor) -> int:
-        """The tensor dim of the sharded axis: H and W are the last two dims of 4-D and 5-D maps."""
-        return x.ndim - 2 if self.axis == HEIGHT else x.ndim - 1
+    def dim(self, x: torch.Tensor | torch.Size | list) -> int:
+        """The dim of the sharded axis in a tensor (or a shape): H and W are the last two dims of 4-D
+        and 5-D maps."""
+        ndim = x.ndim if isinstance(x, torch.Tensor) else len(x)
+        return ndim - 2 if self.axis == HEIGHT else ndim - 1
 
     def extents_at(self, local_extent: int) -> list[int]:
         """Every rank's extent at a feature level whose local extent is `local_extent`.
@@ -49,9 +51,9 @@ class ShardContext:
         scale = local_extent // mine
         return [e * scale for e in self.extents]
 
-    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int, memory_format=None) -> torch.Tensor:
+    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
         """Comm.halo_pad over this request's shard ranks."""
-        return self.comm.halo_pad(x, dim, before, after, self.num_ranks, memory_format)
+        return self.comm.halo_pad(x, dim, before, after, self.num_ranks)
 
     def fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
         """Comm.fill_halo over this request's shard ranks."""
@@ -199,7 +201,7 @@ class HaloConv2d:
         shape = list(like.shape if shape is None else shape)
         dim, rows = None, 0
         if ctx is not None:
-            dim, rows = len(shape) - (2 if ctx.axis == HEIGHT else 1), self._halo_rows(ctx)  # H or W
+            dim, rows = ctx.dim(shape), self._halo_rows(ctx)
             shape[dim] += 2 * rows
         buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=torch.channels_last)
         return buf, (buf if dim is None else buf.narrow(dim, rows, shape[dim] - 2 * rows))
