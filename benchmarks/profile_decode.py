@@ -56,6 +56,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
     ap.add_argument("--frames", type=int, default=5)
+    ap.add_argument("--shape", help="latent shape B,C,T,H,W instead of the preset's (e.g. a half-width latent on one GPU "
+                    "against a 2-rank width shard: the same per-GPU work without communication)")
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--vaeshard", action="store_true", help="profile vaeshard's 1-rank path instead")
     ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
@@ -63,6 +65,8 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
     ap.add_argument("--cold", action="store_true",
                     help="also time the process's first decode (before any warm-up: cuDNN autotuning, kernel compiles)")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also: one decode under cProfile on rank 0, the functions with the most host time")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -78,7 +82,7 @@ def main() -> None:
     family, shape = PRESETS[args.preset]
     torch.manual_seed(0)
     vae = AutoencoderKLWan(**(WAN22 if family == "wan22" else {})).eval().to(device, torch.bfloat16)
-    shape = (*shape[:2], args.frames, *shape[3:])
+    shape = tuple(int(v) for v in args.shape.split(",")) if args.shape else (*shape[:2], args.frames, *shape[3:])
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     if args.vaeshard or world > 1:
         import vaeshard
@@ -96,6 +100,7 @@ def main() -> None:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         vae.decode(z)
+        returned = time.perf_counter() - t0
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -113,6 +118,9 @@ def main() -> None:
     print(f"[rank {rank}] {args.preset} latent {shape}, {world} rank(s): wall {wall:.3f} s, GPU kernel time "
           f"{total:.3f} s, GPU busy {busy:.3f} s, GPU idle {max(wall - busy, 0):.3f} s, communication "
           f"{by_class.get('communication (NCCL)', 0.0):.3f} s", flush=True)
+    print(f"[rank {rank}] host: decode returned after {returned:.3f} s of the {wall:.3f} s wall (near the wall: "
+          f"the host, or a wait for the GPU inside the decode, set the pace); runtime calls: "
+          f"{_runtime_calls(prof)}", flush=True)
     span, inside, gaps = _idle_gaps(prof)
     waits = ", ".join(f"{label} {t:.3f} s in {n} gaps" for label, (t, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0]))
     print(f"[rank {rank}] GPU idle inside the kernel span ({span:.3f} s): {inside:.3f} s, before the start of: "
@@ -120,6 +128,8 @@ def main() -> None:
     if args.memory:
         with torch.no_grad():
             _memory_report(vae, z, rank)
+    if args.host_profile:
+        _host_profile(vae, z, rank, args.top)
     if rank != 0:
         _finish(world)
         return
@@ -206,6 +216,38 @@ def _busy_seconds(prof) -> float:
             busy += stop - end
             end = stop
     return busy / 1e6
+
+
+def _host_profile(vae, z, rank: int, top: int) -> None:
+    """One decode under cProfile (every rank runs it, rank 0 prints): the host's own time by function."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        profiler.enable()
+        vae.decode(z)
+        profiler.disable()
+        torch.cuda.synchronize()
+    if rank == 0:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+        print("host time by function (cProfile, rank 0):\n" + text.getvalue().split("\n\n", 1)[-1], flush=True)
+
+
+def _runtime_calls(prof, top: int = 6) -> str:
+    """The CUDA runtime / driver calls the host made during the profiled decode, by total time: a
+    synchronising call (cudaStreamSynchronize, cudaMemcpy, cudaMalloc/cudaFree) with a large share
+    means the host waited for the GPU."""
+    calls: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA and re.match(r"(cuda|cu[A-Z]|nccl)", e.name):
+            c = calls[e.name]
+            c[0] += (e.time_range.end - e.time_range.start) / 1e6
+            c[1] += 1
+    ranked = sorted(calls.items(), key=lambda kv: -kv[1][0])[:top]
+    return ", ".join(f"{name} {t:.3f} s x{n}" for name, (t, n) in ranked) or "none recorded"
 
 
 def _idle_gaps(prof, min_us: float = 10.0) -> tuple[float, float, dict[str, tuple[float, int]]]:
