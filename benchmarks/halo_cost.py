@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Cost of one halo exchange (`Comm.fill_halo`), host and wall, for each way the rows can travel.
+"""Cost of one halo exchange (`Comm.fill_halo`): the host's time and the wall time per exchange.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/halo_cost.py          # NCCL on GPUs
     torchrun --standalone --nproc_per_node=2 benchmarks/halo_cost.py --cpu    # gloo
@@ -42,21 +42,19 @@ def main() -> None:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for shape_name, shape in SHAPES.items():
         buf = torch.randn(shape, device=device).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
-        for way in ("p2p", "collective"):
-            comm.halo_exchange = way
-            for _ in range(5):
-                comm.fill_halo(buf, 4, 1, 1, comm.world)
-            sync()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.iters):
-                comm.fill_halo(buf, 4, 1, 1, comm.world)
-            host = time.perf_counter() - t0
-            sync()
-            wall = time.perf_counter() - t0
-            if comm.rank == 0:
-                print(f"{shape_name:13} {way:10} host {host / args.iters * 1e6:7.1f} us/exchange, "
-                      f"wall {wall / args.iters * 1e6:7.1f} us/exchange ({comm.world} ranks, {device.type})", flush=True)
+        for _ in range(5):
+            comm.fill_halo(buf, 4, 1, 1, comm.world)
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            comm.fill_halo(buf, 4, 1, 1, comm.world)
+        host = time.perf_counter() - t0
+        sync()
+        wall = time.perf_counter() - t0
+        if comm.rank == 0:
+            print(f"{shape_name:13} host {host / args.iters * 1e6:7.1f} us/exchange, "
+                  f"wall {wall / args.iters * 1e6:7.1f} us/exchange ({comm.world} ranks, {device.type})", flush=True)
     dist.destroy_process_group()
 
 

@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
     ap.add_argument("--cold", action="store_true",
                     help="also time the process's first decode (before any warm-up: cuDNN autotuning, kernel compiles)")
+    ap.add_argument("--copies", action="store_true",
+                    help="also: one decode profiled with input shapes, the copy operations with the most GPU time by shape")
     ap.add_argument("--host-profile", action="store_true",
                     help="also: one decode under cProfile on rank 0, the functions with the most host time")
     args = ap.parse_args()
@@ -128,6 +130,8 @@ def main() -> None:
     if args.memory:
         with torch.no_grad():
             _memory_report(vae, z, rank)
+    if args.copies:
+        _copy_report(vae, z, rank)
     if args.host_profile:
         _host_profile(vae, z, rank, args.top)
     if rank != 0:
@@ -216,6 +220,21 @@ def _busy_seconds(prof) -> float:
             busy += stop - end
             end = stop
     return busy / 1e6
+
+
+def _copy_report(vae, z, rank: int, top: int = 12) -> None:
+    """The copying operators (copy_, clone, cat, contiguous copies) of one decode by input shapes,
+    with their GPU time: which tensors the copy kernels of the kernel table move."""
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        vae.decode(z)
+        torch.cuda.synchronize()
+    if rank != 0:
+        return
+    rows = [e for e in prof.key_averages(group_by_input_shape=True)
+            if e.key in ("aten::copy_", "aten::clone", "aten::cat", "aten::contiguous") and e.device_time_total > 0]
+    print("copy operations by input shape (rank 0; GPU time of the kernels they launched):")
+    for e in sorted(rows, key=lambda e: -e.device_time_total)[:top]:
+        print(f"  {e.device_time_total / 1e6:7.3f} s x{e.count:<5} {e.key:14} {str(e.input_shapes)[:120]}", flush=True)
 
 
 def _host_profile(vae, z, rank: int, top: int) -> None:

@@ -150,7 +150,6 @@ EXPECTED_FLAGS = {
         ("--offline", None, False, False),
         ("--exact", None, False, False),
         ("--no-cudnn-benchmark", None, True, False),
-        ("--no-cuda-graphs", None, True, False),
         ("--quiet", None, False, False),
         ("--timeout", None, 600.0, False),
     ],
@@ -172,7 +171,6 @@ EXPECTED_FLAGS = {
         ("--json", None, None, False),
         ("--plot", None, None, False),
         ("--exact", None, False, False),
-        ("--no-cuda-graphs", None, True, False),
         ("--timeout", None, 600.0, False),
     ],
 }

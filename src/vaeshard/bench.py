@@ -157,7 +157,6 @@ class BenchSpec:
     count_flops: bool = False
     group_timeout: float = 600.0
     exact: bool = False  # vaeshard's exact tier instead of the default fast tier
-    cuda_graphs: bool = True  # vaeshard.parallelize(cuda_graphs=...)
 
 
 def _load_for(ctx, spec: BenchSpec):
@@ -212,7 +211,7 @@ def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
     vae, z = _load_for(ctx, spec)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
     logging.getLogger("vaeshard").setLevel(logging.ERROR)  # a fallback shows in the table, not once per decode
-    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact, cuda_graphs=spec.cuda_graphs)
+    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact)
     memory = PeakMemory(ctx)
     with torch.no_grad():
         out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True)
@@ -247,7 +246,6 @@ class BenchResult:
     nprocs: list[int] = field(default_factory=list)
     output: str = "all"  # vaeshard.parallelize's output placement in the timed runs
     exact: bool = False  # vaeshard.parallelize's tier in the timed runs
-    cuda_graphs: bool = True  # vaeshard.parallelize's cuda_graphs in the timed runs
     memory_measure: str = ""
     cpu_threads_per_rank: dict = field(default_factory=dict)  # ranks -> torch threads of each rank (CPU)
     rows: list[dict] = field(default_factory=list)
@@ -274,7 +272,6 @@ def run_bench(
     group_timeout: float = 600.0,
     timeout: float | None = None,
     exact: bool = False,
-    cuda_graphs: bool = True,
     log=None,
     on_point=None,
 ) -> BenchResult:
@@ -304,7 +301,6 @@ def run_bench(
         peak_tflops=peak_tflops,
         reference=None,
         exact=exact,
-        cuda_graphs=cuda_graphs,
         environment=environment(device),
     )
     world = launch.torchrun_world()
@@ -317,8 +313,7 @@ def run_bench(
             result.cpu_threads_per_rank = {n: launch.cpu_threads_per_rank(n) for n in result.nprocs}
     with tempfile.TemporaryDirectory(prefix="vaeshard-bench-") as tmp:
         ref_path = os.path.join(tmp, "reference.pt") if reference else None
-        spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, exact,
-                         cuda_graphs)
+        spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, exact)
         if reference:
             log("reference: diffusers decode, 1 process")
             values = launch.run(_reference_worker, world or 1, spec, device=device, timeout=timeout, group_timeout=group_timeout)
@@ -480,8 +475,7 @@ def bench_table(result: BenchResult) -> str:
         f"vaeshard bench: {result.subject}",
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
         "timed decode(s) after one warm-up; time = slowest rank",
-        f"vaeshard tier: {'exact (exact=True)' if result.exact else 'fast (default)'}; tile is always exact"
-        + ("" if result.cuda_graphs or result.exact else "; CUDA graphs off (cuda_graphs=False)"),
+        f"vaeshard tier: {'exact (exact=True)' if result.exact else 'fast (default)'}; tile is always exact",
     ]
     if result.flops is not None:
         peak = f" at {result.peak_tflops:g} TFLOP/s per device" if result.peak_tflops else ""

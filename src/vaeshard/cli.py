@@ -120,8 +120,6 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
     dec.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                      help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
-    dec.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                     help="fast tier: launch every decode step eagerly instead of replaying the steady-state step as a CUDA graph")
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -150,8 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
     ben.add_argument("--exact", action="store_true", help="measure vaeshard's exact tier (default: the fast tier)")
-    ben.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                     help="measure the fast tier with every decode step launched eagerly (parallelize(cuda_graphs=False))")
     ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
     return parser
 
@@ -265,7 +261,6 @@ class DecodeJob:
     timeout: float
     exact: bool = False
     cudnn_benchmark: bool = True
-    cuda_graphs: bool = True
 
 
 def _decode(args) -> int:
@@ -301,7 +296,6 @@ def _decode(args) -> int:
         timeout=args.timeout,
         exact=args.exact,
         cudnn_benchmark=args.cudnn_benchmark,
-        cuda_graphs=args.cuda_graphs,
     )
     from . import launch
 
@@ -362,7 +356,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
         z = z.to(vae.dtype)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
     vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact,
-                         cudnn_benchmark=job.cudnn_benchmark, cuda_graphs=job.cuda_graphs)
+                         cudnn_benchmark=job.cudnn_benchmark)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
@@ -465,7 +459,6 @@ def _bench(args) -> int:
         peak_tflops=peak,
         group_timeout=args.timeout,
         exact=args.exact,
-        cuda_graphs=args.cuda_graphs,
         timeout=None,
         log=_bench_log,
         on_point=functools.partial(_bench_point, args.json),

@@ -57,9 +57,6 @@ class Comm:
     world: int
     timeout: float | None = None
     device: torch.device | None = None
-    # how halo rows travel: "collective" (one all-to-all of the group per exchange) or "p2p"
-    # (batched sends and receives between neighbours); the same bytes arrive either way
-    halo_exchange: str = "collective"
 
     @classmethod
     def for_group(cls, group, timeout: float | None = None) -> "Comm":
@@ -134,7 +131,9 @@ class Comm:
         """Extend `x` along `dim` by `before` rows from the previous rank and `after` from the next.
 
         Ranks 0..num_ranks-1 hold consecutive slices of one tensor. At the global edges the rows are
-        zeros, exactly the zero padding the unsharded convolution would apply. The result is one new tensor in x's memory format; see fill_halo.
+        zeros, exactly the zero padding the unsharded convolution would apply. An interior rank
+        posts two sends and two receives, batched so no pair of ranks can deadlock on ordering.
+        The result is one new tensor in x's memory format; see fill_halo.
         """
         if before == 0 and after == 0:
             return x
@@ -151,65 +150,37 @@ class Comm:
         rows become zeros. For a caller that built the core in place (a convolution's input buffer).
         Returns `buf`.
         """
-        if before == 0 and after == 0:
-            return buf
         extent = buf.shape[dim] - before - after
         core = buf.narrow(dim, before, extent)
         has_prev = self.rank > 0
         has_next = self.rank < num_ranks - 1
-        # (peer, rows of my core it gets, where they start) and (peer, rows I get, where they land)
-        sends = [(p, core.narrow(dim, at, n)) for p, n, at, ok in (
-            (self.rank - 1, after, 0, has_prev), (self.rank + 1, before, extent - before, has_next)) if ok and n]
-        recvs = [(p, buf.narrow(dim, at, n)) for p, n, at, ok in (
-            (self.rank - 1, before, 0, has_prev), (self.rank + 1, after, before + extent, has_next)) if ok and n]
-        if num_ranks == self.world and self.world > 1 and self.halo_exchange != "p2p":
-            self._exchange_collective(sends, recvs)
-        elif sends or recvs:
-            self._exchange_p2p(sends, recvs)
-        # zeros at the global edges
-        if not has_prev and before:
-            buf.narrow(dim, 0, before).zero_()
-        if not has_next and after:
-            buf.narrow(dim, before + extent, after).zero_()
+        ops = []
+        from_prev = from_next = None
+        if has_prev and before > 0:
+            from_prev = core.new_empty(_with_extent(core.shape, dim, before))
+            ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
+        if has_next and after > 0:
+            from_next = core.new_empty(_with_extent(core.shape, dim, after))
+            ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
+        if has_prev and after > 0:
+            ops.append(dist.P2POp(dist.isend, core.narrow(dim, 0, after).contiguous(), self._global(self.rank - 1), self.group))
+        if has_next and before > 0:
+            first = extent - before
+            ops.append(dist.P2POp(dist.isend, core.narrow(dim, first, before).contiguous(), self._global(self.rank + 1), self.group))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                self._wait(work, "halo exchange")
+        # Received rows arrive in plain contiguous buffers; they are copied into the halo rows of
+        # the buffer (a few rows), zeros at the global edges.
+        for rows, at, received in ((before, 0, from_prev), (after, before + extent, from_next)):
+            if rows == 0:
+                continue
+            target = buf.narrow(dim, at, rows)
+            if received is None:
+                target.zero_()
+            else:
+                target.copy_(received)
         return buf
-
-    def _exchange_p2p(self, sends, recvs) -> None:
-        """Each slice in `sends` to its peer, each slice in `recvs` from its peer: point-to-point,
-        batched so no pair of ranks can deadlock on ordering."""
-        ops, received = [], []
-        for peer, target in recvs:
-            part = torch.empty(target.shape, dtype=target.dtype, device=target.device)
-            received.append((part, target))
-            ops.append(dist.P2POp(dist.irecv, part, self._global(peer), self.group))
-        for peer, rows in sends:
-            ops.append(dist.P2POp(dist.isend, rows.contiguous(), self._global(peer), self.group))
-        for work in dist.batch_isend_irecv(ops):
-            self._wait(work, "halo exchange")
-        for part, target in received:
-            target.copy_(part)
-
-    def _exchange_collective(self, sends, recvs) -> None:
-        """The same exchange as one collective of the whole group (every rank calls it, with nothing
-        for the ranks that are not neighbours): one call on the host instead of a batch of sends and
-        receives, each of which costs the host more than the GPU needs to move a few rows."""
-        ref = (sends or recvs)[0][1]
-        send_counts, recv_counts = [0] * self.world, [0] * self.world
-        for peer, rows in sends:
-            send_counts[peer] = rows.numel()
-        for peer, target in recvs:
-            recv_counts[peer] = target.numel()
-        packed = torch.empty(sum(send_counts), dtype=ref.dtype, device=ref.device)
-        offset = 0
-        for peer, rows in sends:  # ascending peer order, as the split sizes are
-            packed.narrow(0, offset, rows.numel()).view(rows.shape).copy_(rows)
-            offset += rows.numel()
-        received = torch.empty(sum(recv_counts), dtype=ref.dtype, device=ref.device)
-        work = dist.all_to_all_single(received, packed, recv_counts, send_counts, group=self.group, async_op=True)
-        self._wait(work, "halo exchange")
-        offset = 0
-        for peer, target in recvs:
-            target.copy_(received.narrow(0, offset, target.numel()).view(target.shape))
-            offset += target.numel()
 
     # -- gathers --------------------------------------------------------------------------------
 

@@ -29,11 +29,6 @@ class VaeParallelConfig:
     cudnn_benchmark: fast tier only: cuDNN times its algorithms for each new convolution shape and
              keeps the fastest (torch.backends.cudnn.benchmark, on for the request only). The first
              request of each size pays the timing once per process; False keeps cuDNN's heuristic.
-    cuda_graphs: fast tier, sharded requests on CUDA only: the steady-state step of a chunked decode
-             (one latent frame of a Wan decode) is captured once per request as a CUDA graph and
-             replayed for the remaining frames (graphs.py), so the host no longer launches each
-             layer's kernels and halo exchanges one by one. Same bits as without; False runs every
-             step eagerly.
     """
 
     size: int | None = None
@@ -42,7 +37,6 @@ class VaeParallelConfig:
     timeout: float | timedelta | None = None
     exact: bool = False
     cudnn_benchmark: bool = True
-    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -58,8 +52,6 @@ class VaeParallelConfig:
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise TypeError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if self.timeout is not None:
             seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:

@@ -29,29 +29,21 @@ import torch
 import torch.nn.functional as F
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
-_graphs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_graphs", default=False)
 
 
 def enabled() -> bool:
     return _fast.get()
 
 
-def graphs_enabled() -> bool:
-    """Whether this fast-tier request may replay its steady-state steps as CUDA graphs (graphs.py)."""
-    return _fast.get() and _graphs.get()
-
-
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True, cuda_graphs: bool = False):
+def tier(fast: bool, cudnn_benchmark: bool = True):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
     restored afterwards. The first convolution of each new shape then times cuDNN's algorithms once
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
-    `cuda_graphs` (fast tier only): a family may replay steady-state steps as CUDA graphs.
     """
     token = _fast.set(fast)
-    graphs_token = _graphs.set(fast and cuda_graphs)
     benchmark = torch.backends.cudnn.benchmark
     if fast and cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
@@ -59,7 +51,6 @@ def tier(fast: bool, cudnn_benchmark: bool = True, cuda_graphs: bool = False):
         yield
     finally:
         torch.backends.cudnn.benchmark = benchmark
-        _graphs.reset(graphs_token)
         _fast.reset(token)
 
 

@@ -51,7 +51,6 @@ def parallelize(
     timeout=None,
     exact: bool = False,
     cudnn_benchmark: bool = True,
-    cuda_graphs: bool = True,
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -69,7 +68,7 @@ def parallelize(
     """
     family = family_for(vae)
     config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
-                               cudnn_benchmark=cudnn_benchmark, cuda_graphs=cuda_graphs)
+                               cudnn_benchmark=cudnn_benchmark)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
@@ -367,8 +366,7 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
-        with torch.no_grad(), fast.tier(fast_tier, cudnn_benchmark=config.cudnn_benchmark,
-                                        cuda_graphs=config.cuda_graphs):
+        with torch.no_grad(), fast.tier(fast_tier, cudnn_benchmark=config.cudnn_benchmark):
             if chosen.strategy == "direct":
                 out = _direct(vae, state, op, x) if receives else None
             elif chosen.strategy == "tile":

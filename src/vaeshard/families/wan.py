@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import fast, graphs, shard
+from .. import fast, shard
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
 
@@ -105,68 +105,9 @@ class WanLike:
             merged = unpatchify(merged, patch_size=self.patch(vae))
         return torch.clamp(merged, min=-1.0, max=1.0) if self.clamp_tiled_decode else merged
 
-    # eager latent frames before the steady-state step is captured (frame 0 is the first chunk,
-    # frame 1 turns the upsamplers' "Rep" marks into cached frames; from frame 2 on every step is
-    # alike), and the fewest frames for which capturing pays (at least two replays)
-    graph_warm_frames = 3
-    graph_min_frames = 5
-
     def untiled_decode(self, vae, z):
-        if fast.graphs_enabled() and graphs.capturable(z) and z.shape[2] >= self.graph_min_frames:
-            return with_tiling_off(vae, self.decode_frames, vae, z)
         # contiguous: the fast tier computes channels-last; callers get diffusers' layout back
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
-
-    def decode_frames(self, vae, z, step_runner=None):
-        """diffusers' untiled `_decode` (the decoder run frame by frame with its feature cache, then
-        unpatchify and clamp) into one preallocated output instead of a growing `torch.cat`.
-
-        From frame `graph_warm_frames` on, each frame runs through `step_runner(step, state)`'s
-        callable (default: a CUDA graph of the step, `graphs.ReplayedStep`); the earlier frames run
-        eagerly, the last of them checked to leave the feature cache in its steady state."""
-        runner_for = step_runner or graphs.ReplayedStep  # looked up per call: tests stand in for it
-        vae.clear_cache()
-        try:
-            x = vae.post_quant_conv(z)
-            state = vae._feat_map  # clear_cache made a new list
-
-            def step(frame, first_chunk=False):
-                vae._conv_idx = [0]
-                kwargs = {"first_chunk": first_chunk} if self.decoder_takes_first_chunk and first_chunk else {}
-                return vae.decoder(frame, feat_cache=state, feat_idx=vae._conv_idx, **kwargs)
-
-            replayed = runner_for(step, state)
-            out, first, at = None, None, 0
-            for i in range(x.shape[2]):
-                frame = x[:, :, i : i + 1]
-                if i >= self.graph_warm_frames:
-                    y = replayed(frame)
-                elif i == self.graph_warm_frames - 1:
-                    before = list(state)
-                    y = step(frame)
-                    graphs.check_steady(state, before)
-                else:
-                    y = step(frame, first_chunk=(i == 0))
-                if i == 0:
-                    first = y
-                    continue
-                if out is None:  # every later frame gives as many output frames as frame 1
-                    b, c, t, h, w = y.shape
-                    out = y.new_empty((b, c, first.shape[2] + t * (x.shape[2] - 1), h, w))
-                    out[:, :, : first.shape[2]].copy_(first)
-                    at, first = first.shape[2], None
-                out[:, :, at : at + y.shape[2]].copy_(y)
-                at += y.shape[2]
-            del replayed
-            if out is None:
-                out = first.contiguous()
-            if self.patch(vae) > 1:
-                from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-
-                out = unpatchify(out, patch_size=self.patch(vae))
-            return out.clamp_(min=-1.0, max=1.0)
-        finally:
-            vae.clear_cache()
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
@@ -377,16 +318,12 @@ class FastUpsample:
             if cached is None:
                 feat_cache[idx] = "Rep"
             else:
-                x_in = x
+                cache_x = x[:, :, -CACHE_T:].clone()
+                if cache_x.shape[2] < 2:
+                    last = torch.zeros_like(cache_x) if isinstance(cached, str) else cached[:, :, -1:].to(cache_x.device)
+                    cache_x = torch.cat([last, cache_x], dim=2)
                 x = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
-                # diffusers' cache update, made after the time convolution has read the old cache
-                if not _cache_in_place(cached, x_in):
-                    cache_x = x_in[:, :, -CACHE_T:].clone()
-                    if cache_x.shape[2] < 2:
-                        last = torch.zeros_like(cache_x) if isinstance(cached, str) else cached[:, :, -1:].to(cache_x.device)
-                        cache_x = torch.cat([last, cache_x], dim=2)
-                    feat_cache[idx] = cache_x
-                del x_in
+                feat_cache[idx] = cache_x
                 # frame 2i + j is channel half j of the time convolution's frame i
                 frames = x.unflatten(1, (2, c)).permute(0, 3, 1, 2, 4, 5)  # (b, t, 2, c, h, w)
                 t *= 2
@@ -427,36 +364,12 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx):
     buf, new = conv.input_buffer(x, cache)
     fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
     if feat_cache is not None:
-        if not _cache_in_place(cache, new):
-            cache_x = new[:, :, -CACHE_T:, :, :].clone()
-            if cache_x.shape[2] < 2 and cache is not None:
-                cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
-            feat_cache[idx] = cache_x
+        cache_x = new[:, :, -CACHE_T:, :, :].clone()
+        if cache_x.shape[2] < 2 and cache is not None:
+            cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
+        feat_cache[idx] = cache_x
         feat_idx[0] += 1
     return buf
-
-
-def _cache_in_place(cache, frames: torch.Tensor) -> bool:
-    """diffusers' cache update (the last CACHE_T frames of `frames`; with one frame, the previous
-    cache's last frame in front of it) written into the previous cache tensor where it already has
-    that shape; False (nothing written) otherwise. Call it after the previous cache was read (copied
-    into a convolution's input): the entry then keeps its storage from frame to frame, which a
-    replayed CUDA graph of the step needs (graphs.py), and no new tensor is allocated."""
-    t = frames.shape[2]
-    if not (
-        isinstance(cache, torch.Tensor)
-        and cache.shape == (*frames.shape[:2], CACHE_T, *frames.shape[3:])
-        and cache.dtype == frames.dtype
-        and cache.device == frames.device
-        and (t >= CACHE_T or (CACHE_T == 2 and t == 1))
-    ):
-        return False
-    if t == 1 and CACHE_T == 2:
-        cache[:, :, :1].copy_(cache[:, :, 1:])
-        cache[:, :, 1:].copy_(frames)
-    else:
-        cache.copy_(frames[:, :, -CACHE_T:])
-    return True
 
 
 def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
