@@ -155,10 +155,32 @@ def build_parser() -> argparse.ArgumentParser:
 # --- entry point -----------------------------------------------------------------------------------
 
 
+def entry() -> None:
+    """The `vaeshard` command and `python -m vaeshard`: `main`, then exit with its status.
+
+    Under torchrun the process exits without the interpreter's teardown once its output is flushed:
+    the gloo backend's threads can outlive the destroyed process group, and tearing them down with
+    the interpreter sometimes aborts a rank after its work succeeded (torchrun then reports the run
+    failed). Every file the command writes is complete before `main` returns.
+    """
+    from .launch import torchrun_env
+
+    code = main()
+    if torchrun_env():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .launch import close_group
+
     args = build_parser().parse_args(argv)
     try:
-        return {"demo": _demo, "decode": _decode, "bench": _bench}[args.command](args)
+        code = {"demo": _demo, "decode": _decode, "bench": _bench}[args.command](args)
+        close_group()  # under torchrun: every rank is past its last collective
+        return code
     except ValueError as exc:  # InputError, or the library refusing a request (bad input)
         return _error(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:

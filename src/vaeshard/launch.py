@@ -269,8 +269,29 @@ def _describe_failure(exc: BaseException) -> tuple[str, str, str, bool]:
 
 # --- torchrun --------------------------------------------------------------------------------------
 
+_owns_group = False  # whether _run_under_torchrun created the default process group itself
+
+
+def close_group() -> None:
+    """Destroy the default process group if `run` created it under torchrun; a no-op otherwise.
+
+    For a process that is done with its requests (the command line, at its end): the backend's
+    threads then stop before the interpreter exits, instead of being torn down by it, which can
+    abort the process after its work succeeded. Call it only when every rank finished its last
+    collective (after a request failed on another rank, the group may still be inside one).
+    """
+    global _owns_group
+    if not _owns_group:
+        return
+    import torch.distributed as dist
+
+    _owns_group = False
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
 
 def _run_under_torchrun(fn, nproc, args, device, group_timeout) -> list:
+    global _owns_group
     import torch
     import torch.distributed as dist
 
@@ -287,6 +308,7 @@ def _run_under_torchrun(fn, nproc, args, device, group_timeout) -> list:
     if not dist.is_initialized():
         kwargs = {"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}
         dist.init_process_group(backend, timeout=timedelta(seconds=group_timeout), **kwargs)
+        _owns_group = True
     ctx = RankContext(rank, world, local_rank, f"cuda:{local_rank}" if device == "cuda" else "cpu", backend, torchrun=True)
     # A failing rank does not enter the exchange below: it raises, its process exits non-zero and
     # torchrun stops the other ranks (which may be waiting in a collective of `fn`).
@@ -305,6 +327,7 @@ __all__ = [
     "LaunchTimeout",
     "RankContext",
     "WorkerFailed",
+    "close_group",
     "cpu_threads_per_rank",
     "inline_context",
     "run",
