@@ -22,14 +22,8 @@ import torch
 import torch.distributed as dist
 
 import vaeshard
+from vaeshard.io import NAMED_CONFIGS
 
-CONFIGS = {
-    "wan21": dict(),
-    "wan22": dict(
-        base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
-        patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48,
-    ),
-}
 SHAPES = {"wan21": (1, 16, 5, 30, 52), "wan22": (1, 48, 5, 22, 40)}
 TOL = {"fp32": dict(max=1e-4, mean=None), "bf16": dict(max=5e-2, mean=2e-3)}
 
@@ -82,7 +76,7 @@ def main() -> int:
 
     for model in args.models.split(","):
         torch.manual_seed(0)
-        base = AutoencoderKLWan(**CONFIGS[model]).eval()
+        base = AutoencoderKLWan(**NAMED_CONFIGS[model][1]).eval()
         base.enable_tiling(tile_sample_min_height=128, tile_sample_min_width=128,
                            tile_sample_stride_height=96, tile_sample_stride_width=96)
         base.use_tiling = False

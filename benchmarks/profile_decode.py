@@ -25,20 +25,15 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-PRESETS = {
-    "wan21-480p": ("wan21", (1, 16, 21, 60, 104)),
-    "wan21-720p": ("wan21", (1, 16, 21, 90, 160)),
-    "wan22-720p": ("wan22", (1, 48, 31, 44, 80)),
-}
-WAN22 = dict(base_dim=160, decoder_base_dim=256, z_dim=48, is_residual=True, in_channels=12, out_channels=12,
-             patch_size=2, scale_factor_spatial=16, latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
+from vaeshard.bench import PRESETS
+from vaeshard.io import NAMED_CONFIGS
 
 CLASSES = [
     ("layout transpose", r"nchwToNhwc|nhwcToNchw|transpose|permute"),
     ("convolution", r"conv|implicit|sm90_xmma|cudnn|winograd|fprop|dgrad|cutlass|gemm|nhwc|wgrad"),
     ("cat / pad / copy", r"cat|pad|copy|Copy|memcpy|CatArray|reflection|constant_pad"),
     ("norm (fp32)", r"norm|reduce|Reduce|sqrt|rsqrt"),
-    ("elementwise", r"elementwise|vectorized|silu|mul|add|clamp|fill"),
+    ("elementwise", r"elementwise|vectorized|silu|mul|add|clamp|fill|bias_residual"),
     ("upsample", r"upsample|nearest"),
     ("attention", r"attention|flash|fmha|softmax"),
 ]
@@ -81,9 +76,9 @@ def main() -> None:
 
         dist.init_process_group("nccl", device_id=device)
         rank = dist.get_rank()
-    family, shape = PRESETS[args.preset]
+    config, shape, _ = PRESETS[args.preset]
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(**(WAN22 if family == "wan22" else {})).eval().to(device, torch.bfloat16)
+    vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).eval().to(device, torch.bfloat16)
     shape = tuple(int(v) for v in args.shape.split(",")) if args.shape else (*shape[:2], args.frames, *shape[3:])
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     if args.vaeshard or world > 1:
