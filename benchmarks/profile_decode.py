@@ -245,9 +245,11 @@ def _host_profile(vae, z, rank: int, top: int) -> None:
         profiler.disable()
         torch.cuda.synchronize()
     if rank == 0:
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-        print("host time by function (cProfile, rank 0):\n" + text.getvalue().split("\n\n", 1)[-1], flush=True)
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+            print(f"host time by function, by {order} (cProfile, rank 0):\n" + text.getvalue().split("\n\n", 1)[-1],
+                  flush=True)
 
 
 def _runtime_calls(prof, top: int = 6) -> str:
