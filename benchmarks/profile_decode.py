@@ -93,7 +93,7 @@ def main() -> None:
             vae.decode(z)
             torch.cuda.synchronize()
             print(f"[rank {rank}] first decode in this process: {time.perf_counter() - t0:.3f} s", flush=True)
-        vae.decode(z[:, :, :2])  # warm-up
+        vae.decode(z)  # warm-up at the full size, so the timed decode finds the allocator grown as the profiled one
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         vae.decode(z)
