@@ -275,10 +275,11 @@ _owns_group = False  # whether _run_under_torchrun created the default process g
 def close_group() -> None:
     """Destroy the default process group if `run` created it under torchrun; a no-op otherwise.
 
-    For a process that is done with its requests (the command line, at its end): the backend's
-    threads then stop before the interpreter exits, instead of being torn down by it, which can
-    abort the process after its work succeeded. Call it only when every rank finished its last
-    collective (after a request failed on another rank, the group may still be inside one).
+    For a process that is done with its requests (the command line, at its end): the backend
+    releases its communicators while every rank is still alive, instead of at interpreter exit
+    (where torch warns about a group never destroyed). Gloo's threads may still outlive it; see
+    `cli.entry`. Call it only when every rank finished its last collective (after a request failed
+    on another rank, the group may still be inside one).
     """
     global _owns_group
     if not _owns_group:
