@@ -59,6 +59,16 @@ class ShardContext:
         """Comm.fill_halo over this request's shard ranks."""
         return self.comm.fill_halo(buf, dim, before, after, self.num_ranks)
 
+    def zero_edges(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
+        """Zero the first `before` rows of `buf` along `dim` on the first shard rank and the last
+        `after` on the last one: the zero padding at the global edges, for a buffer whose halo rows
+        were computed rather than received. Returns `buf`."""
+        if self.comm.rank == 0 and before:
+            buf.narrow(dim, 0, before).zero_()
+        if self.comm.rank == self.num_ranks - 1 and after:
+            buf.narrow(dim, buf.shape[dim] - after, after).zero_()
+        return buf
+
     def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """The whole extent of the sharded axis, assembled in global order on every shard rank."""
         return self.comm.all_gather_along(x, dim, self.extents_at(x.shape[dim]))
@@ -117,8 +127,16 @@ class HaloCausalConv3d:
     # Fast tier: the input is built in one channels-last buffer. A caller that produces the input
     # itself (a residual block whose fused norm writes into the buffer) uses the two steps directly,
     # so its activations are never copied.
+    #
+    # `halo_rows` (sharded requests; both steps get the same): the (before, after) rows received
+    # from the neighbours on the sharded axis, by default this convolution's own padding there. The
+    # sharded axis is never padded by cuDNN, so the output has as many rows as the input's shard
+    # plus the received rows minus the padding: with one more row received on each side than the
+    # padding, one more row each side comes out (rows a neighbour holds, computed here too). (0, 0):
+    # the caller wrote those rows itself (such a wider output), nothing is received, and at the
+    # global edges the rows become the zero padding.
 
-    def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None):
+    def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None, halo_rows=None):
         """(buffer, view): this convolution's whole input, channels-last, with `cache_x` and the causal
         zero frames in front and room for the halo rows of a sharded request; the caller writes the
         new frames (shaped like `like`) into the view, then calls `forward_buffer(buffer)`."""
@@ -128,7 +146,7 @@ class HaloCausalConv3d:
         shape[2] += tpad
         dim, before = None, 0
         if ctx is not None:
-            dim, (before, after) = ctx.dim(like), self._halo_rows(ctx)
+            dim, (before, after) = ctx.dim(like), self._halo_rows(ctx) if halo_rows is None else halo_rows
             shape[dim] += before + after
         buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
         core = buf if dim is None else buf.narrow(dim, before, like.shape[dim])
@@ -139,7 +157,7 @@ class HaloCausalConv3d:
             core[:, :, tpad - cached : tpad].copy_(cache_x)
         return buf, core[:, :, tpad:]
 
-    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True) -> torch.Tensor:
+    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
         exchanged, then cuDNN applies the zero padding of the unsharded axis (no padded copy).
 
@@ -148,8 +166,11 @@ class HaloCausalConv3d:
         ctx = current()
         padding = list(self._padding)
         if ctx is not None:
-            before, after = self._halo_rows(ctx)
-            ctx.fill_halo(buf, ctx.dim(buf), before, after)
+            before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
+            if before or after:
+                ctx.fill_halo(buf, ctx.dim(buf), before, after)
+            else:
+                ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
             slot = self._slot(ctx)
             padding[slot] = padding[slot + 1] = 0
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
