@@ -200,21 +200,10 @@ def _site(frames: list[dict], marks) -> str:
 
 
 def _busy_seconds(prof) -> float:
-    """Length of the union of all CUDA kernel intervals (kernels on several streams overlap)."""
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-    )
-    busy, end = 0.0, None
-    for start, stop in spans:
-        if end is None or start > end:
-            busy += stop - start
-            end = stop
-        elif stop > end:
-            busy += stop - end
-            end = stop
-    return busy / 1e6
+    """Length of the union of all CUDA kernel intervals (kernels on several streams overlap): their
+    span less every gap between them."""
+    span, idle, _ = _idle_gaps(prof, min_us=0.0)
+    return span - idle
 
 
 def _copy_report(vae, z, rank: int, top: int = 12) -> None:

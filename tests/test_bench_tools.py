@@ -72,6 +72,9 @@ def test_idle_gaps_are_attributed_to_the_kernel_that_ends_them():
     assert gaps.keys() == {"convolution", "communication (NCCL)"}
     assert abs(gaps["convolution"][0] - 70e-6) < 1e-12 and gaps["convolution"][1] == 2
     assert abs(gaps["communication (NCCL)"][0] - 100e-6) < 1e-12 and gaps["communication (NCCL)"][1] == 1
+    # busy: the union of the kernel intervals, 0-120, 170-200, 205-300, 400-420, 440-500 us
+    busy = prof_mod._busy_seconds(types.SimpleNamespace(events=lambda: events))
+    assert abs(busy - (120 + 30 + 95 + 20 + 60) * 1e-6) < 1e-12
 
 
 def test_memory_model_counts_storages_until_their_last_tensor_is_gone():
