@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
     dec.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                      help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
+    dec.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
+                     help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -148,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
     ben.add_argument("--exact", action="store_true", help="measure vaeshard's exact tier (default: the fast tier)")
+    ben.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
+                     help="fast tier: latent frames per decoder call after the first (default 1)")
     ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
     return parser
 
@@ -283,6 +287,7 @@ class DecodeJob:
     timeout: float
     exact: bool = False
     cudnn_benchmark: bool = True
+    frames_per_step: int = 1
 
 
 def _decode(args) -> int:
@@ -318,6 +323,7 @@ def _decode(args) -> int:
         timeout=args.timeout,
         exact=args.exact,
         cudnn_benchmark=args.cudnn_benchmark,
+        frames_per_step=args.frames_per_step,
     )
     from . import launch
 
@@ -378,7 +384,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
         z = z.to(vae.dtype)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
     vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact,
-                         cudnn_benchmark=job.cudnn_benchmark)
+                         cudnn_benchmark=job.cudnn_benchmark, frames_per_step=job.frames_per_step)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
@@ -397,15 +403,15 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
 
 
 class _Progress:
-    """A tqdm bar over latent frames, advanced by a forward hook on the decoder (called once per
-    latent frame, per tile in tile mode)."""
+    """A tqdm bar over latent frames, advanced by a forward hook on the decoder (called with one or
+    more latent frames, once per tile in tile mode)."""
 
     def __init__(self, vae, bar, calls_per_frame: int):
         self.bar, self.calls_per_frame, self.calls = bar, calls_per_frame, 0
         self.handle = vae.decoder.register_forward_hook(self._hook)
 
     def _hook(self, module, inputs, output) -> None:
-        self.calls += 1
+        self.calls += inputs[0].shape[2] if inputs and getattr(inputs[0], "ndim", 0) == 5 else 1
         done = min(self.bar.total, self.calls // self.calls_per_frame)
         if done > self.bar.n:
             self.bar.update(done - self.bar.n)
@@ -481,6 +487,7 @@ def _bench(args) -> int:
         peak_tflops=peak,
         group_timeout=args.timeout,
         exact=args.exact,
+        frames_per_step=args.frames_per_step,
         timeout=None,
         log=_bench_log,
         on_point=functools.partial(_bench_point, args.json),

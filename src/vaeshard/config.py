@@ -29,6 +29,12 @@ class VaeParallelConfig:
     cudnn_benchmark: fast tier only: cuDNN times its algorithms for each new convolution shape and
              keeps the fastest (torch.backends.cudnn.benchmark, on for the request only). The first
              request of each size pays the timing once per process; False keeps cuDNN's heuristic.
+    frames_per_step: fast tier, causal video VAEs (Wan, Qwen-Image): latent frames the decoder
+             takes per call after the first, which it always takes alone (diffusers: 1). The causal
+             feature caches make every split of the frames compute the same values; more frames per
+             call launch fewer, larger kernels and copy the caches less often per frame (less host
+             time per frame, which paces sharded decodes), and hold that many frames' activations
+             at once (more memory). See docs/strategies.md for measured figures.
     """
 
     size: int | None = None
@@ -37,6 +43,7 @@ class VaeParallelConfig:
     timeout: float | timedelta | None = None
     exact: bool = False
     cudnn_benchmark: bool = True
+    frames_per_step: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -52,6 +59,10 @@ class VaeParallelConfig:
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
+        if isinstance(self.frames_per_step, bool) or not isinstance(self.frames_per_step, int):
+            raise TypeError(f"frames_per_step must be an int, got {type(self.frames_per_step).__name__}")
+        if self.frames_per_step < 1:
+            raise ValueError(f"frames_per_step must be at least 1, got {self.frames_per_step}")
         if self.timeout is not None:
             seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:

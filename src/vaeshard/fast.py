@@ -29,21 +29,30 @@ import torch
 import torch.nn.functional as F
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
+_frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
 
 
 def enabled() -> bool:
     return _fast.get()
 
 
+def frames_per_step() -> int:
+    """Latent frames a causal video decoder takes per call after the first, in this request (1
+    outside the fast tier)."""
+    return _frames_per_step.get() if _fast.get() else 1
+
+
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True):
+def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
     restored afterwards. The first convolution of each new shape then times cuDNN's algorithms once
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
+    `frames_per_step` (fast tier only): see `frames_per_step()` and VaeParallelConfig.
     """
     token = _fast.set(fast)
+    steps = _frames_per_step.set(frames_per_step)
     benchmark = torch.backends.cudnn.benchmark
     if fast and cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
@@ -51,6 +60,7 @@ def tier(fast: bool, cudnn_benchmark: bool = True):
         yield
     finally:
         torch.backends.cudnn.benchmark = benchmark
+        _frames_per_step.reset(steps)
         _fast.reset(token)
 
 

@@ -51,6 +51,7 @@ def parallelize(
     timeout=None,
     exact: bool = False,
     cudnn_benchmark: bool = True,
+    frames_per_step: int = 1,
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -68,7 +69,7 @@ def parallelize(
     """
     family = family_for(vae)
     config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
-                               cudnn_benchmark=cudnn_benchmark)
+                               cudnn_benchmark=cudnn_benchmark, frames_per_step=frames_per_step)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
@@ -366,9 +367,9 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
-        with torch.no_grad(), fast.tier(fast_tier, cudnn_benchmark=config.cudnn_benchmark):
+        with torch.no_grad(), fast.tier(fast_tier, config.cudnn_benchmark, config.frames_per_step):
             if chosen.strategy == "direct":
-                out = _direct(vae, state, op, x) if receives else None
+                out = _direct(vae, family, op, x) if receives else None
             elif chosen.strategy == "tile":
                 ops = family.decode_tile_ops(vae, x) if op == "decode" else family.encode_tile_ops(vae, x)
                 out = run_tiled(ops, comm, workers, to_all)
@@ -381,10 +382,13 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     return out
 
 
-def _direct(vae, state: _State, op: str, x):
-    """The VAE's own single-process path, with its own tiling/slicing settings."""
+def _direct(vae, family: Family, op: str, x):
+    """The VAE's own single-process path, with its own tiling/slicing settings (a family may run its
+    own untiled decode loop where that gives the VAE's result, see Family.direct_decode)."""
     cls = type(vae)
     if op == "decode":
+        if family.direct_decode is not None:
+            return family.direct_decode(vae, x)
         return cls.decode(vae, x, return_dict=False)[0]
     return cls.encode(vae, x, return_dict=False)[0].parameters
 

@@ -31,6 +31,7 @@ class Family:
     encode_prepare: object = None  # (vae, x) -> x in encoder coordinates (e.g. patchified)
     untiled_decode: object = None  # (vae, z) -> tensor: diffusers' untiled decode (the spatial reference)
     untiled_encode: object = None  # (vae, x) -> moments: diffusers' untiled encode
+    direct_decode: object = None  # (vae, z) -> tensor: one rank's whole decode (None: the VAE's own `decode`)
     install_layers: object = None  # vae -> None: swap in request-aware layers (halo, fast tier; idempotent)
     uninstall_layers: object = None  # vae -> None
     release: object = None  # vae -> None: drop request scratch the model keeps (e.g. feature caches)

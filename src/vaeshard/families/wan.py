@@ -106,8 +106,65 @@ class WanLike:
         return torch.clamp(merged, min=-1.0, max=1.0) if self.clamp_tiled_decode else merged
 
     def untiled_decode(self, vae, z):
-        # contiguous: the fast tier computes channels-last; callers get diffusers' layout back
+        if fast.enabled():
+            return with_tiling_off(vae, self._decode_in_steps, vae, z, fast.frames_per_step())
+        # contiguous: a sharded request computes channels-last; callers get diffusers' layout back
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+    def direct_decode(self, vae, z):
+        """One rank's whole decode: the fast tier's stepping loop where it gives what the VAE's own
+        `decode` would (no tiling of this latent, no slicing of a batch, no accelerate hook around
+        `decode`), otherwise the VAE's own `decode`."""
+        _, _, _, height, width = z.shape
+        ratio = vae.spatial_compression_ratio
+        tiles = vae.use_tiling and (
+            width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
+        )
+        sliced = getattr(vae, "use_slicing", False) and z.shape[0] > 1
+        if fast.enabled() and not (tiles or sliced or hasattr(vae, "_hf_hook")):
+            return self.untiled_decode(vae, z)
+        return type(vae).decode(vae, z, return_dict=False)[0]
+
+    def _decode_in_steps(self, vae, z, per_step: int):
+        """diffusers' untiled `_decode` with two changes, fast tier: after the first latent frame
+        (always decoded alone, as `first_chunk`), the decoder takes `per_step` frames per call instead
+        of one, and each call's output is clamped straight into one preallocated output instead of
+        growing a `torch.cat` (which copies everything decoded so far at every frame).
+
+        Code, not a hook, because diffusers' loop slices one frame per call and concatenates as it
+        goes. Every split of the frames gives the same values: each causal convolution sees the
+        same input frames, its cached ones in front (diffusers' feature-cache bookkeeping keeps the
+        last two input frames whatever the call's length). With `per_step=1` the decoder calls are
+        diffusers' own, and so are the bits.
+        """
+        _, _, num_frames, _, _ = z.shape
+        total = frames_out(num_frames, self.temporal_factor(vae))
+        vae.clear_cache()
+        try:
+            x = vae.post_quant_conv(z)
+            out, filled, start = None, 0, 0
+            while start < num_frames:
+                stop = 1 if start == 0 else min(start + per_step, num_frames)
+                vae._conv_idx = [0]
+                first = {"first_chunk": True} if start == 0 and self.decoder_takes_first_chunk else {}
+                y = vae.decoder(x[:, :, start:stop], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, **first)
+                if out is None:
+                    out = y.new_empty((*y.shape[:2], total, *y.shape[3:]))  # contiguous, as diffusers'
+                if filled + y.shape[2] > total:
+                    raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
+                torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
+                filled += y.shape[2]
+                start = stop
+                del y
+        finally:
+            vae.clear_cache()
+        if filled != total:
+            raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
+        if self.patch(vae) > 1:  # a permutation: clamping before it gives diffusers' values
+            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+            out = unpatchify(out, patch_size=self.patch(vae))
+        return out
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
@@ -236,6 +293,7 @@ class WanLike:
             encode_tile_ops=self.encode_tile_ops,
             encode_prepare=self.encode_prepare,
             untiled_decode=self.untiled_decode,
+            direct_decode=self.direct_decode,
             untiled_encode=self.untiled_encode,
             install_layers=self.install_layers,
             uninstall_layers=self.uninstall_layers,
