@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--modes", default=",".join(vaeshard.MODES))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--frames-per-step", default="1", help="fast-tier frames_per_step values to check, e.g. 1,2")
     ap.add_argument("--shapes", default=None, help="override, e.g. wan21=1,16,2,6,8;wan22=1,48,2,4,6")
     args = ap.parse_args()
 
@@ -60,14 +61,14 @@ def main() -> int:
               f"world {world}")
         print("max|d|, mean|d|: vs the diffusers reference in the same dtype (tiled for tile, untiled otherwise);")
         print("vs fp32: the same result against diffusers' fp32 untiled decode (the bf16 noise floor)")
-        print(f"{'model':6} {'dtype':5} {'mode':22} {'strategy':22} {'max|d|':>9} {'mean|d|':>9} {'exact':>5} "
+        print(f"{'model':6} {'dtype':5} {'mode':30} {'strategy':22} {'max|d|':>9} {'mean|d|':>9} {'exact':>5} "
               f"{'fp32 max':>9} {'fp32 mean':>9} ok", flush=True)
         if args.out:
             open(args.out, "w").close()
 
     def emit(r):  # each row as soon as it is measured: a run cut short still leaves what it measured
         rows.append(r)
-        print(f"{r['model']:6} {r['dtype']:5} {r['mode']:22} {r['strategy']:22} {r['max_diff']:9.2e} "
+        print(f"{r['model']:6} {r['dtype']:5} {r['mode']:30} {r['strategy']:22} {r['max_diff']:9.2e} "
               f"{r['mean_diff']:9.2e} {str(r['bit_identical']):>5} {r['fp32_max']:9.2e} {r['fp32_mean']:9.2e} "
               f"{r['ok']}", flush=True)
         if args.out:
@@ -101,8 +102,11 @@ def main() -> int:
                                      ref_std=refs["untiled"].std().item(), ok=True,
                                      fp32_max=d.max().item(), fp32_mean=d.mean().item()))
             vae = vaeshard.parallelize(plain, mode="auto")
-            for mode, exact_tier in [(m, e) for m in args.modes.split(",") for e in (False, True) if m != "tile" or e]:
-                vaeshard.parallelize(vae, mode=mode, exact=exact_tier)
+            steps = [int(k) for k in args.frames_per_step.split(",")]
+            runs = [(m, e, k) for m in args.modes.split(",") for e in (False, True) for k in (steps if not e else [1])
+                    if m != "tile" or e]
+            for mode, exact_tier, per_step in runs:
+                vaeshard.parallelize(vae, mode=mode, exact=exact_tier, frames_per_step=per_step)
                 strategy = vaeshard.plan(vae, z.shape, world, mode).strategy
                 out = vae.decode(z).sample
                 if rank != 0:
@@ -117,7 +121,8 @@ def main() -> int:
                     ok = d.max().item() <= tol["max"] and (tol["mean"] is None or d.mean().item() <= tol["mean"])
                 ok_all &= ok
                 t = (out.float() - refs["fp32"]).abs()
-                emit(dict(model=model, dtype=dname, mode=mode + (" exact" if exact_tier else " fast"),
+                label = mode + (" exact" if exact_tier else " fast") + (f" k={per_step}" if per_step != 1 else "")
+                emit(dict(model=model, dtype=dname, mode=label,
                                  strategy=strategy, world=world,
                                  shape=list(z.shape), max_diff=d.max().item(), mean_diff=d.mean().item(),
                                  bit_identical=exact, ref_std=ref.std().item(), ok=ok,

@@ -150,6 +150,7 @@ EXPECTED_FLAGS = {
         ("--offline", None, False, False),
         ("--exact", None, False, False),
         ("--no-cudnn-benchmark", None, True, False),
+        ("--frames-per-step", None, 1, False),
         ("--quiet", None, False, False),
         ("--timeout", None, 600.0, False),
     ],
@@ -171,6 +172,7 @@ EXPECTED_FLAGS = {
         ("--json", None, None, False),
         ("--plot", None, None, False),
         ("--exact", None, False, False),
+        ("--frames-per-step", None, 1, False),
         ("--timeout", None, 600.0, False),
     ],
 }

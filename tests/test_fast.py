@@ -359,3 +359,115 @@ def test_triton_kernels_compile_for_hopper():
             source = ASTSource(kernel, types, constexprs={(names.index(c),): v for c, v in constants.items()})
             compiled = triton_compile(source, target=GPUTarget("cuda", 90, 32))
             assert len(compiled.asm["cubin"]) > 0
+
+
+# --- frames per decoder step --------------------------------------------------------------------------
+
+
+def _decoder_calls(vae):
+    """The latent frames of each decoder call, recorded by a forward hook on the decoder."""
+    frames = []
+    handle = vae.decoder.register_forward_hook(lambda module, inputs, output: frames.append(inputs[0].shape[2]))
+    return frames, handle
+
+
+@pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
+def test_frames_per_step_direct(model):
+    """One decoder call for the first latent frame, then calls of up to `frames_per_step` frames; every
+    split gives diffusers' untiled decode within tolerance, and one frame per call gives the bits of
+    diffusers' own loop running the fast tier's layers."""
+    import vaeshard
+    from vaeshard import fast
+
+    vae = build(model)
+    z = latent((1, 4, 6, 6, 5))
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    vaeshard.parallelize(vae)
+    with torch.no_grad(), fast.tier(True):
+        diffusers_loop = vae._decode(z, return_dict=False)[0]
+    assert not torch.equal(diffusers_loop, ref)  # the fast tier's layers round otherwise: a real check below
+    for per_step, calls in [(1, [1] * 6), (2, [1, 2, 2, 1]), (3, [1, 3, 2]), (8, [1, 5])]:
+        vaeshard.parallelize(vae, frames_per_step=per_step)
+        frames, handle = _decoder_calls(vae)
+        try:
+            out = vae.decode(z).sample
+        finally:
+            handle.remove()
+        assert frames == calls, (per_step, frames)
+        assert out.shape == ref.shape and out.is_contiguous()
+        assert (out - ref).abs().max() <= TOL_CPU_FP32, per_step
+        if per_step == 1:
+            assert torch.equal(out, diffusers_loop)
+
+
+def test_frames_per_step_where_the_vaes_own_decode_runs():
+    """Tiling of this latent, or the exact tier: the VAE's own decode runs (one frame per decoder
+    call). A batch with slicing on is decoded a sample at a time, each in steps."""
+    import vaeshard
+
+    vae = build("wan21")
+    z = latent((2, 4, 3, 6, 5))
+    with torch.no_grad():
+        untiled_ref = vae.decode(z).sample
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
+                      tile_sample_stride_width=16)
+    with torch.no_grad():
+        tiled_ref = vae.decode(z).sample
+    assert not torch.equal(tiled_ref, untiled_ref)  # these tiles change the result: the tiling case is one
+    for setup, exact, calls in [("tiling", False, None), ("plain", True, [1, 1, 1]), ("slicing", False, [1, 2, 1, 2])]:
+        vae.use_tiling, vae.use_slicing = setup == "tiling", setup == "slicing"
+        with torch.no_grad():
+            ref = vae.decode(z).sample
+        vaeshard.parallelize(vae, frames_per_step=3, exact=exact)
+        frames, handle = _decoder_calls(vae)
+        try:
+            out = vae.decode(z).sample
+        finally:
+            handle.remove()
+            vaeshard.unparallelize(vae)
+        if calls is None:  # tiles of 1-frame calls
+            assert len(frames) > 3 and set(frames) == {1}, frames
+            assert torch.equal(ref, tiled_ref)
+        else:
+            assert frames == calls, (setup, frames)
+        assert (out - ref).abs().max() <= TOL_CPU_FP32, setup
+
+
+def _sharded_steps(rank, world, model, shape, mode):
+    import vaeshard
+
+    vae = build(model, (32, 24))
+    z = latent(shape)
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    diffs = {}
+    for per_step in (2, 3):
+        vaeshard.parallelize(vae, mode=mode, frames_per_step=per_step)
+        frames, handle = _decoder_calls(vae)
+        try:
+            out = vae.decode(z).sample
+        finally:
+            handle.remove()
+        assert frames[0] == 1 and max(frames) == min(per_step, shape[2] - 1), frames
+        diffs[per_step] = (out - ref).abs().max().item()
+    assert max(diffs.values()) <= TOL_CPU_FP32, diffs
+    return diffs
+
+
+@pytest.mark.parametrize(
+    "model,shape,mode,world",
+    [("wan21", (1, 4, 5, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 4, 5, 7), "spatial_shard_width", 3)],
+)
+def test_frames_per_step_sharded(model, shape, mode, world):
+    run_ranks(_sharded_steps, world, model, shape, mode)
+
+
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (True, TypeError), ("2", TypeError), (1.5, TypeError)])
+def test_frames_per_step_is_validated(value, error):
+    import vaeshard
+
+    vae = build("wan21")
+    with pytest.raises(error, match="frames_per_step"):
+        vaeshard.parallelize(vae, frames_per_step=value)
+    assert not hasattr(vae, "_vaeshard")

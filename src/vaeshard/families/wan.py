@@ -113,15 +113,14 @@ class WanLike:
 
     def direct_decode(self, vae, z):
         """One rank's whole decode: the fast tier's stepping loop where it gives what the VAE's own
-        `decode` would (no tiling of this latent, no slicing of a batch, no accelerate hook around
-        `decode`), otherwise the VAE's own `decode`."""
+        `decode` would (no tiling of this latent, no accelerate hook around `decode`), otherwise the
+        VAE's own `decode`. (A sliced batch arrives here one sample at a time: vaeshard splits it.)"""
         _, _, _, height, width = z.shape
         ratio = vae.spatial_compression_ratio
         tiles = vae.use_tiling and (
             width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
         )
-        sliced = getattr(vae, "use_slicing", False) and z.shape[0] > 1
-        if fast.enabled() and not (tiles or sliced or hasattr(vae, "_hf_hook")):
+        if fast.enabled() and not (tiles or hasattr(vae, "_hf_hook")):
             return self.untiled_decode(vae, z)
         return type(vae).decode(vae, z, return_dict=False)[0]
 
