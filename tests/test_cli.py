@@ -259,16 +259,18 @@ def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(asse
 
 
 @pytest.mark.timeout(120)
-def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path):
+@pytest.mark.parametrize("frames_per_step", [1, 2])
+def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, frames_per_step):
     from safetensors.torch import load_file
 
     import vaeshard
 
     out = tmp_path / "video.safetensors"
-    run = vaeshard_cli("decode", assets / "z.npy", "--model", assets / "wan21", "--device", "cpu", "--out", out, "--quiet")
+    run = vaeshard_cli("decode", assets / "z.npy", "--model", assets / "wan21", "--device", "cpu", "--out", out, "--quiet",
+                       "--frames-per-step", frames_per_step)
     assert run.returncode == 0, run.stderr
     got = load_file(out)["sample"]
-    vae = vaeshard.parallelize(_load_vae(assets / "wan21"))
+    vae = vaeshard.parallelize(_load_vae(assets / "wan21"), frames_per_step=frames_per_step)
     expected = vae.decode(latent(SMALL_SHAPE)).sample
     assert expected.std() > 0.01
     assert torch.equal(got, expected)

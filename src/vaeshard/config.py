@@ -34,7 +34,8 @@ class VaeParallelConfig:
              feature caches make every split of the frames compute the same values; more frames per
              call launch fewer, larger kernels and copy the caches less often per frame (less host
              time per frame, which paces sharded decodes), and hold that many frames' activations
-             at once (more memory). See docs/strategies.md for measured figures.
+             at once (more memory). See docs/strategies.md for measured figures. The exact tier
+             and `tile` decode one frame per call, as diffusers; AutoencoderKL (no frames) ignores it.
     """
 
     size: int | None = None

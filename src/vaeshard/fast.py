@@ -18,6 +18,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
   (on CUDA, PyTorch adds a cuDNN convolution's bias in a second pass), so one pass over the
   convolution's output is saved.
+- Causal video VAEs (Wan, Qwen-Image) decode through the family's own frame loop: the same decoder
+  calls as diffusers by default, each call's output clamped into one preallocated output instead of
+  a growing concatenation, and with `frames_per_step` > 1 several latent frames per call.
 """
 
 from __future__ import annotations

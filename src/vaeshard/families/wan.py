@@ -454,6 +454,10 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
         idx = feat_idx[0]
         cache = feat_cache[idx]
     buf, new = conv.input_buffer(x, cache, halo_rows)
+    if feat_cache is not None and new.shape[2] >= CACHE_T:
+        # the buffer holds the cached frames now and the new cache comes from the new frames alone:
+        # release the old one first, so the two are never alive together
+        feat_cache[idx] = cache = None
     fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
     if feat_cache is not None:
         cache_x = new[:, :, -CACHE_T:, :, :].clone()
