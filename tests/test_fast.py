@@ -399,6 +399,19 @@ def test_frames_per_step_direct(model):
         assert (out - ref).abs().max() <= TOL_CPU_FP32, per_step
         if per_step == 1:
             assert torch.equal(out, diffusers_loop)
+    # a one-frame latent (an image): the first call only
+    image = latent((1, 4, 1, 6, 5), seed=5)
+    with torch.no_grad():
+        vaeshard.unparallelize(vae)
+        image_ref = vae.decode(image).sample
+    vaeshard.parallelize(vae, frames_per_step=3)
+    frames, handle = _decoder_calls(vae)
+    try:
+        out = vae.decode(image).sample
+    finally:
+        handle.remove()
+    assert frames == [1] and out.shape == image_ref.shape
+    assert (out - image_ref).abs().max() <= TOL_CPU_FP32
 
 
 def test_frames_per_step_where_the_vaes_own_decode_runs():
