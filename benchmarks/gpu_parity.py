@@ -35,6 +35,7 @@ def main() -> int:
     ap.add_argument("--modes", default=",".join(vaeshard.MODES))
     ap.add_argument("--out", default=None)
     ap.add_argument("--frames-per-step", default="1", help="fast-tier frames_per_step values to check, e.g. 1,2")
+    ap.add_argument("--max-layer-frames", default="", help="fast-tier max_layer_frames values to check as well, e.g. 2")
     ap.add_argument("--shapes", default=None, help="override, e.g. wan21=1,16,2,6,8;wan22=1,48,2,4,6")
     args = ap.parse_args()
 
@@ -102,11 +103,13 @@ def main() -> int:
                                      ref_std=refs["untiled"].std().item(), ok=True,
                                      fp32_max=d.max().item(), fp32_mean=d.mean().item()))
             vae = vaeshard.parallelize(plain, mode="auto")
-            steps = [int(k) for k in args.frames_per_step.split(",")]
-            runs = [(m, e, k) for m in args.modes.split(",") for e in (False, True) for k in (steps if not e else [1])
+            variants = [(int(k), None) for k in args.frames_per_step.split(",")]
+            variants += [(1, int(m)) for m in filter(None, args.max_layer_frames.split(","))]
+            runs = [(m, e, v) for m in args.modes.split(",") for e in (False, True) for v in (variants if not e else [(1, None)])
                     if m != "tile" or e]
-            for mode, exact_tier, per_step in runs:
-                vaeshard.parallelize(vae, mode=mode, exact=exact_tier, frames_per_step=per_step)
+            for mode, exact_tier, (per_step, layer_frames) in runs:
+                vaeshard.parallelize(vae, mode=mode, exact=exact_tier, frames_per_step=per_step,
+                                     max_layer_frames=layer_frames)
                 strategy = vaeshard.plan(vae, z.shape, world, mode).strategy
                 out = vae.decode(z).sample
                 if rank != 0:
@@ -122,6 +125,7 @@ def main() -> int:
                 ok_all &= ok
                 t = (out.float() - refs["fp32"]).abs()
                 label = mode + (" exact" if exact_tier else " fast") + (f" k={per_step}" if per_step != 1 else "")
+                label += f" m={layer_frames}" if layer_frames else ""
                 emit(dict(model=model, dtype=dname, mode=label,
                                  strategy=strategy, world=world,
                                  shape=list(z.shape), max_diff=d.max().item(), mean_diff=d.mean().item(),

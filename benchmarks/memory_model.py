@@ -145,19 +145,27 @@ def cuda_kernels():
     saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
     for name in saved:
         setattr(fast, name, stand_ins[name])
+
+    def sdpa(q, k, v, *args, **kwargs):  # CUDA's fused attention kernels allocate only the output
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    sdpa_original = torch.nn.functional.scaled_dot_product_attention
+    torch.nn.functional.scaled_dot_product_attention = sdpa
     try:
         yield
     finally:
+        torch.nn.functional.scaled_dot_product_attention = sdpa_original
         for name, original in saved.items():
             setattr(fast, name, original)
 
 
-def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1) -> tuple[int, list[tuple[str, int]]]:
+def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1,
+                   max_layer_frames: int | None = None) -> tuple[int, list[tuple[str, int]]]:
     """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
     what is alive then, by the source line that allocated it."""
     family = family_for(vae)
     external = [*vae.parameters(), *vae.buffers(), z]
-    with LiveBytes(external) as live, torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step), cuda_kernels():
+    with LiveBytes(external) as live, torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels():
         if ranks == 1:
             out = family.untiled_decode(vae, z)
         else:
@@ -181,6 +189,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=None, help="latent frames (default: the preset's)")
     ap.add_argument("--top", type=int, default=8, help="allocation sites listed at the peak (default 8)")
     ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (default 1)")
+    ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -194,8 +203,10 @@ def main() -> None:
     vaeshard.parallelize(vae)
     z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     for ranks in (int(r) for r in args.ranks.split(",")):
-        peak, sites = predicted_peak(vae, z, ranks, frames_per_step=args.frames_per_step)
-        print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s), frames_per_step {args.frames_per_step}: predicted peak {peak / 2**30:.2f} GiB per rank "
+        peak, sites = predicted_peak(vae, z, ranks, frames_per_step=args.frames_per_step,
+                                     max_layer_frames=args.max_layer_frames)
+        print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s), frames_per_step {args.frames_per_step}, "
+              f"max_layer_frames {args.max_layer_frames}: predicted peak {peak / 2**30:.2f} GiB per rank "
               "above weights and latent", flush=True)
         for site, size in sites[: args.top]:
             print(f"    {size / 2**30:6.2f} GiB  {site}")

@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
     ap.add_argument("--exact", action="store_true", help="vaeshard's exact tier")
     ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (fast tier)")
+    ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (fast tier)")
     ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
     ap.add_argument("--cold", action="store_true",
                     help="also time the process's first decode (before any warm-up: cuDNN autotuning, kernel compiles)")
@@ -85,7 +86,8 @@ def main() -> None:
     if args.vaeshard or world > 1:
         import vaeshard
 
-        vaeshard.parallelize(vae, mode=args.mode, exact=args.exact, frames_per_step=args.frames_per_step)
+        vaeshard.parallelize(vae, mode=args.mode, exact=args.exact, frames_per_step=args.frames_per_step,
+                           max_layer_frames=args.max_layer_frames)
         print(f"[rank {rank}] {vaeshard.plan(vae, z.shape, world, args.mode).reason}", flush=True)
     with torch.no_grad():
         if args.cold:

@@ -151,6 +151,7 @@ EXPECTED_FLAGS = {
         ("--exact", None, False, False),
         ("--no-cudnn-benchmark", None, True, False),
         ("--frames-per-step", None, 1, False),
+        ("--max-layer-frames", None, None, False),
         ("--quiet", None, False, False),
         ("--timeout", None, 600.0, False),
     ],
@@ -173,6 +174,7 @@ EXPECTED_FLAGS = {
         ("--plot", None, None, False),
         ("--exact", None, False, False),
         ("--frames-per-step", None, 1, False),
+        ("--max-layer-frames", None, None, False),
         ("--timeout", None, 600.0, False),
     ],
 }
@@ -259,18 +261,20 @@ def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(asse
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("frames_per_step", [1, 2])
-def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, frames_per_step):
+@pytest.mark.parametrize("frames_per_step,max_layer_frames", [(1, None), (2, None), (2, 2)])
+def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, frames_per_step, max_layer_frames):
     from safetensors.torch import load_file
 
     import vaeshard
 
     out = tmp_path / "video.safetensors"
+    layers = [] if max_layer_frames is None else ["--max-layer-frames", max_layer_frames]
     run = vaeshard_cli("decode", assets / "z.npy", "--model", assets / "wan21", "--device", "cpu", "--out", out, "--quiet",
-                       "--frames-per-step", frames_per_step)
+                       "--frames-per-step", frames_per_step, *layers)
     assert run.returncode == 0, run.stderr
     got = load_file(out)["sample"]
-    vae = vaeshard.parallelize(_load_vae(assets / "wan21"), frames_per_step=frames_per_step)
+    vae = vaeshard.parallelize(_load_vae(assets / "wan21"), frames_per_step=frames_per_step,
+                               max_layer_frames=max_layer_frames)
     expected = vae.decode(latent(SMALL_SHAPE)).sample
     assert expected.std() > 0.01
     assert torch.equal(got, expected)

@@ -484,3 +484,97 @@ def test_frames_per_step_is_validated(value, error):
     with pytest.raises(error, match="frames_per_step"):
         vaeshard.parallelize(vae, frames_per_step=value)
     assert not hasattr(vae, "_vaeshard")
+
+
+# --- frames per layer ----------------------------------------------------------------------------------
+
+
+def _record_inputs(record):
+    """Patch the halo convolutions' input buffers to record how many frames (causal convolutions) or
+    batch entries (2-D convolutions of upsampled frames) each one holds; returns an undo function."""
+    from vaeshard import shard
+
+    causal, flat = shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer
+
+    def causal_buffer(self, like, cache_x, halo_rows=None):
+        buf, new = causal(self, like, cache_x, halo_rows)
+        record.append(("causal", buf.shape[2] - self._padding[4]))  # frames less the cached / causal ones
+        return buf, new
+
+    def flat_buffer(self, like, shape=None):
+        buf, core = flat(self, like, shape)
+        record.append(("2d", buf.shape[0]))
+        return buf, core
+
+    shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer = causal_buffer, flat_buffer
+
+    def undo():
+        shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer = causal, flat
+
+    return undo
+
+
+@pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
+def test_max_layer_frames_direct(model):
+    """No convolution input holds more than `max_layer_frames` new frames (upsampled frames go one source
+    frame at a time), where without it some hold 4; the values stay diffusers' untiled decode within
+    tolerance, also with several latent frames per step."""
+    import vaeshard
+
+    vae = build(model)
+    z = latent((1, 4, 5, 6, 5))
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    for per_step, layer_frames in [(1, None), (1, 2), (1, 3), (2, 2)]:
+        vaeshard.parallelize(vae, frames_per_step=per_step, max_layer_frames=layer_frames)
+        record = []
+        undo = _record_inputs(record)
+        try:
+            out = vae.decode(z).sample
+        finally:
+            undo()
+        causal = max(n for kind, n in record if kind == "causal")
+        flat = max(n for kind, n in record if kind == "2d")
+        if layer_frames is None:
+            assert causal >= 4 * per_step and flat >= 4 * per_step, (causal, flat)
+        else:
+            assert causal <= layer_frames and flat <= 2, (layer_frames, causal, flat)
+        assert (out - ref).abs().max() <= TOL_CPU_FP32, (per_step, layer_frames)
+
+
+def _sharded_layer_frames(rank, world, model, shape, mode):
+    import vaeshard
+
+    vae = build(model, (32, 24))
+    z = latent(shape)
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
+    record = []
+    undo = _record_inputs(record)
+    try:
+        out = vae.decode(z).sample
+    finally:
+        undo()
+    assert max(n for kind, n in record if kind == "causal") <= 2
+    diff = (out - ref).abs().max().item()
+    assert diff <= TOL_CPU_FP32, diff
+    return diff
+
+
+@pytest.mark.parametrize(
+    "model,shape,mode,world",
+    [("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 3, 5, 7), "spatial_shard_width", 3)],
+)
+def test_max_layer_frames_sharded(model, shape, mode, world):
+    run_ranks(_sharded_layer_frames, world, model, shape, mode)
+
+
+@pytest.mark.parametrize("value,error", [(1, ValueError), (0, ValueError), (True, TypeError), ("2", TypeError)])
+def test_max_layer_frames_is_validated(value, error):
+    import vaeshard
+
+    vae = build("wan21")
+    with pytest.raises(error, match="max_layer_frames"):
+        vaeshard.parallelize(vae, max_layer_frames=value)
+    assert not hasattr(vae, "_vaeshard")

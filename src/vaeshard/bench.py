@@ -158,6 +158,7 @@ class BenchSpec:
     group_timeout: float = 600.0
     exact: bool = False  # vaeshard's exact tier instead of the default fast tier
     frames_per_step: int = 1  # vaeshard.parallelize's frames_per_step
+    max_layer_frames: int | None = None  # vaeshard.parallelize's max_layer_frames
 
 
 def _load_for(ctx, spec: BenchSpec):
@@ -212,7 +213,8 @@ def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
     vae, z = _load_for(ctx, spec)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
     logging.getLogger("vaeshard").setLevel(logging.ERROR)  # a fallback shows in the table, not once per decode
-    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact, frames_per_step=spec.frames_per_step)
+    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact, frames_per_step=spec.frames_per_step,
+                        max_layer_frames=spec.max_layer_frames)
     memory = PeakMemory(ctx)
     with torch.no_grad():
         out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True)
@@ -248,6 +250,7 @@ class BenchResult:
     output: str = "all"  # vaeshard.parallelize's output placement in the timed runs
     exact: bool = False  # vaeshard.parallelize's tier in the timed runs
     frames_per_step: int = 1  # vaeshard.parallelize's frames_per_step in the timed runs
+    max_layer_frames: int | None = None  # vaeshard.parallelize's max_layer_frames in the timed runs
     memory_measure: str = ""
     cpu_threads_per_rank: dict = field(default_factory=dict)  # ranks -> torch threads of each rank (CPU)
     rows: list[dict] = field(default_factory=list)
@@ -275,6 +278,7 @@ def run_bench(
     timeout: float | None = None,
     exact: bool = False,
     frames_per_step: int = 1,
+    max_layer_frames: int | None = None,
     log=None,
     on_point=None,
 ) -> BenchResult:
@@ -305,6 +309,7 @@ def run_bench(
         reference=None,
         exact=exact,
         frames_per_step=frames_per_step,
+        max_layer_frames=max_layer_frames,
         environment=environment(device),
     )
     world = launch.torchrun_world()
@@ -318,7 +323,7 @@ def run_bench(
     with tempfile.TemporaryDirectory(prefix="vaeshard-bench-") as tmp:
         ref_path = os.path.join(tmp, "reference.pt") if reference else None
         spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, exact,
-                         frames_per_step)
+                         frames_per_step, max_layer_frames)
         if reference:
             log("reference: diffusers decode, 1 process")
             values = launch.run(_reference_worker, world or 1, spec, device=device, timeout=timeout, group_timeout=group_timeout)
@@ -481,7 +486,7 @@ def bench_table(result: BenchResult) -> str:
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
         "timed decode(s) after one warm-up; time = slowest rank",
         f"vaeshard tier: {'exact (exact=True)' if result.exact else 'fast (default)'}; tile is always exact"
-        + ("" if result.exact else f"; frames_per_step={result.frames_per_step}"),
+        + ("" if result.exact else f"; frames_per_step={result.frames_per_step}, max_layer_frames={result.max_layer_frames}"),
     ]
     if result.flops is not None:
         peak = f" at {result.peak_tflops:g} TFLOP/s per device" if result.peak_tflops else ""

@@ -36,6 +36,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _layer_frames(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 (a causal convolution's cache spans two frames), got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -122,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
     dec.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                      help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
+    dec.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
+                     help="fast tier: frames a decoder layer takes at once, at least 2 (default: all; fewer: less memory)")
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -152,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--exact", action="store_true", help="measure vaeshard's exact tier (default: the fast tier)")
     ben.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                      help="fast tier: latent frames per decoder call after the first (default 1)")
+    ben.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
+                     help="fast tier: frames a decoder layer takes at once, at least 2 (default: all)")
     ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
     return parser
 
@@ -288,6 +299,7 @@ class DecodeJob:
     exact: bool = False
     cudnn_benchmark: bool = True
     frames_per_step: int = 1
+    max_layer_frames: int | None = None
 
 
 def _decode(args) -> int:
@@ -324,6 +336,7 @@ def _decode(args) -> int:
         exact=args.exact,
         cudnn_benchmark=args.cudnn_benchmark,
         frames_per_step=args.frames_per_step,
+        max_layer_frames=args.max_layer_frames,
     )
     from . import launch
 
@@ -384,7 +397,8 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
         z = z.to(vae.dtype)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
     vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact,
-                         cudnn_benchmark=job.cudnn_benchmark, frames_per_step=job.frames_per_step)
+                         cudnn_benchmark=job.cudnn_benchmark, frames_per_step=job.frames_per_step,
+                         max_layer_frames=job.max_layer_frames)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
@@ -488,6 +502,7 @@ def _bench(args) -> int:
         group_timeout=args.timeout,
         exact=args.exact,
         frames_per_step=args.frames_per_step,
+        max_layer_frames=args.max_layer_frames,
         timeout=None,
         log=_bench_log,
         on_point=functools.partial(_bench_point, args.json),

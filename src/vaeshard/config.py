@@ -36,6 +36,12 @@ class VaeParallelConfig:
              time per frame, which paces sharded decodes), and hold that many frames' activations
              at once (more memory). See docs/strategies.md for measured figures. The exact tier
              and `tile` decode one frame per call, as diffusers; AutoencoderKL (no frames) ignores it.
+    max_layer_frames: fast tier, causal video VAEs: None (default), or the most frames a residual
+             block, upsampler or causal convolution of the decoder takes at once (at least 2, the
+             causal cache's length). A layer given more (Wan's decoder gives its highest-resolution
+             layers 4 frames per latent frame) runs on parts of at most this many, each part's cache
+             being the frames before it: the same values, the activations of fewer frames alive at
+             once (less peak memory), more kernel launches and halo exchanges in those layers.
     """
 
     size: int | None = None
@@ -45,6 +51,7 @@ class VaeParallelConfig:
     exact: bool = False
     cudnn_benchmark: bool = True
     frames_per_step: int = 1
+    max_layer_frames: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -64,6 +71,14 @@ class VaeParallelConfig:
             raise TypeError(f"frames_per_step must be an int, got {type(self.frames_per_step).__name__}")
         if self.frames_per_step < 1:
             raise ValueError(f"frames_per_step must be at least 1, got {self.frames_per_step}")
+        if self.max_layer_frames is not None:
+            if isinstance(self.max_layer_frames, bool) or not isinstance(self.max_layer_frames, int):
+                raise TypeError(f"max_layer_frames must be an int or None, got {type(self.max_layer_frames).__name__}")
+            if self.max_layer_frames < 2:
+                raise ValueError(
+                    f"max_layer_frames must be at least 2 (a causal convolution's cache spans two frames), "
+                    f"got {self.max_layer_frames}"
+                )
         if self.timeout is not None:
             seconds = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
             if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:

@@ -20,7 +20,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   convolution's output is saved.
 - Causal video VAEs (Wan, Qwen-Image) decode through the family's own frame loop: the same decoder
   calls as diffusers by default, each call's output clamped into one preallocated output instead of
-  a growing concatenation, and with `frames_per_step` > 1 several latent frames per call.
+  a growing concatenation, and with `frames_per_step` > 1 several latent frames per call. With
+  `max_layer_frames` set, their residual blocks, upsamplers and causal convolutions run on at most
+  that many frames at once, the causal cache handed from part to part (less activation memory).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
+_max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
 
 
 def enabled() -> bool:
@@ -45,17 +48,25 @@ def frames_per_step() -> int:
     return _frames_per_step.get() if _fast.get() else 1
 
 
+def max_layer_frames() -> int | None:
+    """The most frames a causal layer of a video decoder takes at once in this request (None: all it
+    is given; always None outside the fast tier)."""
+    return _max_layer_frames.get() if _fast.get() else None
+
+
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1):
+def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
     restored afterwards. The first convolution of each new shape then times cuDNN's algorithms once
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
-    `frames_per_step` (fast tier only): see `frames_per_step()` and VaeParallelConfig.
+    `frames_per_step`, `max_layer_frames` (fast tier only): see the functions of those names and
+    VaeParallelConfig.
     """
     token = _fast.set(fast)
     steps = _frames_per_step.set(frames_per_step)
+    parts = _max_layer_frames.set(max_layer_frames)
     benchmark = torch.backends.cudnn.benchmark
     if fast and cudnn_benchmark:
         torch.backends.cudnn.benchmark = True
@@ -63,6 +74,7 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1):
         yield
     finally:
         torch.backends.cudnn.benchmark = benchmark
+        _max_layer_frames.reset(parts)
         _frames_per_step.reset(steps)
         _fast.reset(token)
 

@@ -111,6 +111,9 @@ class HaloCausalConv3d:
             return super().forward(x, cache_x)
         cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
         if fast:  # one buffer: causal zero frames, cached frames, this chunk, halo rows
+            limit = fast_tier.max_layer_frames()
+            if limit is not None and x.shape[2] > limit:
+                return self._forward_in_parts(x, cached, limit)
             buf, new = self.input_buffer(x, cached)
             new.copy_(x)
             return self.forward_buffer(buf)
@@ -175,6 +178,24 @@ class HaloCausalConv3d:
             padding[slot] = padding[slot + 1] = 0
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return F.conv3d(buf, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+
+    def _forward_in_parts(self, x, cached, limit: int) -> torch.Tensor:
+        """Fast tier, `max_layer_frames`: the convolution of `x` on parts of at most `limit` frames,
+        each part's cached frames being the ones before it, as a causal cache carries them from one
+        decoder call to the next: the same values, with one part's input buffer alive at a time."""
+        tpad = self._padding[4]
+        outs = []
+        for start in range(0, x.shape[2], limit):
+            part = x[:, :, start : start + limit]
+            buf, new = self.input_buffer(part, cached)
+            new.copy_(part)
+            del new
+            outs.append(self.forward_buffer(buf))
+            del buf
+            if tpad:  # the frames the next part's window reaches back to
+                cached = part if cached is None or part.shape[2] >= tpad else torch.cat([cached, part], dim=2)
+                cached = cached[:, :, -tpad:]
+        return torch.cat(outs, dim=2)
 
     @staticmethod
     def _slot(ctx) -> int:

@@ -325,6 +325,11 @@ class FastResidualBlock:
     one rank and sharded with two exchanges per block; on CUDA the one-pass add rounds as the two
     passes it replaces), except that a convolution over two more rows may round otherwise (fp32 on
     CPU: 1.8e-6 at most in the tests, within the tolerance).
+    With `max_layer_frames` (fast.max_layer_frames) a block given more frames runs on parts of at
+    most that many, each part reusing the block's cache slots, which the part before it has just
+    filled with its last frames: what a decoder call of that many frames would compute, with one
+    part's activations alive at a time; with an identity shortcut each part's sum goes into its
+    frames of the input, otherwise into one output for the block.
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42). Otherwise (training, autograd, exact tier, or a forward hook on one of
     the block's layers, which this path would not call) diffusers' forward runs.
@@ -333,6 +338,30 @@ class FastResidualBlock:
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
         if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
+        limit = fast.max_layer_frames()
+        if limit is None or feat_cache is None or x.shape[2] <= limit:
+            return self._fast_forward(x, feat_cache, feat_idx)
+        # max_layer_frames: the block on parts of the frames; each part reuses the block's cache
+        # slots, which the part before it has just filled with its own last frames
+        start, out = feat_idx[0], None
+        for a in range(0, x.shape[2], limit):
+            part = x[:, :, a : a + limit]
+            feat_idx[0] = start
+            y = self._fast_forward(part, feat_cache, feat_idx)
+            if out is None and _same_storage(y, part):
+                continue  # the sum went into the input's frames (identity shortcut): nothing to place
+            if out is None:  # an output of its own: place this part and any before it there
+                layout = fast.channels_last_format(5)
+                layout = layout if y.is_contiguous(memory_format=layout) else torch.contiguous_format
+                out = torch.empty((*y.shape[:2], x.shape[2], *y.shape[3:]), dtype=y.dtype, device=y.device,
+                                  memory_format=layout)
+                if a:  # earlier parts wrote into the input's frames
+                    out[:, :, :a].copy_(x[:, :, :a])
+            out[:, :, a : a + y.shape[2]].copy_(y)
+            del y
+        return x if out is None else out
+
+    def _fast_forward(self, x, feat_cache, feat_idx):
         h = self.conv_shortcut(x)
         # sharded: conv1 receives two halo rows a side and computes one row more a side, the rows
         # conv2 needs from its neighbours, so a block makes one halo exchange instead of two
@@ -356,7 +385,7 @@ class FastResidualBlock:
         # callers hold until the block returns and never read again (they reassign it; Wan 2.2's
         # up and down blocks clone it first), so no third full-size tensor stays alive. (Another
         # layout would change the layout, and on CPU the reduction order, of the layers after it.)
-        into = h.stride() == y.stride() and not self._forward_hooks  # a hook on the block sees its input
+        into = _same_layout(h, y) and not self._forward_hooks  # a hook on the block sees its input
         return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h, into_residual=into)
 
 
@@ -370,8 +399,9 @@ class FastUpsample:
     Here the frames are upsampled straight from their (strided) source into the 3x3 convolution's
     channels-last input buffer, between the halo rows: one copy. The convolution sees the same
     input, shapes and layout as without this mixin, so the values are the same bits; nearest 2x
-    upsampling only copies values. The feature-cache bookkeeping is diffusers' own
-    (`WanResample.forward`, unchanged from diffusers 0.36 to 0.42).
+    upsampling only copies values. With `max_layer_frames` set, the frames are upsampled and
+    convolved one source frame at a time into one output (no cache joins them). The feature-cache
+    bookkeeping is diffusers' own (`WanResample.forward`, unchanged from diffusers 0.36 to 0.42).
     """
 
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
@@ -396,14 +426,36 @@ class FastUpsample:
                 t *= 2
             feat_idx[0] += 1
         conv = self.resample[1]
-        buf, core = conv.input_buffer(x, (b * t, c, 2 * h, 2 * w))
-        # nearest 2x (nearest-exact at an integer scale takes source row i // 2): one strided copy
-        lead = frames.shape[:-3]
-        target = core.unflatten(0, lead).unflatten(-1, (w, 2)).unflatten(-3, (h, 2))
-        target.copy_(frames[..., None, :, None].expand(*lead, c, h, 2, w, 2))
-        del x, frames
-        y = conv.forward_buffer(buf)
+        limit = fast.max_layer_frames()
+        if limit is None or t <= limit:
+            buf = _upsample_into_buffer(conv, x, frames, b, t, c, h, w)
+            del x, frames
+            y = conv.forward_buffer(buf)
+        else:  # max_layer_frames: one source frame at a time (frames are independent here: no cache)
+            per = t // frames.shape[1]  # output frames per source frame (2 after the time convolution)
+            step = 1
+            y = None
+            for a in range(0, frames.shape[1], step):
+                part = frames[:, a : a + step]
+                yp = conv.forward_buffer(_upsample_into_buffer(conv, x, part, b, part.shape[1] * per, c, h, w))
+                if y is None:
+                    y = torch.empty((b * t, *yp.shape[1:]), dtype=yp.dtype, device=yp.device,
+                                    memory_format=torch.channels_last)
+                y.view(b, t, *yp.shape[1:])[:, a * per : (a + part.shape[1]) * per].copy_(yp.view(b, -1, *yp.shape[1:]))
+                del yp
+            del x, frames
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, and the same strides wherever an axis has more than one element (a part of a
+    tensor's frames has its strides, though it spans fewer frames)."""
+    return a.shape == b.shape and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
+
+
+def _same_storage(y: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether `y` is `x`'s elements (the block wrote its sum into its input)."""
+    return y.data_ptr() == x.data_ptr() and _same_layout(y, x)
 
 
 def _fast_path(block: nn.Module) -> bool:
@@ -465,6 +517,17 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
             cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
         feat_cache[idx] = cache_x
         feat_idx[0] += 1
+    return buf
+
+
+def _upsample_into_buffer(conv, like, frames, b, t, c, h, w):
+    """`conv`'s input buffer holding the nearest 2x of `frames` ((b, t, c, h, w), or (b, t / 2, 2,
+    c, h, w) after a time convolution), written in one strided copy (nearest-exact at an integer
+    scale takes source row i // 2)."""
+    buf, core = conv.input_buffer(like, (b * t, c, 2 * h, 2 * w))
+    lead = frames.shape[:-3]
+    target = core.unflatten(0, lead).unflatten(-1, (w, 2)).unflatten(-3, (h, 2))
+    target.copy_(frames[..., None, :, None].expand(*lead, c, h, 2, w, 2))
     return buf
 
 
