@@ -542,6 +542,28 @@ def test_max_layer_frames_direct(model):
         assert (out - ref).abs().max() <= TOL_CPU_FP32, (per_step, layer_frames)
 
 
+@pytest.mark.parametrize("model", ["wan21", "wan22"])
+def test_max_layer_frames_encode(model):
+    """The encoder's layers honour it too, except its stride-2 time convolutions, which cannot be cut
+    at arbitrary frames and run whole: the moments stay diffusers' within tolerance."""
+    import vaeshard
+
+    vae = build(model)
+    x = latent((1, 3, 9, 32, 48), seed=3).clamp(-1, 1)
+    with torch.no_grad():
+        ref = vae.encode(x).latent_dist.mean
+    for layer_frames in (2, 3):
+        vaeshard.parallelize(vae, max_layer_frames=layer_frames)
+        record = []
+        undo = _record_inputs(record)
+        try:
+            out = vae.encode(x).latent_dist.mean
+        finally:
+            undo()
+        assert any(kind == "causal" and n == layer_frames for kind, n in record)  # some layer was cut
+        assert (out - ref).abs().max() <= TOL_CPU_FP32, layer_frames
+
+
 def _sharded_layer_frames(rank, world, model, shape, mode):
     import vaeshard
 
@@ -559,6 +581,15 @@ def _sharded_layer_frames(rank, world, model, shape, mode):
     assert max(n for kind, n in record if kind == "causal") <= 2
     diff = (out - ref).abs().max().item()
     assert diff <= TOL_CPU_FP32, diff
+    # the encoder, sharded the same way
+    x = latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
+    vaeshard.unparallelize(vae)
+    with torch.no_grad():
+        enc_ref = vae.encode(x).latent_dist.mean
+    vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
+    assert vaeshard.plan(vae, x.shape, world, mode, op="encode").strategy == mode
+    enc_diff = (vae.encode(x).latent_dist.mean - enc_ref).abs().max().item()
+    assert enc_diff <= TOL_CPU_FP32, enc_diff
     return diff
 
 

@@ -37,8 +37,8 @@ class VaeParallelConfig:
              at once (more memory). See docs/strategies.md for measured figures. The exact tier
              and `tile` decode one frame per call, as diffusers; AutoencoderKL (no frames) ignores it.
     max_layer_frames: fast tier, causal video VAEs: None (default), or the most frames a residual
-             block, upsampler or causal convolution of the decoder takes at once (at least 2, the
-             causal cache's length). A layer given more (Wan's decoder gives its highest-resolution
+             block, upsampler or causal convolution takes at once, decoding or encoding (at least 2,
+             the causal cache's length; the encoder's stride-2 time convolutions always run whole). A layer given more (Wan's decoder gives its highest-resolution
              layers 4 frames per latent frame) runs on parts of at most this many, each part's cache
              being the frames before it: the same values, the activations of fewer frames alive at
              once (less peak memory), more kernel launches and halo exchanges in those layers.

@@ -112,7 +112,7 @@ class HaloCausalConv3d:
         cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
         if fast:  # one buffer: causal zero frames, cached frames, this chunk, halo rows
             limit = fast_tier.max_layer_frames()
-            if limit is not None and x.shape[2] > limit:
+            if limit is not None and x.shape[2] > limit and self._causal_in_time():
                 return self._forward_in_parts(x, cached, limit)
             buf, new = self.input_buffer(x, cached)
             new.copy_(x)
@@ -178,6 +178,12 @@ class HaloCausalConv3d:
             padding[slot] = padding[slot + 1] = 0
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return F.conv3d(buf, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+
+    def _causal_in_time(self) -> bool:
+        """Whether each output frame sees its own input frame and the `kernel - 1` before it (stride
+        and dilation 1, causal padding of `kernel - 1`), so the input can be cut into parts whose
+        cache is the frames before them. (The encoder's stride-2 time convolutions are not.)"""
+        return self.stride[0] == 1 and self.dilation[0] == 1 and self._padding[4] == self.kernel_size[0] - 1
 
     def _forward_in_parts(self, x, cached, limit: int) -> torch.Tensor:
         """Fast tier, `max_layer_frames`: the convolution of `x` on parts of at most `limit` frames,
