@@ -433,15 +433,13 @@ class FastUpsample:
             y = conv.forward_buffer(buf)
         else:  # max_layer_frames: one source frame at a time (frames are independent here: no cache)
             per = t // frames.shape[1]  # output frames per source frame (2 after the time convolution)
-            step = 1
             y = None
-            for a in range(0, frames.shape[1], step):
-                part = frames[:, a : a + step]
-                yp = conv.forward_buffer(_upsample_into_buffer(conv, x, part, b, part.shape[1] * per, c, h, w))
+            for a in range(frames.shape[1]):
+                yp = conv.forward_buffer(_upsample_into_buffer(conv, x, frames[:, a : a + 1], b, per, c, h, w))
                 if y is None:
                     y = torch.empty((b * t, *yp.shape[1:]), dtype=yp.dtype, device=yp.device,
                                     memory_format=torch.channels_last)
-                y.view(b, t, *yp.shape[1:])[:, a * per : (a + part.shape[1]) * per].copy_(yp.view(b, -1, *yp.shape[1:]))
+                y.view(b, t, *yp.shape[1:])[:, a * per : (a + 1) * per].copy_(yp.view(b, per, *yp.shape[1:]))
                 del yp
             del x, frames
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
