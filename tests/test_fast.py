@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -364,11 +365,15 @@ def test_triton_kernels_compile_for_hopper():
 # --- frames per decoder step --------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
 def _decoder_calls(vae):
-    """The latent frames of each decoder call, recorded by a forward hook on the decoder."""
+    """The latent frames of each decoder call inside the block, recorded by a forward hook."""
     frames = []
     handle = vae.decoder.register_forward_hook(lambda module, inputs, output: frames.append(inputs[0].shape[2]))
-    return frames, handle
+    try:
+        yield frames
+    finally:
+        handle.remove()
 
 
 @pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
@@ -389,11 +394,8 @@ def test_frames_per_step_direct(model):
     assert not torch.equal(diffusers_loop, ref)  # the fast tier's layers round otherwise: a real check below
     for per_step, calls in [(1, [1] * 6), (2, [1, 2, 2, 1]), (3, [1, 3, 2]), (8, [1, 5])]:
         vaeshard.parallelize(vae, frames_per_step=per_step)
-        frames, handle = _decoder_calls(vae)
-        try:
+        with _decoder_calls(vae) as frames:
             out = vae.decode(z).sample
-        finally:
-            handle.remove()
         assert frames == calls, (per_step, frames)
         assert out.shape == ref.shape and out.is_contiguous()
         assert (out - ref).abs().max() <= TOL_CPU_FP32, per_step
@@ -405,11 +407,8 @@ def test_frames_per_step_direct(model):
         vaeshard.unparallelize(vae)
         image_ref = vae.decode(image).sample
     vaeshard.parallelize(vae, frames_per_step=3)
-    frames, handle = _decoder_calls(vae)
-    try:
+    with _decoder_calls(vae) as frames:
         out = vae.decode(image).sample
-    finally:
-        handle.remove()
     assert frames == [1] and out.shape == image_ref.shape
     assert (out - image_ref).abs().max() <= TOL_CPU_FP32
 
@@ -433,12 +432,9 @@ def test_frames_per_step_where_the_vaes_own_decode_runs():
         with torch.no_grad():
             ref = vae.decode(z).sample
         vaeshard.parallelize(vae, frames_per_step=3, exact=exact)
-        frames, handle = _decoder_calls(vae)
-        try:
+        with _decoder_calls(vae) as frames:
             out = vae.decode(z).sample
-        finally:
-            handle.remove()
-            vaeshard.unparallelize(vae)
+        vaeshard.unparallelize(vae)
         if calls is None:  # tiles of 1-frame calls
             assert len(frames) > 3 and set(frames) == {1}, frames
             assert torch.equal(ref, tiled_ref)
@@ -457,11 +453,8 @@ def _sharded_steps(rank, world, model, shape, mode):
     diffs = {}
     for per_step in (2, 3):
         vaeshard.parallelize(vae, mode=mode, frames_per_step=per_step)
-        frames, handle = _decoder_calls(vae)
-        try:
+        with _decoder_calls(vae) as frames:
             out = vae.decode(z).sample
-        finally:
-            handle.remove()
         assert frames[0] == 1 and max(frames) == min(per_step, shape[2] - 1), frames
         diffs[per_step] = (out - ref).abs().max().item()
     assert max(diffs.values()) <= TOL_CPU_FP32, diffs
@@ -489,11 +482,13 @@ def test_frames_per_step_is_validated(value, error):
 # --- frames per layer ----------------------------------------------------------------------------------
 
 
-def _record_inputs(record):
-    """Patch the halo convolutions' input buffers to record how many frames (causal convolutions) or
-    batch entries (2-D convolutions of upsampled frames) each one holds; returns an undo function."""
+@contextlib.contextmanager
+def _recorded_inputs():
+    """Inside the block, the halo convolutions' input buffers record how many new frames (causal
+    convolutions) or batch entries (2-D convolutions of upsampled frames) each one holds."""
     from vaeshard import shard
 
+    record = []
     causal, flat = shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer
 
     def causal_buffer(self, like, cache_x, halo_rows=None):
@@ -507,11 +502,10 @@ def _record_inputs(record):
         return buf, core
 
     shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer = causal_buffer, flat_buffer
-
-    def undo():
+    try:
+        yield record
+    finally:
         shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer = causal, flat
-
-    return undo
 
 
 @pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
@@ -527,12 +521,8 @@ def test_max_layer_frames_direct(model):
         ref = vae.decode(z).sample
     for per_step, layer_frames in [(1, None), (1, 2), (1, 3), (2, 2)]:
         vaeshard.parallelize(vae, frames_per_step=per_step, max_layer_frames=layer_frames)
-        record = []
-        undo = _record_inputs(record)
-        try:
+        with _recorded_inputs() as record:
             out = vae.decode(z).sample
-        finally:
-            undo()
         causal = max(n for kind, n in record if kind == "causal")
         flat = max(n for kind, n in record if kind == "2d")
         if layer_frames is None:
@@ -554,12 +544,8 @@ def test_max_layer_frames_encode(model):
         ref = vae.encode(x).latent_dist.mean
     for layer_frames in (2, 3):
         vaeshard.parallelize(vae, max_layer_frames=layer_frames)
-        record = []
-        undo = _record_inputs(record)
-        try:
+        with _recorded_inputs() as record:
             out = vae.encode(x).latent_dist.mean
-        finally:
-            undo()
         assert any(kind == "causal" and n == layer_frames for kind, n in record)  # some layer was cut
         assert (out - ref).abs().max() <= TOL_CPU_FP32, layer_frames
 
@@ -572,12 +558,8 @@ def _sharded_layer_frames(rank, world, model, shape, mode):
     with torch.no_grad():
         ref = vae.decode(z).sample
     vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
-    record = []
-    undo = _record_inputs(record)
-    try:
+    with _recorded_inputs() as record:
         out = vae.decode(z).sample
-    finally:
-        undo()
     assert max(n for kind, n in record if kind == "causal") <= 2
     diff = (out - ref).abs().max().item()
     assert diff <= TOL_CPU_FP32, diff
