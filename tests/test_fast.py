@@ -443,7 +443,8 @@ def test_frames_per_step_where_the_vaes_own_decode_runs():
         assert (out - ref).abs().max() <= TOL_CPU_FP32, setup
 
 
-def _sharded_steps(rank, world, model, shape, mode):
+def _sharded_frame_settings(rank, world, model, shape, mode):
+    """frames_per_step and max_layer_frames on sharded ranks: decode, and for max_layer_frames encode."""
     import vaeshard
 
     vae = build(model, (32, 24))
@@ -451,13 +452,24 @@ def _sharded_steps(rank, world, model, shape, mode):
     with torch.no_grad():
         ref = vae.decode(z).sample
     diffs = {}
-    for per_step in (2, 3):
-        vaeshard.parallelize(vae, mode=mode, frames_per_step=per_step)
-        with _decoder_calls(vae) as frames:
+    for per_step, layer_frames in [(2, None), (3, None), (1, 2)]:
+        vaeshard.parallelize(vae, mode=mode, frames_per_step=per_step, max_layer_frames=layer_frames)
+        with _decoder_calls(vae) as frames, _recorded_inputs() as record:
             out = vae.decode(z).sample
         assert frames[0] == 1 and max(frames) == min(per_step, shape[2] - 1), frames
-        diffs[per_step] = (out - ref).abs().max().item()
+        if layer_frames is not None:
+            assert max(n for kind, n in record if kind == "causal") <= layer_frames
+        diffs[(per_step, layer_frames)] = (out - ref).abs().max().item()
     assert max(diffs.values()) <= TOL_CPU_FP32, diffs
+    # the encoder with max_layer_frames, sharded the same way
+    x = latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
+    vaeshard.unparallelize(vae)
+    with torch.no_grad():
+        enc_ref = vae.encode(x).latent_dist.mean
+    vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
+    assert vaeshard.plan(vae, x.shape, world, mode, op="encode").strategy == mode
+    enc_diff = (vae.encode(x).latent_dist.mean - enc_ref).abs().max().item()
+    assert enc_diff <= TOL_CPU_FP32, enc_diff
     return diffs
 
 
@@ -465,8 +477,8 @@ def _sharded_steps(rank, world, model, shape, mode):
     "model,shape,mode,world",
     [("wan21", (1, 4, 5, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 4, 5, 7), "spatial_shard_width", 3)],
 )
-def test_frames_per_step_sharded(model, shape, mode, world):
-    run_ranks(_sharded_steps, world, model, shape, mode)
+def test_frame_settings_sharded(model, shape, mode, world):
+    run_ranks(_sharded_frame_settings, world, model, shape, mode)
 
 
 @pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (True, TypeError), ("2", TypeError), (1.5, TypeError)])
@@ -548,39 +560,6 @@ def test_max_layer_frames_encode(model):
             out = vae.encode(x).latent_dist.mean
         assert any(kind == "causal" and n == layer_frames for kind, n in record)  # some layer was cut
         assert (out - ref).abs().max() <= TOL_CPU_FP32, layer_frames
-
-
-def _sharded_layer_frames(rank, world, model, shape, mode):
-    import vaeshard
-
-    vae = build(model, (32, 24))
-    z = latent(shape)
-    with torch.no_grad():
-        ref = vae.decode(z).sample
-    vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
-    with _recorded_inputs() as record:
-        out = vae.decode(z).sample
-    assert max(n for kind, n in record if kind == "causal") <= 2
-    diff = (out - ref).abs().max().item()
-    assert diff <= TOL_CPU_FP32, diff
-    # the encoder, sharded the same way
-    x = latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
-    vaeshard.unparallelize(vae)
-    with torch.no_grad():
-        enc_ref = vae.encode(x).latent_dist.mean
-    vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
-    assert vaeshard.plan(vae, x.shape, world, mode, op="encode").strategy == mode
-    enc_diff = (vae.encode(x).latent_dist.mean - enc_ref).abs().max().item()
-    assert enc_diff <= TOL_CPU_FP32, enc_diff
-    return diff
-
-
-@pytest.mark.parametrize(
-    "model,shape,mode,world",
-    [("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 3, 5, 7), "spatial_shard_width", 3)],
-)
-def test_max_layer_frames_sharded(model, shape, mode, world):
-    run_ranks(_sharded_layer_frames, world, model, shape, mode)
 
 
 @pytest.mark.parametrize("value,error", [(1, ValueError), (0, ValueError), (True, TypeError), ("2", TypeError)])
