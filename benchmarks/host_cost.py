@@ -25,6 +25,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=8, help="latent frames per decode (default 8)")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step")
+    ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -33,7 +35,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2).eval()
-    vaeshard.parallelize(vae, mode="spatial_shard_width" if world > 1 else "auto")
+    vaeshard.parallelize(vae, mode="spatial_shard_width" if world > 1 else "auto", frames_per_step=args.frames_per_step,
+                         max_layer_frames=args.max_layer_frames)
     z = torch.randn(1, 16, args.frames, 2, 2 * world)
     times = []
     with torch.no_grad():
@@ -44,7 +47,8 @@ def main() -> None:
             vae.decode(z)
             times.append(time.perf_counter() - t0)
     if rank == 0:
-        print(f"{world} rank(s): {min(times) / args.frames * 1000:.1f} ms per latent frame (fastest of {args.reps})")
+        print(f"{world} rank(s), frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: "
+              f"{min(times) / args.frames * 1000:.1f} ms per latent frame (fastest of {args.reps})")
     dist.destroy_process_group()
 
 
