@@ -115,3 +115,23 @@ def test_memory_model_predicts_a_sharded_decode_below_a_direct_one():
     assert one > two > four > 0
     assert sum(size for _, size in sites) == one
     assert any("_norm_into_causal_conv" in site for site, _ in sites)  # the causal caches
+
+
+def test_memory_model_sees_the_frame_settings():
+    """Fewer frames per layer lower the predicted peak, more latent frames per step raise it (the
+    direction BENCHMARKS.md reports for the real configs)."""
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    import vaeshard
+
+    model = _load("memory_model")
+    with torch.device("meta"):
+        vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1).eval()
+    vaeshard.parallelize(vae)
+    z = torch.empty(1, 4, 5, 12, 16, device="meta")
+    for ranks in (1, 2):
+        default, _ = model.predicted_peak(vae, z, ranks)
+        split, _ = model.predicted_peak(vae, z, ranks, max_layer_frames=2)
+        batched, _ = model.predicted_peak(vae, z, ranks, frames_per_step=2)
+        assert split < default < batched, (ranks, split, default, batched)
