@@ -48,12 +48,19 @@ class WanLike:
 
     # -- decode ---------------------------------------------------------------------------------
 
+    @staticmethod
+    def _exceeds_one_tile(vae, z) -> bool:
+        """diffusers' test in `_decode`: the latent is larger than one tile, so a tiled decode tiles."""
+        _, _, _, height, width = z.shape
+        ratio = vae.spatial_compression_ratio
+        return width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
+
     def decode_tile_ops(self, vae, z):
         _, _, _, height, width = z.shape
         ratio, patch = vae.spatial_compression_ratio, self.patch(vae)
         tile_h = vae.tile_sample_min_height // ratio
         tile_w = vae.tile_sample_min_width // ratio
-        if not (width > tile_w or height > tile_h):
+        if not self._exceeds_one_tile(vae, z):
             return None  # one tile: diffusers decodes it directly
         keep_h = vae.tile_sample_stride_height // patch
         keep_w = vae.tile_sample_stride_width // patch
@@ -99,11 +106,16 @@ class WanLike:
         return torch.cat(frames, dim=2)
 
     def _finish_tiled_decode(self, vae, merged):
-        if self.patch(vae) > 1:
-            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-
-            merged = unpatchify(merged, patch_size=self.patch(vae))
+        merged = self._unpatchify(vae, merged)
         return torch.clamp(merged, min=-1.0, max=1.0) if self.clamp_tiled_decode else merged
+
+    def _unpatchify(self, vae, x):
+        """diffusers' unpatchify where the VAE patchifies (Wan 2.2), else `x` itself."""
+        if self.patch(vae) == 1:
+            return x
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        return unpatchify(x, patch_size=self.patch(vae))
 
     def untiled_decode(self, vae, z):
         if fast.enabled():
@@ -115,11 +127,7 @@ class WanLike:
         """One rank's whole decode: the fast tier's stepping loop where it gives what the VAE's own
         `decode` would (no tiling of this latent, no accelerate hook around `decode`), otherwise the
         VAE's own `decode`. (A sliced batch arrives here one sample at a time: vaeshard splits it.)"""
-        _, _, _, height, width = z.shape
-        ratio = vae.spatial_compression_ratio
-        tiles = vae.use_tiling and (
-            width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
-        )
+        tiles = vae.use_tiling and self._exceeds_one_tile(vae, z)
         if fast.enabled() and not (tiles or hasattr(vae, "_hf_hook")):
             return self.untiled_decode(vae, z)
         return type(vae).decode(vae, z, return_dict=False)[0]
@@ -159,11 +167,7 @@ class WanLike:
             vae.clear_cache()
         if filled != total:
             raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
-        if self.patch(vae) > 1:  # a permutation: clamping before it gives diffusers' values
-            from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-
-            out = unpatchify(out, patch_size=self.patch(vae))
-        return out
+        return self._unpatchify(vae, out)  # a permutation: clamping before it gives diffusers' values
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
