@@ -60,8 +60,8 @@ class PeakMemory:
     """Peak memory of this rank since `reset()`.
 
     CUDA: `max_memory_allocated` minus what was allocated at `mark_base()` (BENCHMARKING.md); beside
-    it, `max_memory_reserved` minus what was reserved at `reset()` (`peak_reserved_bytes`), which
-    also counts what stays reserved between requests (a CUDA graph's memory pool, its buffers).
+    it, `max_memory_reserved` minus what was reserved at `reset()` (`peak_reserved_bytes`): what the
+    caching allocator held at most, which is what the device must have free.
     CPU: the process's peak resident set (getrusage max RSS); `reset()` lowers the high-water mark
     to the current RSS where Linux allows it (/proc/self/clear_refs), otherwise the peak is over
     the process's life so far (`resettable` says which).
@@ -124,15 +124,14 @@ def _timed_decode(ctx, vae, z, together: bool = True):
     return out, time.perf_counter() - t0
 
 
-def _timed_runs(ctx, vae, z, reps: int, memory: "PeakMemory", together: bool, full_warm_up: bool = False):
+def _timed_runs(ctx, vae, z, reps: int, memory: "PeakMemory", together: bool):
     """A warm-up, then `reps` timed decodes; returns (last sample, seconds of each on this rank).
 
     Peak memory counts from after the warm-up. `together`: start each decode with a barrier, so
-    every rank of a parallel decode starts at once. `full_warm_up`: warm up on the whole latent
-    (with `cuda_graphs`, the warm-up records the graph the timed runs replay).
+    every rank of a parallel decode starts at once.
     """
     memory.reset()
-    _warm_up(vae, z, full_warm_up)
+    _warm_up(vae, z)
     memory.mark_base()
     out, times = None, []
     for _ in range(reps):
@@ -173,7 +172,6 @@ class BenchSpec:
     exact: bool = False  # vaeshard's exact tier instead of the default fast tier
     frames_per_step: int = 1  # vaeshard.parallelize's frames_per_step
     max_layer_frames: int | None = None  # vaeshard.parallelize's max_layer_frames
-    cuda_graphs: bool = False  # vaeshard.parallelize's cuda_graphs
 
 
 def _load_for(ctx, spec: BenchSpec):
@@ -187,9 +185,9 @@ def _load_for(ctx, spec: BenchSpec):
     return vae, z
 
 
-def _warm_up(vae, z, full: bool = False):
+def _warm_up(vae, z):
     # A short clip of the same spatial size: the per-frame layers see the shapes the timed runs see.
-    vae.decode(z if full else z[:, :, : min(z.shape[2], 2)])
+    vae.decode(z[:, :, : min(z.shape[2], 2)])
 
 
 def _reference_worker(ctx, spec: BenchSpec) -> dict | None:
@@ -229,10 +227,10 @@ def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
     chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
     logging.getLogger("vaeshard").setLevel(logging.ERROR)  # a fallback shows in the table, not once per decode
     vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact, frames_per_step=spec.frames_per_step,
-                        max_layer_frames=spec.max_layer_frames, cuda_graphs=spec.cuda_graphs)
+                        max_layer_frames=spec.max_layer_frames)
     memory = PeakMemory(ctx)
     with torch.no_grad():
-        out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True, full_warm_up=spec.cuda_graphs)
+        out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True)
         peak = memory.peak_bytes()
         reserved = memory.peak_reserved_bytes()
         diff = None
@@ -268,7 +266,6 @@ class BenchResult:
     exact: bool = False  # vaeshard.parallelize's tier in the timed runs
     frames_per_step: int = 1  # vaeshard.parallelize's frames_per_step in the timed runs
     max_layer_frames: int | None = None  # vaeshard.parallelize's max_layer_frames in the timed runs
-    cuda_graphs: bool = False  # vaeshard.parallelize's cuda_graphs in the timed runs
     memory_measure: str = ""
     cpu_threads_per_rank: dict = field(default_factory=dict)  # ranks -> torch threads of each rank (CPU)
     rows: list[dict] = field(default_factory=list)
@@ -297,7 +294,6 @@ def run_bench(
     exact: bool = False,
     frames_per_step: int = 1,
     max_layer_frames: int | None = None,
-    cuda_graphs: bool = False,
     log=None,
     on_point=None,
 ) -> BenchResult:
@@ -329,7 +325,6 @@ def run_bench(
         exact=exact,
         frames_per_step=frames_per_step,
         max_layer_frames=max_layer_frames,
-        cuda_graphs=cuda_graphs,
         environment=environment(device),
     )
     world = launch.torchrun_world()
@@ -343,7 +338,7 @@ def run_bench(
     with tempfile.TemporaryDirectory(prefix="vaeshard-bench-") as tmp:
         ref_path = os.path.join(tmp, "reference.pt") if reference else None
         spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, exact,
-                         frames_per_step, max_layer_frames, cuda_graphs)
+                         frames_per_step, max_layer_frames)
         if reference:
             log("reference: diffusers decode, 1 process")
             values = launch.run(_reference_worker, world or 1, spec, device=device, timeout=timeout, group_timeout=group_timeout)
@@ -379,14 +374,6 @@ def _add_scaling(rows: list[dict]) -> None:
         r["scaling_efficiency"] = base / r["seconds"] / r["nproc"] if base else None
 
 
-def _memory_column(result: BenchResult, row: dict) -> list:
-    """Per-rank peak memory for the table: allocated (BENCHMARKING.md), or, with CUDA graphs kept
-    between requests, reserved (the graphs' pools are reserved, not allocated, between replays)."""
-    if result.cuda_graphs and result.device == "cuda":
-        return row.get("peak_reserved_bytes_per_rank") or row["peak_bytes_per_rank"]
-    return row["peak_bytes_per_rank"]
-
-
 def _summarise(values: list[dict], mode: str, nproc: int, result: BenchResult) -> dict:
     reps = len(values[0]["times"])
     per_rep = [max(v["times"][i] for v in values) for i in range(reps)]  # the slowest rank sets the pace
@@ -402,7 +389,7 @@ def _summarise(values: list[dict], mode: str, nproc: int, result: BenchResult) -
         "seconds_reps": per_rep,
         "seconds_per_rank": [v["times"] for v in values],
         "peak_bytes_per_rank": [v["peak_bytes"] for v in values],
-        "peak_reserved_bytes_per_rank": [v.get("peak_reserved_bytes") for v in values],
+        "peak_reserved_bytes_per_rank": [v["peak_reserved_bytes"] for v in values],  # CUDA only (else None)
         "peak_over_process_life": not all(v["peak_resettable"] for v in values),
         "speedup_vs_diffusers": None,
         "utilisation": None,
@@ -505,7 +492,7 @@ def bench_table(result: BenchResult) -> str:
                 _fmt(r["speedup_vs_diffusers"], ".2f", "-") + ("x" if r["speedup_vs_diffusers"] else ""),
                 _scaling_text(r),
                 _fmt(r["utilisation"], ".1%"),
-                "/".join(_memory_text(b, result.device) for b in _memory_column(result, r)),
+                "/".join(_memory_text(b, result.device) for b in r["peak_bytes_per_rank"]),
                 _fmt(r["max_abs_diff"], ".2e", "-"),
                 _fmt(r["mean_abs_diff"], ".2e", "-"),
             ]
@@ -515,9 +502,7 @@ def bench_table(result: BenchResult) -> str:
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
         "timed decode(s) after one warm-up; time = slowest rank",
         f"vaeshard tier: {'exact (exact=True)' if result.exact else 'fast (default)'}; tile is always exact"
-        + ("" if result.exact else f"; frames_per_step={result.frames_per_step}, max_layer_frames={result.max_layer_frames}"
-                                 + (", cuda_graphs=True (memory: peak reserved from before the warm-up, which records the graphs)"
-                                    if result.cuda_graphs else "")),
+        + ("" if result.exact else f"; frames_per_step={result.frames_per_step}, max_layer_frames={result.max_layer_frames}"),
     ]
     if result.flops is not None:
         peak = f" at {result.peak_tflops:g} TFLOP/s per device" if result.peak_tflops else ""

@@ -131,8 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
     dec.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
                      help="fast tier: frames a decoder layer takes at once, at least 2 (default: all; fewer: less memory)")
-    dec.add_argument("--cuda-graphs", action="store_true",
-                     help="fast tier, CUDA: replay the decoder's steady step as a CUDA graph kept between requests (more memory)")
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -165,8 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
                      help="fast tier: latent frames per decoder call after the first (default 1)")
     ben.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
                      help="fast tier: frames a decoder layer takes at once, at least 2 (default: all)")
-    ben.add_argument("--cuda-graphs", action="store_true",
-                     help="fast tier, CUDA: replay the decoder's steady step as a CUDA graph (memory shown: peak reserved)")
     ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
     return parser
 
@@ -304,7 +300,6 @@ class DecodeJob:
     cudnn_benchmark: bool = True
     frames_per_step: int = 1
     max_layer_frames: int | None = None
-    cuda_graphs: bool = False
 
 
 def _decode(args) -> int:
@@ -342,7 +337,6 @@ def _decode(args) -> int:
         cudnn_benchmark=args.cudnn_benchmark,
         frames_per_step=args.frames_per_step,
         max_layer_frames=args.max_layer_frames,
-        cuda_graphs=args.cuda_graphs,
     )
     from . import launch
 
@@ -404,7 +398,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
     vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact,
                          cudnn_benchmark=job.cudnn_benchmark, frames_per_step=job.frames_per_step,
-                         max_layer_frames=job.max_layer_frames, cuda_graphs=job.cuda_graphs)
+                         max_layer_frames=job.max_layer_frames)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
@@ -509,7 +503,6 @@ def _bench(args) -> int:
         exact=args.exact,
         frames_per_step=args.frames_per_step,
         max_layer_frames=args.max_layer_frames,
-        cuda_graphs=args.cuda_graphs,
         timeout=None,
         log=_bench_log,
         on_point=functools.partial(_bench_point, args.json),

@@ -67,12 +67,6 @@ class Comm:
             device = torch.device("cuda", torch.cuda.current_device())
         return cls(group=group, rank=rank, world=world, timeout=timeout, device=device)
 
-    def group_key(self) -> tuple:
-        """This rank's place in this group, for keeping per-group state (a recorded CUDA graph
-        holds this group's communicator): the group's identity, this rank and the group size."""
-        group = self.group if self.group is not None else dist.group.WORLD
-        return (id(group), self.rank, self.world)
-
     # -- plumbing -------------------------------------------------------------------------------
 
     def _wait(self, work, what: str) -> None:

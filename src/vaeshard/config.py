@@ -42,13 +42,6 @@ class VaeParallelConfig:
              layers 4 frames per latent frame) runs on parts of at most this many, each part's cache
              being the frames before it: the same values, the activations of fewer frames alive at
              once (less peak memory), more kernel launches and halo exchanges in those layers.
-    cuda_graphs: fast tier, causal video VAEs (Wan), CUDA: False (default), or True to record the
-             decoder's steady step (one call of `frames_per_step` latent frames with a full feature
-             cache) once per latent size as a CUDA graph and replay it, in this and later requests
-             of that size, instead of launching every layer's kernels and halo exchanges from
-             Python (graphs.py). The same bits as without. The graph keeps its feature cache,
-             buffers and memory pool allocated between requests, about one decode's peak per
-             latent size, until the VAE is parallelized again or unparallelized.
     """
 
     size: int | None = None
@@ -59,7 +52,6 @@ class VaeParallelConfig:
     cudnn_benchmark: bool = True
     frames_per_step: int = 1
     max_layer_frames: int | None = None
-    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -75,8 +67,6 @@ class VaeParallelConfig:
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise TypeError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if isinstance(self.frames_per_step, bool) or not isinstance(self.frames_per_step, int):
             raise TypeError(f"frames_per_step must be an int, got {type(self.frames_per_step).__name__}")
         if self.frames_per_step < 1:

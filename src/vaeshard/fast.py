@@ -36,7 +36,6 @@ import torch.nn.functional as F
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
 _max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
-_cuda_graphs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_cuda_graphs", default=False)
 
 
 def enabled() -> bool:
@@ -55,25 +54,17 @@ def max_layer_frames() -> int | None:
     return _max_layer_frames.get() if _fast.get() else None
 
 
-def cuda_graphs() -> bool:
-    """Whether this request may replay a causal video decoder's steady step as a CUDA graph kept
-    between requests (graphs.py; always False outside the fast tier)."""
-    return _cuda_graphs.get() and _fast.get()
-
-
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None,
-         cuda_graphs: bool = False):
+def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
     restored afterwards. The first convolution of each new shape then times cuDNN's algorithms once
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
-    `frames_per_step`, `max_layer_frames`, `cuda_graphs` (fast tier only): see the functions of those
-    names and VaeParallelConfig.
+    `frames_per_step`, `max_layer_frames` (fast tier only): see the functions of those names and
+    VaeParallelConfig.
     """
     token = _fast.set(fast)
-    graphs = _cuda_graphs.set(cuda_graphs)
     steps = _frames_per_step.set(frames_per_step)
     parts = _max_layer_frames.set(max_layer_frames)
     benchmark = torch.backends.cudnn.benchmark
@@ -84,7 +75,6 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
     finally:
         torch.backends.cudnn.benchmark = benchmark
         _max_layer_frames.reset(parts)
-        _cuda_graphs.reset(graphs)
         _frames_per_step.reset(steps)
         _fast.reset(token)
 

@@ -10,16 +10,12 @@ tile strategy stays bit-identical to them.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn as nn
 
-from .. import fast, graphs, shard
+from .. import fast, shard
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
-
-log = logging.getLogger("vaeshard")
 
 
 class WanLike:
@@ -153,61 +149,25 @@ class WanLike:
         vae.clear_cache()
         try:
             x = vae.post_quant_conv(z)
-            out, filled, start, call = None, 0, 0, 0
+            out, filled, start = None, 0, 0
             while start < num_frames:
                 stop = 1 if start == 0 else min(start + per_step, num_frames)
-                chunk = x[:, :, start:stop]
-                if call >= 2 and stop - start == per_step and fast.cuda_graphs() and graphs.capturable(chunk):
-                    y = self._graph_step(vae, chunk)
-                else:
-                    y = self._decoder_call(vae, chunk, first_chunk=start == 0)
+                vae._conv_idx = [0]
+                first = {"first_chunk": True} if start == 0 and self.decoder_takes_first_chunk else {}
+                y = vae.decoder(x[:, :, start:stop], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, **first)
                 if out is None:
                     out = y.new_empty((*y.shape[:2], total, *y.shape[3:]))  # contiguous, as diffusers'
                 if filled + y.shape[2] > total:
                     raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
                 torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
                 filled += y.shape[2]
-                start, call = stop, call + 1
+                start = stop
                 del y
         finally:
             vae.clear_cache()
         if filled != total:
             raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
         return self._unpatchify(vae, out)  # a permutation: clamping before it gives diffusers' values
-
-    def _decoder_call(self, vae, chunk, first_chunk: bool = False):
-        """One decoder call on `chunk`'s latent frames with the VAE's feature cache, as diffusers'
-        `_decode` makes it."""
-        vae._conv_idx = [0]
-        first = {"first_chunk": True} if first_chunk and self.decoder_takes_first_chunk else {}
-        return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, **first)
-
-    def _graph_step(self, vae, chunk):
-        """A steady decoder call (a full step after the first two calls) through the CUDA graph kept
-        for this step's shape (graphs.py, `cuda_graphs=True`): recorded after one eager steady call of
-        the first request of that shape has checked that the feature cache keeps its shapes, then
-        replayed, in this request and later ones. The same kernels on the same values as eagerly."""
-        ctx = shard.current()
-        where = None if ctx is None else (ctx.comm.group_key(), ctx.axis, tuple(ctx.extents))
-        key = (tuple(chunk.shape), chunk.dtype, chunk.device, fast.max_layer_frames(), where)
-        step = graphs.step_graph(vae, key)
-        if step is None:  # this step was found to have no steady state: eagerly, as without graphs
-            return self._decoder_call(vae, chunk)
-        if step.recorded:
-            return step.replay(chunk, vae._feat_map)
-        if not getattr(step, "checked", False):  # the first steady call of this shape: eagerly, checked
-            before = list(vae._feat_map)
-            y = self._decoder_call(vae, chunk)
-            try:
-                graphs.check_steady(vae._feat_map, before)
-            except graphs.StateChanged as e:
-                log.warning("vaeshard: no CUDA graph for this decode step (%s); it runs eagerly", e)
-                graphs.give_up(vae, key)
-            else:
-                step.checked = True
-            return y
-        step.record(lambda frames: self._decoder_call(vae, frames), chunk, vae._feat_map)
-        return step.replay(chunk, vae._feat_map)
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
@@ -459,18 +419,12 @@ class FastUpsample:
             if cached is None:
                 feat_cache[idx] = "Rep"
             else:
-                x_in = x
+                cache_x = x[:, :, -CACHE_T:].clone()
+                if cache_x.shape[2] < 2:
+                    last = torch.zeros_like(cache_x) if isinstance(cached, str) else cached[:, :, -1:].to(cache_x.device)
+                    cache_x = torch.cat([last, cache_x], dim=2)
                 x = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
-                # diffusers' cache update, made once the time convolution has read the old cache
-                if _cache_in_place(cached, x_in):
-                    _update_cache_in_place(cached, x_in)
-                else:
-                    cache_x = x_in[:, :, -CACHE_T:].clone()
-                    if cache_x.shape[2] < 2:
-                        last = torch.zeros_like(cache_x) if isinstance(cached, str) else cached[:, :, -1:].to(cache_x.device)
-                        cache_x = torch.cat([last, cache_x], dim=2)
-                    feat_cache[idx] = cache_x
-                del x_in
+                feat_cache[idx] = cache_x
                 # frame 2i + j is channel half j of the time convolution's frame i
                 frames = x.unflatten(1, (2, c)).permute(0, 3, 1, 2, 4, 5)  # (b, t, 2, c, h, w)
                 t *= 2
@@ -554,47 +508,18 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
         idx = feat_idx[0]
         cache = feat_cache[idx]
     buf, new = conv.input_buffer(x, cache, halo_rows)
-    in_place = _cache_in_place(cache, new)
-    if feat_cache is not None and new.shape[2] >= CACHE_T and not in_place:
+    if feat_cache is not None and new.shape[2] >= CACHE_T:
         # the buffer holds the cached frames now and the new cache comes from the new frames alone:
         # release the old one first, so the two are never alive together
         feat_cache[idx] = cache = None
     fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
     if feat_cache is not None:
-        if in_place:  # the buffer has read the old cache (stream order): overwrite it
-            _update_cache_in_place(cache, new)
-        else:
-            cache_x = new[:, :, -CACHE_T:, :, :].clone()
-            if cache_x.shape[2] < 2 and cache is not None:
-                cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
-            feat_cache[idx] = cache_x
+        cache_x = new[:, :, -CACHE_T:, :, :].clone()
+        if cache_x.shape[2] < 2 and cache is not None:
+            cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
+        feat_cache[idx] = cache_x
         feat_idx[0] += 1
     return buf
-
-
-def _cache_in_place(cache, frames: torch.Tensor) -> bool:
-    """Whether diffusers' cache update after `frames` (their last CACHE_T frames; after one frame,
-    the old cache's last frame in front of it) can be written into the old cache tensor: it has
-    that shape already. The entry then keeps its storage from call to call (no new tensor each
-    time; a replayed CUDA graph of the decoder step, graphs.py, needs that)."""
-    t = frames.shape[2]
-    return (
-        isinstance(cache, torch.Tensor)
-        and cache.shape == (*frames.shape[:2], CACHE_T, *frames.shape[3:])
-        and cache.dtype == frames.dtype
-        and cache.device == frames.device
-        and (t >= CACHE_T or (CACHE_T == 2 and t == 1))
-    )
-
-
-def _update_cache_in_place(cache: torch.Tensor, frames: torch.Tensor) -> None:
-    """The update `_cache_in_place` allowed, once the old cache has been read (copied into the
-    convolution's input)."""
-    if frames.shape[2] >= CACHE_T:
-        cache.copy_(frames[:, :, -CACHE_T:])
-    else:  # one new frame: the old cache's last frame moves to the front
-        cache[:, :, :1].copy_(cache[:, :, 1:])
-        cache[:, :, 1:].copy_(frames)
 
 
 def _upsample_into_buffer(conv, like, frames, b, t, c, h, w):
