@@ -150,14 +150,6 @@ class Comm:
         rows become zeros. For a caller that built the core in place (a convolution's input buffer).
         Returns `buf`.
         """
-        return self.start_fill_halo(buf, dim, before, after, num_ranks).finish()
-
-    def start_fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int, num_ranks: int) -> "HaloExchange":
-        """`fill_halo` in two steps: this starts the exchange (the core rows the neighbours receive,
-        the first `after` and the last `before`, must be written; the other core rows may be
-        written until `finish()`, while the exchange runs), `finish()` on the result waits for it and
-        fills the halo rows. On NCCL the exchange runs on NCCL's stream, so work queued between the
-        two steps overlaps it on the GPU."""
         extent = buf.shape[dim] - before - after
         core = buf.narrow(dim, before, extent)
         has_prev = self.rank > 0
@@ -175,8 +167,22 @@ class Comm:
         if has_next and before > 0:
             first = extent - before
             ops.append(dist.P2POp(dist.isend, core.narrow(dim, first, before).contiguous(), self._global(self.rank + 1), self.group))
-        works = dist.batch_isend_irecv(ops) if ops else []
-        return HaloExchange(self, buf, dim, before, after, extent, works, ops, from_prev, from_next)
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                self._wait(work, "halo exchange")
+        # Received rows arrive in plain contiguous buffers; they are copied into the halo rows of
+        # the buffer (a few rows), zeros at the global edges.
+        for rows, at, received in ((before, 0, from_prev), (after, before + extent, from_next)):
+            if rows == 0:
+                continue
+            target = buf.narrow(dim, at, rows)
+            if received is None:
+                target.zero_()
+            else:
+                target.copy_(received)
+        return buf
+
+    # -- gathers --------------------------------------------------------------------------------
 
     def all_gather_along(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor:
         """Concatenate every rank's slice along `dim`; rank r holds `extents[r]` rows (uneven allowed).
@@ -253,39 +259,6 @@ class Comm:
         bufs = [torch.empty_like(stack) for _ in range(self.world)] if self.rank == 0 else None
         self._wait(dist.gather(stack, bufs, dst=self._global(0), group=self.group, async_op=True), "gather of tiles")
         return bufs
-
-
-@dataclass
-class HaloExchange:
-    """A halo exchange started by `Comm.start_fill_halo`; `finish()` completes it once."""
-
-    comm: Comm
-    buf: torch.Tensor
-    dim: int
-    before: int
-    after: int
-    extent: int
-    works: list
-    ops: list  # holds the send and receive buffers until the exchange is done
-    from_prev: torch.Tensor | None
-    from_next: torch.Tensor | None
-
-    def finish(self) -> torch.Tensor:
-        """Wait for the exchange (within the configured timeout) and fill the halo rows: received
-        rows arrive in plain contiguous buffers and are copied in (a few rows), zeros at the
-        global edges. Returns the buffer."""
-        for work in self.works:
-            self.comm._wait(work, "halo exchange")
-        self.works, self.ops = [], []
-        for rows, at, received in ((self.before, 0, self.from_prev), (self.after, self.before + self.extent, self.from_next)):
-            if rows == 0:
-                continue
-            target = self.buf.narrow(self.dim, at, rows)
-            if received is None:
-                target.zero_()
-            else:
-                target.copy_(received)
-        return self.buf
 
 
 def _with_extent(shape: torch.Size, dim: int, extent: int) -> list[int]:

@@ -59,10 +59,6 @@ class ShardContext:
         """Comm.fill_halo over this request's shard ranks."""
         return self.comm.fill_halo(buf, dim, before, after, self.num_ranks)
 
-    def start_fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int):
-        """Comm.start_fill_halo over this request's shard ranks (finish() the result)."""
-        return self.comm.start_fill_halo(buf, dim, before, after, self.num_ranks)
-
     def zero_edges(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
         """Zero the first `before` rows of `buf` along `dim` on the first shard rank and the last
         `after` on the last one: the zero padding at the global edges, for a buffer whose halo rows
@@ -164,35 +160,9 @@ class HaloCausalConv3d:
             core[:, :, tpad - cached : tpad].copy_(cache_x)
         return buf, core[:, :, tpad:]
 
-    def write_overlapping(self, buf: torch.Tensor, new: torch.Tensor, write, halo_rows=None):
-        """Write the new frames of a buffer from `input_buffer` with `write(start, length)` (rows
-        start..start+length of `new` along the sharded axis, all of them unsharded) so that a
-        sharded request's halo exchange overlaps the writing: the rows the neighbours receive are
-        written first, then the exchange starts, then the other rows are written while it runs.
-        Returns the started exchange for `forward_buffer(..., exchange=...)`, or None (nothing to
-        exchange, or a shard too narrow to split: every row written, `forward_buffer` exchanges)."""
-        ctx = current()
-        if ctx is None:
-            write(0, None)
-            return None
-        dim = ctx.dim(new)
-        before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
-        extent = new.shape[dim]
-        if not (before or after) or extent <= before + after:
-            write(0, None)
-            return None
-        if after:  # the first rows go to the previous rank, the last to the next
-            write(0, after)
-        if before:
-            write(extent - before, before)
-        exchange = ctx.start_fill_halo(buf, dim, before, after)
-        write(after, extent - before - after)
-        return exchange
-
-    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, exchange=None) -> torch.Tensor:
+    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
-        exchanged (or the exchange `write_overlapping` started completed), then cuDNN applies the
-        zero padding of the unsharded axis (no padded copy).
+        exchanged, then cuDNN applies the zero padding of the unsharded axis (no padded copy).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
         into the next norm (fast.move_bias_into_norm) is left out too."""
@@ -200,9 +170,7 @@ class HaloCausalConv3d:
         padding = list(self._padding)
         if ctx is not None:
             before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
-            if exchange is not None:
-                exchange.finish()
-            elif before or after:
+            if before or after:
                 ctx.fill_halo(buf, ctx.dim(buf), before, after)
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))

@@ -373,17 +373,17 @@ class FastResidualBlock:
         rows1, rows2 = ((2, 2), (0, 0)) if one_exchange else (None, None)
         # each activation is dropped as soon as the next buffer holds what is needed of it, so a
         # block holds at most its input (the residual), one convolution input and one output
-        buf, exchange = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
+        buf = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
         del x
-        y = self.conv1.forward_buffer(buf, halo_rows=rows1, exchange=exchange)
-        del buf, exchange
+        y = self.conv1.forward_buffer(buf, halo_rows=rows1)
+        del buf
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
         fuse = fast.fused_bias_add_available(y)  # conv2's bias and the residual in one pass (CUDA)
-        buf, exchange = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
+        buf = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
         del y
-        y = self.conv2.forward_buffer(buf, with_bias=not fuse, halo_rows=rows2, exchange=exchange)
-        del buf, exchange
+        y = self.conv2.forward_buffer(buf, with_bias=not fuse, halo_rows=rows2)
+        del buf
         # the sum goes into h where it has y's layout (on CUDA, channels-last both): the block's
         # output takes the storage of its input (or of the shortcut's output), which diffusers'
         # callers hold until the block returns and never read again (they reassign it; Wan 2.2's
@@ -502,10 +502,7 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
 
 def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None):
     """silu(norm(x)) written into `conv`'s input buffer, with diffusers' feature-cache bookkeeping;
-    returns (buffer, exchange) for `conv.forward_buffer` (`halo_rows`: see HaloCausalConv3d).
-    Sharded, the halo exchange starts once the rows the neighbours receive are normed and runs
-    while the rest of the shard is (`HaloCausalConv3d.write_overlapping`); the norm of each voxel
-    reads only its own channels, so the rows give the same values in any grouping."""
+    returns the buffer for `conv.forward_buffer` (`halo_rows`: see HaloCausalConv3d)."""
     cache = None
     if feat_cache is not None:
         idx = feat_idx[0]
@@ -515,20 +512,14 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
         # the buffer holds the cached frames now and the new cache comes from the new frames alone:
         # release the old one first, so the two are never alive together
         feat_cache[idx] = cache = None
-    def write(start, rows):
-        src, dst = (x, new) if rows is None else (x.narrow(dim, start, rows), new.narrow(dim, start, rows))
-        fast.rms_norm(src, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=dst)
-
-    ctx = shard.current()
-    dim = None if ctx is None else ctx.dim(x)
-    exchange = conv.write_overlapping(buf, new, write, halo_rows)
+    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
     if feat_cache is not None:
         cache_x = new[:, :, -CACHE_T:, :, :].clone()
         if cache_x.shape[2] < 2 and cache is not None:
             cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
         feat_cache[idx] = cache_x
         feat_idx[0] += 1
-    return buf, exchange
+    return buf
 
 
 def _upsample_into_buffer(conv, like, frames, b, t, c, h, w):
