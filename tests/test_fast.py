@@ -376,6 +376,32 @@ def _decoder_calls(vae):
         handle.remove()
 
 
+@pytest.mark.parametrize("per_step", [1, 2])
+def test_causal_caches_are_overwritten_in_place(per_step):
+    """From the third decoder call on, the fast residual blocks and upsamplers write their causal
+    caches into the tensors of the call before (diffusers makes a new tensor each call); only the
+    entries diffusers' own code updates (the decoder's first and last convolutions) are new."""
+    import vaeshard
+
+    vae = vaeshard.parallelize(build("wan21"), frames_per_step=per_step)
+    z = latent((1, 4, 1 + 4 * per_step, 6, 5))
+    states = []
+    handle = vae.decoder.register_forward_hook(lambda module, inputs, output: states.append(list(vae._feat_map)))
+    try:
+        out = vae.decode(z).sample
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        ref = build("wan21").decode(z).sample
+    assert (out - ref).abs().max() <= TOL_CPU_FP32
+    assert len(states) == 5
+    for before, after in zip(states[1:], states[2:]):
+        renewed = [i for i, (a, b) in enumerate(zip(before, after)) if a is not b]
+        cached = [i for i, entry in enumerate(after) if isinstance(entry, torch.Tensor)]
+        assert renewed == [cached[0], cached[-1]], renewed  # conv_in's and conv_out's entries
+        assert len(cached) > 10
+
+
 @pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
 def test_frames_per_step_direct(model):
     """One decoder call for the first latent frame, then calls of up to `frames_per_step` frames; every
