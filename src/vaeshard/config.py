@@ -32,8 +32,8 @@ class VaeParallelConfig:
     frames_per_step: fast tier, causal video VAEs (Wan, Qwen-Image): latent frames the decoder
              takes per call after the first, which it always takes alone (diffusers: 1). The causal
              feature caches make every split of the frames compute the same values; more frames per
-             call launch fewer, larger kernels and copy the caches less often per frame (less host
-             time per frame, which paces sharded decodes), and hold that many frames' activations
+             call launch fewer, larger kernels, copy the caches less often per frame and, sharded,
+             make fewer halo exchanges per frame (faster), and hold that many frames' activations
              at once (more memory). See docs/strategies.md for measured figures. The exact tier
              and `tile` decode one frame per call, as diffusers; AutoencoderKL (no frames) ignores it.
     max_layer_frames: fast tier, causal video VAEs: None (default), or the most frames a residual

@@ -23,6 +23,8 @@ outside a vaeshard request always sees the original layers. What changes in the 
   a growing concatenation, and with `frames_per_step` > 1 several latent frames per call. With
   `max_layer_frames` set, their residual blocks, upsamplers and causal convolutions run on at most
   that many frames at once, the causal cache handed from part to part (less activation memory).
+  Their residual blocks and upsamplers overwrite each causal cache in place once it has its steady
+  shape, instead of making a new tensor per decoder call (the same values, less memory reserved).
 """
 
 from __future__ import annotations
