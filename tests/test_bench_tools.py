@@ -135,3 +135,28 @@ def test_memory_model_sees_the_frame_settings():
         split, _ = model.predicted_peak(vae, z, ranks, max_layer_frames=2)
         batched, _ = model.predicted_peak(vae, z, ranks, frames_per_step=2)
         assert split < default < batched, (ranks, split, default, batched)
+
+
+def test_bench_table_shows_reserved_memory_beside_allocated_on_cuda():
+    """The CUDA table has a reserved column (the caching allocator's peak) after the allocated one,
+    per rank; a CPU table (RSS) has none."""
+    from vaeshard.bench import BenchResult, bench_table
+
+    gib = 2**30
+    result = BenchResult(subject="s", shape=(1, 16, 2, 4, 4), dtype="bf16", device="cuda", reps=3, flops=None,
+                         flops_source=None, peak_tflops=None,
+                         reference={"seconds": 1.0, "peak_bytes": gib, "peak_reserved_bytes": 2 * gib,
+                                    "seconds_reps": [1.0], "out_shape": [1], "peak_over_process_life": False})
+    result.rows.append(dict(mode="auto", nproc=2, strategy="spatial_shard_width", fallback=False, seconds=0.5,
+                            speedup_vs_diffusers=2.0, utilisation=None, peak_bytes_per_rank=[gib, gib // 2],
+                            peak_reserved_bytes_per_rank=[3 * gib, 5 * gib // 2], max_abs_diff=None,
+                            mean_abs_diff=None, reason="r", peak_over_process_life=False))
+    lines = bench_table(result).splitlines()
+    header = next(line for line in lines if line.startswith("mode"))
+    assert header.index("peak allocated GiB/rank") < header.index("reserved GiB/rank")
+    assert "1.00  " in next(line for line in lines if line.startswith("diffusers")).split("(reference)")[0]
+    assert "2.00" in next(line for line in lines if line.startswith("diffusers"))
+    row = next(line for line in lines if line.startswith("auto")).split()
+    assert row[row.index("1.00/0.50") + 1] == "3.00/2.50"
+    result.device = "cpu"
+    assert "reserved" not in bench_table(result)

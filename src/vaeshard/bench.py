@@ -202,6 +202,7 @@ def _reference_worker(ctx, spec: BenchSpec) -> dict | None:
         # one process: no barrier (under torchrun the other ranks are not decoding)
         out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=False)
         peak = memory.peak_bytes()
+        reserved = memory.peak_reserved_bytes()
         if spec.ref_path:
             torch.save(out.cpu(), spec.ref_path)
         shape = tuple(out.shape)
@@ -213,7 +214,8 @@ def _reference_worker(ctx, spec: BenchSpec) -> dict | None:
             with FlopCounterMode(display=False) as counter:
                 vae.decode(z)
             flops = float(counter.get_total_flops())
-    return {"times": times, "peak_bytes": peak, "flops": flops, "out_shape": shape, "peak_resettable": memory.resettable}
+    return {"times": times, "peak_bytes": peak, "peak_reserved_bytes": reserved, "flops": flops, "out_shape": shape,
+            "peak_resettable": memory.resettable}
 
 
 def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
@@ -347,6 +349,7 @@ def run_bench(
                 "seconds": statistics.median(ref["times"]),
                 "seconds_reps": ref["times"],
                 "peak_bytes": ref["peak_bytes"],
+                "peak_reserved_bytes": ref["peak_reserved_bytes"],  # CUDA only (else None)
                 "out_shape": list(ref["out_shape"]),
                 "peak_over_process_life": not ref["peak_resettable"],
             }
@@ -466,6 +469,9 @@ def bench_table(result: BenchResult) -> str:
         "max|diff|",
         "mean|diff|",
     ]
+    reserved = result.device == "cuda"  # what the caching allocator held at most, beside what was allocated
+    if reserved:
+        headers.insert(8, f"reserved {unit}/rank")
     rows = []
     if result.reference is not None:
         rows.append(
@@ -482,6 +488,8 @@ def bench_table(result: BenchResult) -> str:
                 "",
             ]
         )
+        if reserved:
+            rows[-1].insert(8, _memory_text(result.reference.get("peak_reserved_bytes"), result.device))
     for r in result.rows:
         rows.append(
             [
@@ -497,6 +505,9 @@ def bench_table(result: BenchResult) -> str:
                 _fmt(r["mean_abs_diff"], ".2e", "-"),
             ]
         )
+        if reserved:
+            per_rank = r.get("peak_reserved_bytes_per_rank") or [None]
+            rows[-1].insert(8, "/".join(_memory_text(b, result.device) for b in per_rank))
     head = [
         f"vaeshard bench: {result.subject}",
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
