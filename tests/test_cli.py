@@ -173,6 +173,7 @@ EXPECTED_FLAGS = {
         ("--json", None, None, False),
         ("--plot", None, None, False),
         ("--exact", None, False, False),
+        ("--no-cudnn-benchmark", None, True, False),
         ("--frames-per-step", None, 1, False),
         ("--max-layer-frames", None, None, False),
         ("--timeout", None, 600.0, False),

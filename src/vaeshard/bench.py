@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from .config import MODES
+from .config import MODES, VaeParallelConfig
 from .io import ModelSource, named_model
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -169,9 +169,7 @@ class BenchSpec:
     ref_path: str | None  # where the reference run leaves its output for the other runs to compare
     count_flops: bool = False
     group_timeout: float = 600.0
-    exact: bool = False  # vaeshard's exact tier instead of the default fast tier
-    frames_per_step: int = 1  # vaeshard.parallelize's frames_per_step
-    max_layer_frames: int | None = None  # vaeshard.parallelize's max_layer_frames
+    options: dict = field(default_factory=dict)  # more vaeshard.parallelize arguments (exact, frames_per_step, ...)
 
 
 def _load_for(ctx, spec: BenchSpec):
@@ -228,8 +226,7 @@ def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
     vae, z = _load_for(ctx, spec)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
     logging.getLogger("vaeshard").setLevel(logging.ERROR)  # a fallback shows in the table, not once per decode
-    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, exact=spec.exact, frames_per_step=spec.frames_per_step,
-                        max_layer_frames=spec.max_layer_frames)
+    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, **spec.options)
     memory = PeakMemory(ctx)
     with torch.no_grad():
         out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True)
@@ -265,9 +262,7 @@ class BenchResult:
     modes: list[str] = field(default_factory=list)
     nprocs: list[int] = field(default_factory=list)
     output: str = "all"  # vaeshard.parallelize's output placement in the timed runs
-    exact: bool = False  # vaeshard.parallelize's tier in the timed runs
-    frames_per_step: int = 1  # vaeshard.parallelize's frames_per_step in the timed runs
-    max_layer_frames: int | None = None  # vaeshard.parallelize's max_layer_frames in the timed runs
+    options: dict = field(default_factory=dict)  # vaeshard.parallelize's other arguments in the timed runs
     memory_measure: str = ""
     cpu_threads_per_rank: dict = field(default_factory=dict)  # ranks -> torch threads of each rank (CPU)
     rows: list[dict] = field(default_factory=list)
@@ -293,17 +288,19 @@ def run_bench(
     seed: int = 0,
     group_timeout: float = 600.0,
     timeout: float | None = None,
-    exact: bool = False,
-    frames_per_step: int = 1,
-    max_layer_frames: int | None = None,
+    options: dict | None = None,
     log=None,
     on_point=None,
 ) -> BenchResult:
     """Measure every (mode, ranks) point and, unless `reference` is False, diffusers' own decode.
 
     `on_point(result)`, when given, is called after the reference and after each point with the
-    result so far, so a run cut short still leaves what it measured.
+    result so far, so a run cut short still leaves what it measured. `options`: more keyword
+    arguments of `vaeshard.parallelize` for the timed runs (exact, cudnn_benchmark, frames_per_step,
+    max_layer_frames), checked here before anything runs.
     """
+    options = dict(options or {})
+    VaeParallelConfig(**options)  # an unknown or invalid option fails here, not in every worker
     from . import launch
 
     log = log or (lambda msg: None)
@@ -324,9 +321,7 @@ def run_bench(
         flops_source=flops_source,
         peak_tflops=peak_tflops,
         reference=None,
-        exact=exact,
-        frames_per_step=frames_per_step,
-        max_layer_frames=max_layer_frames,
+        options=options,
         environment=environment(device),
     )
     world = launch.torchrun_world()
@@ -339,8 +334,7 @@ def run_bench(
             result.cpu_threads_per_rank = {n: launch.cpu_threads_per_rank(n) for n in result.nprocs}
     with tempfile.TemporaryDirectory(prefix="vaeshard-bench-") as tmp:
         ref_path = os.path.join(tmp, "reference.pt") if reference else None
-        spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, exact,
-                         frames_per_step, max_layer_frames)
+        spec = BenchSpec(model, tuple(shape), dtype, device, reps, seed, ref_path, count_flops, group_timeout, options)
         if reference:
             log("reference: diffusers decode, 1 process")
             values = launch.run(_reference_worker, world or 1, spec, device=device, timeout=timeout, group_timeout=group_timeout)
@@ -454,6 +448,17 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line.rstrip(), rule, *body])
 
 
+def _tier_text(options: dict) -> str:
+    exact = options.get("exact", False)
+    text = f"vaeshard tier: {'exact (exact=True)' if exact else 'fast (default)'}; tile is always exact"
+    if not exact:
+        text += "; " + ", ".join(f"{k}={options.get(k, v)}" for k, v in _FAST_DEFAULTS.items())
+    return text
+
+
+_FAST_DEFAULTS = {"cudnn_benchmark": True, "frames_per_step": 1, "max_layer_frames": None}
+
+
 def bench_table(result: BenchResult) -> str:
     unit = "GiB" if result.device == "cuda" else "MiB"
     mem_kind = "allocated" if result.device == "cuda" else "RSS"
@@ -512,8 +517,7 @@ def bench_table(result: BenchResult) -> str:
         f"vaeshard bench: {result.subject}",
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
         "timed decode(s) after one warm-up; time = slowest rank",
-        f"vaeshard tier: {'exact (exact=True)' if result.exact else 'fast (default)'}; tile is always exact"
-        + ("" if result.exact else f"; frames_per_step={result.frames_per_step}, max_layer_frames={result.max_layer_frames}"),
+        _tier_text(result.options),
     ]
     if result.flops is not None:
         peak = f" at {result.peak_tflops:g} TFLOP/s per device" if result.peak_tflops else ""

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .config import MODES
 from .io import InputError
@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
     ben.add_argument("--exact", action="store_true", help="measure vaeshard's exact tier (default: the fast tier)")
+    ben.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
+                     help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
     ben.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                      help="fast tier: latent frames per decoder call after the first (default 1)")
     ben.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
@@ -296,10 +298,13 @@ class DecodeJob:
     fps: int
     progress: bool
     timeout: float
-    exact: bool = False
-    cudnn_benchmark: bool = True
-    frames_per_step: int = 1
-    max_layer_frames: int | None = None
+    options: dict = field(default_factory=dict)  # vaeshard.parallelize's tier arguments (see _tier_options)
+
+
+def _tier_options(args) -> dict:
+    """The vaeshard.parallelize arguments of the tier that `decode` and `bench` take from their options."""
+    return {"exact": args.exact, "cudnn_benchmark": args.cudnn_benchmark, "frames_per_step": args.frames_per_step,
+            "max_layer_frames": args.max_layer_frames}
 
 
 def _decode(args) -> int:
@@ -333,10 +338,7 @@ def _decode(args) -> int:
         fps=args.fps,
         progress=not args.quiet,
         timeout=args.timeout,
-        exact=args.exact,
-        cudnn_benchmark=args.cudnn_benchmark,
-        frames_per_step=args.frames_per_step,
-        max_layer_frames=args.max_layer_frames,
+        options=_tier_options(args),
     )
     from . import launch
 
@@ -396,9 +398,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     else:
         z = z.to(vae.dtype)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
-    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, exact=job.exact,
-                         cudnn_benchmark=job.cudnn_benchmark, frames_per_step=job.frames_per_step,
-                         max_layer_frames=job.max_layer_frames)
+    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, **job.options)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
@@ -500,9 +500,7 @@ def _bench(args) -> int:
         preset_flops=preset_flops,
         peak_tflops=peak,
         group_timeout=args.timeout,
-        exact=args.exact,
-        frames_per_step=args.frames_per_step,
-        max_layer_frames=args.max_layer_frames,
+        options=_tier_options(args),
         timeout=None,
         log=_bench_log,
         on_point=functools.partial(_bench_point, args.json),
