@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -160,3 +162,13 @@ def test_bench_table_shows_reserved_memory_beside_allocated_on_cuda():
     assert row[row.index("1.00/0.50") + 1] == "3.00/2.50"
     result.device = "cpu"
     assert "reserved" not in bench_table(result)
+
+
+@pytest.mark.parametrize("options,match", [({"mode": "tile"}, "not mode"), ({"frames_per_step": 0}, "at least 1"),
+                                           ({"max_layer_frames": 1}, "at least 2")])
+def test_run_bench_refuses_bad_options_before_starting(options, match):
+    from vaeshard import bench
+    from vaeshard.io import named_model
+
+    with pytest.raises(ValueError, match=match):
+        bench.run_bench(named_model("wan21"), (1, 16, 2, 4, 4), options=options, log=pytest.fail)

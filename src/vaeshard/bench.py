@@ -300,7 +300,10 @@ def run_bench(
     max_layer_frames), checked here before anything runs.
     """
     options = dict(options or {})
-    VaeParallelConfig(**options)  # an unknown or invalid option fails here, not in every worker
+    unknown = sorted(set(options) - {"exact", *_FAST_DEFAULTS})
+    if unknown:
+        raise ValueError(f"run_bench options take exact, {', '.join(_FAST_DEFAULTS)}; not {', '.join(unknown)}")
+    VaeParallelConfig(**options)  # an invalid value fails here, not in every worker
     from . import launch
 
     log = log or (lambda msg: None)
