@@ -124,13 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--out", required=True, metavar="OUT", help="output: .mp4, .png, folder, .safetensors or .pt")
     dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
     dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
-    dec.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
-    dec.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
-                     help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
-    dec.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
-                     help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
-    dec.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
-                     help="fast tier: frames a decoder layer takes at once, at least 2 (default: all; fewer: less memory)")
+    _add_tier_arguments(dec)
     dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
 
@@ -158,13 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--tflop", type=_positive_float, default=None, help="FLOPs of one decode in TFLOP (default: the preset's, else counted)")
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
-    ben.add_argument("--exact", action="store_true", help="measure vaeshard's exact tier (default: the fast tier)")
-    ben.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
-                     help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
-    ben.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
-                     help="fast tier: latent frames per decoder call after the first (default 1)")
-    ben.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
-                     help="fast tier: frames a decoder layer takes at once, at least 2 (default: all)")
+    _add_tier_arguments(ben)
     ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
     return parser
 
@@ -299,6 +287,17 @@ class DecodeJob:
     progress: bool
     timeout: float
     options: dict = field(default_factory=dict)  # vaeshard.parallelize's tier arguments (see _tier_options)
+
+
+def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
+    """The tier's options, the same on `decode` and `bench` (read back by `_tier_options`)."""
+    parser.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
+    parser.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
+                        help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
+    parser.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
+                        help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
+    parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
+                        help="fast tier: frames a decoder layer takes at once, at least 2 (default: all; fewer: less memory)")
 
 
 def _tier_options(args) -> dict:

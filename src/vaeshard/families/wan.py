@@ -336,8 +336,9 @@ class FastResidualBlock:
     frames of the input, otherwise into one output for the block.
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
-    instead of replaced (`_cache_in_place`; the same values). Otherwise (training, autograd, exact tier, or a forward hook on one of
-    the block's layers, which this path would not call) diffusers' forward runs.
+    instead of replaced (`_store_cache`; the same values). Otherwise (training, autograd, exact
+    tier, or a forward hook on one of the block's layers, which this path would not call)
+    diffusers' forward runs.
     """
 
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
@@ -423,15 +424,7 @@ class FastUpsample:
             else:
                 x_in = x
                 x = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
-                # diffusers' cache update, made once the time convolution has read the old cache
-                if _cache_in_place(cached, x_in):
-                    _update_cache_in_place(cached, x_in)
-                else:
-                    cache_x = x_in[:, :, -CACHE_T:].clone()
-                    if cache_x.shape[2] < 2:
-                        last = torch.zeros_like(cache_x) if isinstance(cached, str) else cached[:, :, -1:].to(cache_x.device)
-                        cache_x = torch.cat([last, cache_x], dim=2)
-                    feat_cache[idx] = cache_x
+                _store_cache(feat_cache, idx, cached, x_in)  # once the time convolution has read the old cache
                 del x_in
                 # frame 2i + j is channel half j of the time convolution's frame i
                 frames = x.unflatten(1, (2, c)).permute(0, 3, 1, 2, 4, 5)  # (b, t, 2, c, h, w)
@@ -516,20 +509,13 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
         idx = feat_idx[0]
         cache = feat_cache[idx]
     buf, new = conv.input_buffer(x, cache, halo_rows)
-    in_place = _cache_in_place(cache, new)
-    if feat_cache is not None and new.shape[2] >= CACHE_T and not in_place:
+    if feat_cache is not None and new.shape[2] >= CACHE_T and not _cache_in_place(cache, new):
         # the buffer holds the cached frames now and the new cache comes from the new frames alone:
         # release the old one first, so the two are never alive together
         feat_cache[idx] = cache = None
     fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
     if feat_cache is not None:
-        if in_place:  # the buffer has read the old cache (stream order): overwrite it
-            _update_cache_in_place(cache, new)
-        else:
-            cache_x = new[:, :, -CACHE_T:, :, :].clone()
-            if cache_x.shape[2] < 2 and cache is not None:
-                cache_x = torch.cat([cache[:, :, -1, :, :].unsqueeze(2).to(cache_x.device), cache_x], dim=2)
-            feat_cache[idx] = cache_x
+        _store_cache(feat_cache, idx, cache, new)  # the buffer has read the old cache (stream order)
         feat_idx[0] += 1
     return buf
 
@@ -550,14 +536,23 @@ def _cache_in_place(cache, frames: torch.Tensor) -> bool:
     )
 
 
-def _update_cache_in_place(cache: torch.Tensor, frames: torch.Tensor) -> None:
-    """The update `_cache_in_place` allowed, once the old cache has been read (copied into the
-    convolution's input; the copies are ordered on the device stream)."""
-    if frames.shape[2] >= CACHE_T:
-        cache.copy_(frames[:, :, -CACHE_T:])
-    else:  # one new frame: the old cache's last frame moves to the front
-        cache[:, :, :1].copy_(cache[:, :, 1:])
-        cache[:, :, 1:].copy_(frames)
+def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor) -> None:
+    """diffusers' cache update after a causal convolution's input `frames`, once the old entry `old`
+    has been read: the last CACHE_T frames; with fewer, the old cache's last frame in front (zeros
+    after an upsampler's "Rep" mark, nothing before the first call). Written into `old` where
+    `_cache_in_place` allows, else stored as a new tensor."""
+    if _cache_in_place(old, frames):
+        if frames.shape[2] >= CACHE_T:
+            old.copy_(frames[:, :, -CACHE_T:])
+        else:  # one new frame: the old cache's last frame moves to the front
+            old[:, :, :1].copy_(old[:, :, 1:])
+            old[:, :, 1:].copy_(frames)
+        return
+    cache_x = frames[:, :, -CACHE_T:].clone()
+    if cache_x.shape[2] < 2 and old is not None:
+        last = torch.zeros_like(cache_x) if isinstance(old, str) else old[:, :, -1:].to(cache_x.device)
+        cache_x = torch.cat([last, cache_x], dim=2)
+    feat_cache[idx] = cache_x
 
 
 def _upsample_into_buffer(conv, like, frames, b, t, c, h, w):
