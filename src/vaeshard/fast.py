@@ -103,11 +103,16 @@ except Exception:  # pragma: no cover - depends on the installation
 if triton is not None:
 
     @triton.jit
-    def _voxel_block(S, C, D1, D2, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _voxel_block(S, C, D1, D2, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
         # This program's sample n, its BLOCK_S voxels split into (i0, i1, i2) over the spatial dims
-        # (D0 x D1 x D2 = S), all channels, and the mask of the ones that exist.
-        n = tl.program_id(1).to(tl.int64)
-        offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+        # (D0 x D1 x D2 = S), all channels, and the mask of the ones that exist. Index arithmetic in
+        # 64 bits only where an element offset can pass 2**31 (WIDE); 32-bit division is cheaper.
+        if WIDE:
+            n = tl.program_id(1).to(tl.int64)
+            offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+        else:
+            n = tl.program_id(1)
+            offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
         offs_c = tl.arange(0, BLOCK_C)
         i2 = offs_s % D2
         i1 = (offs_s // D2) % D1
@@ -124,7 +129,7 @@ if triton is not None:
         x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, D1, D2,
         sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2, scale, eps,
         HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
-        BLOCK_C: tl.constexpr,
+        BLOCK_C: tl.constexpr, WIDE: tl.constexpr,
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block). Every spatial
         # dim has its own stride, so x and y may be any strided views (a slice of a larger buffer,
@@ -136,7 +141,7 @@ if triton is not None:
         # roundings vanish. Only the order of the sum of squares differs from PyTorch's norm.
         # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
         dt = y_ptr.dtype.element_ty
-        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C)
+        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
         x = tl.load(x_ptr + _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
         x = x.to(tl.float32)
         if PRE_BIAS:
@@ -161,12 +166,12 @@ if triton is not None:
     @triton.jit
     def _bias_residual_kernel(
         x_ptr, h_ptr, b_ptr, S, C, D1, D2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTO_H: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTO_H: tl.constexpr, WIDE: tl.constexpr,
     ):
         # x <- (x + bias) + h in place (h <- it with INTO_H), rounding to the dtype after each add as
         # PyTorch's two separate adds do (a convolution's bias pass, then the residual add).
         dt = x_ptr.dtype.element_ty
-        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C)
+        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
         x_at = _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2)
         h_at = _offsets(n, offs_c, i0, i1, i2, shn, shc, sh0, sh1, sh2)
         x = tl.load(x_ptr + x_at, mask=mask, other=0.0).to(tl.float32)
@@ -208,13 +213,31 @@ def add_bias_and_residual_(
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
     _, _, _, (shn, shc, sh0, sh1, sh2) = _spatial_strides(residual)
     s = d0 * d1 * d2
-    block_c = triton.next_power_of_2(c)
-    block_s = max(1, min(128, 8192 // block_c))
+    block_s, block_c, launch = _tile(c)
     _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
         x, residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual,
+        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual, WIDE=_wide(x, residual), **launch,
     )
     return residual if into_residual else x
+
+
+# The per-program tile of the two kernels above: all channels (a power of two) of up to
+# `max_voxels` voxels, about `elements` elements, run by `num_warps` warps.
+# benchmarks/norm_kernel.py times the choices on a GPU.
+TILE = {"elements": 8192, "max_voxels": 128, "num_warps": 4}
+
+
+def _tile(c: int):
+    """(voxels per program, channel block, launch options) for `c` channels."""
+    block_c = triton.next_power_of_2(c)
+    block_s = max(1, min(TILE["max_voxels"], TILE["elements"] // block_c))
+    return block_s, block_c, {"num_warps": TILE["num_warps"]}
+
+
+def _wide(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels' index arithmetic needs 64 bits: an element offset of one of the tensors,
+    or of a tile's masked overrun past its last voxel, can reach 2**31."""
+    return any(t.numel() + sum(d * abs(st) for d, st in zip(t.shape, t.stride())) >= 2**31 for t in tensors)
 
 
 def _spatial_strides(x: torch.Tensor):
@@ -253,8 +276,7 @@ def rms_norm(
         raise ValueError(f"rms_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(y.shape)}, {y.dtype}")
     _, _, _, (syn, syc, sy0, sy1, sy2) = _spatial_strides(y)
     s = d0 * d1 * d2
-    block_c = triton.next_power_of_2(c)
-    block_s = max(1, min(128, 8192 // block_c))
+    block_s, block_c, launch = _tile(c)
     has_bias = isinstance(bias, torch.Tensor)
     grid = (triton.cdiv(s, block_s), n)
     _rms_norm_silu_kernel[grid](
@@ -262,7 +284,7 @@ def rms_norm(
         pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, d1, d2,
         sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2,
         float(scale), float(eps), HAS_BIAS=has_bias, PRE_BIAS=pre_bias is not None, SILU=silu,
-        BLOCK_S=block_s, BLOCK_C=block_c,
+        BLOCK_S=block_s, BLOCK_C=block_c, WIDE=_wide(x, y), **launch,
     )
     return y
 

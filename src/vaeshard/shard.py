@@ -114,9 +114,9 @@ class HaloCausalConv3d:
             limit = fast_tier.max_layer_frames()
             if limit is not None and x.shape[2] > limit and self._causal_in_time():
                 return self._forward_in_parts(x, cached, limit)
-            buf, new = self.input_buffer(x, cached)
+            buf, new, ready = self.input_buffer(x, cached)
             new.copy_(x)
-            return self.forward_buffer(buf)
+            return self.forward_buffer(buf, ready=ready)
         # exact tier, sharded: diffusers' steps, with halo rows in place of the sharded axis's padding
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
         if cached is not None:
@@ -140,9 +140,16 @@ class HaloCausalConv3d:
     # global edges the rows become the zero padding.
 
     def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None, halo_rows=None):
-        """(buffer, view): this convolution's whole input, channels-last, with `cache_x` and the causal
-        zero frames in front and room for the halo rows of a sharded request; the caller writes the
-        new frames (shaped like `like`) into the view, then calls `forward_buffer(buffer)`."""
+        """(buffer, view, ready): this convolution's whole input, channels-last, with `cache_x` and the
+        causal zero frames in front and room for the halo rows of a sharded request; the caller writes
+        the new frames (shaped like `like`) into the view, then calls `forward_buffer(buffer,
+        ready=ready)`.
+
+        Sharded, `cache_x` may be a shard's frames (diffusers' own caches) or the buffer's whole
+        frames, halo rows included (a cache taken from an earlier buffer after its exchange, as the
+        fast residual blocks keep theirs): the second is copied whole, one contiguous copy, and its
+        frames need no exchange. `ready` counts the leading frames that hold their halo rows already
+        (such a cache, or only causal zero frames, which are zero across the buffer)."""
         ctx = current()
         tpad = self._padding[4]
         shape = list(like.shape)
@@ -154,15 +161,18 @@ class HaloCausalConv3d:
         buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
         core = buf if dim is None else buf.narrow(dim, before, like.shape[dim])
         cached = 0 if cache_x is None else cache_x.shape[2]
+        whole = cache_x is None or dim is None or cache_x.shape[dim] == shape[dim]  # the cache has the halo rows
+        front = buf if whole else core
         if tpad > cached:
-            core[:, :, : tpad - cached].zero_()
+            front[:, :, : tpad - cached].zero_()
         if cached:
-            core[:, :, tpad - cached : tpad].copy_(cache_x)
-        return buf, core[:, :, tpad:]
+            front[:, :, tpad - cached : tpad].copy_(cache_x)
+        return buf, core[:, :, tpad:], tpad if whole else 0
 
-    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None) -> torch.Tensor:
+    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
-        exchanged, then cuDNN applies the zero padding of the unsharded axis (no padded copy).
+        exchanged for all but the first `ready` frames, then cuDNN applies the zero padding of the
+        unsharded axis (no padded copy).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
         into the next norm (fast.move_bias_into_norm) is left out too."""
@@ -171,7 +181,7 @@ class HaloCausalConv3d:
         if ctx is not None:
             before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
             if before or after:
-                ctx.fill_halo(buf, ctx.dim(buf), before, after)
+                ctx.fill_halo(buf[:, :, ready:], ctx.dim(buf), before, after)
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
             slot = self._slot(ctx)
@@ -193,10 +203,10 @@ class HaloCausalConv3d:
         outs = []
         for start in range(0, x.shape[2], limit):
             part = x[:, :, start : start + limit]
-            buf, new = self.input_buffer(part, cached)
+            buf, new, ready = self.input_buffer(part, cached)
             new.copy_(part)
             del new
-            outs.append(self.forward_buffer(buf))
+            outs.append(self.forward_buffer(buf, ready=ready))
             del buf
             if tpad:  # the frames the next part's window reaches back to
                 cached = part if cached is None or part.shape[2] >= tpad else torch.cat([cached, part], dim=2)

@@ -375,17 +375,16 @@ class FastResidualBlock:
         rows1, rows2 = ((2, 2), (0, 0)) if one_exchange else (None, None)
         # each activation is dropped as soon as the next buffer holds what is needed of it, so a
         # block holds at most its input (the residual), one convolution input and one output
-        buf = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
+        pending = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
         del x
-        y = self.conv1.forward_buffer(buf, halo_rows=rows1)
-        del buf
+        y = pending.convolve()
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
         fuse = fast.fused_bias_add_available(y)  # conv2's bias and the residual in one pass (CUDA)
-        buf = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
+        pending = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
         del y
-        y = self.conv2.forward_buffer(buf, with_bias=not fuse, halo_rows=rows2)
-        del buf
+        y = pending.convolve(with_bias=not fuse)
+        del pending
         # the sum goes into h where it has y's layout (on CUDA, channels-last both): the block's
         # output takes the storage of its input (or of the shortcut's output), which diffusers'
         # callers hold until the block returns and never read again (they reassign it; Wan 2.2's
@@ -501,23 +500,43 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
     return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= 2
 
 
-def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None):
+def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None) -> _CausalInput:
     """silu(norm(x)) written into `conv`'s input buffer, with diffusers' feature-cache bookkeeping;
-    returns the buffer for `conv.forward_buffer` (`halo_rows`: see HaloCausalConv3d)."""
-    cache = None
+    `convolve()` on the result runs the convolution (`halo_rows`: see HaloCausalConv3d)."""
+    cache, idx = None, None
     if feat_cache is not None:
         idx = feat_idx[0]
         cache = feat_cache[idx]
-    buf, new = conv.input_buffer(x, cache, halo_rows)
-    if feat_cache is not None and new.shape[2] >= CACHE_T and not _cache_in_place(cache, new):
+        feat_idx[0] += 1
+    buf, new, ready = conv.input_buffer(x, cache, halo_rows)
+    frames = buf[:, :, buf.shape[2] - new.shape[2] :]  # the new frames with their halo rows: the next cache
+    if feat_cache is not None and new.shape[2] >= CACHE_T and not _cache_in_place(cache, frames):
         # the buffer holds the cached frames now and the new cache comes from the new frames alone:
         # release the old one first, so the two are never alive together
         feat_cache[idx] = cache = None
     fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
-    if feat_cache is not None:
-        _store_cache(feat_cache, idx, cache, new)  # the buffer has read the old cache (stream order)
-        feat_idx[0] += 1
-    return buf
+    return _CausalInput(conv, buf, frames, ready, halo_rows, feat_cache, idx, cache)
+
+
+class _CausalInput:
+    """A causal convolution's written input buffer whose cache update is still to come: diffusers'
+    cache of the input's last frames is taken after the halo exchange, with the frames' halo rows
+    (sharded), so the next call copies it into its buffer whole, one contiguous copy instead of a
+    strided one each way, and exchanges only its new frames. The same values: the halo rows of a
+    cached frame are those the exchange would bring again."""
+
+    def __init__(self, conv, buf, frames, ready, halo_rows, feat_cache, idx, old):
+        self.conv, self.buf, self.frames, self.ready, self.halo_rows = conv, buf, frames, ready, halo_rows
+        self.feat_cache, self.idx, self.old = feat_cache, idx, old
+
+    def convolve(self, with_bias: bool = True) -> torch.Tensor:
+        """The convolution (`HaloCausalConv3d.forward_buffer`), then the cache update; the buffer
+        is dropped."""
+        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready)
+        if self.feat_cache is not None:  # (stream order: the buffer has read the old cache)
+            _store_cache(self.feat_cache, self.idx, self.old, self.frames)
+        self.buf = self.frames = self.old = None
+        return y
 
 
 def _cache_in_place(cache, frames: torch.Tensor) -> bool:

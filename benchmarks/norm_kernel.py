@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Memory bandwidth of the fast tier's fused kernels (`fast.rms_norm`, `fast.add_bias_and_residual_`)
+per tile choice (`fast.TILE`), against a plain copy with the same strides.
+
+    python3 benchmarks/norm_kernel.py [--json norm_kernel.json]          # one CUDA GPU
+
+Both kernels are bandwidth-bound: each voxel's channels are read once and written once (the norm)
+or read twice and written once (bias + residual). The shapes are those of a Wan 2.1 720p decode in
+bf16: the norms write into the new-frames view of a causal convolution's channels-last input buffer
+(two cached frames in front; on 2 GPUs two halo columns a side), at full resolution (96 channels),
+at the next two levels (192, 384), and one shard of the full resolution on 2 GPUs. Each variant is
+timed as the median of `--reps` CUDA-event timings of `--loops` calls. "wide" forces the kernels'
+64-bit index arithmetic (the default is 32-bit wherever offsets fit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+
+from vaeshard import fast
+
+# (name, new frames' shape, buffer shape, where the new frames sit in the buffer: (frame, column))
+SHAPES = [
+    ("full-res", (1, 96, 4, 720, 1280), (1, 96, 6, 720, 1280), (2, 0)),
+    ("full-res shard", (1, 96, 4, 720, 640), (1, 96, 6, 720, 644), (2, 2)),
+    ("1/2 res", (1, 192, 4, 360, 640), (1, 192, 6, 360, 640), (2, 0)),
+    ("1/4 res", (1, 384, 2, 180, 320), (1, 384, 4, 180, 320), (2, 0)),
+]
+
+
+def _time(fn, loops: int, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(loops):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / loops)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--loops", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    if fast.triton is None or not torch.cuda.is_available():
+        raise SystemExit("norm_kernel.py needs a CUDA GPU and Triton")
+    torch.manual_seed(0)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    default = dict(fast.TILE)
+    real_wide = fast._wide
+    variants = [("default", default, False), ("default, wide", default, True)]
+    for elements, voxels, warps in itertools.product((4096, 8192, 16384), (32, 64, 128, 256), (2, 4, 8)):
+        tile = {"elements": elements, "max_voxels": voxels, "num_warps": warps}
+        if tile != default:
+            variants.append((f"{elements}/{voxels}/{warps}", tile, False))
+    rows = []
+    try:
+        for name, shape, buf_shape, (t0, w0) in SHAPES:
+            x = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last_3d)
+            buf = torch.empty(buf_shape, device=dev, dtype=dt, memory_format=torch.channels_last_3d)
+            out = buf[:, :, t0:].narrow(4, w0, shape[4])
+            h = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last_3d)
+            gamma = torch.rand(shape[1], 1, 1, 1, device=dev, dtype=dt) + 0.5
+            bias = torch.randn(shape[1], device=dev, dtype=dt)
+            nbytes = x.numel() * x.element_size()
+            copy_s = _time(lambda: out.copy_(x), args.loops, args.reps)
+            rows.append({"shape": name, "kernel": "copy", "variant": "-", "seconds": copy_s, "GBps": 2 * nbytes / copy_s / 1e9})
+            for label, tile, wide in variants:
+                fast.TILE.clear()
+                fast.TILE.update(tile)
+                fast._wide = (lambda *t: True) if wide else real_wide
+                norm_s = _time(lambda: fast.rms_norm(x, gamma, 0.0, shape[1] ** 0.5, True, out=out), args.loops, args.reps)
+                add_s = _time(lambda: fast.add_bias_and_residual_(x, bias, h, into_residual=True), args.loops, args.reps)
+                rows.append({"shape": name, "kernel": "rms_norm", "variant": label, "seconds": norm_s, "GBps": 2 * nbytes / norm_s / 1e9})
+                rows.append({"shape": name, "kernel": "bias_residual", "variant": label, "seconds": add_s, "GBps": 3 * nbytes / add_s / 1e9})
+    finally:
+        fast.TILE.clear()
+        fast.TILE.update(default)
+        fast._wide = real_wide
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "default": default, "rows": rows}, f, indent=1)
+    # the default, the best variant per shape and kernel, and the copy
+    print(f"{'shape':15} {'kernel':14} {'variant':16} {'ms':>7} {'GB/s':>7}")
+    for name, *_ in SHAPES:
+        for kernel in ("copy", "rms_norm", "bias_residual"):
+            mine = [r for r in rows if r["shape"] == name and r["kernel"] == kernel]
+            best = min(mine, key=lambda r: r["seconds"])
+            shown = [r for r in mine if r["variant"] in ("default", "default, wide", "-")]
+            for r in shown + ([best] if best not in shown else []):
+                print(f"{name:15} {kernel:14} {r['variant']:16} {r['seconds'] * 1e3:7.3f} {r['GBps']:7.0f}")
+    # the variant with the least time summed over every shape, per kernel
+    for kernel in ("rms_norm", "bias_residual"):
+        totals = {}
+        for r in rows:
+            if r["kernel"] == kernel:
+                totals[r["variant"]] = totals.get(r["variant"], 0.0) + r["seconds"]
+        best = min(totals, key=totals.get)
+        print(f"{kernel}: summed over the shapes, default {totals['default'] * 1e3:.3f} ms, best {best} {totals[best] * 1e3:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
