@@ -223,8 +223,9 @@ def add_bias_and_residual_(
 
 # The per-program tile of the two kernels above: all channels (a power of two) of up to
 # `max_voxels` voxels, about `elements` elements, run by `num_warps` warps.
-# benchmarks/norm_kernel.py times the choices on a GPU.
-TILE = {"elements": 8192, "max_voxels": 128, "num_warps": 4}
+# benchmarks/norm_kernel.py times the choices on a GPU (BENCHMARKS.md: this one was the fastest summed
+# over the Wan 2.1 720p shapes on an H200, by 3% over 8192 / 128 / 4).
+TILE = {"elements": 4096, "max_voxels": 128, "num_warps": 2}
 
 
 def _tile(c: int):
