@@ -336,7 +336,9 @@ class FastResidualBlock:
     frames of the input, otherwise into one output for the block.
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
-    instead of replaced (`_store_cache`; the same values). Otherwise (training, autograd, exact
+    instead of replaced (`_store_cache`; the same values) and, sharded, is taken after the halo
+    exchange with the frames' halo rows (`_CausalInput`), so the next call neither exchanges those
+    frames again nor copies them strided. Otherwise (training, autograd, exact
     tier, or a forward hook on one of the block's layers, which this path would not call)
     diffusers' forward runs.
     """
