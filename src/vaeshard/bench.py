@@ -16,7 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from .config import MODES, VaeParallelConfig
 from .io import ModelSource, named_model
@@ -459,7 +459,10 @@ def _tier_text(options: dict) -> str:
     return text
 
 
-_FAST_DEFAULTS = {"cudnn_benchmark": True, "frames_per_step": 1, "max_layer_frames": None}
+# the fast tier's settings a bench run may pass on, with VaeParallelConfig's defaults
+_FAST_DEFAULTS = {
+    f.name: f.default for f in fields(VaeParallelConfig) if f.name in ("cudnn_benchmark", "frames_per_step", "max_layer_frames")
+}
 
 
 def bench_table(result: BenchResult) -> str:
