@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--loops", type=int, default=10)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--no-sweep", action="store_true", help="only the default tile (32- and 64-bit), no other tile choices")
     args = ap.parse_args()
     if fast.triton is None or not torch.cuda.is_available():
         raise SystemExit("norm_kernel.py needs a CUDA GPU and Triton")
@@ -61,7 +62,8 @@ def main() -> None:
     default = dict(fast.TILE)
     real_wide = fast._wide
     variants = [("default", default, False), ("default, wide", default, True)]
-    for elements, voxels, warps in itertools.product((4096, 8192, 16384), (32, 64, 128, 256), (2, 4, 8)):
+    sweep = () if args.no_sweep else itertools.product((4096, 8192, 16384), (32, 64, 128, 256), (2, 4, 8))
+    for elements, voxels, warps in sweep:
         tile = {"elements": elements, "max_voxels": voxels, "num_warps": warps}
         if tile != default:
             variants.append((f"{elements}/{voxels}/{warps}", tile, False))
@@ -91,7 +93,8 @@ def main() -> None:
         fast._wide = real_wide
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "default": default, "rows": rows}, f, indent=1)
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": fast.triton.__version__,
+                   "default": default, "rows": rows}, f, indent=1)
     # the default, the best variant per shape and kernel, and the copy
     print(f"{'shape':15} {'kernel':14} {'variant':16} {'ms':>7} {'GB/s':>7}")
     for name, *_ in SHAPES:

@@ -30,12 +30,12 @@ from vaeshard.io import NAMED_CONFIGS
 
 CLASSES = [
     ("layout transpose", r"nchwToNhwc|nhwcToNchw|transpose|permute"),
+    ("attention", r"[Aa]ttention|flash|fmha|softmax"),  # before convolution: fmha kernels are cutlass ones
     ("convolution", r"conv|implicit|sm90_xmma|cudnn|winograd|fprop|dgrad|cutlass|gemm|nhwc|wgrad"),
-    ("cat / pad / copy", r"cat|pad|copy|Copy|memcpy|CatArray|reflection|constant_pad"),
+    ("cat / pad / copy", r"cat|pad|copy|Copy|[Mm]emcpy|CatArray|reflection|constant_pad"),
     ("norm (fp32)", r"norm|reduce|Reduce|sqrt|rsqrt"),
     ("elementwise", r"elementwise|vectorized|silu|mul|add|clamp|fill|bias_residual"),
     ("upsample", r"upsample|nearest"),
-    ("attention", r"attention|flash|fmha|softmax"),
 ]
 CLASSES.insert(0, ("communication (NCCL)", r"nccl|ncclDevKernel"))
 
@@ -66,6 +66,8 @@ def main() -> None:
                     help="also: one decode profiled with input shapes, the copy operations with the most GPU time by shape")
     ap.add_argument("--host-profile", action="store_true",
                     help="also: one decode under cProfile on rank 0, the functions with the most host time")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also: per decoder call and rank, the host's issue time, the GPU's span, its NCCL and idle time")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -132,9 +134,22 @@ def main() -> None:
         _copy_report(vae, z, rank)
     if args.host_profile:
         _host_profile(vae, z, rank, args.top)
+    if args.timeline:
+        _timeline(vae, z, rank, world)
+    by_rank = [kernels]
+    if world > 1:
+        import torch.distributed as dist
+
+        by_rank = [None] * world
+        dist.all_gather_object(by_rank, dict(kernels))
     if rank != 0:
         _finish(world)
         return
+    if world > 1:  # the same shapes on every rank: a kernel whose time differs shows where one rank is slower
+        names = sorted(set().union(*by_rank), key=lambda n: -(max(r.get(n, 0.0) for r in by_rank) - min(r.get(n, 0.0) for r in by_rank)))
+        print("kernels whose GPU time differs most between the ranks (s per rank):")
+        for name in names[:10]:
+            print("  " + " ".join(f"{r.get(name, 0.0):7.3f}" for r in by_rank) + f"  {name[:110]}")
     print("time by kernel class:")
     for label, t in sorted(by_class.items(), key=lambda kv: -kv[1]):
         print(f"  {label:18} {t:8.3f} s {100 * t / total:5.1f}%")
@@ -242,6 +257,88 @@ def _host_profile(vae, z, rank: int, top: int) -> None:
             pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
             print(f"host time by function, by {order} (cProfile, rank 0):\n" + text.getvalue().split("\n\n", 1)[-1],
                   flush=True)
+
+
+def _timeline(vae, z, rank: int, world: int) -> None:
+    """Per decoder call (each latent frame of the decode loop) and rank: when the host issued it and
+    how long the GPU took, from one unprofiled decode (host clock and CUDA events at each call's
+    start), then from one profiled decode that call's NCCL kernel time and GPU idle time. Each call's
+    GPU work is told apart by a marker kernel (`torch.cuda._sleep(1)`) launched as the call starts.
+    The last row also holds what follows the last call (the gather of a sharded decode's output).
+    Rank 0 prints every rank's rows side by side."""
+    host: list[float] = []
+    events: list = []
+    marker = {"on": False}
+
+    def start(module, args):
+        host.append(time.perf_counter())
+        events.append(torch.cuda.Event(enable_timing=True))
+        events[-1].record()
+        if marker["on"]:
+            torch.cuda._sleep(1)
+
+    handle = vae.decoder.register_forward_pre_hook(start)
+    try:
+        with torch.no_grad():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            vae.decode(z)
+            returned = time.perf_counter()
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            torch.cuda.synchronize()
+        calls = len(host)
+        host_ms = [1e3 * (b - a) for a, b in zip(host, host[1:] + [returned])]
+        gpu_ms = [a.elapsed_time(b) for a, b in zip(events, events[1:] + [end])]
+        lead_ms = 1e3 * (host[0] - t0)
+        host.clear()
+        events.clear()
+        marker["on"] = True
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            vae.decode(z)
+            torch.cuda.synchronize()
+    finally:
+        handle.remove()
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    starts = [s for s, _, name in spans if "spin" in name]
+    rows = [(host_ms[k], gpu_ms[k], float("nan"), float("nan")) for k in range(calls)]
+    if len(starts) != calls:
+        print(f"[rank {rank}] timeline: {len(starts)} marker kernels for {calls} decoder calls; no NCCL / idle split",
+              flush=True)
+    else:
+        rows = []
+        bounds = starts + [max(e for _, e, _ in spans) + 1]
+        for k in range(calls):
+            inside = [(s, e, n) for s, e, n in spans if bounds[k] <= s < bounds[k + 1] and "spin" not in n]
+            nccl = sum(e - s for s, e, n in inside if classify(n) == "communication (NCCL)") / 1e3
+            busy, last = 0.0, bounds[k]
+            for s, e, _ in inside:
+                busy += max(0.0, e - max(s, last))
+                last = max(last, e)
+            # up to the next call's marker (a gap before it: the GPU waited for that call's launches)
+            stop = bounds[k + 1] if k + 1 < calls else max([e for _, e, _ in inside] + [bounds[k]])
+            rows.append((host_ms[k], gpu_ms[k], nccl, max((stop - bounds[k] - busy) / 1e3, 0.0)))
+    table = [rows]
+    if world > 1:
+        import torch.distributed as dist
+
+        table = [None] * world
+        dist.all_gather_object(table, rows)
+    if rank != 0 or not all(table):
+        return
+    print(f"timeline per decoder call (ms; host: issue time of the call, unprofiled; gpu: span of its work on the "
+          f"GPU, unprofiled; nccl, idle: NCCL kernel time and GPU idle time inside it, profiled; the host reached "
+          f"the first call after {lead_ms:.1f} ms):")
+    print("call " + "".join(f"| rank {r}: host    gpu   nccl   idle " for r in range(len(table))))
+    totals = [[0.0] * 4 for _ in table]
+    for k in range(calls):
+        cells = []
+        for r, rank_rows in enumerate(table):
+            cells.append("| " + " ".join(f"{v:6.1f}" for v in rank_rows[k]) + " ")
+            totals[r] = [a + b for a, b in zip(totals[r], rank_rows[k])]
+        print(f"{k if k < calls - 1 else 'last':>4} " + "".join(cells))
+    print(" sum " + "".join("| " + " ".join(f"{v:6.1f}" for v in t) + " " for t in totals), flush=True)
 
 
 def _runtime_calls(prof, top: int = 6) -> str:

@@ -331,6 +331,17 @@ KERNEL_CHECK = textwrap.dedent(
         out = kept_out
         assert fast.add_bias_and_residual_(out, b, res, into_residual=True) is res and torch.equal(res, want)
         assert torch.equal(out, kept_out)
+    # channels in three blocks of a power of two (48 = 3 x 16, as Wan's 96, 192, 384) against one
+    # masked block of 64: the same values up to the order of the sum of squares
+    assert fast._channel_blocks(48) == (16, 3) and fast._channel_blocks(64) == (64, 1) and fast._channel_blocks(40) == (64, 1)
+    x48 = fast.to_channels_last(torch.randn(1, 48, 3, 5, 7) * 3)
+    g48, b48, p48 = torch.rand(48, 1, 1, 1) + 0.5, torch.randn(48, 1, 1, 1), torch.randn(48)
+    blocks = fast.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
+    three = fast._channel_blocks
+    fast._channel_blocks = lambda c: (64, 1)
+    one = fast.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
+    fast._channel_blocks = three
+    assert (blocks - one).abs().max().item() <= 1e-6, (blocks - one).abs().max().item()
     # 64-bit index arithmetic (taken where offsets can pass 2**31; forced here): the same values
     narrow = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre), fast.add_bias_and_residual_(kept_out.clone(), b, res.clone())
     fast._wide = lambda *tensors: True
@@ -397,8 +408,9 @@ def test_triton_kernels_compile_for_hopper():
     from vaeshard import fast
 
     kernels = [
-        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=True, PRE_BIAS=True, SILU=True, BLOCK_S=64, BLOCK_C=128)),
-        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=False, SILU=False, BLOCK_S=8, BLOCK_C=1024)),
+        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=True, PRE_BIAS=True, SILU=True, BLOCK_S=64, BLOCK_C=128, CHUNKS=1)),
+        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=False, SILU=False, BLOCK_S=8, BLOCK_C=1024, CHUNKS=1)),
+        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=True, SILU=True, BLOCK_S=32, BLOCK_C=32, CHUNKS=3)),
         (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False)),
         (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=True)),
     ]

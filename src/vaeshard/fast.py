@@ -129,36 +129,65 @@ if triton is not None:
         x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, D1, D2,
         sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2, scale, eps,
         HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
-        BLOCK_C: tl.constexpr, WIDE: tl.constexpr,
+        BLOCK_C: tl.constexpr, CHUNKS: tl.constexpr, WIDE: tl.constexpr,
     ):
-        # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block). Every spatial
-        # dim has its own stride, so x and y may be any strided views (a slice of a larger buffer,
-        # too). Channels-last tensors load contiguous channel rows, contiguous ones contiguous voxel
-        # rows; both coalesce.
+        # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block), held as
+        # CHUNKS blocks of BLOCK_C channels (1 to 3; C = CHUNKS * BLOCK_C, or C <= BLOCK_C with
+        # CHUNKS == 1). Wan's channel counts are 3 x 2^k: three full blocks keep every lane busy
+        # where one block of the next power of two would leave a quarter of them masked, and this
+        # kernel is bound by its instruction count, not by memory (benchmarks/norm_kernel.py).
+        # Every spatial dim has its own stride, so x and y may be any strided views (a slice of a
+        # larger buffer, too). Channels-last tensors load contiguous channel rows, contiguous ones
+        # contiguous voxel rows; both coalesce.
         # The arithmetic follows diffusers' WanRMS_norm step by step, rounding to the tensor dtype
         # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
         # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
-        # roundings vanish. Only the order of the sum of squares differs from PyTorch's norm.
+        # roundings vanish. What differs from PyTorch: the order of the sum of squares, and the
+        # division by the norm taken as one reciprocal per voxel times each channel.
         # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
         dt = y_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
-        x = tl.load(x_ptr + _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
-        x = x.to(tl.float32)
+        x_at = _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2)
+        y_at = _offsets(n, offs_c, i0, i1, i2, syn, syc, sy0, sy1, sy2)
+        x0 = _norm_load(x_ptr, x_at, p_ptr, offs_c, mask, C, PRE_BIAS, dt)
+        squares = tl.sum(x0 * x0, axis=1)
+        if CHUNKS >= 2:
+            x1 = _norm_load(x_ptr + BLOCK_C * sxc, x_at, p_ptr + BLOCK_C, offs_c, mask, C, PRE_BIAS, dt)
+            squares += tl.sum(x1 * x1, axis=1)
+        if CHUNKS >= 3:
+            x2 = _norm_load(x_ptr + 2 * BLOCK_C * sxc, x_at, p_ptr + 2 * BLOCK_C, offs_c, mask, C, PRE_BIAS, dt)
+            squares += tl.sum(x2 * x2, axis=1)
+        inv = 1.0 / tl.maximum(tl.sqrt(squares), eps)
+        _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt)
+        if CHUNKS >= 2:
+            _norm_store(x1, inv, y_ptr + BLOCK_C * syc, y_at, w_ptr + BLOCK_C, b_ptr + BLOCK_C, offs_c, mask, C, scale,
+                        HAS_BIAS, SILU, dt)
+        if CHUNKS >= 3:
+            _norm_store(x2, inv, y_ptr + 2 * BLOCK_C * syc, y_at, w_ptr + 2 * BLOCK_C, b_ptr + 2 * BLOCK_C, offs_c,
+                        mask, C, scale, HAS_BIAS, SILU, dt)
+
+    @triton.jit
+    def _norm_load(x_ptr, at, p_ptr, offs_c, mask, C, PRE_BIAS: tl.constexpr, dt):
+        # one block of channels in fp32 (0 where masked), the convolution's bias added and rounded
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         if PRE_BIAS:
             p = tl.load(p_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
-            x = (x + p[None, :]).to(dt).to(tl.float32)
-            x = tl.where(mask, x, 0.0)
-        norm = tl.sqrt(tl.sum(x * x, axis=1))
-        y = (x / tl.maximum(norm, eps)[:, None]).to(dt).to(tl.float32)
+            x = tl.where(mask, (x + p[None, :]).to(dt).to(tl.float32), 0.0)
+        return x
+
+    @triton.jit
+    def _norm_store(x, inv, y_ptr, at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS: tl.constexpr,
+                    SILU: tl.constexpr, dt):
+        y = (x * inv[:, None]).to(dt).to(tl.float32)
         y = (y * scale).to(dt).to(tl.float32)
         w = tl.load(w_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
         y = (y * w[None, :]).to(dt).to(tl.float32)
         if HAS_BIAS:
             b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
             y = (y + b[None, :]).to(dt).to(tl.float32)
-        if SILU:
-            y = y / (1.0 + tl.exp(-y))
-        tl.store(y_ptr + _offsets(n, offs_c, i0, i1, i2, syn, syc, sy0, sy1, sy2), y.to(dt), mask=mask)
+        if SILU:  # y * sigmoid(y); exp(-y) as 2^(-y log2 e), one instruction fewer per element than tl.exp
+            y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
+        tl.store(y_ptr + at, y.to(dt), mask=mask)
 
 
 if triton is not None:
@@ -221,18 +250,30 @@ def add_bias_and_residual_(
     return residual if into_residual else x
 
 
-# The per-program tile of the two kernels above: all channels (a power of two) of up to
-# `max_voxels` voxels, about `elements` elements, run by `num_warps` warps.
+# The per-program tile of the two kernels above: all channels of up to `max_voxels` voxels, about
+# `elements` elements (counting the channels padded to a power of two), run by `num_warps` warps.
 # benchmarks/norm_kernel.py times the choices on a GPU (BENCHMARKS.md: this one was the fastest summed
 # over the Wan 2.1 720p shapes on an H200, by 3% over 8192 / 128 / 4).
 TILE = {"elements": 4096, "max_voxels": 128, "num_warps": 2}
 
 
 def _tile(c: int):
-    """(voxels per program, channel block, launch options) for `c` channels."""
+    """(voxels per program, channel block, launch options) for `c` channels: one block of the next
+    power of two (the bias + residual kernel)."""
     block_c = triton.next_power_of_2(c)
     block_s = max(1, min(TILE["max_voxels"], TILE["elements"] // block_c))
     return block_s, block_c, {"num_warps": TILE["num_warps"]}
+
+
+def _channel_blocks(c: int) -> tuple[int, int]:
+    """(channel block, blocks) covering `c` channels in the norm kernel: `c` itself if a power of two,
+    three blocks of c/3 if that is one (Wan's 96, 192, 384), otherwise one masked block of the next
+    power of two."""
+    if c & (c - 1) == 0:
+        return c, 1
+    if c % 3 == 0 and (c // 3) & (c // 3 - 1) == 0:
+        return c // 3, 3
+    return triton.next_power_of_2(c), 1
 
 
 def _wide(*tensors: torch.Tensor) -> bool:
@@ -277,7 +318,8 @@ def rms_norm(
         raise ValueError(f"rms_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(y.shape)}, {y.dtype}")
     _, _, _, (syn, syc, sy0, sy1, sy2) = _spatial_strides(y)
     s = d0 * d1 * d2
-    block_s, block_c, launch = _tile(c)
+    block_s, _, launch = _tile(c)
+    block_c, chunks = _channel_blocks(c)
     has_bias = isinstance(bias, torch.Tensor)
     grid = (triton.cdiv(s, block_s), n)
     _rms_norm_silu_kernel[grid](
@@ -285,7 +327,7 @@ def rms_norm(
         pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, d1, d2,
         sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2,
         float(scale), float(eps), HAS_BIAS=has_bias, PRE_BIAS=pre_bias is not None, SILU=silu,
-        BLOCK_S=block_s, BLOCK_C=block_c, WIDE=_wide(x, y), **launch,
+        BLOCK_S=block_s, BLOCK_C=block_c, CHUNKS=chunks, WIDE=_wide(x, y), **launch,
     )
     return y
 
