@@ -36,7 +36,8 @@ ONE = {"sxc": 1, "syc": 1, "shc": 1}  # channels-last: the channel stride is 1
 
 def sass(kernel, constants: dict, num_warps: int) -> list[str]:
     names = kernel.arg_names
-    constants = {**{k: v for k, v in ONE.items() if k in names}, **constants}
+    # (constants a kernel does not have are left out: an older library's kernels have fewer)
+    constants = {k: v for k, v in {**ONE, **constants}.items() if k in names}
     types = {n: "*bf16" if n.endswith("_ptr") else "fp32" if n in ("scale", "eps") else
              "constexpr" if n in constants else "i32" for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ALIGNED and n not in constants}
@@ -73,7 +74,7 @@ def main() -> None:
             ("rms_norm (+SiLU, conv bias first)", fast._rms_norm_silu_kernel,
              {**norm, "CHUNKS": chunks} if chunks else norm, f"{block_s}x{chunks or 1}x{block_c}"),
             ("bias + residual", fast._bias_residual_kernel,
-             dict(BLOCK_S=block_s, BLOCK_C=padded, INTO_H=True, WIDE=False), f"{block_s}x{padded}"),
+             dict(BLOCK_S=block_s, BLOCK_C=padded, INTO_H=True, RESIDUAL=True, WIDE=False), f"{block_s}x{padded}"),
         ]
         for label, kernel, constants, tile in launches:
             lines = sass(kernel, constants, warps)

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Memory bandwidth of the fast tier's fused kernels (`fast.rms_norm`, `fast.add_bias_and_residual_`)
-per tile choice (`fast.TILE`), against a plain copy with the same strides.
+"""Memory bandwidth of the fast tier's fused kernels (`fast.rms_norm`, `fast.add_bias_and_residual_`,
+`fast.add_bias_`) per tile choice (`fast.TILE`), against a plain copy with the same strides and
+PyTorch's own bias pass.
 
-    python3 benchmarks/norm_kernel.py [--json norm_kernel.json]          # one CUDA GPU
+    python3 benchmarks/norm_kernel.py [--json norm_kernel.json] [--no-sweep]     # one CUDA GPU
 
-Both kernels are bandwidth-bound: each voxel's channels are read once and written once (the norm)
-or read twice and written once (bias + residual). The shapes are those of a Wan 2.1 720p decode in
+Each voxel's channels are read once and written once (the norm, a bias) or read twice and written
+once (bias + residual); a kernel slower than that traffic at a copy's speed is bound by something
+else (its instructions: benchmarks/kernel_sass.py). The shapes are those of a Wan 2.1 720p decode in
 bf16: the norms write into the new-frames view of a causal convolution's channels-last input buffer
 (two cached frames in front; on 2 GPUs two halo columns a side), at full resolution (96 channels),
 at the next two levels (192, 384), and one shard of the full resolution on 2 GPUs. Each variant is
@@ -78,6 +80,13 @@ def main() -> None:
             bias = torch.randn(shape[1], device=dev, dtype=dt)
             nbytes = x.numel() * x.element_size()
             copy_s = _time(lambda: out.copy_(x), args.loops, args.reps)
+            # a convolution's bias on its channels-last output: PyTorch's own pass (what F.conv3d runs
+            # after cuDNN on CUDA) against fast.add_bias_ (fast.conv_with_bias); in place, as both are
+            torch_bias_s = _time(lambda: h.add_(bias.reshape(1, -1, 1, 1, 1)), args.loops, args.reps)
+            rows.append({"shape": name, "kernel": "bias (torch)", "variant": "-", "seconds": torch_bias_s, "GBps": 2 * nbytes / torch_bias_s / 1e9})
+            if hasattr(fast, "add_bias_"):  # (not in libraries before it, for an A/B)
+                bias_s = _time(lambda: fast.add_bias_(h, bias), args.loops, args.reps)
+                rows.append({"shape": name, "kernel": "bias", "variant": "default", "seconds": bias_s, "GBps": 2 * nbytes / bias_s / 1e9})
             rows.append({"shape": name, "kernel": "copy", "variant": "-", "seconds": copy_s, "GBps": 2 * nbytes / copy_s / 1e9})
             for label, tile, wide in variants:
                 fast.TILE.clear()
@@ -98,8 +107,10 @@ def main() -> None:
     # the default, the best variant per shape and kernel, and the copy
     print(f"{'shape':15} {'kernel':14} {'variant':16} {'ms':>7} {'GB/s':>7}")
     for name, *_ in SHAPES:
-        for kernel in ("copy", "rms_norm", "bias_residual"):
+        for kernel in ("copy", "rms_norm", "bias_residual", "bias (torch)", "bias"):
             mine = [r for r in rows if r["shape"] == name and r["kernel"] == kernel]
+            if not mine:
+                continue
             best = min(mine, key=lambda r: r["seconds"])
             shown = [r for r in mine if r["variant"] in ("default", "default, wide", "-")]
             for r in shown + ([best] if best not in shown else []):

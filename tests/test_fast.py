@@ -342,10 +342,26 @@ KERNEL_CHECK = textwrap.dedent(
     one = fast.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
     fast._channel_blocks = three
     assert (blocks - one).abs().max().item() <= 1e-6, (blocks - one).abs().max().item()
+    # a convolution's bias added after it in one pass (conv_with_bias): the bits of PyTorch's own
+    # two steps on CUDA (the convolution, then its bias pass), for 3-D and 2-D convolutions
+    import torch.nn.functional as F
+    xc = fast.to_channels_last(torch.randn(1, 24, 4, 6, 5))
+    wc, bc = torch.randn(40, 24, 3, 3, 3) * 0.1, torch.randn(40)
+    got = fast.conv_with_bias(F.conv3d, xc, wc, bc, 1, (0, 1, 1))
+    assert torch.equal(got, F.conv3d(xc, wc, None, 1, (0, 1, 1)) + bc.reshape(1, -1, 1, 1, 1))
+    assert (got - F.conv3d(xc, wc, bc, 1, (0, 1, 1))).abs().max().item() <= 1e-5
+    x2 = torch.randn(3, 24, 6, 5).contiguous(memory_format=torch.channels_last)
+    got = fast.conv_with_bias(F.conv2d, x2, wc[:, :, 0], bc, 1, 1)
+    assert torch.equal(got, F.conv2d(x2, wc[:, :, 0], None, 1, 1) + bc.reshape(1, -1, 1, 1))
+    strided = fast.to_channels_last(torch.randn(1, 48, 3, 9, 6))[:, :, 1:, 1:-1]
+    want = strided + pre.reshape(1, -1, 1, 1, 1)
+    assert fast.add_bias_(strided, pre) is strided and torch.equal(strided, want)
     # 64-bit index arithmetic (taken where offsets can pass 2**31; forced here): the same values
     narrow = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre), fast.add_bias_and_residual_(kept_out.clone(), b, res.clone())
+    narrow += (fast.add_bias_(kept_out.clone(), b),)
     fast._wide = lambda *tensors: True
     wide = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre), fast.add_bias_and_residual_(kept_out.clone(), b, res.clone())
+    wide += (fast.add_bias_(kept_out.clone(), b),)
     assert all(torch.equal(a, w) for a, w in zip(narrow, wide))
     print("kernel ok")
     """
@@ -411,8 +427,9 @@ def test_triton_kernels_compile_for_hopper():
         (fast._rms_norm_silu_kernel, dict(HAS_BIAS=True, PRE_BIAS=True, SILU=True, BLOCK_S=64, BLOCK_C=128, CHUNKS=1)),
         (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=False, SILU=False, BLOCK_S=8, BLOCK_C=1024, CHUNKS=1)),
         (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=True, SILU=True, BLOCK_S=32, BLOCK_C=32, CHUNKS=3)),
-        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False)),
-        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=True)),
+        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False, RESIDUAL=True)),
+        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=True, RESIDUAL=True)),
+        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False, RESIDUAL=False)),
     ]
     for (kernel, constants), wide in itertools.product(kernels, (False, True)):  # 32- and 64-bit indexing
         constants = {**constants, "WIDE": wide}

@@ -18,6 +18,10 @@ outside a vaeshard request always sees the original layers. What changes in the 
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
   (on CUDA, PyTorch adds a cuDNN convolution's bias in a second pass), so one pass over the
   convolution's output is saved.
+- Every other convolution the fast tier runs (upsamplers, shortcuts, the causal convolutions outside
+  residual blocks) gets its bias from `add_bias_` on CUDA: the same single rounding as PyTorch's own
+  bias pass, in one vectorised pass over the channels-last output instead of PyTorch's broadcasting
+  kernel.
 - Causal video VAEs (Wan, Qwen-Image) decode through the family's own frame loop: the same decoder
   calls as diffusers by default, each call's output clamped into one preallocated output instead of
   a growing concatenation, and with `frames_per_step` > 1 several latent frames per call. With
@@ -195,29 +199,61 @@ if triton is not None:
     @triton.jit
     def _bias_residual_kernel(
         x_ptr, h_ptr, b_ptr, S, C, D1, D2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTO_H: tl.constexpr, WIDE: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTO_H: tl.constexpr, RESIDUAL: tl.constexpr,
+        WIDE: tl.constexpr,
     ):
         # x <- (x + bias) + h in place (h <- it with INTO_H), rounding to the dtype after each add as
         # PyTorch's two separate adds do (a convolution's bias pass, then the residual add).
+        # Without RESIDUAL: x <- x + bias (h is not read), as PyTorch's bias pass alone.
         dt = x_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
         x_at = _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2)
-        h_at = _offsets(n, offs_c, i0, i1, i2, shn, shc, sh0, sh1, sh2)
         x = tl.load(x_ptr + x_at, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
-        x = (x + b[None, :]).to(dt).to(tl.float32)
-        h = tl.load(h_ptr + h_at, mask=mask, other=0.0).to(tl.float32)
-        if INTO_H:
-            tl.store(h_ptr + h_at, (x + h).to(dt), mask=mask)
+        if RESIDUAL:
+            x = (x + b[None, :]).to(dt).to(tl.float32)
+            h_at = _offsets(n, offs_c, i0, i1, i2, shn, shc, sh0, sh1, sh2)
+            h = tl.load(h_ptr + h_at, mask=mask, other=0.0).to(tl.float32)
+            if INTO_H:
+                tl.store(h_ptr + h_at, (x + h).to(dt), mask=mask)
+            else:
+                tl.store(x_ptr + x_at, (x + h).to(dt), mask=mask)
         else:
-            tl.store(x_ptr + x_at, (x + h).to(dt), mask=mask)
+            tl.store(x_ptr + x_at, (x + b[None, :]).to(dt), mask=mask)
 
 
 def fused_bias_add_available(x: torch.Tensor) -> bool:
-    """Whether `add_bias_and_residual_` runs as one kernel for `x` (CUDA with Triton). Only there is
-    it worth leaving a convolution's bias out: PyTorch adds it in a separate pass on CUDA anyway,
-    while CPU convolutions fold it in (so leaving it out on CPU would cost a pass and change bits)."""
+    """Whether `add_bias_and_residual_` and `add_bias_` run as one kernel for `x` (CUDA with Triton).
+    Only there is it worth leaving a convolution's bias out: PyTorch adds it in a separate pass on
+    CUDA anyway, while CPU convolutions fold it in (so leaving it out on CPU would cost a pass and
+    change bits)."""
     return triton is not None and (x.is_cuda or _interpreting())
+
+
+def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args) -> torch.Tensor:
+    """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d), on CUDA with the bias added afterwards by
+    `add_bias_` instead of PyTorch's own bias pass: the same bits (PyTorch's cuDNN path adds the bias
+    in a separate pass too, rounding once), in one vectorised pass over the channels-last output
+    instead of PyTorch's broadcasting kernel (BENCHMARKS.md). Elsewhere the plain call."""
+    if bias is None or not fused_bias_add_available(x):
+        return conv(x, weight, bias, *args)
+    return add_bias_(conv(x, weight, None, *args), bias)
+
+
+def add_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """x <- x + bias in place (one value per channel), rounded once to x's dtype as PyTorch's add
+    rounds; one Triton pass on CUDA. Returns `x`."""
+    geometry = _spatial_strides(x) if fused_bias_add_available(x) and x.numel() > 0 else None
+    if geometry is None:
+        return x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
+    s = d0 * d1 * d2
+    block_s, block_c, launch = _tile(c)
+    _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
+        x, x, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, sxn, sxc, sx0, sx1, sx2,
+        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=False, RESIDUAL=False, WIDE=_wide(x), **launch,
+    )
+    return x
 
 
 def add_bias_and_residual_(
@@ -245,7 +281,7 @@ def add_bias_and_residual_(
     block_s, block_c, launch = _tile(c)
     _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
         x, residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual, WIDE=_wide(x, residual), **launch,
+        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual, RESIDUAL=True, WIDE=_wide(x, residual), **launch,
     )
     return residual if into_residual else x
 

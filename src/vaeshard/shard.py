@@ -187,7 +187,8 @@ class HaloCausalConv3d:
             slot = self._slot(ctx)
             padding[slot] = padding[slot + 1] = 0
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
-        return F.conv3d(buf, self.weight, bias, self.stride, (0, padding[2], padding[0]), self.dilation, self.groups)
+        return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride, (0, padding[2], padding[0]),
+                                        self.dilation, self.groups)
 
     def _causal_in_time(self) -> bool:
         """Whether each output frame sees its own input frame and the `kernel - 1` before it (stride
@@ -237,8 +238,8 @@ class HaloConv2d:
         if ctx is None and not fast:
             return super().forward(x)
         if fast and ctx is None:
-            return F.conv2d(fast_tier.to_channels_last(x), self.weight, self.bias, self.stride, self.padding,
-                            self.dilation, self.groups)
+            return fast_tier.conv_with_bias(F.conv2d, fast_tier.to_channels_last(x), self.weight, self.bias,
+                                            self.stride, self.padding, self.dilation, self.groups)
         if fast:
             buf, core = self.input_buffer(x)
             core.copy_(x)
@@ -273,7 +274,8 @@ class HaloConv2d:
             rows = self._halo_rows(ctx)
             ctx.fill_halo(buf, ctx.dim(buf), rows, rows)
             pad_h, pad_w = (0, pad_w) if ctx.axis == HEIGHT else (pad_h, 0)
-        return F.conv2d(buf, self.weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
+        return fast_tier.conv_with_bias(F.conv2d, buf, self.weight, self.bias, self.stride, (pad_h, pad_w),
+                                        self.dilation, self.groups)
 
     def _halo_rows(self, ctx) -> int:
         return self.padding[0] if ctx.axis == HEIGHT else self.padding[1]
