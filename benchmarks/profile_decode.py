@@ -301,24 +301,12 @@ def _timeline(vae, z, rank: int, world: int) -> None:
         handle.remove()
     spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA)
-    starts = [s for s, _, name in spans if "spin" in name]
-    rows = [(host_ms[k], gpu_ms[k], float("nan"), float("nan")) for k in range(calls)]
-    if len(starts) != calls:
-        print(f"[rank {rank}] timeline: {len(starts)} marker kernels for {calls} decoder calls; no NCCL / idle split",
-              flush=True)
-    else:
-        rows = []
-        bounds = starts + [max(e for _, e, _ in spans) + 1]
-        for k in range(calls):
-            inside = [(s, e, n) for s, e, n in spans if bounds[k] <= s < bounds[k + 1] and "spin" not in n]
-            nccl = sum(e - s for s, e, n in inside if classify(n) == "communication (NCCL)") / 1e3
-            busy, last = 0.0, bounds[k]
-            for s, e, _ in inside:
-                busy += max(0.0, e - max(s, last))
-                last = max(last, e)
-            # up to the next call's marker (a gap before it: the GPU waited for that call's launches)
-            stop = bounds[k + 1] if k + 1 < calls else max([e for _, e, _ in inside] + [bounds[k]])
-            rows.append((host_ms[k], gpu_ms[k], nccl, max((stop - bounds[k] - busy) / 1e3, 0.0)))
+    split = per_call(spans, calls)
+    if split is None:
+        print(f"[rank {rank}] timeline: {sum('spin' in n for _, _, n in spans)} marker kernels for {calls} decoder "
+              f"calls; no NCCL / idle split", flush=True)
+        split = [(float("nan"), float("nan"))] * calls
+    rows = [(host_ms[k], gpu_ms[k], *split[k]) for k in range(calls)]
     table = [rows]
     if world > 1:
         import torch.distributed as dist
@@ -339,6 +327,29 @@ def _timeline(vae, z, rank: int, world: int) -> None:
             totals[r] = [a + b for a, b in zip(totals[r], rank_rows[k])]
         print(f"{k if k < calls - 1 else 'last':>4} " + "".join(cells))
     print(" sum " + "".join("| " + " ".join(f"{v:6.1f}" for v in t) + " " for t in totals), flush=True)
+
+
+def per_call(spans: list[tuple[float, float, str]], calls: int) -> list[tuple[float, float]] | None:
+    """(NCCL kernel ms, GPU idle ms) per decoder call from sorted (start us, end us, name) kernel spans
+    in which a marker kernel (`spin` in its name) starts each call: a call holds the kernels that
+    start between its marker and the next, and its idle time runs up to the next marker (a gap
+    before it: the GPU waited for that call's launches); the last call ends with its last kernel.
+    None if there are not `calls` markers."""
+    starts = [s for s, _, name in spans if "spin" in name]
+    if len(starts) != calls:
+        return None
+    bounds = starts + [max(e for _, e, _ in spans) + 1]
+    out = []
+    for k in range(calls):
+        inside = [(s, e, n) for s, e, n in spans if bounds[k] <= s < bounds[k + 1] and "spin" not in n]
+        nccl = sum(e - s for s, e, n in inside if classify(n) == "communication (NCCL)") / 1e3
+        busy, last = 0.0, bounds[k]
+        for s, e, _ in inside:
+            busy += max(0.0, e - max(s, last))
+            last = max(last, e)
+        stop = bounds[k + 1] if k + 1 < calls else max([e for _, e, _ in inside] + [bounds[k]])
+        out.append((nccl, max((stop - bounds[k] - busy) / 1e3, 0.0)))
+    return out
 
 
 def _runtime_calls(prof, top: int = 6) -> str:

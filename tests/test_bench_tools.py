@@ -79,6 +79,30 @@ def test_idle_gaps_are_attributed_to_the_kernel_that_ends_them():
     assert abs(busy - (120 + 30 + 95 + 20 + 60) * 1e-6) < 1e-12
 
 
+def test_timeline_splits_kernels_by_decoder_call_at_the_marker_kernels():
+    prof = _load("profile_decode")
+    spin = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
+    spans = sorted([
+        (0, 1, spin),  # call 0
+        (1, 400, "sm90_xmma_fprop_implicit_gemm"),
+        (450, 500, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),  # 50 us idle before it
+        (500, 600, "_rms_norm_silu_kernel"),  # then 400 us idle until the next call's marker
+        (1000, 1001, spin),  # call 1
+        (1001, 1300, "sm90_xmma_fprop_implicit_gemm"),
+        (1100, 1200, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),  # overlaps: not idle
+        (1350, 1400, "Memcpy DtoD (Device -> Device)"),  # 50 us idle before it, the last kernel
+    ])
+    (nccl0, idle0), (nccl1, idle1) = prof.per_call(spans, 2)
+    assert (nccl0, nccl1) == (0.05, 0.1)
+    assert abs(idle0 - 0.451) < 1e-9  # 1000 us window: 1 us marker, 399 + 50 + 100 busy
+    assert abs(idle1 - 0.051) < 1e-9  # up to the last kernel's end: 1 us marker, 299 + 50 busy
+    assert prof.per_call(spans, 3) is None  # a marker missing: no split
+    # kernel classes the tables rely on
+    assert prof.classify("fmha_cutlassF_bf16_aligned_32x128_gmem_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass") == "attention"
+    assert prof.classify("Memcpy DtoD (Device -> Device)") == "cat / pad / copy"
+    assert prof.classify("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "convolution"
+
+
 def test_memory_model_counts_storages_until_their_last_tensor_is_gone():
     import torch
 
