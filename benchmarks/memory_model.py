@@ -131,8 +131,9 @@ class StandInComm(comm_mod.Comm):
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """The fast tier's CUDA path: the fused norm and the bias + residual pass as one kernel each,
-    which allocate nothing beyond their output (the eager CPU path makes fp32 temporaries)."""
+    """The fast tier's CUDA path: the fused norm, the bias + residual pass and the bias pass as one
+    kernel each, which allocate nothing beyond their output (the eager CPU path makes fp32
+    temporaries)."""
 
     def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
         return out if out is not None else torch.empty_like(x)
@@ -141,7 +142,7 @@ def cuda_kernels():
         return residual if into_residual else x
 
     stand_ins = {"rms_norm": rms_norm, "add_bias_and_residual_": add_bias_and_residual_,
-                 "fused_bias_add_available": lambda x: True}
+                 "add_bias_": lambda x, bias: x, "fused_bias_add_available": lambda x: True}
     saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
     for name in saved:
         setattr(fast, name, stand_ins[name])
