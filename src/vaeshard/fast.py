@@ -139,7 +139,8 @@ if triton is not None:
         # CHUNKS blocks of BLOCK_C channels (1 to 3; C = CHUNKS * BLOCK_C, or C <= BLOCK_C with
         # CHUNKS == 1). Wan's channel counts are 3 x 2^k: three full blocks keep every lane busy
         # where one block of the next power of two would leave a quarter of them masked, and this
-        # kernel is bound by its instruction count, not by memory (benchmarks/norm_kernel.py).
+        # kernel is bound by its instruction count, not by memory (benchmarks/kernel_sass.py counts
+        # them, benchmarks/norm_kernel.py times the kernel against a copy).
         # Every spatial dim has its own stride, so x and y may be any strided views (a slice of a
         # larger buffer, too). Channels-last tensors load contiguous channel rows, contiguous ones
         # contiguous voxel rows; both coalesce.
@@ -234,7 +235,8 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d), on CUDA with the bias added afterwards by
     `add_bias_` instead of PyTorch's own bias pass: the same bits (PyTorch's cuDNN path adds the bias
     in a separate pass too, rounding once), in one vectorised pass over the channels-last output
-    instead of PyTorch's broadcasting kernel (BENCHMARKS.md). Elsewhere the plain call."""
+    instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times both). Elsewhere the
+    plain call."""
     if bias is None or not fused_bias_add_available(x):
         return conv(x, weight, bias, *args)
     return add_bias_(conv(x, weight, None, *args), bias)
