@@ -14,6 +14,12 @@ which has two neighbours) with a stand-in for the communication that allocates w
 The figure is a prediction, for comparing designs between GPU runs; BENCHMARKS.md records what the
 GPU measured. It counts what the decode allocates beyond the weights and the latent, which is what
 `vaeshard bench` reports as the per-rank peak.
+
+    python3 benchmarks/memory_model.py --preset wan21-720p --ranks 1 --copies
+
+`--copies` also runs the decode once more and counts the bytes that data-movement operations
+(copies, clones, concatenations, zero fills) write, by source line: what the GPU profile's
+"cat / pad / copies" kernels move, and which part of the code moves it.
 """
 
 from __future__ import annotations
@@ -160,13 +166,48 @@ def cuda_kernels():
             setattr(fast, name, original)
 
 
+class CopiedBytes(TorchDispatchMode):
+    """Bytes written by data-movement operations under this mode, and their count, by source line."""
+
+    OPS = {"copy_", "clone", "cat", "constant_pad_nd", "_to_copy", "zero_", "fill_"}
+
+    def __init__(self):
+        super().__init__()
+        self.bytes: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in self.OPS:
+            written = out if isinstance(out, torch.Tensor) else args[0]
+            key = f"{func.overloadpacket.__name__:8} {_site()}"
+            self.bytes[key] = self.bytes.get(key, 0) + written.numel() * written.element_size()
+            self.calls[key] = self.calls.get(key, 0) + 1
+        return out
+
+
+def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1,
+                 max_layer_frames: int | None = None) -> list[tuple[str, int, int]]:
+    """(operation and source line, bytes written, calls) of one fast-tier decode on one rank, most bytes first."""
+    with CopiedBytes() as copies:
+        _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames)
+    return sorted(((k, b, copies.calls[k]) for k, b in copies.bytes.items()), key=lambda r: -r[1])
+
+
 def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1,
                    max_layer_frames: int | None = None) -> tuple[int, list[tuple[str, int]]]:
     """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
     what is alive then, by the source line that allocated it."""
-    family = family_for(vae)
     external = [*vae.parameters(), *vae.buffers(), z]
-    with LiveBytes(external) as live, torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels():
+    with LiveBytes(external) as live:
+        _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames)
+    return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])
+
+
+def _decode(vae, z, ranks: int, axis: str, frames_per_step: int, max_layer_frames: int | None) -> None:
+    """One fast-tier decode of `z` on the CUDA code path, as one rank of `ranks` would run it."""
+    family = family_for(vae)
+    with torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels():
         if ranks == 1:
             out = family.untiled_decode(vae, z)
         else:
@@ -180,7 +221,6 @@ def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step:
             out = ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
             del out_local
         del out
-    return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])
 
 
 def main() -> None:
@@ -191,6 +231,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=8, help="allocation sites listed at the peak (default 8)")
     ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (default 1)")
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
+    ap.add_argument("--copies", action="store_true", help="also: bytes written by copies, by source line")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -211,6 +252,12 @@ def main() -> None:
               "above weights and latent", flush=True)
         for site, size in sites[: args.top]:
             print(f"    {size / 2**30:6.2f} GiB  {site}")
+        if args.copies:
+            rows = copied_bytes(vae, z, ranks, frames_per_step=args.frames_per_step, max_layer_frames=args.max_layer_frames)
+            print(f"  written by copies, clones, concatenations and zero fills: {sum(b for _, b, _ in rows) / 1e9:.1f} GB; "
+                  f"by operation and source line:")
+            for key, nbytes, calls in rows[: args.top]:
+                print(f"    {nbytes / 1e9:7.2f} GB x{calls:<4} {key}")
 
 
 if __name__ == "__main__":

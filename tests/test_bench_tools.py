@@ -124,6 +124,24 @@ def test_memory_model_counts_storages_until_their_last_tensor_is_gone():
     del c, w
 
 
+def test_memory_model_counts_the_bytes_copies_write_by_source_line():
+    import torch
+
+    model = _load("memory_model")
+    a = torch.empty(2, 3, 4, device="meta", dtype=torch.bfloat16)
+    with model.CopiedBytes() as copies:
+        a.clone()  # 48 bytes
+        torch.cat([a, a], dim=0)  # 96
+        a[:, :, :2].copy_(a[:, :, 2:])  # 24
+        a.zero_()  # 48
+        a.add_(1)  # not a copy
+    by_op = {}
+    for key, nbytes in copies.bytes.items():
+        by_op[key.split()[0]] = by_op.get(key.split()[0], 0) + nbytes
+    assert by_op == {"clone": 48, "cat": 96, "copy_": 24, "zero_": 48}
+    assert sum(copies.calls.values()) == 4
+
+
 def test_memory_model_predicts_a_sharded_decode_below_a_direct_one():
     import torch
     from diffusers import AutoencoderKLWan
