@@ -334,6 +334,7 @@ KERNEL_CHECK = textwrap.dedent(
     # channels in three blocks of a power of two (48 = 3 x 16, as Wan's 96, 192, 384) against one
     # masked block of 64: the same values up to the order of the sum of squares
     assert fast._channel_blocks(48) == (16, 3) and fast._channel_blocks(64) == (64, 1) and fast._channel_blocks(40) == (64, 1)
+    assert fast._channel_blocks(24) == (32, 1) and fast._channel_blocks(96) == (32, 3)
     x48 = fast.to_channels_last(torch.randn(1, 48, 3, 5, 7) * 3)
     g48, b48, p48 = torch.rand(48, 1, 1, 1) + 0.5, torch.randn(48, 1, 1, 1), torch.randn(48)
     blocks = fast.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)

@@ -305,12 +305,13 @@ def _tile(c: int):
 
 def _channel_blocks(c: int) -> tuple[int, int]:
     """(channel block, blocks) covering `c` channels in the norm kernel: `c` itself if a power of two,
-    three blocks of c/3 if that is one (Wan's 96, 192, 384), otherwise one masked block of the next
-    power of two."""
+    three blocks of c/3 if that is one of at least 16 (Wan's 96, 192, 384), otherwise one masked
+    block of the next power of two."""
     if c & (c - 1) == 0:
         return c, 1
-    if c % 3 == 0 and (c // 3) & (c // 3 - 1) == 0:
-        return c // 3, 3
+    third = c // 3
+    if c % 3 == 0 and third >= 16 and third & (third - 1) == 0:
+        return third, 3
     return triton.next_power_of_2(c), 1
 
 
