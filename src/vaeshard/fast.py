@@ -237,7 +237,7 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     in a separate pass too, rounding once), in one vectorised pass over the channels-last output
     instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times both). Elsewhere the
     plain call."""
-    if bias is None or not fused_bias_add_available(x):
+    if bias is None or bias.dtype != x.dtype or not fused_bias_add_available(x):  # (PyTorch's checks, errors)
         return conv(x, weight, bias, *args)
     return add_bias_(conv(x, weight, None, *args), bias)
 
