@@ -245,16 +245,9 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 def add_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """x <- x + bias in place (one value per channel), rounded once to x's dtype as PyTorch's add
     rounds; one Triton pass on CUDA. Returns `x`."""
-    geometry = _spatial_strides(x) if fused_bias_add_available(x) and x.numel() > 0 else None
-    if geometry is None:
-        return x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
-    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
-    s = d0 * d1 * d2
-    block_s, block_c, launch = _tile(c)
-    _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
-        x, x, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, sxn, sxc, sx0, sx1, sx2,
-        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=False, RESIDUAL=False, WIDE=_wide(x), **launch,
-    )
+    if not _bias_kernel_takes(x):
+        return x.add_(_per_channel(bias, x))
+    _bias_pass(x, bias, None, False)
     return x
 
 
@@ -268,24 +261,33 @@ def add_bias_and_residual_(
     `into_residual` the sum is written into `residual` instead (the same bits: addition commutes)
     and `residual` is returned, so the caller can drop `x`.
     """
-    use_triton = (
-        bias is not None and triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
-        and residual.shape == x.shape and residual.dtype == x.dtype
-    )
-    geometry = _spatial_strides(x) if use_triton else None
-    if geometry is None:
+    if bias is None or not _bias_kernel_takes(x) or residual.shape != x.shape or residual.dtype != x.dtype:
         if bias is not None:
-            x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
+            x.add_(_per_channel(bias, x))
         return residual.add_(x) if into_residual else x.add_(residual)
-    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
-    _, _, _, (shn, shc, sh0, sh1, sh2) = _spatial_strides(residual)
+    _bias_pass(x, bias, residual, into_residual)
+    return residual if into_residual else x
+
+
+def _per_channel(bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return bias.reshape(1, -1, *([1] * (x.ndim - 2)))
+
+
+def _bias_kernel_takes(x: torch.Tensor) -> bool:
+    return fused_bias_add_available(x) and x.numel() > 0 and 3 <= x.ndim <= 5
+
+
+def _bias_pass(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None, into_residual: bool) -> None:
+    """One launch of `_bias_residual_kernel`: x + bias, plus `residual` where one is given."""
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
+    shn, shc, sh0, sh1, sh2 = _spatial_strides(residual)[3] if residual is not None else (sxn, sxc, sx0, sx1, sx2)
     s = d0 * d1 * d2
     block_s, block_c, launch = _tile(c)
     _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
-        x, residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual, RESIDUAL=True, WIDE=_wide(x, residual), **launch,
+        x, x if residual is None else residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2,
+        shn, shc, sh0, sh1, sh2, BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual,
+        RESIDUAL=residual is not None, WIDE=_wide(x) if residual is None else _wide(x, residual), **launch,
     )
-    return residual if into_residual else x
 
 
 # The per-program tile of the two kernels above: all channels of up to `max_voxels` voxels, about
