@@ -294,8 +294,6 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
     parser.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                         help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
-    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
-                        help="fast tier, CUDA: run every decoder call eagerly instead of replaying the steady ones as a CUDA graph")
     parser.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                         help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
     parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
@@ -305,7 +303,7 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
 def _tier_options(args) -> dict:
     """The vaeshard.parallelize arguments of the tier that `decode` and `bench` take from their options."""
     return {"exact": args.exact, "cudnn_benchmark": args.cudnn_benchmark, "frames_per_step": args.frames_per_step,
-            "max_layer_frames": args.max_layer_frames, "cuda_graphs": args.cuda_graphs}
+            "max_layer_frames": args.max_layer_frames}
 
 
 def _decode(args) -> int:

@@ -42,11 +42,6 @@ class VaeParallelConfig:
              layers 4 frames per latent frame) runs on parts of at most this many, each part's cache
              being the frames before it: the same values, the activations of fewer frames alive at
              once (less peak memory), more kernel launches and halo exchanges in those layers.
-    cuda_graphs: fast tier, causal video VAEs on CUDA: the decoder calls of a request that share
-             one shape (all but the first two and a shorter last one) are captured once as a CUDA
-             graph and replayed (graphs.py): the same kernels and values, launched by the host
-             once per call instead of a few hundred times, so small shards (many GPUs, small
-             videos) go at the GPU's pace. False runs every call eagerly.
     """
 
     size: int | None = None
@@ -57,7 +52,6 @@ class VaeParallelConfig:
     cudnn_benchmark: bool = True
     frames_per_step: int = 1
     max_layer_frames: int | None = None
-    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -71,8 +65,6 @@ class VaeParallelConfig:
                 raise ValueError(f"size must be at least 1, got {self.size}")
         if not isinstance(self.exact, bool):
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise TypeError(f"cuda_graphs must be True or False, got {self.cuda_graphs!r}")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if isinstance(self.frames_per_step, bool) or not isinstance(self.frames_per_step, int):

@@ -29,9 +29,6 @@ outside a vaeshard request always sees the original layers. What changes in the 
   that many frames at once, the causal cache handed from part to part (less activation memory).
   Their residual blocks and upsamplers overwrite each causal cache in place once it has its steady
   shape, instead of making a new tensor per decoder call (the same values, less memory reserved).
-  On CUDA their steady decoder calls (all but the first two and a shorter last one) are replayed
-  as one CUDA graph per request unless parallelized with `cuda_graphs=False` (graphs.py: the same
-  kernels, one launch from the host instead of hundreds).
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ import torch.nn.functional as F
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
 _max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
-_cuda_graphs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_cuda_graphs", default=False)
 
 
 def enabled() -> bool:
@@ -64,25 +60,17 @@ def max_layer_frames() -> int | None:
     return _max_layer_frames.get() if _fast.get() else None
 
 
-def cuda_graphs() -> bool:
-    """Whether a causal video decoder replays its steady calls as a CUDA graph in this request
-    (graphs.py; False outside the fast tier)."""
-    return _cuda_graphs.get() if _fast.get() else False
-
-
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None,
-         cuda_graphs: bool = True):
+def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
     restored afterwards. The first convolution of each new shape then times cuDNN's algorithms once
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
-    `frames_per_step`, `max_layer_frames`, `cuda_graphs` (fast tier only): see the functions of those
-    names and VaeParallelConfig.
+    `frames_per_step`, `max_layer_frames` (fast tier only): see the functions of those names and
+    VaeParallelConfig.
     """
     token = _fast.set(fast)
-    graphed = _cuda_graphs.set(cuda_graphs)
     steps = _frames_per_step.set(frames_per_step)
     parts = _max_layer_frames.set(max_layer_frames)
     benchmark = torch.backends.cudnn.benchmark
@@ -92,7 +80,6 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
         yield
     finally:
         torch.backends.cudnn.benchmark = benchmark
-        _cuda_graphs.reset(graphed)
         _max_layer_frames.reset(parts)
         _frames_per_step.reset(steps)
         _fast.reset(token)

@@ -53,7 +53,6 @@ def parallelize(
     cudnn_benchmark: bool = True,
     frames_per_step: int = 1,
     max_layer_frames: int | None = None,
-    cuda_graphs: bool = True,
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -72,7 +71,7 @@ def parallelize(
     family = family_for(vae)
     config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
                                cudnn_benchmark=cudnn_benchmark, frames_per_step=frames_per_step,
-                               max_layer_frames=max_layer_frames, cuda_graphs=cuda_graphs)
+                               max_layer_frames=max_layer_frames)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
@@ -370,8 +369,7 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
-        with torch.no_grad(), fast.tier(fast_tier, config.cudnn_benchmark, config.frames_per_step, config.max_layer_frames,
-                                             config.cuda_graphs):
+        with torch.no_grad(), fast.tier(fast_tier, config.cudnn_benchmark, config.frames_per_step, config.max_layer_frames):
             if chosen.strategy == "direct":
                 out = _direct(vae, family, op, x) if receives else None
             elif chosen.strategy == "tile":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import fast, graphs, shard
+from .. import fast, shard
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
 
@@ -146,35 +146,25 @@ class WanLike:
         """
         _, _, num_frames, _, _ = z.shape
         total = frames_out(num_frames, self.temporal_factor(vae))
-        num_calls = 1 + -(-(num_frames - 1) // per_step)
-
-        def step(chunk, first: bool):
-            vae._conv_idx = [0]
-            if first and self.decoder_takes_first_chunk:
-                return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
-            return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
-
-        # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
-        with graphs.DecoderSteps(z.device, fast.cuda_graphs(), num_calls) as steps:
+        vae.clear_cache()
+        try:
+            x = vae.post_quant_conv(z)
+            out, filled, start = None, 0, 0
+            while start < num_frames:
+                stop = 1 if start == 0 else min(start + per_step, num_frames)
+                vae._conv_idx = [0]
+                first = {"first_chunk": True} if start == 0 and self.decoder_takes_first_chunk else {}
+                y = vae.decoder(x[:, :, start:stop], feat_cache=vae._feat_map, feat_idx=vae._conv_idx, **first)
+                if out is None:
+                    out = y.new_empty((*y.shape[:2], total, *y.shape[3:]))  # contiguous, as diffusers'
+                if filled + y.shape[2] > total:
+                    raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
+                torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
+                filled += y.shape[2]
+                start = stop
+                del y
+        finally:
             vae.clear_cache()
-            try:
-                x = vae.post_quant_conv(z)
-                out, filled, start = None, 0, 0
-                while start < num_frames:
-                    stop = 1 if start == 0 else min(start + per_step, num_frames)
-                    y = steps.call(lambda c, first=(start == 0): step(c, first), x[:, :, start:stop],
-                                   vae._feat_map, steady=start > 0 and stop - start == per_step)
-                    if out is None:  # contiguous, as diffusers'
-                        out = steps.hand_over(y.new_empty((*y.shape[:2], total, *y.shape[3:])))
-                    if filled + y.shape[2] > total:
-                        raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
-                    torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
-                    filled += y.shape[2]
-                    start = stop
-                    del y
-                del x
-            finally:
-                vae.clear_cache()
         if filled != total:
             raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
         return self._unpatchify(vae, out)  # a permutation: clamping before it gives diffusers' values
