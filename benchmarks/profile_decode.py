@@ -100,6 +100,11 @@ def main() -> None:
             print(f"[rank {rank}] first decode in this process: {time.perf_counter() - t0:.3f} s", flush=True)
         vae.decode(z)  # warm-up at the full size, so the timed decode finds the allocator grown as the profiled one
         torch.cuda.synchronize()
+    # before any profiler runs in this process, so the profiler's tracing cannot slow the host's
+    # launches in it: taken after a profiled decode, the host times were 27-30 ms per Wan 2.1 480p
+    # call on 2 GPUs; in processes that never profiled, 16-18 ms (BENCHMARKS.md)
+    unprofiled = _timeline_unprofiled(vae, z) if args.timeline else None
+    with torch.no_grad():
         t0 = time.perf_counter()
         vae.decode(z)
         returned = time.perf_counter() - t0
@@ -135,7 +140,7 @@ def main() -> None:
     if args.host_profile:
         _host_profile(vae, z, rank, args.top)
     if args.timeline:
-        _timeline(vae, z, rank, world)
+        _timeline(vae, z, rank, world, unprofiled)
     by_rank = [kernels]
     if world > 1:
         import torch.distributed as dist
@@ -259,23 +264,16 @@ def _host_profile(vae, z, rank: int, top: int) -> None:
                   flush=True)
 
 
-def _timeline(vae, z, rank: int, world: int) -> None:
-    """Per decoder call (each latent frame of the decode loop) and rank: when the host issued it and
-    how long the GPU took, from one unprofiled decode (host clock and CUDA events at each call's
-    start), then from one profiled decode that call's NCCL kernel time and GPU idle time. Each call's
-    GPU work is told apart by a marker kernel (`torch.cuda._sleep(1)`) launched as the call starts.
-    The last row also holds what follows the last call (the gather of a sharded decode's output).
-    Rank 0 prints every rank's rows side by side."""
+def _timeline_unprofiled(vae, z) -> tuple[list[float], list[float], float]:
+    """Host issue time and GPU span (ms) of each decoder call of one unprofiled decode (host clock
+    and CUDA events at each call's start), and the ms before the host reached the first call."""
     host: list[float] = []
     events: list = []
-    marker = {"on": False}
 
     def start(module, args):
         host.append(time.perf_counter())
         events.append(torch.cuda.Event(enable_timing=True))
         events[-1].record()
-        if marker["on"]:
-            torch.cuda._sleep(1)
 
     handle = vae.decoder.register_forward_pre_hook(start)
     try:
@@ -287,13 +285,24 @@ def _timeline(vae, z, rank: int, world: int) -> None:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             torch.cuda.synchronize()
-        calls = len(host)
-        host_ms = [1e3 * (b - a) for a, b in zip(host, host[1:] + [returned])]
-        gpu_ms = [a.elapsed_time(b) for a, b in zip(events, events[1:] + [end])]
-        lead_ms = 1e3 * (host[0] - t0)
-        host.clear()
-        events.clear()
-        marker["on"] = True
+    finally:
+        handle.remove()
+    host_ms = [1e3 * (b - a) for a, b in zip(host, host[1:] + [returned])]
+    gpu_ms = [a.elapsed_time(b) for a, b in zip(events, events[1:] + [end])]
+    return host_ms, gpu_ms, 1e3 * (host[0] - t0)
+
+
+def _timeline(vae, z, rank: int, world: int, unprofiled) -> None:
+    """Per decoder call (each latent frame of the decode loop) and rank: when the host issued it and
+    how long the GPU took (`_timeline_unprofiled`, taken before anything was profiled in this
+    process), then from one profiled decode that call's NCCL kernel time and GPU idle time. Each
+    call's GPU work is told apart by a marker kernel (`torch.cuda._sleep(1)`) launched as the call
+    starts. The last row also holds what follows the last call (the gather of a sharded decode's
+    output). Rank 0 prints every rank's rows side by side."""
+    host_ms, gpu_ms, lead_ms = unprofiled
+    calls = len(host_ms)
+    handle = vae.decoder.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(1))
+    try:
         with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
             vae.decode(z)
             torch.cuda.synchronize()
