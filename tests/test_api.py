@@ -82,3 +82,26 @@ def test_without_process_group_exact_decode_is_plain_diffusers():
     assert torch.equal(vae.decode(z, return_dict=False)[0], reference)
     vaeshard.parallelize(vae)  # the default fast tier: within the CPU fp32 tolerance
     assert (vae.decode(z).sample - reference).abs().max() <= 1e-5
+
+
+def test_fast_tier_settings_are_named_alike_everywhere():
+    """One list of the fast tier's settings: each is a VaeParallelConfig field, a parallelize keyword
+    and a fast.tier argument with the same default, and an option of `decode` and `bench`."""
+    import argparse
+    import inspect
+    from dataclasses import fields
+
+    from vaeshard import fast
+    from vaeshard.cli import build_parser
+    from vaeshard.config import FAST_TIER_SETTINGS, VaeParallelConfig
+
+    defaults = {f.name: f.default for f in fields(VaeParallelConfig)}
+    keywords = inspect.signature(vaeshard.parallelize).parameters
+    tier = inspect.signature(fast.tier).parameters
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert FAST_TIER_SETTINGS
+    for name in FAST_TIER_SETTINGS:
+        assert keywords[name].default == defaults[name] == tier[name].default, name
+        for command in ("decode", "bench"):
+            dests = {a.dest: a.default for a in commands[command]._actions}
+            assert dests[name] == defaults[name], (command, name)

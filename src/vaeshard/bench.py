@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from .config import MODES, VaeParallelConfig
+from .config import FAST_TIER_SETTINGS, MODES, VaeParallelConfig
 from .io import ModelSource, named_model
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -460,9 +460,7 @@ def _tier_text(options: dict) -> str:
 
 
 # the fast tier's settings a bench run may pass on, with VaeParallelConfig's defaults
-_FAST_DEFAULTS = {
-    f.name: f.default for f in fields(VaeParallelConfig) if f.name in ("cudnn_benchmark", "frames_per_step", "max_layer_frames")
-}
+_FAST_DEFAULTS = {f.name: f.default for f in fields(VaeParallelConfig) if f.name in FAST_TIER_SETTINGS}
 
 
 def bench_table(result: BenchResult) -> str:

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .config import MODES
+from .config import FAST_TIER_SETTINGS, MODES
 from .io import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -301,9 +301,9 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _tier_options(args) -> dict:
-    """The vaeshard.parallelize arguments of the tier that `decode` and `bench` take from their options."""
-    return {"exact": args.exact, "cudnn_benchmark": args.cudnn_benchmark, "frames_per_step": args.frames_per_step,
-            "max_layer_frames": args.max_layer_frames}
+    """The vaeshard.parallelize arguments of the tier that `decode` and `bench` take from their options
+    (each option's destination is the setting's name)."""
+    return {"exact": args.exact, **{name: getattr(args, name) for name in FAST_TIER_SETTINGS}}
 
 
 def _decode(args) -> int:

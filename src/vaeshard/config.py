@@ -8,6 +8,9 @@ from datetime import timedelta
 MODES: tuple[str, ...] = ("tile", "auto", "spatial_shard_height", "spatial_shard_width")
 OUTPUTS: tuple[str, ...] = ("all", "rank0")
 SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
+# The fast tier's settings (VaeParallelConfig fields, `fast.tier` arguments, `parallelize` keywords and
+# the command line's option destinations all carry these names).
+FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from . import comm as comm_mod
 from . import fast, shard
-from .config import MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
+from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
 from .families import family_for
 from .families.base import Family
 from .policy import plan
@@ -369,7 +369,8 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
-        with torch.no_grad(), fast.tier(fast_tier, config.cudnn_benchmark, config.frames_per_step, config.max_layer_frames):
+        settings = {name: getattr(config, name) for name in FAST_TIER_SETTINGS}
+        with torch.no_grad(), fast.tier(fast_tier, **settings):
             if chosen.strategy == "direct":
                 out = _direct(vae, family, op, x) if receives else None
             elif chosen.strategy == "tile":
