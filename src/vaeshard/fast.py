@@ -237,11 +237,9 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     in a separate pass too, rounding once), in one vectorised pass over the channels-last output
     instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times both). Elsewhere the
     plain call."""
-    if bias is None or bias.dtype != x.dtype or not _bias_kernel_takes(x):  # (PyTorch's checks, errors)
+    if bias is None or bias.dtype != x.dtype or not fused_bias_add_available(x):  # (PyTorch's checks, errors)
         return conv(x, weight, bias, *args)
-    y = conv(x, weight, None, *args)  # as many dims as x, and not empty where x is not
-    _bias_pass(y, bias, None, False)
-    return y
+    return add_bias_(conv(x, weight, None, *args), bias)
 
 
 def add_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
