@@ -10,7 +10,7 @@ OUTPUTS: tuple[str, ...] = ("all", "rank0")
 SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
 # The fast tier's settings (VaeParallelConfig fields, `fast.tier` arguments, `parallelize` keywords and
 # the command line's option destinations all carry these names).
-FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames")
+FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames", "triton_convs")
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,9 @@ class VaeParallelConfig:
              layers 4 frames per latent frame) runs on parts of at most this many, each part's cache
              being the frames before it: the same values, the activations of fewer frames alive at
              once (less peak memory), more kernel launches and halo exchanges in those layers.
+    triton_convs: fast tier, CUDA: the 3x3x3 convolutions where vaeshard's own Triton kernel measured
+             faster than cuDNN (Wan 2.1's 96-channel full-resolution layers at 720p; see
+             conv_kernel.py) run as that kernel (True, default); False runs cuDNN everywhere.
     """
 
     size: int | None = None
@@ -55,6 +58,7 @@ class VaeParallelConfig:
     cudnn_benchmark: bool = True
     frames_per_step: int = 1
     max_layer_frames: int | None = None
+    triton_convs: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -70,6 +74,8 @@ class VaeParallelConfig:
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
+        if not isinstance(self.triton_convs, bool):
+            raise TypeError(f"triton_convs must be True or False, got {self.triton_convs!r}")
         if isinstance(self.frames_per_step, bool) or not isinstance(self.frames_per_step, int):
             raise TypeError(f"frames_per_step must be an int, got {type(self.frames_per_step).__name__}")
         if self.frames_per_step < 1:

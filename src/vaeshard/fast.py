@@ -39,9 +39,12 @@ import contextvars
 import torch
 import torch.nn.functional as F
 
+from . import conv_kernel
+
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
 _max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
+_triton_convs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_triton_convs", default=True)
 
 
 def enabled() -> bool:
@@ -61,7 +64,8 @@ def max_layer_frames() -> int | None:
 
 
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None):
+def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None,
+         triton_convs: bool = True):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
@@ -69,8 +73,11 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
     `frames_per_step`, `max_layer_frames` (fast tier only): see the functions of those names and
     VaeParallelConfig.
+    `triton_convs` (fast tier only): the convolutions `conv_kernel.plan` takes run as that module's
+    Triton kernel instead of cuDNN (False: cuDNN everywhere).
     """
     token = _fast.set(fast)
+    convs = _triton_convs.set(triton_convs)
     steps = _frames_per_step.set(frames_per_step)
     parts = _max_layer_frames.set(max_layer_frames)
     benchmark = torch.backends.cudnn.benchmark
@@ -82,6 +89,7 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
         torch.backends.cudnn.benchmark = benchmark
         _max_layer_frames.reset(parts)
         _frames_per_step.reset(steps)
+        _triton_convs.reset(convs)
         _fast.reset(token)
 
 
@@ -232,11 +240,18 @@ def fused_bias_add_available(x: torch.Tensor) -> bool:
 
 
 def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args) -> torch.Tensor:
-    """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d), on CUDA with the bias added afterwards by
-    `add_bias_` instead of PyTorch's own bias pass: the same bits (PyTorch's cuDNN path adds the bias
-    in a separate pass too, rounding once), in one vectorised pass over the channels-last output
-    instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times both). Elsewhere the
-    plain call."""
+    """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d; args: stride, padding, dilation, groups).
+
+    In the fast tier, a 3-D convolution `conv_kernel.plan` takes runs as the Triton kernel of
+    `conv_kernel` (bias added before its single rounding). Otherwise on CUDA the bias is added
+    afterwards by `add_bias_` instead of PyTorch's own bias pass: the same bits (PyTorch's cuDNN path
+    adds the bias in a separate pass too, rounding once), in one vectorised pass over the
+    channels-last output instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times
+    both). Elsewhere the plain call."""
+    if conv is F.conv3d and _fast.get() and _triton_convs.get():
+        how = conv_kernel.plan(x, weight, *args)
+        if how is not None:
+            return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight))
     if bias is None or bias.dtype != x.dtype or not fused_bias_add_available(x):  # (PyTorch's checks, errors)
         return conv(x, weight, bias, *args)
     return add_bias_(conv(x, weight, None, *args), bias)

@@ -53,6 +53,7 @@ def parallelize(
     cudnn_benchmark: bool = True,
     frames_per_step: int = 1,
     max_layer_frames: int | None = None,
+    triton_convs: bool = True,
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -71,7 +72,7 @@ def parallelize(
     family = family_for(vae)
     config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
                                cudnn_benchmark=cudnn_benchmark, frames_per_step=frames_per_step,
-                               max_layer_frames=max_layer_frames)
+                               max_layer_frames=max_layer_frames, triton_convs=triton_convs)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
