@@ -152,6 +152,7 @@ EXPECTED_FLAGS = {
         ("--no-cudnn-benchmark", None, True, False),
         ("--frames-per-step", None, 1, False),
         ("--max-layer-frames", None, None, False),
+        ("--no-triton-convs", None, True, False),
         ("--quiet", None, False, False),
         ("--timeout", None, 600.0, False),
     ],
@@ -176,6 +177,7 @@ EXPECTED_FLAGS = {
         ("--no-cudnn-benchmark", None, True, False),
         ("--frames-per-step", None, 1, False),
         ("--max-layer-frames", None, None, False),
+        ("--no-triton-convs", None, True, False),
         ("--timeout", None, 600.0, False),
     ],
 }
