@@ -7,7 +7,7 @@
 Each shape is one decoder call's convolution input (a channels-last bf16 buffer: the two cached
 frames and four new ones, halo rows or columns where sharded) with random weights. cuDNN runs as the
 fast tier runs it (benchmark mode, no bias); the kernel runs the tiling `conv_kernel.plan` picks
-(`--sweep`: also the other tiles listed below). Median of 20 timed calls after a warm-up, CUDA
+(`--sweep`: also the tiles of SWEEP below; a `*` marks a tile the plan would not pick). Median of 20 timed calls after a warm-up, CUDA
 events; the largest relative difference to cuDNN's output is printed beside each (both sum in fp32
 and round once to bf16, in different orders).
 """
@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from vaeshard import conv_kernel
 
 # name: (Cin, Cout, input frames, H, W, padding): the buffers of Wan 2.1's full-resolution residual
-# blocks at 720p (1 GPU; 2 GPUs by height and by width) and 480p (1 and 2 GPUs by width)
+# blocks (96 channels) at 720p (1 GPU; 2 GPUs by height and by width; 4 by width) and 480p (1 GPU,
+# 2 by width), and of the half-resolution ones (192 channels) at 720p
 SHAPES = {
     "720p, 1 GPU": (96, 96, 6, 720, 1280, (0, 1, 1)),
     "720p, 2 GPUs by height": (96, 96, 6, 362, 1280, (0, 0, 1)),
@@ -32,8 +33,21 @@ SHAPES = {
     "720p, 4 GPUs by width": (96, 96, 6, 720, 322, (0, 1, 0)),
     "480p, 1 GPU": (96, 96, 6, 480, 832, (0, 1, 1)),
     "480p, 2 GPUs by width": (96, 96, 6, 480, 418, (0, 1, 0)),
+    "720p/2, 1 GPU": (192, 192, 6, 360, 640, (0, 1, 1)),
+    "720p/2, 2 GPUs by height": (192, 192, 6, 182, 640, (0, 0, 1)),
+    "720p/2, 2 GPUs by width": (192, 192, 6, 360, 322, (0, 1, 0)),
 }
-SWEEP = [dict(block_m=256, stages=s, num_warps=8) for s in (3, 4, 5)] + [dict(block_m=128, stages=s, num_warps=4) for s in (4, 5)]
+# --sweep: tiles tried besides the plan's (fields of conv_kernel.ConvPlan; block_n2: a second
+# channel tile in the same program, so 96 channels are 64 + 32 and 192 are 128 + 64, none idle)
+SWEEP = {
+    96: [dict(block_m=256, block_n=128, block_n2=0, block_k=32, stages=s, num_warps=8) for s in (3, 4, 5)]
+    + [dict(block_m=128, block_n=128, block_n2=0, block_k=32, stages=4, num_warps=4)]
+    + [dict(block_m=256, block_n=64, block_n2=32, block_k=32, stages=s, num_warps=8) for s in (3, 4, 5)]
+    + [dict(block_m=128, block_n=64, block_n2=32, block_k=32, stages=s, num_warps=4) for s in (4, 6)],
+    192: [dict(block_m=128, block_n=128, block_n2=64, block_k=bk, stages=s, num_warps=8) for bk, s in ((64, 3), (64, 4), (32, 4), (32, 6))]
+    + [dict(block_m=256, block_n=128, block_n2=64, block_k=32, stages=s, num_warps=8) for s in (3, 4)]
+    + [dict(block_m=128, block_n=256, block_n2=0, block_k=64, stages=3, num_warps=8)],
+}
 
 
 def median_ms(fn, reps: int = 20) -> float:
@@ -57,7 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     rows = []
-    print(f"{'shape':24} {'plan':5} {'tile':18} {'cuDNN ms':>9} {'kernel ms':>9} {'speed-up':>8} {'TFLOP/s':>8} {'rel. diff':>9}")
+    print(f"{'shape':24} {'plan':5} {'tile':22} {'cuDNN ms':>9} {'kernel ms':>9} {'speed-up':>8} {'TFLOP/s':>8} {'rel. diff':>9}")
     for name, (cin, cout, frames, h, w, padding) in SHAPES.items():
         torch.manual_seed(0)
         x = torch.randn(1, cin, frames, h, w, device="cuda", dtype=torch.bfloat16)
@@ -68,23 +82,28 @@ def main() -> None:
         cudnn = median_ms(lambda: F.conv3d(x, weight, None, 1, padding))
         chosen = conv_kernel.plan(x, weight, 1, padding, 1, 1)
         gemm = conv_kernel.gemm_weight_of(weight)
-        # where the plan declines (rows of a width that is not a multiple of the tile, padded), the
-        # row tiling is timed anyway, to show why it declines
-        base = chosen or conv_kernel.TILE
-        tiles = [base] + ([base._replace(**t) for t in SWEEP if base._replace(**t) != base] if args.sweep else [])
+        # where the plan declines, the sweep's tiles (or the default tile) are timed anyway, to
+        # show why it declines
+        wrap = padding[2] == 0
+        base = chosen or conv_kernel.TILE._replace(wrap=wrap)
+        swept = [conv_kernel.TILE._replace(wrap=wrap, **t) for t in SWEEP.get(cout, [])] if args.sweep else []
+        tiles = ([chosen] if chosen else []) + [t for t in swept if t != chosen] or [base]
         for how in tiles:
+            if how.block_n + how.block_n2 < cout:
+                continue
             got = conv_kernel.conv3d(x, weight, None, padding, how, gemm)
             diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
             ms = median_ms(lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm))
-            tile = f"{how.block_m}x{how.block_n}x{how.block_k} s{how.stages} w{how.num_warps}"
-            label = ("wrap" if how.wrap else "rows") + ("" if chosen else "*")
-            print(f"{name:24} {label:5} {tile:18} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x {flop / ms / 1e9:8.0f} {diff:9.1e}",
+            n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
+            tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
+            label = ("wrap" if how.wrap else "rows") + ("" if how == chosen else "*")
+            print(f"{name:24} {label:5} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x {flop / ms / 1e9:8.0f} {diff:9.1e}",
                   flush=True)
             rows.append(dict(shape=name, cin=cin, cout=cout, frames=frames, h=h, w=w, padding=padding,
                              planned=chosen is not None, how=how._asdict(), cudnn_ms=cudnn, kernel_ms=ms,
                              speedup=cudnn / ms, tflops=flop / ms / 1e9, rel_diff=diff))
         del x, want
-    print("* conv_kernel.plan leaves this shape to cuDNN; timed with the row tiling anyway")
+    print("* not what conv_kernel.plan picks for this shape (it may leave the shape to cuDNN)")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version())
     if args.json:
         with open(args.json, "w") as f:

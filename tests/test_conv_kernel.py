@@ -28,6 +28,9 @@ KERNEL_VALUES = textwrap.dedent(
         (1, 32, 24, 4, 3, 13, (0, 1, 0), ConvPlan(wrap=True, block_m=16, block_n=32)),   # width-sharded: tiles wrap
         (2, 32, 40, 5, 5, 9, (0, 1, 0), ConvPlan(wrap=True, block_m=32, block_n=64)),    # last tile partly past the end
         (1, 32, 8, 3, 4, 6, (0, 0, 0), ConvPlan(wrap=True, block_m=16, block_n=16)),     # no padding at all
+        # two channel tiles in one program (as 96 = 64 + 32): rows, and wrapping
+        (1, 32, 48, 4, 3, 16, (0, 1, 1), ConvPlan(wrap=False, block_m=16, block_n=32, block_n2=16)),
+        (2, 64, 24, 4, 3, 13, (0, 1, 0), ConvPlan(wrap=True, block_m=16, block_n=16, block_n2=8, block_k=64)),
     ]
     # fp16 only: Triton's interpreter multiplies bf16 matrices wrongly (tl.dot), so bf16, the same
     # kernel with another element type, is compared on the GPU by benchmarks/gpu_parity.py
@@ -129,6 +132,9 @@ def _w(cout, cin, k=(3, 3, 3), dtype=torch.bfloat16):
         (_x((1, 96, 6, 362, 1280)), _w(96, 96), 1, (0, 0, 1), False),  # sharded by height
         (_x((1, 96, 6, 720, 642)), _w(96, 96), 1, (0, 1, 0), True),  # sharded by width
         (_x((1, 96, 6, 480, 418)), _w(96, 96), 1, (0, 1, 0), True),  # 480p, sharded by width
+        (_x((1, 192, 6, 360, 640)), _w(192, 192), 1, (0, 1, 1), False),  # half resolution, 720p
+        (_x((1, 192, 6, 182, 640)), _w(192, 192), 1, (0, 0, 1), False),  # sharded by height
+        (_x((1, 192, 6, 360, 322)), _w(192, 192), 1, (0, 1, 0), True),  # sharded by width
         (_x((1, 32, 4, 8, 512), torch.float16), _w(8, 32, dtype=torch.float16), (1, 1, 1), (0, 1, 1), False),
     ],
 )
@@ -136,6 +142,10 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
     monkeypatch.setattr(conv_kernel, "_interpreting", lambda: True)  # CPU tensors stand in for CUDA ones
     how = conv_kernel.plan(x, w, stride, padding, 1, 1)
     assert how is not None and how.wrap == wrap
+    cout = w.shape[0]
+    # the channel tiles cover the output channels; 3 x 2^k channels as two tiles with none idle
+    assert how.block_n + how.block_n2 == cout if cout in (96, 192) else how.block_n >= cout and not how.block_n2
+    assert x.shape[1] % how.block_k == 0 and (wrap or x.shape[4] % how.block_m == 0)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +153,10 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
     [
         (_x((1, 96, 6, 480, 832)), _w(96, 96), 1, (0, 1, 1), 1, 1, "rows not a multiple of the tile, padded"),
         (_x((1, 96, 6, 720, 1280), torch.float32), _w(96, 96, dtype=torch.float32), 1, (0, 1, 1), 1, 1, "fp32"),
-        (_x((1, 192, 6, 360, 642)), _w(192, 192), 1, (0, 1, 0), 1, 1, "more than 128 output channels"),
+        (_x((1, 384, 6, 180, 322)), _w(384, 384), 1, (0, 1, 0), 1, 1, "384 output channels"),
+        (_x((1, 256, 6, 180, 322)), _w(256, 256), 1, (0, 1, 0), 1, 1, "256 output channels"),
+        (_x((1, 192, 6, 240, 416)), _w(192, 192), 1, (0, 1, 1), 1, 1, "rows of 416 for 128-voxel tiles, padded"),
+        (_x((1, 96, 6, 720, 322)), _w(192, 96), 1, (0, 1, 0), 1, 1, "96 input channels for 64 per step"),
         (_x((1, 96, 6, 720, 642)), _w(3, 96), 1, (0, 1, 0), 1, 1, "3 output channels (TMA rows of 6 bytes)"),
         (_x((1, 16, 6, 720, 642)), _w(96, 16), 1, (0, 1, 0), 1, 1, "16 input channels"),
         (_x((1, 96, 6, 720, 642), channels_last=False), _w(96, 96), 1, (0, 1, 0), 1, 1, "not channels-last"),
@@ -165,21 +178,23 @@ def test_plan_needs_cuda_or_the_interpreter():
 
 
 @pytest.mark.parametrize("wrap", [False, True])
-def test_conv_kernel_compiles_for_hopper(wrap):
+@pytest.mark.parametrize("cout", [64, 96, 192])
+def test_conv_kernel_compiles_for_hopper(wrap, cout):
     # TMA box loads and warp-group matrix multiplies are Hopper instructions: compiled for sm_90 with
-    # Triton's own ptxas, no GPU needed
+    # Triton's own ptxas, no GPU needed, with the tiles `plan` picks
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as triton_compile
 
-    how = conv_kernel.TILE._replace(wrap=wrap)
-    bm, bn, bk = how.block_m, how.block_n, how.block_k
+    how = conv_kernel.SPLIT_TILE.get(cout, conv_kernel.TILE)._replace(wrap=wrap)
+    bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
     kernel = conv_kernel._conv3x3x3_kernel
-    constants = dict(CIN=96, COUT=96, BM=bm, BN=bn, BK=bk, WRAP=wrap, HAS_BIAS=True, STAGES=how.stages)
+    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=True, STAGES=how.stages)
     box = f"1, {bm}, {bk}" if wrap else f"1, 1, {bm}, {bk}"
     types = {
         "xd": f"tensordesc<bf16[{box}]>", "wd": f"tensordesc<bf16[{bk}, {bn}]>",
-        "yd": f"tensordesc<bf16[1, 1, {bm}, {bn}]>", "y_ptr": "*bf16", "b_ptr": "*bf16",
+        "yd": f"tensordesc<bf16[1, 1, {bm}, {bn}]>", "wd2": f"tensordesc<bf16[{bk}, {bn2 or bn}]>",
+        "yd2": f"tensordesc<bf16[1, 1, {bm}, {bn2 or bn}]>", "y_ptr": "*bf16", "b_ptr": "*bf16",
     }
     names = kernel.arg_names
     types = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}

@@ -1,20 +1,23 @@
 """The fast tier's own convolution kernel: a 3x3x3 convolution as one Triton implicit GEMM on CUDA.
 
-cuDNN's kernels for Wan's 96-channel full-resolution convolutions tile the output channels by 64, so
-96 channels take two tiles of which the second half idles, and each input tile is read once per
-channel tile; about 400 TFLOP/s on an H200 where its 192- and 384-channel kernels reach 560-740
-(BENCHMARKS.md, "The convolution kernel"). This kernel computes all output channels of a tile of 256
-output voxels at once (one 128-wide tile: the idle quarter stays, the second read of the input goes),
-with the input tiles loaded by the GPU's tensor-memory accelerator (TMA) straight from the
-channels-last buffer the fast tier builds: each of the 27 taps is a (256 voxels x 32 channels) box of
-that buffer, shifted by the tap, and the zero padding of the unsharded axes is the box's
-out-of-bounds fill, so nothing is padded or copied.
+cuDNN's kernels for Wan's 96-channel full-resolution convolutions tile the output channels by 64 (by
+their names), so 96 channels take two tiles of which the second half idles, and each input tile is
+read once per channel tile; about 400 TFLOP/s on an H200 where its 192- and 384-channel kernels
+reach 520-740 (BENCHMARKS.md, "The convolution kernel"). This kernel computes all output channels
+of a tile of output voxels at once, with the input loaded by the GPU's tensor-memory accelerator
+(TMA) straight from the channels-last buffer the fast tier builds: each of the 27 taps is a (voxels
+x input channels) box of that buffer, shifted by the tap, and the zero padding of the unsharded axes
+is the box's out-of-bounds fill, so nothing is padded or copied. For 3 x 2^k output channels (Wan's
+96 and 192) a program keeps two accumulators, 2^(k+1) and 2^k channels wide, fed by the same input
+box, so no column of the matrix multiply idles (Triton's tiles are powers of two). The 192-channel
+half-resolution layers, which cuDNN runs at 560-600 TFLOP/s, run at 600-670 this way.
 
-It runs only where it measured faster than cuDNN (`plan`): CUDA, bf16/fp16, stride 1, 3x3x3, at most
-128 output channels, and a tile that does not straddle rows with padding: either rows of a multiple of
-256 voxels (Wan 2.1 at 720p on one GPU, or sharded by height), or a width-sharded buffer, whose
-halo columns make its rows contiguous so that a tile may wrap from one row into the next (its outputs
-past a row's end are computed and not stored). Elsewhere `plan` returns None and cuDNN runs.
+It runs only where it measured faster than cuDNN (`plan`): CUDA, bf16/fp16, stride 1, 3x3x3, 96 or
+192 output channels or a power of two up to 128, and a tile that does not straddle rows with
+padding: either rows of a multiple of the tile's voxels (Wan 2.1 at 720p on one GPU, or sharded by
+height), or a width-sharded buffer, whose halo columns make its rows contiguous so that a tile may
+wrap from one row into the next (its outputs past a row's end are computed and not stored).
+Elsewhere `plan` returns None and cuDNN runs.
 
 Values: each output is the fp32 sum of all 27 x Cin products plus the bias, rounded once to the
 output dtype (cuDNN rounds the sum, then PyTorch adds the bias and rounds again), in a different
@@ -42,15 +45,22 @@ class ConvPlan(NamedTuple):
 
     wrap: bool
     block_m: int = 256  # output voxels per tile
-    block_n: int = 128  # output channels per tile
+    block_n: int = 128  # output channels per tile (the first block_n, with block_n2)
     block_k: int = 32  # input channels per step
+    block_n2: int = 0  # a second channel tile after the first (96 = 64 + 32), in the same program
     stages: int = 4  # TMA loads in flight
     num_warps: int = 8
 
 
-# 256 voxels x 128 channels x 32 input channels per step, 4 steps in flight, 8 warps: the fastest of the
-# tiles `benchmarks/conv_kernel.py` times on an H200 for Wan 2.1's 96-channel shapes.
+# The tiles, by output channels, that `benchmarks/conv_kernel.py --sweep` measured fastest on an
+# H200 (BENCHMARKS.md, "The convolution kernel"): for up to 128 channels 256 voxels by one tile of
+# the channels, 32 input channels per step, 4 steps in flight, 8 warps; for 3 x 2^k channels (Wan's
+# 96 and 192) two tiles, 2^(k+1) and 2^k channels wide, in one program on the same input boxes, so
+# no column idles: 96 = 64 + 32 on 256 voxels, 3 steps in flight; 192 = 128 + 64 on 128 voxels
+# (fewer accumulator registers), 64 input channels per step, 3 in flight.
 TILE = ConvPlan(wrap=False)
+SPLIT_TILE = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
+              192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3)}
 
 
 def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups) -> ConvPlan | None:
@@ -66,17 +76,18 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     pt, ph, pw = _triple(padding)
     if pt != 0 or ph not in (0, 1) or pw not in (0, 1):
         return None
-    # TMA: 16-byte aligned rows (8 channels), one 128-wide channel tile, 32 input channels per step
-    if cout % 8 or cout > TILE.block_n or cin % TILE.block_k or x.shape[1] != cin:
+    # the measured channel counts; TMA needs 16-byte aligned rows (8 channels)
+    tile = SPLIT_TILE.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
+    if tile is None or cin % tile.block_k or x.shape[1] != cin:
         return None
     if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
         return None
     if x.shape[2] < kt or x.shape[3] + 2 * ph < kh or x.shape[4] + 2 * pw < kw:
         return None
     if pw == 0:  # no padding columns: a tile may run on into the next row
-        return TILE._replace(wrap=True)
-    if x.shape[4] % TILE.block_m == 0:  # whole tiles per row
-        return TILE
+        return tile._replace(wrap=True)
+    if x.shape[4] % tile.block_m == 0:  # whole tiles per row
+        return tile
     return None
 
 
@@ -100,12 +111,17 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     else:
         xd = TensorDescriptor(xl, [n * tin, h, w, c], [h * w * c, w * c, c, 1], [1, 1, bm, bk])
         tiles = ho * triton.cdiv(wo, bm)
-    wd = TensorDescriptor(wk, [27 * c, cout], [cout, 1], [bk, bn])
     y = out.permute(0, 2, 3, 4, 1)
-    yd = TensorDescriptor(y, [n * tout, ho, wo, cout], [ho * wo * cout, wo * cout, cout, 1], [1, 1, bm, bn])
+
+    def boxes(width):  # the weight's and the output's descriptors for a channel tile of `width`
+        return (TensorDescriptor(wk, [27 * c, cout], [cout, 1], [bk, width]),
+                TensorDescriptor(y, [n * tout, ho, wo, cout], [ho * wo * cout, wo * cout, cout, 1], [1, 1, bm, width]))
+
+    wd, yd = boxes(bn)
+    wd2, yd2 = boxes(how.block_n2) if how.block_n2 else (wd, yd)
     _conv3x3x3_kernel[(n * tout * tiles,)](
-        xd, wd, yd, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles,
-        CIN=c, COUT=cout, BM=bm, BN=bn, BK=bk, WRAP=how.wrap, HAS_BIAS=bias is not None,
+        xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles,
+        CIN=c, COUT=cout, BM=bm, BN=bn, BN2=how.block_n2, BK=bk, WRAP=how.wrap, HAS_BIAS=bias is not None,
         STAGES=how.stages, num_warps=how.num_warps,
     )
     return out
@@ -145,12 +161,13 @@ if triton is not None:
 
     @triton.jit
     def _conv3x3x3_kernel(
-        xd, wd, yd, y_ptr, b_ptr, Tin, Tout, H, W, Ho, Wo, PH, PW, TILES,
-        CIN: tl.constexpr, COUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-        WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
+        xd, wd, yd, wd2, yd2, y_ptr, b_ptr, Tin, Tout, H, W, Ho, Wo, PH, PW, TILES,
+        CIN: tl.constexpr, COUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BN2: tl.constexpr,
+        BK: tl.constexpr, WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
     ):
-        # One program: BM output voxels of one output frame, all COUT channels. Input frame t + kt
-        # feeds output frame t (the buffer holds the causal frames: no time padding).
+        # One program: BM output voxels of one output frame, all COUT channels (BN, then BN2 more in
+        # a second accumulator fed by the same input box). Input frame t + kt feeds output frame t
+        # (the buffer holds the causal frames: no time padding).
         pid = tl.program_id(0)
         tile = pid % TILES
         nt = pid // TILES  # sample * Tout + output frame
@@ -162,6 +179,7 @@ if triton is not None:
             w0 = (tile % tl.cdiv(Wo, BM)) * BM
         CH: tl.constexpr = CIN // BK
         acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc2 = tl.zeros((BM, BN2 if BN2 > 0 else 16), dtype=tl.float32)
         for i in tl.range(0, 27 * CH, num_stages=STAGES):
             tap = i // CH
             c0 = (i % CH) * BK
@@ -174,16 +192,39 @@ if triton is not None:
                 a = xd.load([t_in + kt, h0 + kh - PH, w0 + kw - PW, c0]).reshape(BM, BK)
             b = wd.load([tap * CIN + c0, 0])
             acc = tl.dot(a, b, acc)
-        offs_n = tl.arange(0, BN)
+            if BN2 > 0:
+                b2 = wd2.load([tap * CIN + c0, BN])
+                acc2 = tl.dot(a, b2, acc2)
+        if WRAP:
+            _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, 0, COUT, BM, BN, HAS_BIAS)
+            if BN2 > 0:
+                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, BN, COUT, BM, BN2, HAS_BIAS)
+        else:
+            _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, HAS_BIAS)
+            if BN2 > 0:
+                _store_row(acc2, yd2, b_ptr, nt, h0, w0, BN, COUT, BM, BN2, HAS_BIAS)
+
+    @triton.jit
+    def _with_bias(acc, b_ptr, n0, COUT, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
+        offs_n = n0 + tl.arange(0, BN)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=offs_n < COUT, other=0.0).to(tl.float32)[None, :]
-        out = acc.to(y_ptr.dtype.element_ty)
-        if WRAP:  # outputs in the last W - Wo columns of a row are not outputs: masked out
-            q = q0 + tl.arange(0, BM)
-            row = q // W
-            col = q % W
-            off = (nt * Ho + row).to(tl.int64) * (Wo * COUT) + col * COUT
-            mask = (col < Wo)[:, None] & (row < Ho)[:, None] & (offs_n < COUT)[None, :]
-            tl.store(y_ptr + off[:, None] + offs_n[None, :], out, mask=mask)
-        else:  # the box store leaves out what lies past the row's end and the channels
-            yd.store([nt, h0, w0, 0], out.reshape(1, 1, BM, BN))
+        return acc, offs_n
+
+    @triton.jit
+    def _store_row(acc, yd, b_ptr, nt, h0, w0, n0, COUT, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
+        # the box store leaves out what lies past the row's end and the channels
+        acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
+        yd.store([nt, h0, w0, n0], acc.to(yd.dtype).reshape(1, 1, BM, BN))
+
+    @triton.jit
+    def _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, n0, COUT, BM: tl.constexpr, BN: tl.constexpr,
+                       HAS_BIAS: tl.constexpr):
+        # outputs in the last W - Wo columns of a row are not outputs: masked out
+        acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
+        q = q0 + tl.arange(0, BM)
+        row = q // W
+        col = q % W
+        off = (nt * Ho + row).to(tl.int64) * (Wo * COUT) + col * COUT
+        mask = (col < Wo)[:, None] & (row < Ho)[:, None] & (offs_n < COUT)[None, :]
+        tl.store(y_ptr + off[:, None] + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
