@@ -46,8 +46,9 @@ class VaeParallelConfig:
              being the frames before it: the same values, the activations of fewer frames alive at
              once (less peak memory), more kernel launches and halo exchanges in those layers.
     triton_convs: fast tier, CUDA: the 3x3x3 convolutions where vaeshard's own Triton kernel measured
-             faster than cuDNN (Wan 2.1's 96-channel full-resolution layers at 720p; see
-             conv_kernel.py) run as that kernel (True, default); False runs cuDNN everywhere.
+             faster than cuDNN (Wan 2.1's and Qwen-Image's 96- and 192-channel layers at 720p, and
+             sharded by width; see conv_kernel.py) run as that kernel (True, default); False runs
+             cuDNN everywhere.
     """
 
     size: int | None = None

@@ -13,9 +13,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
 - cuDNN runs in benchmark mode unless parallelized with `cudnn_benchmark=False` (see `tier`): each
   convolution shape is timed once per process and its fastest algorithm reused, instead of cuDNN's
   heuristic pick.
-- On CUDA, the 3x3x3 convolutions `conv_kernel.plan` takes (Wan 2.1's 96-channel full-resolution
-  layers where the buffer's rows suit its tile) run as vaeshard's own Triton implicit GEMM, which
-  adds the bias before its single rounding (`triton_convs=False`: cuDNN everywhere).
+- On CUDA, the 3x3x3 convolutions `conv_kernel.plan` takes (Wan 2.1's 96- and 192-channel layers
+  where the buffer's rows suit its tiles) run as vaeshard's own Triton implicit GEMM, which adds the
+  bias before its single rounding (`triton_convs=False`: cuDNN everywhere).
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
 - A residual block's first convolution leaves out its bias and the fused norm after it adds the bias
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
