@@ -57,6 +57,16 @@ KERNEL_VALUES = textwrap.dedent(
     weight.mul_(2)
     again = conv_kernel.cached_gemm_weight(weight)
     assert again is not first and torch.equal(again, first * 2)
+    with torch.inference_mode():  # no version counter: made each time, never kept
+        frozen = torch.randn(16, 32, 3, 3, 3)
+        assert torch.equal(conv_kernel.cached_gemm_weight(frozen), conv_kernel.gemm_weight_of(frozen))
+        assert not hasattr(frozen, "_vaeshard_gemm_weight")
+    # unparallelize drops the kept copies
+    conv = torch.nn.Conv3d(32, 16, 3)
+    conv_kernel.cached_gemm_weight(conv.weight)
+    assert hasattr(conv.weight, "_vaeshard_gemm_weight")
+    conv_kernel.forget_gemm_weights(conv)
+    assert not hasattr(conv.weight, "_vaeshard_gemm_weight")
     print("conv kernel ok")
     """
 )
@@ -93,6 +103,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     vaeshard.parallelize(vae)
     out = vae.decode(z).sample
     assert calls, "no convolution ran on the Triton kernel"
+    assert any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
     err = (out.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     vaeshard.parallelize(vae, triton_convs=False)
@@ -101,6 +112,8 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     assert len(calls) == taken, "triton_convs=False still ran the Triton kernel"
     err = (cudnn.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
+    vaeshard.unparallelize(vae)  # leaves no kept weight copies behind
+    assert not any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
     print("model ok", taken)
     """
 )

@@ -138,13 +138,22 @@ _GEMM_WEIGHT = "_vaeshard_gemm_weight"
 
 def cached_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     """`gemm_weight_of(weight)`, kept on the weight tensor and made again when the weight changes
-    (in-place updates bump its version; a new tensor has no copy)."""
+    (in-place updates bump its version; a new tensor has no copy). Inference tensors keep no
+    version counter, so theirs is made on every call."""
+    if weight.is_inference():
+        return gemm_weight_of(weight)
     key = (weight._version, weight.dtype, weight.device, weight.data_ptr())
     held = getattr(weight, _GEMM_WEIGHT, None)
     if held is None or held[0] != key:
         held = (key, gemm_weight_of(weight))
         setattr(weight, _GEMM_WEIGHT, held)
     return held[1]
+
+
+def forget_gemm_weights(module: torch.nn.Module) -> None:
+    """Drop the copies `cached_gemm_weight` keeps on `module`'s parameters (`vaeshard.unparallelize`)."""
+    for p in module.parameters():
+        p.__dict__.pop(_GEMM_WEIGHT, None)
 
 
 def _triple(v) -> tuple[int, int, int]:
