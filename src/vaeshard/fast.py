@@ -251,8 +251,8 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     adds the bias in a separate pass too, rounding once), in one vectorised pass over the
     channels-last output instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times
     both). Elsewhere the plain call."""
-    if conv is F.conv3d and _fast.get() and _triton_convs.get():
-        how = conv_kernel.plan(x, weight, *args)
+    if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
+        how = conv_kernel.plan(x, weight, *args)  # (a bias of another dtype: PyTorch's error below)
         if how is not None:
             return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight))
     if bias is None or bias.dtype != x.dtype or not fused_bias_add_available(x):  # (PyTorch's checks, errors)
