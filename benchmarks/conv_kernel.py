@@ -36,6 +36,10 @@ SHAPES = {
     "720p/2, 1 GPU": (192, 192, 6, 360, 640, (0, 1, 1)),
     "720p/2, 2 GPUs by height": (192, 192, 6, 182, 640, (0, 0, 1)),
     "720p/2, 2 GPUs by width": (192, 192, 6, 360, 322, (0, 1, 0)),
+    # Wan 2.2's full-resolution layers (256 channels at 704 x 1280 / 2, before its 2 x 2 unpatchify):
+    # not taken by conv_kernel.plan (not measured yet); --sweep times candidate tiles
+    "Wan 2.2 720p, 1 GPU": (256, 256, 6, 352, 640, (0, 1, 1)),
+    "Wan 2.2 720p, 2 GPUs by width": (256, 256, 6, 352, 322, (0, 1, 0)),
 }
 # --sweep: tiles tried besides the plan's (fields of conv_kernel.ConvPlan; block_n2: a second
 # channel tile in the same program, so 96 channels are 64 + 32 and 192 are 128 + 64, none idle)
@@ -46,6 +50,8 @@ SWEEP = {
     + [dict(block_m=128, block_n=64, block_n2=32, block_k=32, stages=s, num_warps=4) for s in (4, 6)],
     192: [dict(block_m=128, block_n=128, block_n2=64, block_k=bk, stages=s, num_warps=8) for bk, s in ((64, 3), (64, 4), (32, 4), (32, 6))]
     + [dict(block_m=256, block_n=128, block_n2=64, block_k=32, stages=s, num_warps=8) for s in (3, 4)]
+    + [dict(block_m=128, block_n=256, block_n2=0, block_k=64, stages=3, num_warps=8)],
+    256: [dict(block_m=128, block_n=128, block_n2=128, block_k=64, stages=s, num_warps=8) for s in (3, 4)]
     + [dict(block_m=128, block_n=256, block_n2=0, block_k=64, stages=3, num_warps=8)],
 }
 
