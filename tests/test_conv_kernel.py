@@ -215,3 +215,28 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout):
     compiled = triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": how.num_warps})
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+
+
+def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs(monkeypatch):
+    import torch.nn.functional as F
+
+    from vaeshard import fast
+
+    monkeypatch.setattr(conv_kernel, "_interpreting", lambda: True)  # CPU tensors stand in for CUDA ones
+    calls = []
+    monkeypatch.setattr(conv_kernel, "conv3d", lambda x, w, b, padding, how, gemm=None: calls.append(how) or "kernel")
+    x = _x((1, 96, 4, 3, 642), torch.float16)
+    w, b = _w(96, 96, dtype=torch.float16), torch.zeros(96, dtype=torch.float16)
+    args = (1, (0, 1, 0), 1, 1)
+    with fast.tier(True):
+        assert fast.conv_with_bias(F.conv3d, x, w, b, *args) == "kernel" and calls[-1].wrap
+    with fast.tier(True, triton_convs=False):
+        assert isinstance(fast.conv_with_bias(F.conv3d, x[:, :, :, :, :8].contiguous(memory_format=torch.channels_last_3d),
+                                              w, b, *args), torch.Tensor)
+    with fast.tier(False):  # the exact tier: PyTorch's convolution
+        assert isinstance(fast.conv_with_bias(F.conv3d, x[:, :, :, :, :8].contiguous(memory_format=torch.channels_last_3d),
+                                              w, b, *args), torch.Tensor)
+    assert len(calls) == 1
+    with fast.tier(True), pytest.raises(RuntimeError, match="bias type"):  # another dtype: PyTorch's own error
+        fast.conv_with_bias(F.conv3d, x, w, b.float(), *args)
+    assert len(calls) == 1
