@@ -112,6 +112,19 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     assert len(calls) == taken, "triton_convs=False still ran the Triton kernel"
     err = (cudnn.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
+    # encoding takes the kernel too (the encoder's 32-channel blocks): against diffusers' fp32 encode
+    x = torch.rand(1, 3, 5, 16, 128) * 2 - 1
+    vaeshard.unparallelize(vae)
+    vae.float()
+    with torch.no_grad():
+        want = vae.encode(x).latent_dist.mean
+    vae.to(torch.float16)
+    vaeshard.parallelize(vae)
+    before = len(calls)
+    got = vae.encode(x.to(torch.float16)).latent_dist.mean
+    assert len(calls) > before, "the encoder's convolutions did not run on the Triton kernel"
+    err = (got.float() - want).abs()
+    assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     vaeshard.unparallelize(vae)  # leaves no kept weight copies behind
     assert not any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
     print("model ok", taken)
@@ -119,9 +132,10 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
 )
 
 
-def test_fast_tier_decode_through_the_conv_kernel_on_cpu():
-    # Wan's decoder with its 32-channel convolutions on the Triton kernel (the interpreter, fp16), within
-    # DESIGN.md's half-precision tolerance of diffusers' fp32 decode, and none of them with triton_convs=False
+def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
+    # Wan's decoder (and encoder) with its 32-channel convolutions on the Triton kernel (the interpreter,
+    # fp16), within DESIGN.md's half-precision tolerance of diffusers' fp32 decode (encode), and none
+    # of them with triton_convs=False
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, "-c", MODEL_THROUGH_CONV_KERNEL], capture_output=True, text=True, env=env,
