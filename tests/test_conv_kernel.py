@@ -166,7 +166,7 @@ def _w(cout, cin, k=(3, 3, 3), dtype=torch.bfloat16):
     ],
 )
 def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap):
-    monkeypatch.setattr(conv_kernel, "_interpreting", lambda: True)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
     how = conv_kernel.plan(x, w, stride, padding, 1, 1)
     assert how is not None and how.wrap == wrap
     cout = w.shape[0]
@@ -196,7 +196,7 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
     ],
 )
 def test_plan_leaves_the_rest_to_cudnn(monkeypatch, x, w, stride, padding, dilation, groups, why):
-    monkeypatch.setattr(conv_kernel, "_interpreting", lambda: True)
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
     assert conv_kernel.plan(x, w, stride, padding, dilation, groups) is None, why
 
 
@@ -236,7 +236,7 @@ def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs
 
     from vaeshard import fast
 
-    monkeypatch.setattr(conv_kernel, "_interpreting", lambda: True)  # CPU tensors stand in for CUDA ones
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
     calls = []
     monkeypatch.setattr(conv_kernel, "conv3d", lambda x, w, b, padding, how, gemm=None: calls.append(how) or "kernel")
     x = _x((1, 96, 4, 3, 642), torch.float16)

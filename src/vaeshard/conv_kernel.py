@@ -31,12 +31,10 @@ from typing import NamedTuple
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
+from .triton_support import runs_on, tl, triton
+
+if triton is not None:
     from triton.tools.tensor_descriptor import TensorDescriptor
-except Exception:  # pragma: no cover - depends on the installation
-    triton = None
 
 
 class ConvPlan(NamedTuple):
@@ -66,7 +64,7 @@ SPLIT_TILE = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
 def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups) -> ConvPlan | None:
     """The tiling `conv3d` would use for `F.conv3d(x, weight, None, stride, padding, dilation, groups)`,
     or None where cuDNN is used instead (this kernel was not measured faster there, or cannot run)."""
-    if triton is None or not (x.is_cuda or _interpreting()) or x.dim() != 5 or weight.dim() != 5:
+    if not runs_on(x) or x.dim() != 5 or weight.dim() != 5:
         return None
     if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or x.requires_grad:
         return None
@@ -158,12 +156,6 @@ def forget_gemm_weights(module: torch.nn.Module) -> None:
 
 def _triple(v) -> tuple[int, int, int]:
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v, v)
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 if triton is not None:

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from . import conv_kernel
+from .triton_support import runs_on, tl, triton
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
@@ -108,12 +109,6 @@ def to_channels_last(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- fused RMS norm (+ SiLU) ----------------------------------------------------------------------
-
-try:  # Triton is optional: CUDA machines have it, CPU-only installs need not
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the installation
-    triton = None
 
 if triton is not None:
 
@@ -239,7 +234,7 @@ def fused_bias_add_available(x: torch.Tensor) -> bool:
     Only there is it worth leaving a convolution's bias out: PyTorch adds it in a separate pass on
     CUDA anyway, while CPU convolutions fold it in (so leaving it out on CPU would cost a pass and
     change bits)."""
-    return triton is not None and (x.is_cuda or _interpreting())
+    return runs_on(x)
 
 
 def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args) -> torch.Tensor:
@@ -362,7 +357,7 @@ def rms_norm(
     any strides, e.g. the new-frames view of a convolution's input buffer; `x` itself works too, as
     each voxel's channels are read before they are written); the tensor written is returned.
     """
-    use_triton = triton is not None and (x.is_cuda or _interpreting()) and x.numel() > 0
+    use_triton = runs_on(x) and x.numel() > 0
     geometry = _spatial_strides(x) if use_triton else None
     if geometry is None:  # the same steps in eager PyTorch (CPU, or shapes the kernel does not take)
         source = x
@@ -389,12 +384,6 @@ def rms_norm(
         BLOCK_S=block_s, BLOCK_C=block_c, CHUNKS=chunks, WIDE=_wide(x, y), **launch,
     )
     return y
-
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 # --- swapped layers (mixins; see shard.swap) ----------------------------------------------------------
