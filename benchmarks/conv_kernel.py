@@ -3,6 +3,8 @@
 
     python3 benchmarks/conv_kernel.py                      # Wan 2.1's 96-channel shapes, the library's tile
     python3 benchmarks/conv_kernel.py --sweep --json conv.json
+    python3 benchmarks/conv_kernel.py --only "Wan 2.2" --sweep   # shapes whose name contains this
+    python3 benchmarks/conv_kernel.py --residual                 # + bias + a residual, in place
 
 Each shape is one decoder call's convolution input (a channels-last bf16 buffer: the two cached
 frames and four new ones, halo rows or columns where sharded) with random weights. cuDNN runs as the
@@ -10,6 +12,11 @@ fast tier runs it (benchmark mode, no bias); the kernel runs the tiling `conv_ke
 (`--sweep`: also the tiles of SWEEP below; a `*` marks a tile the plan would not pick). Median of 20 timed calls after a warm-up, CUDA
 events; the largest relative difference to cuDNN's output is printed beside each (both sum in fp32
 and round once to bf16, in different orders).
+
+`--residual`: each call also adds a bias and a residual (a residual block's second convolution):
+cuDNN, then the fast tier's one-pass bias + residual add (`fast.add_bias_and_residual_`), against
+the kernel adding both in its epilogue (`conv3d(..., add_to=residual)`); the difference is to
+`F.conv3d(x, weight, bias) + residual`.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import norm_kernel  # (benchmarks/, next to this script) its CUDA-event timer
 import torch
 import torch.nn.functional as F
 
-from vaeshard import conv_kernel
+from vaeshard import conv_kernel, fast
 
 # name: (Cin, Cout, input frames, H, W, padding): the buffers of Wan 2.1's full-resolution residual
 # blocks (96 channels) at 720p (1 GPU; 2 GPUs by height and by width; 4 by width) and 480p (1 GPU,
@@ -64,18 +71,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true", help="also time the other tiles")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--only", help="the shapes whose name contains this text")
+    ap.add_argument("--residual", action="store_true", help="add a bias and a residual in the same call")
     args = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     rows = []
     print(f"{'shape':24} {'plan':5} {'tile':22} {'cuDNN ms':>9} {'kernel ms':>9} {'speed-up':>8} {'TFLOP/s':>8} {'rel. diff':>9}")
     for name, (cin, cout, frames, h, w, padding) in SHAPES.items():
+        if args.only and args.only not in name:
+            continue
         torch.manual_seed(0)
         x = torch.randn(1, cin, frames, h, w, device="cuda", dtype=torch.bfloat16)
         x = x.contiguous(memory_format=torch.channels_last_3d)
         weight = torch.randn(cout, cin, 3, 3, 3, device="cuda", dtype=torch.bfloat16) / (27 * cin) ** 0.5
+        bias = residual = None
         want = F.conv3d(x, weight, None, 1, padding)
+        if args.residual:
+            bias = torch.randn(cout, device="cuda", dtype=torch.bfloat16)
+            residual = torch.randn(want.shape, device="cuda", dtype=torch.bfloat16)
+            residual = residual.contiguous(memory_format=torch.channels_last_3d)
+            want = F.conv3d(x, weight, bias, 1, padding) + residual
+            into = residual.clone()  # (overwritten by every timed call; the values do not matter there)
         flop = 2 * want.numel() * cin * 27
-        cudnn = median_ms(lambda: F.conv3d(x, weight, None, 1, padding))
+        if args.residual:
+            cudnn = median_ms(lambda: fast.add_bias_and_residual_(F.conv3d(x, weight, None, 1, padding), bias, into,
+                                                                  into_residual=True))
+        else:
+            cudnn = median_ms(lambda: F.conv3d(x, weight, None, 1, padding))
         chosen = conv_kernel.plan(x, weight, 1, padding, 1, 1)
         gemm = conv_kernel.gemm_weight_of(weight)
         # where the plan declines, the sweep's tiles (or the default tile) are timed anyway, to
@@ -87,18 +109,25 @@ def main() -> None:
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue
-            got = conv_kernel.conv3d(x, weight, None, padding, how, gemm)
+            if args.residual:
+                got = conv_kernel.conv3d(x, weight, bias, padding, how, gemm, residual.clone())
+            else:
+                got = conv_kernel.conv3d(x, weight, None, padding, how, gemm)
             diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            ms = median_ms(lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm))
+            if args.residual:
+                ms = median_ms(lambda: conv_kernel.conv3d(x, weight, bias, padding, how, gemm, into))
+            else:
+                ms = median_ms(lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm))
             n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
             tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
             label = ("wrap" if how.wrap else "rows") + ("" if how == chosen else "*")
             print(f"{name:24} {label:5} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x {flop / ms / 1e9:8.0f} {diff:9.1e}",
                   flush=True)
             rows.append(dict(shape=name, cin=cin, cout=cout, frames=frames, h=h, w=w, padding=padding,
-                             planned=chosen is not None, how=how._asdict(), cudnn_ms=cudnn, kernel_ms=ms,
+                             planned=chosen is not None, residual=args.residual, how=how._asdict(), cudnn_ms=cudnn,
+                             kernel_ms=ms,
                              speedup=cudnn / ms, tflops=flop / ms / 1e9, rel_diff=diff))
-        del x, want
+        del x, want, residual
     print("* not what conv_kernel.plan picks for this shape (it may leave the shape to cuDNN)")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version())
     if args.json:

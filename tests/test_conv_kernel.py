@@ -50,6 +50,30 @@ KERNEL_VALUES = textwrap.dedent(
                 bound = want.abs() * ulp + 1e-3
                 assert bool((err <= bound).all()), (n, cin, cout, t, h, w, padding, how, dtype, err.max().item())
                 # no output left unwritten (torch.empty): the error bound holds at every voxel
+                # added to a residual in place: (conv + bias) rounded, + residual rounded
+                residual = torch.randn(want.shape).to(dtype).contiguous(memory_format=torch.channels_last_3d)
+                into = residual.clone()
+                got = conv_kernel.conv3d(x, weight, b, padding, how, add_to=into)
+                assert got is into
+                summed = want + residual.float()
+                err = (got.float() - summed).abs()
+                bound = (want.abs() + summed.abs()) * ulp + 2e-3
+                assert bool((err <= bound).all()), ("add_to", n, cin, cout, padding, how, err.max().item())
+                # the residual counts: the result is not the convolution alone
+                assert (got.float() - want).abs().max() > 0.5
+    # add_to must have the output's shape, dtype and channels-last layout
+    x = torch.randn(1, 32, 4, 3, 16).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
+    weight = torch.randn(16, 32, 3, 3, 3).to(torch.float16)
+    how = ConvPlan(wrap=False, block_m=16, block_n=16)
+    for wrong in (torch.zeros(1, 16, 2, 3, 16, dtype=torch.float16),  # NCDHW
+                  torch.zeros(1, 16, 3, 3, 16, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d),
+                  torch.zeros(1, 16, 2, 3, 16).contiguous(memory_format=torch.channels_last_3d)):  # fp32
+        try:
+            conv_kernel.conv3d(x, weight, None, (0, 1, 1), how, add_to=wrong)
+        except ValueError as e:
+            assert "add_to" in str(e)
+        else:
+            raise AssertionError("conv3d took an add_to it cannot write")
     # the weight kept on the tensor: made once, made again after an in-place change
     weight = torch.randn(16, 32, 3, 3, 3)
     first = conv_kernel.cached_gemm_weight(weight)
@@ -92,7 +116,9 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)
     calls = []
     kernel = conv_kernel.conv3d
-    conv_kernel.conv3d = lambda *a, **k: calls.append(a[0].shape) or kernel(*a, **k)
+    added = []  # calls that added their result to a residual (the residual blocks' conv2)
+    conv_kernel.conv3d = lambda *a, **k: calls.append(a[0].shape) or added.append(
+        (a[6] if len(a) > 6 else k.get("add_to")) is not None) or kernel(*a, **k)
     # fp16: the interpreter's bf16 matrix products are wrong (see KERNEL_VALUES)
     vae = build("wan21")
     z = latent((1, 4, 2, 2, 16))
@@ -103,6 +129,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     vaeshard.parallelize(vae)
     out = vae.decode(z).sample
     assert calls, "no convolution ran on the Triton kernel"
+    assert any(added) and not all(added), "the residual blocks' conv2 did not add into the residual"
     assert any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
     err = (out.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
@@ -181,7 +208,7 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
         (_x((1, 96, 6, 480, 832)), _w(96, 96), 1, (0, 1, 1), 1, 1, "rows not a multiple of the tile, padded"),
         (_x((1, 96, 6, 720, 1280), torch.float32), _w(96, 96, dtype=torch.float32), 1, (0, 1, 1), 1, 1, "fp32"),
         (_x((1, 384, 6, 180, 322)), _w(384, 384), 1, (0, 1, 0), 1, 1, "384 output channels"),
-        (_x((1, 256, 6, 180, 322)), _w(256, 256), 1, (0, 1, 0), 1, 1, "256 output channels"),
+        (_x((1, 256, 6, 352, 640)), _w(256, 256), 1, (0, 1, 1), 1, 1, "256 output channels (Wan 2.2: no faster)"),
         (_x((1, 192, 6, 240, 416)), _w(192, 192), 1, (0, 1, 1), 1, 1, "rows of 416 for 128-voxel tiles, padded"),
         (_x((1, 96, 6, 720, 322)), _w(192, 96), 1, (0, 1, 0), 1, 1, "96 input channels for 64 per step"),
         (_x((1, 96, 6, 720, 642)), _w(3, 96), 1, (0, 1, 0), 1, 1, "3 output channels (TMA rows of 6 bytes)"),
@@ -205,18 +232,20 @@ def test_plan_needs_cuda_or_the_interpreter():
 
 
 @pytest.mark.parametrize("wrap", [False, True])
-@pytest.mark.parametrize("cout", [64, 96, 192])
-def test_conv_kernel_compiles_for_hopper(wrap, cout):
-    # TMA box loads and warp-group matrix multiplies are Hopper instructions: compiled for sm_90 with
-    # Triton's own ptxas, no GPU needed, with the tiles `plan` picks
+@pytest.mark.parametrize("cout, add", [(64, False), (96, False), (96, True), (192, True)])
+def test_conv_kernel_compiles_for_hopper(wrap, cout, add):
+    # TMA box loads and warp-group matrix multiplies are Hopper instructions: compiled for
+    # sm_90 with Triton's own ptxas, no GPU needed, with the tiles `plan` picks (add: the residual
+    # added in the epilogue, as the residual blocks' second convolutions do)
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as triton_compile
 
-    how = conv_kernel.SPLIT_TILE.get(cout, conv_kernel.TILE)._replace(wrap=wrap)
+    how = conv_kernel.TILES.get(cout, conv_kernel.TILE)._replace(wrap=wrap)
     bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
     kernel = conv_kernel._conv3x3x3_kernel
-    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=True, STAGES=how.stages)
+    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=True, ADD=add,
+                     STAGES=how.stages)
     box = f"1, {bm}, {bk}" if wrap else f"1, 1, {bm}, {bk}"
     types = {
         "xd": f"tensordesc<bf16[{box}]>", "wd": f"tensordesc<bf16[{bk}, {bn}]>",
@@ -238,7 +267,8 @@ def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs
 
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
     calls = []
-    monkeypatch.setattr(conv_kernel, "conv3d", lambda x, w, b, padding, how, gemm=None: calls.append(how) or "kernel")
+    monkeypatch.setattr(conv_kernel, "conv3d",
+                        lambda x, w, b, padding, how, gemm=None, add_to=None: calls.append(how) or "kernel")
     x = _x((1, 96, 4, 3, 642), torch.float16)
     w, b = _w(96, 96, dtype=torch.float16), torch.zeros(96, dtype=torch.float16)
     args = (1, (0, 1, 0), 1, 1)
@@ -254,3 +284,30 @@ def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs
     with fast.tier(True), pytest.raises(RuntimeError, match="bias type"):  # another dtype: PyTorch's own error
         fast.conv_with_bias(F.conv3d, x, w, b.float(), *args)
     assert len(calls) == 1
+
+
+def test_conv_with_bias_adds_the_residual_in_the_epilogue_of_row_tiles_only(monkeypatch):
+    # row tiles add `add_to` as they store (measured faster); wrapping tiles leave it to the one-pass
+    # add after them (measured slower in their epilogue), which writes into `add_to` all the same
+    import torch.nn.functional as F
+
+    from vaeshard import fast
+
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
+    seen = []
+
+    def kernel(x, w, b, padding, how, gemm=None, add_to=None):
+        seen.append((how.wrap, add_to is not None))
+        return add_to if add_to is not None else torch.ones(conv_kernel.out_shape(x, w, padding), dtype=x.dtype)
+
+    monkeypatch.setattr(conv_kernel, "conv3d", kernel)
+    monkeypatch.setattr(fast, "add_bias_and_residual_", lambda y, b, r, into_residual=False: r.add_(y))
+    w, b = _w(96, 96, dtype=torch.float16), torch.zeros(96, dtype=torch.float16)
+    with fast.tier(True):
+        x = _x((1, 96, 4, 3, 512), torch.float16)  # rows
+        r = torch.zeros(1, 96, 2, 3, 512, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
+        assert fast.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 1), 1, 1, add_to=r) is r and seen[-1] == (False, True)
+        x = _x((1, 96, 4, 3, 10), torch.float16)  # wrapping (no column padding)
+        r = torch.zeros(1, 96, 2, 3, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
+        assert fast.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, False)
+        assert bool((r == 1).all())  # the kernel's output added into r after it

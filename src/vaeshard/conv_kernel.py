@@ -22,7 +22,10 @@ Elsewhere `plan` returns None and cuDNN runs.
 Values: each output is the fp32 sum of all 27 x Cin products plus the bias, rounded once to the
 output dtype (cuDNN rounds the sum, then PyTorch adds the bias and rounds again), in a different
 order of summation than cuDNN's: within the fast tier's tolerances, not bit-identical, so the exact
-tier never uses it. On CPU, tests run the kernel in Triton's interpreter.
+tier never uses it. A residual block's second convolution adds its result to the block's residual
+in place (`add_to`): the bias-added sum is rounded, then the residual added and rounded again, the
+roundings of PyTorch's bias pass and residual add, and the separate pass over the convolution's
+output that those adds took otherwise is gone. On CPU, tests run the kernel in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -52,13 +55,14 @@ class ConvPlan(NamedTuple):
 
 # The tiles, by output channels, that `benchmarks/conv_kernel.py --sweep` measured fastest on an
 # H200 (BENCHMARKS.md, "The convolution kernel"): for up to 128 channels 256 voxels by one tile of
-# the channels, 32 input channels per step, 4 steps in flight, 8 warps; for 3 x 2^k channels (Wan's
-# 96 and 192) two tiles, 2^(k+1) and 2^k channels wide, in one program on the same input boxes, so
-# no column idles: 96 = 64 + 32 on 256 voxels, 3 steps in flight; 192 = 128 + 64 on 128 voxels
-# (fewer accumulator registers), 64 input channels per step, 3 in flight.
+# the channels, 32 input channels per step, 4 steps in flight, 8 warps (`TILE`); for 3 x 2^k channels
+# (Wan 2.1's 96 and 192) two tiles, 2^(k+1) and 2^k channels wide, in one program on the same input
+# boxes, so no column idles: 96 = 64 + 32 on 256 voxels, 3 steps in flight; 192 = 128 + 64 on 128
+# voxels (fewer accumulator registers), 64 input channels per step, 3 in flight. (Wan 2.2's 256
+# channels: one 256-wide tile ran 1.09x cuDNN alone, and its whole decode no faster: left to cuDNN.)
 TILE = ConvPlan(wrap=False)
-SPLIT_TILE = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
-              192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3)}
+TILES = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
+         192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3)}
 
 
 def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups) -> ConvPlan | None:
@@ -75,7 +79,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     if pt != 0 or ph not in (0, 1) or pw not in (0, 1):
         return None
     # the measured channel counts; TMA needs 16-byte aligned rows (8 channels)
-    tile = SPLIT_TILE.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
+    tile = TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
     if tile is None or cin % tile.block_k or x.shape[1] != cin:
         return None
     if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
@@ -90,14 +94,24 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, how: ConvPlan,
-           gemm_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor.
+           gemm_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor;
+    with `add_to` (a channels-last tensor of the output's shape and dtype, see `takes_add_to`) the
+    result is added to it in place instead, `add_to` returned: `add_to + F.conv3d(...)` rounded after
+    the bias and after the sum, as PyTorch's bias pass followed by a residual add rounds.
     `gemm_weight`: `gemm_weight(weight)` if the caller keeps it (see `cached_gemm_weight`)."""
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
     _, ph, pw = _triple(padding)
-    tout, ho, wo = tin - 2, h + 2 * ph - 2, w + 2 * pw - 2
-    out = torch.empty((n, cout, tout, ho, wo), dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    shape = out_shape(x, weight, padding)
+    tout, ho, wo = shape[2:]
+    if add_to is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    elif not takes_add_to(add_to, shape, x.dtype):
+        raise ValueError(f"conv3d: add_to must be a channels-last {tuple(shape)} {x.dtype} tensor, got "
+                         f"{tuple(add_to.shape)} {add_to.dtype} with strides {add_to.stride()}")
+    else:
+        out = add_to
     if out.numel() == 0:
         return out
     wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
@@ -120,9 +134,31 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     _conv3x3x3_kernel[(n * tout * tiles,)](
         xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles,
         CIN=c, COUT=cout, BM=bm, BN=bn, BN2=how.block_n2, BK=bk, WRAP=how.wrap, HAS_BIAS=bias is not None,
-        STAGES=how.stages, num_warps=how.num_warps,
+        ADD=add_to is not None, STAGES=how.stages, num_warps=how.num_warps,
     )
     return out
+
+
+def out_shape(x: torch.Tensor, weight: torch.Tensor, padding) -> tuple[int, ...]:
+    """The shape of `conv3d(x, weight, ..., padding, ...)`'s result."""
+    n, _, tin, h, w = x.shape
+    _, ph, pw = _triple(padding)
+    return (n, weight.shape[0], tin - 2, h + 2 * ph - 2, w + 2 * pw - 2)
+
+
+def adds_in_epilogue(how: ConvPlan) -> bool:
+    """Whether `conv3d` should take `add_to` for a plan: row tiles add the residual as they store it
+    (1.43x cuDNN plus the separate pass, against 1.35x without the residual); wrapping tiles, which
+    store through pointers, ran 0.87-0.91x that way (their residual loaded likewise), so their
+    caller adds it after them."""
+    return not how.wrap
+
+
+def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
+    """Whether `conv3d` can add its result to `t` in place: `shape` and `dtype`, channels-last,
+    dense, 16-byte aligned (the layout of the outputs it makes)."""
+    return (tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.dim() == 5
+            and t.permute(0, 2, 3, 4, 1).is_contiguous() and t.data_ptr() % 16 == 0)
 
 
 def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
@@ -164,7 +200,7 @@ if triton is not None:
     def _conv3x3x3_kernel(
         xd, wd, yd, wd2, yd2, y_ptr, b_ptr, Tin, Tout, H, W, Ho, Wo, PH, PW, TILES,
         CIN: tl.constexpr, COUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BN2: tl.constexpr,
-        BK: tl.constexpr, WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
+        BK: tl.constexpr, WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, ADD: tl.constexpr, STAGES: tl.constexpr,
     ):
         # One program: BM output voxels of one output frame, all COUT channels (BN, then BN2 more in
         # a second accumulator fed by the same input box). Input frame t + kt feeds output frame t
@@ -196,14 +232,15 @@ if triton is not None:
             if BN2 > 0:
                 b2 = wd2.load([tap * CIN + c0, BN])
                 acc2 = tl.dot(a, b2, acc2)
+        # (ADD: the output's old values added; each program reads and writes only its own tile)
         if WRAP:
-            _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, 0, COUT, BM, BN, HAS_BIAS)
+            _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, 0, COUT, BM, BN, HAS_BIAS, ADD)
             if BN2 > 0:
-                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, BN, COUT, BM, BN2, HAS_BIAS)
+                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, BN, COUT, BM, BN2, HAS_BIAS, ADD)
         else:
-            _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, HAS_BIAS)
+            _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, HAS_BIAS, ADD)
             if BN2 > 0:
-                _store_row(acc2, yd2, b_ptr, nt, h0, w0, BN, COUT, BM, BN2, HAS_BIAS)
+                _store_row(acc2, yd2, b_ptr, nt, h0, w0, BN, COUT, BM, BN2, HAS_BIAS, ADD)
 
     @triton.jit
     def _with_bias(acc, b_ptr, n0, COUT, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -213,14 +250,22 @@ if triton is not None:
         return acc, offs_n
 
     @triton.jit
-    def _store_row(acc, yd, b_ptr, nt, h0, w0, n0, COUT, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
+    def _plus(acc, old, dt):
+        # (conv + bias) rounded to the dtype, plus the old value, rounded again: PyTorch's two adds
+        return acc.to(dt).to(tl.float32) + old.to(tl.float32)
+
+    @triton.jit
+    def _store_row(acc, yd, b_ptr, nt, h0, w0, n0, COUT, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   ADD: tl.constexpr):
         # the box store leaves out what lies past the row's end and the channels
         acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
+        if ADD:
+            acc = _plus(acc, yd.load([nt, h0, w0, n0]).reshape(BM, BN), yd.dtype)
         yd.store([nt, h0, w0, n0], acc.to(yd.dtype).reshape(1, 1, BM, BN))
 
     @triton.jit
     def _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, n0, COUT, BM: tl.constexpr, BN: tl.constexpr,
-                       HAS_BIAS: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, ADD: tl.constexpr):
         # outputs in the last W - Wo columns of a row are not outputs: masked out
         acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
         q = q0 + tl.arange(0, BM)
@@ -228,4 +273,7 @@ if triton is not None:
         col = q % W
         off = (nt * Ho + row).to(tl.int64) * (Wo * COUT) + col * COUT
         mask = (col < Wo)[:, None] & (row < Ho)[:, None] & (offs_n < COUT)[None, :]
-        tl.store(y_ptr + off[:, None] + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask)
+        at = y_ptr + off[:, None] + offs_n[None, :]
+        if ADD:
+            acc = _plus(acc, tl.load(at, mask=mask, other=0.0), y_ptr.dtype.element_ty)
+        tl.store(at, acc.to(y_ptr.dtype.element_ty), mask=mask)

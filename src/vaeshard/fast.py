@@ -237,19 +237,31 @@ def fused_bias_add_available(x: torch.Tensor) -> bool:
     return runs_on(x)
 
 
-def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args) -> torch.Tensor:
-    """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d; args: stride, padding, dilation, groups).
+def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args,
+                   add_to: torch.Tensor | None = None) -> torch.Tensor:
+    """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d; args: stride, padding, dilation, groups);
+    with `add_to`, that result added to `add_to` in place and `add_to` returned (`add_to + conv(...)`,
+    rounded after the bias and after the sum as PyTorch's separate adds round).
 
     In the fast tier, a 3-D convolution `conv_kernel.plan` takes runs as the Triton kernel of
-    `conv_kernel` (bias added before its single rounding). Otherwise on CUDA the bias is added
-    afterwards by `add_bias_` instead of PyTorch's own bias pass: the same bits (PyTorch's cuDNN path
-    adds the bias in a separate pass too, rounding once), in one vectorised pass over the
-    channels-last output instead of PyTorch's broadcasting kernel (benchmarks/norm_kernel.py times
-    both). Elsewhere the plain call."""
+    `conv_kernel` (bias added before its single rounding; `add_to` added in its epilogue where
+    `conv_kernel.adds_in_epilogue` and the tensor has the kernel's output layout, else by one pass
+    after it). Otherwise on CUDA the bias is added afterwards by
+    `add_bias_` (or with `add_to` by `add_bias_and_residual_`, one pass) instead of PyTorch's own
+    bias pass: the same bits (PyTorch's cuDNN path adds the bias in a separate pass too, rounding
+    once), in one vectorised pass over the channels-last output instead of PyTorch's broadcasting
+    kernel (benchmarks/norm_kernel.py times both). Elsewhere the plain call (then `add_to.add_`)."""
     if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
         how = conv_kernel.plan(x, weight, *args)  # (a bias of another dtype: PyTorch's error below)
         if how is not None:
-            return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight))
+            into = add_to if add_to is not None and conv_kernel.adds_in_epilogue(how) and conv_kernel.takes_add_to(
+                add_to, conv_kernel.out_shape(x, weight, args[1]), x.dtype) else None
+            y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight), into)
+            return y if into is not None or add_to is None else add_bias_and_residual_(y, None, add_to, True)
+    if add_to is not None:
+        fused = bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
+        y = conv(x, weight, None if fused else bias, *args)
+        return add_bias_and_residual_(y, bias if fused else None, add_to, into_residual=True)
     if bias is None or bias.dtype != x.dtype or not fused_bias_add_available(x):  # (PyTorch's checks, errors)
         return conv(x, weight, bias, *args)
     return add_bias_(conv(x, weight, None, *args), bias)

@@ -169,13 +169,15 @@ class HaloCausalConv3d:
             front[:, :, tpad - cached : tpad].copy_(cache_x)
         return buf, core[:, :, tpad:], tpad if whole else 0
 
-    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0) -> torch.Tensor:
+    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
+                       add_to: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
         exchanged for all but the first `ready` frames, then cuDNN applies the zero padding of the
         unsharded axis (no padded copy).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
-        into the next norm (fast.move_bias_into_norm) is left out too."""
+        into the next norm (fast.move_bias_into_norm) is left out too. `add_to`: the result is added
+        to that tensor in place, which is returned (fast.conv_with_bias)."""
         ctx = current()
         padding = list(self._padding)
         if ctx is not None:
@@ -188,7 +190,7 @@ class HaloCausalConv3d:
             padding[slot] = padding[slot + 1] = 0
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride, (0, padding[2], padding[0]),
-                                        self.dilation, self.groups)
+                                        self.dilation, self.groups, add_to=add_to)
 
     def _causal_in_time(self) -> bool:
         """Whether each output frame sees its own input frame and the `kernel - 1` before it (stride

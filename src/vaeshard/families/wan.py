@@ -385,14 +385,19 @@ class FastResidualBlock:
         fuse = fast.fused_bias_add_available(y)  # conv2's bias and the residual in one pass (CUDA)
         pending = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
         del y
+        # the sum goes into h where it has the convolution's output layout (on CUDA, channels-last
+        # both): the block's output takes the storage of its input (or of the shortcut's output),
+        # which diffusers' callers hold until the block returns and never read again (they reassign
+        # it; Wan 2.2's up and down blocks clone it first), so no third full-size tensor stays
+        # alive. (Another layout would change the layout, and on CPU the reduction order, of the
+        # layers after it.) A hook on the block sees its input: then a new output.
+        if fuse and not self._forward_hooks and h.is_contiguous(memory_format=fast.channels_last_format(5)):
+            # into h by the convolution itself where its kernel can (conv_kernel's epilogue), else
+            # by the one-pass bias + residual add after it
+            return pending.convolve(add_to=h)
         y = pending.convolve(with_bias=not fuse)
         del pending
-        # the sum goes into h where it has y's layout (on CUDA, channels-last both): the block's
-        # output takes the storage of its input (or of the shortcut's output), which diffusers'
-        # callers hold until the block returns and never read again (they reassign it; Wan 2.2's
-        # up and down blocks clone it first), so no third full-size tensor stays alive. (Another
-        # layout would change the layout, and on CPU the reduction order, of the layers after it.)
-        into = _same_layout(h, y) and not self._forward_hooks  # a hook on the block sees its input
+        into = _same_layout(h, y) and not self._forward_hooks
         return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h, into_residual=into)
 
 
@@ -531,10 +536,10 @@ class _CausalInput:
         self.conv, self.buf, self.frames, self.ready, self.halo_rows = conv, buf, frames, ready, halo_rows
         self.feat_cache, self.idx, self.old = feat_cache, idx, old
 
-    def convolve(self, with_bias: bool = True) -> torch.Tensor:
-        """The convolution (`HaloCausalConv3d.forward_buffer`), then the cache update; the buffer
-        is dropped."""
-        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready)
+    def convolve(self, with_bias: bool = True, add_to: torch.Tensor | None = None) -> torch.Tensor:
+        """The convolution (`HaloCausalConv3d.forward_buffer`; `add_to`: added to that tensor in
+        place, which is returned), then the cache update; the buffer is dropped."""
+        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to)
         if self.feat_cache is not None:  # (stream order: the buffer has read the old cache)
             _store_cache(self.feat_cache, self.idx, self.old, self.frames)
         self.buf = self.frames = self.old = None
