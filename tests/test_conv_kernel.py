@@ -286,9 +286,10 @@ def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs
     assert len(calls) == 1
 
 
-def test_conv_with_bias_adds_the_residual_in_the_epilogue_of_row_tiles_only(monkeypatch):
-    # row tiles add `add_to` as they store (measured faster); wrapping tiles leave it to the one-pass
-    # add after them (measured slower in their epilogue), which writes into `add_to` all the same
+def test_conv_with_bias_adds_the_residual_in_the_epilogue_where_measured_faster(monkeypatch):
+    # row tiles add `add_to` as they store (measured faster); wrapping 256-voxel tiles (96 channels)
+    # leave it to the one-pass add after them (measured slower in their epilogue), which writes into
+    # `add_to` all the same; wrapping 128-voxel ones (192 channels) add it themselves
     import torch.nn.functional as F
 
     from vaeshard import fast
@@ -311,3 +312,7 @@ def test_conv_with_bias_adds_the_residual_in_the_epilogue_of_row_tiles_only(monk
         r = torch.zeros(1, 96, 2, 3, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
         assert fast.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, False)
         assert bool((r == 1).all())  # the kernel's output added into r after it
+        w = _w(192, 192, dtype=torch.float16)
+        x = _x((1, 192, 4, 3, 10), torch.float16)
+        r = torch.zeros(1, 192, 2, 3, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
+        assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, True)

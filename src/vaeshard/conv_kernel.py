@@ -147,11 +147,13 @@ def out_shape(x: torch.Tensor, weight: torch.Tensor, padding) -> tuple[int, ...]
 
 
 def adds_in_epilogue(how: ConvPlan) -> bool:
-    """Whether `conv3d` should take `add_to` for a plan: row tiles add the residual as they store it
-    (1.43x cuDNN plus the separate pass, against 1.35x without the residual); wrapping tiles, which
-    store through pointers, ran 0.87-0.91x that way (their residual loaded likewise), so their
-    caller adds it after them."""
-    return not how.wrap
+    """Whether `conv3d` should take `add_to` for a plan (else its caller adds the residual in a pass
+    after it). Measured against cuDNN plus that pass (benchmarks/conv_kernel.py --residual): row
+    tiles 1.37-1.43x at 96 channels and 1.05-1.19x at 192; wrapping tiles, which load and store
+    through pointers, 1.11-1.16x on 128 voxels (192 channels) but 0.83-0.91x on 256 (96 channels:
+    twice the registers per thread in the epilogue), where the kernel without the residual ran
+    1.06-1.24x before the pass."""
+    return not how.wrap or how.block_m <= 128
 
 
 def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
