@@ -15,7 +15,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   heuristic pick.
 - On CUDA, the 3x3x3 convolutions `conv_kernel.plan` takes (Wan 2.1's 96- and 192-channel layers
   where the buffer's rows suit its tiles) run as vaeshard's own Triton implicit GEMM, which adds the
-  bias before its single rounding (`triton_convs=False`: cuDNN everywhere).
+  bias before its single rounding and, for a residual block's second convolution, the residual as
+  it stores (rounded as PyTorch's bias pass and residual add round; `conv_with_bias`'s `add_to`)
+  (`triton_convs=False`: cuDNN everywhere).
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
 - A residual block's first convolution leaves out its bias and the fused norm after it adds the bias
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does

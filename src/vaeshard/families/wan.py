@@ -314,8 +314,9 @@ class FastResidualBlock:
     fast.move_bias_into_norm) writes straight into the next causal convolution's input buffer, behind
     the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
     activations are never copied to build that input; on CUDA, conv2's bias and the residual are
-    added to its output in one pass (`fast.add_bias_and_residual_`), rounded as PyTorch's separate
-    bias pass and residual add round.
+    added as the Triton convolution stores its output (`fast.conv_with_bias`'s `add_to`) or, after
+    cuDNN, in one pass (`fast.add_bias_and_residual_`), rounded as PyTorch's separate bias pass and
+    residual add round.
     Where the layouts agree (on CUDA: channels-last both) the sum is written into the block's input
     (identity shortcut) or the shortcut's output, so the input, which diffusers' callers keep
     referenced until the block returns, is not a third full-size tensor beside the convolution's
