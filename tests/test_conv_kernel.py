@@ -170,6 +170,22 @@ def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("mode, wrap", [("spatial_shard_width", True), ("spatial_shard_height", False)])
+def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap):
+    # two gloo ranks running the Triton kernel in its interpreter (fp16): width shards take the
+    # wrapping tiles, height shards the row tiles, the residual blocks' conv2 adds the residual in
+    # the epilogue, and the decode is within the half-precision tolerance of diffusers' fp32 decode
+    pytest.importorskip("triton")
+    from .conv_kernel_ranks import sharded_through_the_kernel
+    from .dist_harness import run_ranks
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the fresh rank processes
+    for calls, err_max, err_mean in run_ranks(sharded_through_the_kernel, 2, mode, fresh=True, timeout=240):
+        assert calls and all(w == wrap for w, _ in calls), calls
+        assert any(added for _, added in calls), "no residual added in the kernel's epilogue"
+        assert err_max <= 5e-2 and err_mean <= 2e-3, (err_max, err_mean)
+
+
 def _x(shape, dtype=torch.bfloat16, channels_last=True):
     x = torch.zeros(shape, dtype=dtype)
     return x.contiguous(memory_format=torch.channels_last_3d) if channels_last else x

@@ -1,0 +1,31 @@
+"""A rank's part of tests/test_conv_kernel.py's sharded decode through the Triton kernel: in a module
+of its own, since the rank processes import it (the test module builds large example tensors at
+import)."""
+
+import torch
+
+
+def sharded_through_the_kernel(rank, world, mode):
+    """One rank of a sharded fp16 decode of the small Wan 2.1 through the Triton kernel, in Triton's
+    interpreter (set before this process imported Triton): the kernel calls' (wrapping tiles?,
+    residual added in the epilogue?) and the max / mean difference to diffusers' fp32 decode."""
+    import vaeshard
+    from vaeshard import conv_kernel, triton_support
+
+    from .models import build, latent
+
+    assert triton_support.interpreting()
+    conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)  # the model's 32 channels
+    calls = []
+    kernel = conv_kernel.conv3d
+    conv_kernel.conv3d = lambda *a, **k: calls.append(
+        (a[4].wrap, (a[6] if len(a) > 6 else k.get("add_to")) is not None)) or kernel(*a, **k)
+    vae = build("wan21")
+    z = latent((1, 4, 2, 4, 16))
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    vae.to(torch.float16)
+    vaeshard.parallelize(vae, mode=mode)
+    out = vae.decode(z.to(torch.float16)).sample
+    err = (out.float() - ref).abs()
+    return calls, err.max().item(), err.mean().item()
