@@ -5,6 +5,7 @@
     python3 benchmarks/conv_kernel.py --sweep --json conv.json
     python3 benchmarks/conv_kernel.py --only "Wan 2.2" --sweep   # shapes whose name contains this
     python3 benchmarks/conv_kernel.py --residual                 # + bias + a residual, in place
+    python3 benchmarks/conv_kernel.py --norm                     # + the next RMS norm + SiLU
 
 Each shape is one decoder call's convolution input (a channels-last bf16 buffer: the two cached
 frames and four new ones, halo rows or columns where sharded) with random weights. cuDNN runs as the
@@ -17,6 +18,12 @@ and round once to bf16, in different orders).
 cuDNN, then the fast tier's one-pass bias + residual add (`fast.add_bias_and_residual_`), against
 the kernel adding both in its epilogue (`conv3d(..., add_to=residual)`); the difference is to
 `F.conv3d(x, weight, bias) + residual`.
+
+`--norm`: each call also applies the next RMS norm + SiLU, with the convolution's bias added first
+(a residual block's first convolution), writing into the new frames of the next convolution's input
+buffer: cuDNN then the norm kernel (`fast.rms_norm(..., pre_bias=, out=)`) against the kernel with
+the norm in its epilogue (`conv3d(..., norm=, out=)`); the `+pass` rows time the kernel followed by
+the norm kernel, as the decode ran it before; the difference is to cuDNN then the norm kernel.
 """
 
 from __future__ import annotations
@@ -73,10 +80,13 @@ def main() -> None:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--only", help="the shapes whose name contains this text")
     ap.add_argument("--residual", action="store_true", help="add a bias and a residual in the same call")
+    ap.add_argument("--norm", action="store_true", help="apply the next RMS norm + SiLU in the same call")
     args = ap.parse_args()
+    if args.residual and args.norm:
+        ap.error("--residual or --norm, not both")
     torch.backends.cudnn.benchmark = True
     rows = []
-    print(f"{'shape':24} {'plan':5} {'tile':22} {'cuDNN ms':>9} {'kernel ms':>9} {'speed-up':>8} {'TFLOP/s':>8} {'rel. diff':>9}")
+    print(f"{'shape':24} {'plan':10} {'tile':22} {'cuDNN ms':>9} {'kernel ms':>9} {'speed-up':>8} {'TFLOP/s':>8} {'rel. diff':>9}")
     for name, (cin, cout, frames, h, w, padding) in SHAPES.items():
         if args.only and args.only not in name:
             continue
@@ -84,7 +94,7 @@ def main() -> None:
         x = torch.randn(1, cin, frames, h, w, device="cuda", dtype=torch.bfloat16)
         x = x.contiguous(memory_format=torch.channels_last_3d)
         weight = torch.randn(cout, cin, 3, 3, 3, device="cuda", dtype=torch.bfloat16) / (27 * cin) ** 0.5
-        bias = residual = None
+        bias = residual = into = None
         want = F.conv3d(x, weight, None, 1, padding)
         if args.residual:
             bias = torch.randn(cout, device="cuda", dtype=torch.bfloat16)
@@ -92,8 +102,22 @@ def main() -> None:
             residual = residual.contiguous(memory_format=torch.channels_last_3d)
             want = F.conv3d(x, weight, bias, 1, padding) + residual
             into = residual.clone()  # (overwritten by every timed call; the values do not matter there)
+        if args.norm:
+            bias = torch.randn(cout, device="cuda", dtype=torch.bfloat16)
+            gamma = torch.rand(cout, device="cuda", dtype=torch.bfloat16) + 0.5
+            norm = conv_kernel.NormEpilogue(gamma, 0.0, cout ** 0.5, pre_bias=bias)
+            buf = torch.empty((1, cout, want.shape[2] + 2, *want.shape[3:]), device="cuda", dtype=torch.bfloat16,
+                              memory_format=torch.channels_last_3d)
+            into = buf[:, :, 2:]  # the next convolution's new frames, behind its two cached ones
+
+            def normed(y):
+                return fast.rms_norm(y, gamma, 0.0, norm.scale, True, pre_bias=bias, out=into)
+
+            want = normed(want).clone()
         flop = 2 * want.numel() * cin * 27
-        if args.residual:
+        if args.norm:
+            cudnn = median_ms(lambda: normed(F.conv3d(x, weight, None, 1, padding)))
+        elif args.residual:
             cudnn = median_ms(lambda: fast.add_bias_and_residual_(F.conv3d(x, weight, None, 1, padding), bias, into,
                                                                   into_residual=True))
         else:
@@ -109,25 +133,31 @@ def main() -> None:
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue
-            if args.residual:
+            if args.norm:
+                got = conv_kernel.conv3d(x, weight, None, padding, how, gemm, norm=norm, out=into).clone()
+            elif args.residual:
                 got = conv_kernel.conv3d(x, weight, bias, padding, how, gemm, residual.clone())
             else:
                 got = conv_kernel.conv3d(x, weight, None, padding, how, gemm)
             diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            if args.residual:
-                ms = median_ms(lambda: conv_kernel.conv3d(x, weight, bias, padding, how, gemm, into))
-            else:
-                ms = median_ms(lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm))
-            n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
-            tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
-            label = ("wrap" if how.wrap else "rows") + ("" if how == chosen else "*")
-            print(f"{name:24} {label:5} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x {flop / ms / 1e9:8.0f} {diff:9.1e}",
-                  flush=True)
-            rows.append(dict(shape=name, cin=cin, cout=cout, frames=frames, h=h, w=w, padding=padding,
-                             planned=chosen is not None, residual=args.residual, how=how._asdict(), cudnn_ms=cudnn,
-                             kernel_ms=ms,
-                             speedup=cudnn / ms, tflops=flop / ms / 1e9, rel_diff=diff))
-        del x, want, residual
+            runs = {"": lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm)}
+            if args.norm:
+                runs = {"": lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm, norm=norm, out=into),
+                        "+pass": lambda: normed(conv_kernel.conv3d(x, weight, None, padding, how, gemm))}
+            elif args.residual:
+                runs = {"": lambda: conv_kernel.conv3d(x, weight, bias, padding, how, gemm, into)}
+            for suffix, run in runs.items():
+                ms = median_ms(run)
+                n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
+                tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
+                label = ("wrap" if how.wrap else "rows") + ("" if how == chosen else "*") + suffix
+                print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "
+                      f"{flop / ms / 1e9:8.0f} {diff:9.1e}", flush=True)
+                rows.append(dict(shape=name, cin=cin, cout=cout, frames=frames, h=h, w=w, padding=padding,
+                                 planned=chosen is not None, residual=args.residual, norm=args.norm,
+                                 norm_pass=suffix == "+pass", how=how._asdict(), cudnn_ms=cudnn, kernel_ms=ms,
+                                 speedup=cudnn / ms, tflops=flop / ms / 1e9, rel_diff=diff))
+        del x, want, residual, into
     print("* not what conv_kernel.plan picks for this shape (it may leave the shape to cuDNN)")
     env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version())
     if args.json:

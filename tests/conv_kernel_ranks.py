@@ -8,7 +8,7 @@ import torch
 def sharded_through_the_kernel(rank, world, mode):
     """One rank of a sharded fp16 decode of the small Wan 2.1 through the Triton kernel, in Triton's
     interpreter (set before this process imported Triton): the kernel calls' (wrapping tiles?,
-    residual added in the epilogue?) and the max / mean difference to diffusers' fp32 decode."""
+    residual added in the epilogue?, next norm computed in the epilogue?) and the max / mean difference to diffusers' fp32 decode."""
     import vaeshard
     from vaeshard import conv_kernel, triton_support
 
@@ -19,7 +19,8 @@ def sharded_through_the_kernel(rank, world, mode):
     calls = []
     kernel = conv_kernel.conv3d
     conv_kernel.conv3d = lambda *a, **k: calls.append(
-        (a[4].wrap, (a[6] if len(a) > 6 else k.get("add_to")) is not None)) or kernel(*a, **k)
+        (a[4].wrap, (a[6] if len(a) > 6 else k.get("add_to")) is not None, k.get("norm") is not None)
+    ) or kernel(*a, **k)
     vae = build("wan21")
     z = latent((1, 4, 2, 4, 16))
     with torch.no_grad():

@@ -17,7 +17,7 @@ KERNEL_VALUES = textwrap.dedent(
     """
     import torch
     import torch.nn.functional as F
-    from vaeshard import conv_kernel
+    from vaeshard import conv_kernel, fast
     from vaeshard.conv_kernel import ConvPlan
 
     torch.manual_seed(0)
@@ -61,6 +61,44 @@ KERNEL_VALUES = textwrap.dedent(
                 assert bool((err <= bound).all()), ("add_to", n, cin, cout, padding, how, err.max().item())
                 # the residual counts: the result is not the convolution alone
                 assert (got.float() - want).abs().max() > 0.5
+                if b is not None:
+                    continue
+                # the next RMS norm + SiLU computed as the result is stored (a residual block's
+                # conv1, whose bias the norm adds: pre_bias), written into the new frames of a
+                # larger buffer (the next convolution's input): what the norm kernel computes from
+                # the stored result, up to the order of the sum of squares
+                gamma = (torch.rand(cout) + 0.5).to(dtype)
+                pre, norm_bias = torch.randn(cout).to(dtype), torch.randn(cout).to(dtype) * 0.1
+                plain = conv_kernel.conv3d(x, weight, None, padding, how)
+                for nb in (0.0, norm_bias):
+                    norm = conv_kernel.NormEpilogue(gamma, nb, cout ** 0.5, pre_bias=pre)
+                    normed = fast.rms_norm(plain, gamma, nb, cout ** 0.5, True, pre_bias=pre)
+                    buf = torch.zeros(n, cout, want.shape[2] + 2, want.shape[3] + 2, want.shape[4] + 2,
+                                      dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+                    out = buf[:, :, 2:, 1:-1, 1:-1]  # two cached frames in front, a halo row and column each side
+                    if n > 1:  # there the samples' frames do not follow each other: refused
+                        try:
+                            conv_kernel.conv3d(x, weight, None, padding, how, norm=norm, out=out)
+                        except ValueError as e:
+                            assert "out must be" in str(e)
+                        else:
+                            raise AssertionError("conv3d took samples whose frames do not follow each other")
+                        buf, out = None, torch.empty_like(plain)
+                    got = conv_kernel.conv3d(x, weight, None, padding, how, norm=norm, out=out)
+                    assert got is out
+                    err = (got.float() - normed.float()).abs()
+                    assert bool((err <= normed.float().abs() * 2.0 ** -8 + 1e-3).all()), ("norm", how, err.max().item())
+                    assert (got == normed).float().mean().item() > 0.9, ("norm", how)
+                    if buf is not None:  # nothing written outside the view
+                        outside = buf.clone()
+                        outside[:, :, 2:, 1:-1, 1:-1] = 0
+                        assert not outside.any()
+                    # and against the norm in fp32 from the stored convolution (a few fp16 roundings apart)
+                    per_channel = lambda v: v.float().reshape(1, -1, 1, 1, 1)
+                    ref = F.normalize(plain.float() + per_channel(pre), dim=1) * cout ** 0.5 * per_channel(gamma)
+                    ref = F.silu(ref + (per_channel(nb) if isinstance(nb, torch.Tensor) else nb))
+                    err = (got.float() - ref).abs()
+                    assert bool((err <= ref.abs() * 2.0 ** -7 + 2e-3).all()), ("norm vs fp32", how, err.max().item())
     # add_to must have the output's shape, dtype and channels-last layout
     x = torch.randn(1, 32, 4, 3, 16).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
     weight = torch.randn(16, 32, 3, 3, 3).to(torch.float16)
@@ -117,8 +155,10 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     calls = []
     kernel = conv_kernel.conv3d
     added = []  # calls that added their result to a residual (the residual blocks' conv2)
+    normed = []  # calls that computed the next norm as they stored (the residual blocks' conv1)
     conv_kernel.conv3d = lambda *a, **k: calls.append(a[0].shape) or added.append(
-        (a[6] if len(a) > 6 else k.get("add_to")) is not None) or kernel(*a, **k)
+        (a[6] if len(a) > 6 else k.get("add_to")) is not None) or normed.append(k.get("norm") is not None) or kernel(
+        *a, **k)
     # fp16: the interpreter's bf16 matrix products are wrong (see KERNEL_VALUES)
     vae = build("wan21")
     z = latent((1, 4, 2, 2, 16))
@@ -130,6 +170,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     out = vae.decode(z).sample
     assert calls, "no convolution ran on the Triton kernel"
     assert any(added) and not all(added), "the residual blocks' conv2 did not add into the residual"
+    assert any(normed) and not all(normed), "the residual blocks' conv1 did not compute norm2 in its epilogue"
     assert any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
     err = (out.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
@@ -174,15 +215,16 @@ def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
 def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap):
     # two gloo ranks running the Triton kernel in its interpreter (fp16): width shards take the
     # wrapping tiles, height shards the row tiles, the residual blocks' conv2 adds the residual in
-    # the epilogue, and the decode is within the half-precision tolerance of diffusers' fp32 decode
+    # the epilogue, their conv1 computes norm2 in its epilogue, and the decode is within the half-precision tolerance of diffusers' fp32 decode
     pytest.importorskip("triton")
     from .conv_kernel_ranks import sharded_through_the_kernel
     from .dist_harness import run_ranks
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the fresh rank processes
     for calls, err_max, err_mean in run_ranks(sharded_through_the_kernel, 2, mode, fresh=True, timeout=240):
-        assert calls and all(w == wrap for w, _ in calls), calls
-        assert any(added for _, added in calls), "no residual added in the kernel's epilogue"
+        assert calls and all(w == wrap for w, _, _ in calls), calls
+        assert any(added for _, added, _ in calls), "no residual added in the kernel's epilogue"
+        assert any(normed for _, _, normed in calls), "no norm computed in the kernel's epilogue"
         assert err_max <= 5e-2 and err_mean <= 2e-3, (err_max, err_mean)
 
 
@@ -248,11 +290,13 @@ def test_plan_needs_cuda_or_the_interpreter():
 
 
 @pytest.mark.parametrize("wrap", [False, True])
-@pytest.mark.parametrize("cout, add", [(64, False), (96, False), (96, True), (192, True)])
-def test_conv_kernel_compiles_for_hopper(wrap, cout, add):
+@pytest.mark.parametrize("cout, epilogue", [(64, None), (96, None), (96, "add"), (192, "add"), (96, "norm"),
+                                            (192, "norm")])
+def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
     # TMA box loads and warp-group matrix multiplies are Hopper instructions: compiled for
     # sm_90 with Triton's own ptxas, no GPU needed, with the tiles `plan` picks (add: the residual
-    # added in the epilogue, as the residual blocks' second convolutions do)
+    # added in the epilogue, as the residual blocks' second convolutions do; norm: the next norm
+    # computed in the epilogue, as their first convolutions do)
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as triton_compile
@@ -260,13 +304,15 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout, add):
     how = conv_kernel.TILES.get(cout, conv_kernel.TILE)._replace(wrap=wrap)
     bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
     kernel = conv_kernel._conv3x3x3_kernel
-    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=True, ADD=add,
-                     STAGES=how.stages)
+    norm = epilogue == "norm"
+    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=not norm,
+                     ADD=epilogue == "add", NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages)
     box = f"1, {bm}, {bk}" if wrap else f"1, 1, {bm}, {bk}"
     types = {
         "xd": f"tensordesc<bf16[{box}]>", "wd": f"tensordesc<bf16[{bk}, {bn}]>",
         "yd": f"tensordesc<bf16[1, 1, {bm}, {bn}]>", "wd2": f"tensordesc<bf16[{bk}, {bn2 or bn}]>",
         "yd2": f"tensordesc<bf16[1, 1, {bm}, {bn2 or bn}]>", "y_ptr": "*bf16", "b_ptr": "*bf16",
+        "g_ptr": "*bf16", "nb_ptr": "*bf16", "p_ptr": "*bf16", "scale": "fp32", "eps": "fp32",
     }
     names = kernel.arg_names
     types = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
@@ -332,3 +378,59 @@ def test_conv_with_bias_adds_the_residual_in_the_epilogue_where_measured_faster(
         x = _x((1, 192, 4, 3, 10), torch.float16)
         r = torch.zeros(1, 192, 2, 3, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
         assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, True)
+
+
+def test_conv_with_bias_computes_the_next_norm_in_the_epilogue_where_the_kernel_runs(monkeypatch):
+    # with `norm` and `out`: the kernel computes the norm as it stores where it runs the convolution;
+    # elsewhere (a shape it leaves to cuDNN, triton_convs=False) the convolution, then the norm
+    # into `out`, with the same values as the two steps by hand
+    import torch.nn.functional as F
+
+    from vaeshard import fast
+
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # (fast.rms_norm stays eager on CPU)
+    seen = []
+
+    def kernel(x, w, b, padding, how, gemm=None, add_to=None, norm=None, out=None):
+        seen.append((how.wrap, norm))
+        return out.fill_(1)
+
+    monkeypatch.setattr(conv_kernel, "conv3d", kernel)
+    gamma, pre = torch.rand(96, 1, 1, 1) + 0.5, torch.randn(96)  # gamma shaped as diffusers' norms hold it
+    norm = conv_kernel.NormEpilogue(gamma.half(), 0.0, 96 ** 0.5, pre_bias=pre.half())
+    w = _w(96, 96, dtype=torch.float16)
+    buf = torch.zeros(1, 96, 4, 3, 512, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
+    with fast.tier(True):
+        x = _x((1, 96, 4, 3, 512), torch.float16)  # rows
+        out = buf[:, :, 2:]
+        assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 1), 1, 1, norm=norm, out=out) is out
+        assert seen[-1] == (False, norm) and bool((out == 1).all())
+        x = _x((1, 96, 4, 3, 10), torch.float16)  # wrapping (no column padding)
+        out = buf[:, :, 2:, :, :8]
+        assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, norm=norm, out=out) is out
+        assert seen[-1] == (True, norm)
+        with pytest.raises(ValueError, match="norm needs"):
+            fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, norm=norm)
+        # a residual block takes that path for one sample (a causal input buffer holds a sample's
+        # cached frames between the samples' new frames, so their frames do not follow each other)
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+        from vaeshard import shard
+
+        conv = WanCausalConv3d(96, 96, 3, padding=1).half()
+        shard.swap(conv, shard.HaloCausalConv3d)
+        assert conv.norms_in_epilogue(_x((1, 96, 6, 3, 512), torch.float16))
+        assert not conv.norms_in_epilogue(_x((2, 96, 6, 3, 512), torch.float16))
+        assert conv.output_shape(_x((2, 96, 6, 3, 512), torch.float16)) == (2, 96, 4, 3, 512)
+    calls = len(seen)
+    x = torch.randn(1, 96, 4, 3, 8, dtype=torch.float64)
+    w64 = torch.randn(96, 96, 3, 3, 3, dtype=torch.float64) / 50
+    norm64 = conv_kernel.NormEpilogue(gamma.double(), 0.0, 96 ** 0.5, pre_bias=pre.double())
+    want = F.conv3d(x, w64, None, 1, (0, 1, 1)) + pre.double().reshape(1, -1, 1, 1, 1)
+    want = F.silu(F.normalize(want, dim=1) * 96 ** 0.5 * gamma.double().reshape(1, -1, 1, 1, 1))
+    for settings in (dict(), dict(triton_convs=False)):  # fp64: no plan; triton_convs off
+        out = torch.full((1, 96, 4, 3, 8), 7.0, dtype=torch.float64)[:, :, 2:]
+        with fast.tier(True, **settings):
+            got = fast.conv_with_bias(F.conv3d, x, w64, None, 1, (0, 1, 1), 1, 1, norm=norm64, out=out)
+        assert got is out and torch.allclose(out, want, rtol=1e-6, atol=1e-6)  # (the eager norm: fp32)
+    assert len(seen) == calls

@@ -240,9 +240,9 @@ def _exchanged_frames(rank, world, model, shape, mode):
     in_blocks = {id(c) for b in blocks for c in (b.conv1, b.conv2)}
     seen, real = [], shard.HaloCausalConv3d.forward_buffer
 
-    def recording(self, buf, with_bias=True, halo_rows=None, ready=0, add_to=None):
+    def recording(self, buf, with_bias=True, halo_rows=None, ready=0, *rest, **kwargs):
         seen.append((id(self) in in_blocks, buf.shape[2], ready, self._padding[4]))
-        return real(self, buf, with_bias, halo_rows, ready, add_to)
+        return real(self, buf, with_bias, halo_rows, ready, *rest, **kwargs)
 
     shard.HaloCausalConv3d.forward_buffer = recording
     try:

@@ -25,7 +25,11 @@ order of summation than cuDNN's: within the fast tier's tolerances, not bit-iden
 tier never uses it. A residual block's second convolution adds its result to the block's residual
 in place (`add_to`): the bias-added sum is rounded, then the residual added and rounded again, the
 roundings of PyTorch's bias pass and residual add, and the separate pass over the convolution's
-output that those adds took otherwise is gone. On CPU, tests run the kernel in Triton's interpreter.
+output that those adds took otherwise is gone. A residual block's first convolution computes the
+block's second RMS norm + SiLU as it stores (`norm`, `NormEpilogue`: a program holds every output
+channel of its voxels), from the output rounded as it would have been stored, with the norm kernel's
+roundings (norm_math), into the second convolution's input buffer (`out`): that output is never
+stored, and the norm's pass over it is gone. On CPU, tests run the kernel in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import norm_math
 from .triton_support import runs_on, tl, triton
 
 if triton is not None:
@@ -51,6 +56,20 @@ class ConvPlan(NamedTuple):
     block_n2: int = 0  # a second channel tile after the first (96 = 64 + 32), in the same program
     stages: int = 4  # TMA loads in flight
     num_warps: int = 8
+
+
+class NormEpilogue(NamedTuple):
+    """What `conv3d` computes from each output voxel before it stores it: Wan's RMS norm over the
+    voxel's channels (+ SiLU), as `fast.rms_norm(y, gamma, bias, scale, silu, eps, pre_bias)` computes
+    it from the convolution's rounded output `y` (norm_math's steps). `pre_bias`: a per-channel bias
+    added to `y` first and rounded (a convolution's bias moved into the norm after it)."""
+
+    gamma: torch.Tensor
+    bias: torch.Tensor | float | None  # (diffusers' norms without a bias hold 0.0)
+    scale: float
+    silu: bool = True
+    eps: float = 1e-12
+    pre_bias: torch.Tensor | None = None
 
 
 # The tiles, by output channels, that `benchmarks/conv_kernel.py --sweep` measured fastest on an
@@ -94,24 +113,35 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, how: ConvPlan,
-           gemm_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor;
-    with `add_to` (a channels-last tensor of the output's shape and dtype, see `takes_add_to`) the
+           gemm_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None,
+           norm: NormEpilogue | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor,
+    or written into `out` (a view of the output's shape and dtype, see `takes_out`), which is returned.
+
+    With `add_to` (a channels-last tensor of the output's shape and dtype, see `takes_add_to`) the
     result is added to it in place instead, `add_to` returned: `add_to + F.conv3d(...)` rounded after
     the bias and after the sum, as PyTorch's bias pass followed by a residual add rounds.
+    With `norm`, what is stored is that norm (+ SiLU) of the rounded result (`NormEpilogue`), as the
+    norm would compute it after the convolution, without the convolution's output ever being stored.
     `gemm_weight`: `gemm_weight(weight)` if the caller keeps it (see `cached_gemm_weight`)."""
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
     _, ph, pw = _triple(padding)
     shape = out_shape(x, weight, padding)
     tout, ho, wo = shape[2:]
-    if add_to is None:
-        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-    elif not takes_add_to(add_to, shape, x.dtype):
-        raise ValueError(f"conv3d: add_to must be a channels-last {tuple(shape)} {x.dtype} tensor, got "
-                         f"{tuple(add_to.shape)} {add_to.dtype} with strides {add_to.stride()}")
-    else:
+    if add_to is not None and (out is not None or norm is not None):
+        raise ValueError("conv3d: add_to adds the convolution into itself; it takes no out and no norm")
+    if add_to is not None:
+        if not takes_add_to(add_to, shape, x.dtype):
+            raise ValueError(f"conv3d: add_to must be a channels-last {tuple(shape)} {x.dtype} tensor, got "
+                             f"{tuple(add_to.shape)} {add_to.dtype} with strides {add_to.stride()}")
         out = add_to
+    elif out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    elif not takes_out(out, shape, x.dtype):
+        raise ValueError(f"conv3d: out must be a {tuple(shape)} {x.dtype} view with the channels innermost, "
+                         f"16-byte aligned, frames evenly spaced; got {tuple(out.shape)} {out.dtype} with strides "
+                         f"{out.stride()}")
     if out.numel() == 0:
         return out
     wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
@@ -124,17 +154,28 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
         xd = TensorDescriptor(xl, [n * tin, h, w, c], [h * w * c, w * c, c, 1], [1, 1, bm, bk])
         tiles = ho * triton.cdiv(wo, bm)
     y = out.permute(0, 2, 3, 4, 1)
+    # the output's frames, rows and columns may lie apart (a view into a larger buffer); samples and
+    # frames are one axis of the store (`takes_out`: a single sample, or samples right after each other)
+    sf, sr, sc = out.stride(2), out.stride(3), out.stride(4)
 
     def boxes(width):  # the weight's and the output's descriptors for a channel tile of `width`
         return (TensorDescriptor(wk, [27 * c, cout], [cout, 1], [bk, width]),
-                TensorDescriptor(y, [n * tout, ho, wo, cout], [ho * wo * cout, wo * cout, cout, 1], [1, 1, bm, width]))
+                TensorDescriptor(y, [n * tout, ho, wo, cout], [sf, sr, sc, 1], [1, 1, bm, width]))
 
     wd, yd = boxes(bn)
     wd2, yd2 = boxes(how.block_n2) if how.block_n2 else (wd, yd)
+    unused = wk  # a pointer for the arguments a launch does not read
+    g = norm if norm is not None else NormEpilogue(unused, None, 1.0)
+    if not (g.bias is None or isinstance(g.bias, torch.Tensor) or g.bias == 0):
+        raise ValueError(f"conv3d: a norm's bias is a tensor or 0, got {g.bias!r}")
+    g = g._replace(bias=g.bias if isinstance(g.bias, torch.Tensor) else None)
     _conv3x3x3_kernel[(n * tout * tiles,)](
-        xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles,
+        xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles, sf, sr, sc,
+        g.gamma, unused if g.bias is None else g.bias, unused if g.pre_bias is None else g.pre_bias,
+        float(g.scale), float(g.eps),
         CIN=c, COUT=cout, BM=bm, BN=bn, BN2=how.block_n2, BK=bk, WRAP=how.wrap, HAS_BIAS=bias is not None,
-        ADD=add_to is not None, STAGES=how.stages, num_warps=how.num_warps,
+        ADD=add_to is not None, NORM=norm is not None, NORM_BIAS=g.bias is not None, PRE_BIAS=g.pre_bias is not None,
+        SILU=bool(g.silu), STAGES=how.stages, num_warps=how.num_warps,
     )
     return out
 
@@ -161,6 +202,29 @@ def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
     dense, 16-byte aligned (the layout of the outputs it makes)."""
     return (tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.dim() == 5
             and t.permute(0, 2, 3, 4, 1).is_contiguous() and t.data_ptr() % 16 == 0)
+
+
+def norms_in_epilogue(how: ConvPlan) -> bool:
+    """Whether `conv3d` should take a `norm` for a plan (else its caller runs the norm kernel after
+    it): every plan. Measured on an H200 (benchmarks/conv_kernel.py --norm, BENCHMARKS.md), the
+    kernel with the norm in its epilogue against the kernel then the norm kernel: 96 channels, row
+    tiles 4-5% faster, wrapping tiles 7-8%; 192 channels, row tiles the same on one GPU and 6%
+    faster by height, wrapping tiles (whose pointer stores spill registers) within 1% (1.561 against
+    1.552 ms); and the convolution's output is never allocated."""
+    return True
+
+
+def takes_out(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
+    """Whether `conv3d` can write its result into `t`: `shape` and `dtype`, the channels innermost
+    and contiguous, 16-byte aligned rows, columns and frames, and a single sample or samples that
+    follow each other's frames (the output's frames and samples are one axis of its store) - such
+    as the new frames of a convolution's channels-last input buffer, between its halo rows."""
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.dim() != 5 or t.stride(1) != 1:
+        return False
+    size = t.element_size()
+    if t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[2:]):
+        return False
+    return t.shape[0] == 1 or t.stride(0) == t.shape[2] * t.stride(2)
 
 
 def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
@@ -200,9 +264,11 @@ if triton is not None:
 
     @triton.jit
     def _conv3x3x3_kernel(
-        xd, wd, yd, wd2, yd2, y_ptr, b_ptr, Tin, Tout, H, W, Ho, Wo, PH, PW, TILES,
+        xd, wd, yd, wd2, yd2, y_ptr, b_ptr, Tin, Tout, H, W, Ho, Wo, PH, PW, TILES, SF, SR, SC,
+        g_ptr, nb_ptr, p_ptr, scale, eps,
         CIN: tl.constexpr, COUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BN2: tl.constexpr,
-        BK: tl.constexpr, WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, ADD: tl.constexpr, STAGES: tl.constexpr,
+        BK: tl.constexpr, WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, ADD: tl.constexpr, NORM: tl.constexpr,
+        NORM_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, STAGES: tl.constexpr,
     ):
         # One program: BM output voxels of one output frame, all COUT channels (BN, then BN2 more in
         # a second accumulator fed by the same input box). Input frame t + kt feeds output frame t
@@ -235,14 +301,33 @@ if triton is not None:
                 b2 = wd2.load([tap * CIN + c0, BN])
                 acc2 = tl.dot(a, b2, acc2)
         # (ADD: the output's old values added; each program reads and writes only its own tile)
+        bias_on_store: tl.constexpr = HAS_BIAS and not NORM
+        if NORM:  # every output channel of a voxel is in this program: normalise before storing
+            dt = y_ptr.dtype.element_ty
+            acc, offs_n = _with_bias(acc, b_ptr, 0, COUT, BN, HAS_BIAS)
+            acc = acc.to(dt).to(tl.float32)  # the convolution's output as it would have been stored
+            if PRE_BIAS:
+                acc = norm_math.plus_bias(acc, p_ptr, offs_n, COUT, dt)
+            squares = tl.sum(acc * acc, axis=1)
+            if BN2 > 0:
+                acc2, offs_n2 = _with_bias(acc2, b_ptr, BN, COUT, BN2, HAS_BIAS)
+                acc2 = acc2.to(dt).to(tl.float32)
+                if PRE_BIAS:
+                    acc2 = norm_math.plus_bias(acc2, p_ptr, offs_n2, COUT, dt)
+                squares += tl.sum(acc2 * acc2, axis=1)
+            inv = norm_math.inverse_norm(squares, eps)
+            acc = norm_math.normalized(acc, inv, g_ptr, nb_ptr, offs_n, COUT, scale, NORM_BIAS, SILU, dt)
+            if BN2 > 0:
+                acc2 = norm_math.normalized(acc2, inv, g_ptr, nb_ptr, offs_n2, COUT, scale, NORM_BIAS, SILU, dt)
         if WRAP:
-            _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, 0, COUT, BM, BN, HAS_BIAS, ADD)
+            _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, 0, COUT, BM, BN, bias_on_store, ADD)
             if BN2 > 0:
-                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, BN, COUT, BM, BN2, HAS_BIAS, ADD)
+                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, BN, COUT, BM, BN2, bias_on_store,
+                               ADD)
         else:
-            _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, HAS_BIAS, ADD)
+            _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, bias_on_store, ADD)
             if BN2 > 0:
-                _store_row(acc2, yd2, b_ptr, nt, h0, w0, BN, COUT, BM, BN2, HAS_BIAS, ADD)
+                _store_row(acc2, yd2, b_ptr, nt, h0, w0, BN, COUT, BM, BN2, bias_on_store, ADD)
 
     @triton.jit
     def _with_bias(acc, b_ptr, n0, COUT, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -266,14 +351,14 @@ if triton is not None:
         yd.store([nt, h0, w0, n0], acc.to(yd.dtype).reshape(1, 1, BM, BN))
 
     @triton.jit
-    def _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, n0, COUT, BM: tl.constexpr, BN: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, ADD: tl.constexpr):
+    def _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, n0, COUT, BM: tl.constexpr,
+                       BN: tl.constexpr, HAS_BIAS: tl.constexpr, ADD: tl.constexpr):
         # outputs in the last W - Wo columns of a row are not outputs: masked out
         acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
         q = q0 + tl.arange(0, BM)
         row = q // W
         col = q % W
-        off = (nt * Ho + row).to(tl.int64) * (Wo * COUT) + col * COUT
+        off = nt.to(tl.int64) * SF + row * SR + col * SC
         mask = (col < Wo)[:, None] & (row < Ho)[:, None] & (offs_n < COUT)[None, :]
         at = y_ptr + off[:, None] + offs_n[None, :]
         if ADD:

@@ -44,7 +44,7 @@ import contextvars
 import torch
 import torch.nn.functional as F
 
-from . import conv_kernel
+from . import conv_kernel, norm_math
 from .triton_support import runs_on, tl, triton
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
@@ -152,11 +152,7 @@ if triton is not None:
         # Every spatial dim has its own stride, so x and y may be any strided views (a slice of a
         # larger buffer, too). Channels-last tensors load contiguous channel rows, contiguous ones
         # contiguous voxel rows; both coalesce.
-        # The arithmetic follows diffusers' WanRMS_norm step by step, rounding to the tensor dtype
-        # where diffusers materialises a tensor: normalize (fp32) -> dtype, * scale -> dtype,
-        # * gamma -> dtype, + bias -> dtype, then SiLU (computed in fp32) -> dtype. In fp32 the
-        # roundings vanish. What differs from PyTorch: the order of the sum of squares, and the
-        # division by the norm taken as one reciprocal per voxel times each channel.
+        # The arithmetic is norm_math's (diffusers' WanRMS_norm step by step, with its roundings).
         # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
         dt = y_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
@@ -170,7 +166,7 @@ if triton is not None:
         if CHUNKS >= 3:
             x2 = _norm_load(x_ptr + 2 * BLOCK_C * sxc, x_at, p_ptr + 2 * BLOCK_C, offs_c, mask, C, PRE_BIAS, dt)
             squares += tl.sum(x2 * x2, axis=1)
-        inv = 1.0 / tl.maximum(tl.sqrt(squares), eps)
+        inv = norm_math.inverse_norm(squares, eps)
         _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt)
         if CHUNKS >= 2:
             _norm_store(x1, inv, y_ptr + BLOCK_C * syc, y_at, w_ptr + BLOCK_C, b_ptr + BLOCK_C, offs_c, mask, C, scale,
@@ -184,22 +180,13 @@ if triton is not None:
         # one block of channels in fp32 (0 where masked), the convolution's bias added and rounded
         x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
         if PRE_BIAS:
-            p = tl.load(p_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
-            x = tl.where(mask, (x + p[None, :]).to(dt).to(tl.float32), 0.0)
+            x = tl.where(mask, norm_math.plus_bias(x, p_ptr, offs_c, C, dt), 0.0)
         return x
 
     @triton.jit
     def _norm_store(x, inv, y_ptr, at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS: tl.constexpr,
                     SILU: tl.constexpr, dt):
-        y = (x * inv[:, None]).to(dt).to(tl.float32)
-        y = (y * scale).to(dt).to(tl.float32)
-        w = tl.load(w_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
-        y = (y * w[None, :]).to(dt).to(tl.float32)
-        if HAS_BIAS:
-            b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
-            y = (y + b[None, :]).to(dt).to(tl.float32)
-        if SILU:  # y * sigmoid(y); exp(-y) as 2^(-y log2 e), one instruction fewer per element than tl.exp
-            y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
+        y = norm_math.normalized(x, inv, w_ptr, b_ptr, offs_c, C, scale, HAS_BIAS, SILU, dt)
         tl.store(y_ptr + at, y.to(dt), mask=mask)
 
 
@@ -240,10 +227,15 @@ def fused_bias_add_available(x: torch.Tensor) -> bool:
 
 
 def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args,
-                   add_to: torch.Tensor | None = None) -> torch.Tensor:
+                   add_to: torch.Tensor | None = None, norm: conv_kernel.NormEpilogue | None = None,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d; args: stride, padding, dilation, groups);
     with `add_to`, that result added to `add_to` in place and `add_to` returned (`add_to + conv(...)`,
-    rounded after the bias and after the sum as PyTorch's separate adds round).
+    rounded after the bias and after the sum as PyTorch's separate adds round). With `norm` (and
+    `out`, a tensor of the result's shape: the next convolution's input frames, say), `rms_norm` of
+    that result as `norm` says, written into `out`, which is returned: by the Triton kernel as it
+    stores (`conv_kernel.norms_in_epilogue`), so the convolution's output is never stored, else by
+    `rms_norm` after the convolution.
 
     In the fast tier, a 3-D convolution `conv_kernel.plan` takes runs as the Triton kernel of
     `conv_kernel` (bias added before its single rounding; `add_to` added in its epilogue where
@@ -253,6 +245,10 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     bias pass: the same bits (PyTorch's cuDNN path adds the bias in a separate pass too, rounding
     once), in one vectorised pass over the channels-last output instead of PyTorch's broadcasting
     kernel (benchmarks/norm_kernel.py times both). Elsewhere the plain call (then `add_to.add_`)."""
+    if norm is not None:
+        if out is None or add_to is not None:
+            raise ValueError("conv_with_bias: a norm needs `out` and takes no `add_to`")
+        return _conv_then_norm(conv, x, weight, bias, args, norm, out)
     if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
         how = conv_kernel.plan(x, weight, *args)  # (a bias of another dtype: PyTorch's error below)
         if how is not None:
@@ -267,6 +263,28 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if bias is None or bias.dtype != x.dtype or not fused_bias_add_available(x):  # (PyTorch's checks, errors)
         return conv(x, weight, bias, *args)
     return add_bias_(conv(x, weight, None, *args), bias)
+
+
+def norm_in_epilogue(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args):
+    """The Triton kernel's plan if `conv_with_bias(conv, x, weight, bias, *args, norm=..., out=...)`
+    would compute the norm in the kernel's epilogue (given an `out` that `conv_kernel.takes_out`),
+    else None."""
+    if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
+        how = conv_kernel.plan(x, weight, *args)
+        if how is not None and conv_kernel.norms_in_epilogue(how):
+            return how
+    return None
+
+
+def _conv_then_norm(conv, x, weight, bias, args, norm: conv_kernel.NormEpilogue, out: torch.Tensor) -> torch.Tensor:
+    """conv_with_bias's `norm`: in the kernel's epilogue where it takes this convolution and `out`,
+    else the convolution, then `rms_norm` into `out`."""
+    how = norm_in_epilogue(conv, x, weight, bias, *args)
+    if how is not None and conv_kernel.takes_out(out, conv_kernel.out_shape(x, weight, args[1]), x.dtype):
+        return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight),
+                                  norm=norm, out=out)
+    y = conv_with_bias(conv, x, weight, bias, *args)
+    return rms_norm(y, norm.gamma, norm.bias, norm.scale, norm.silu, norm.eps, norm.pre_bias, out=out)
 
 
 def add_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

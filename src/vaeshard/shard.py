@@ -170,27 +170,50 @@ class HaloCausalConv3d:
         return buf, core[:, :, tpad:], tpad if whole else 0
 
     def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
-                       add_to: torch.Tensor | None = None) -> torch.Tensor:
+                       add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
         exchanged for all but the first `ready` frames, then cuDNN applies the zero padding of the
         unsharded axis (no padded copy).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
         into the next norm (fast.move_bias_into_norm) is left out too. `add_to`: the result is added
-        to that tensor in place, which is returned (fast.conv_with_bias)."""
+        to that tensor in place, which is returned; `norm` (a conv_kernel.NormEpilogue) and `out`:
+        that norm of the result written into `out`, which is returned (fast.conv_with_bias)."""
         ctx = current()
-        padding = list(self._padding)
         if ctx is not None:
             before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
             if before or after:
                 ctx.fill_halo(buf[:, :, ready:], ctx.dim(buf), before, after)
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
+        bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
+        return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(ctx),
+                                        self.dilation, self.groups, add_to=add_to, norm=norm, out=out)
+
+    def norms_in_epilogue(self, buf: torch.Tensor) -> bool:
+        """Whether `forward_buffer(buf, norm=..., out=...)` computes the norm in the Triton kernel's
+        epilogue when `out` is the new frames of another causal convolution's input buffer (a single
+        sample's: with more, their frames do not follow each other there), else the norm kernel
+        runs after the convolution (fast.conv_with_bias)."""
+        bias = None if fast_tier.bias_moved(self) else self.bias
+        return buf.shape[0] == 1 and fast_tier.norm_in_epilogue(
+            F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(current()), self.dilation, self.groups)
+
+    def output_shape(self, buf: torch.Tensor) -> tuple[int, ...]:
+        """The shape `forward_buffer(buf)` gives (known before the buffer is written)."""
+        pads = self._buffer_padding(current())
+        dims = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+                for size, p, k, s, d in zip(buf.shape[2:], pads, self.kernel_size, self.stride, self.dilation)]
+        return (buf.shape[0], self.out_channels, *dims)
+
+    def _buffer_padding(self, ctx) -> tuple[int, int, int]:
+        """The (T, H, W) zero padding cuDNN applies to a buffer from `input_buffer`: none in time (the
+        buffer holds the causal frames), none on a sharded axis (halo rows), the rest as diffusers'."""
+        padding = list(self._padding)
+        if ctx is not None:
             slot = self._slot(ctx)
             padding[slot] = padding[slot + 1] = 0
-        bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
-        return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride, (0, padding[2], padding[0]),
-                                        self.dilation, self.groups, add_to=add_to)
+        return (0, padding[2], padding[0])
 
     def _causal_in_time(self) -> bool:
         """Whether each output frame sees its own input frame and the `kernel - 1` before it (stride

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import fast, shard
+from .. import conv_kernel, fast, shard
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
 
@@ -244,7 +244,8 @@ class WanLike:
         Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
         blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
         block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block's norms
-        write straight into the convolutions' input buffers (`FastResidualBlock`); the nearest
+        write straight into the convolutions' input buffers (`FastResidualBlock`; norm2 computed by
+        conv1's Triton kernel where it runs conv1); the nearest
         upsamplers skip their fp32 round trip, and an upsampling resample writes each upsampled
         frame straight into its 3x3 convolution's input buffer (`FastUpsample`).
         """
@@ -313,10 +314,11 @@ class FastResidualBlock:
     Fast tier, inference only: each fused norm (+ SiLU, + conv1's bias before norm2, see
     fast.move_bias_into_norm) writes straight into the next causal convolution's input buffer, behind
     the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
-    activations are never copied to build that input; on CUDA, conv2's bias and the residual are
-    added as the Triton convolution stores its output (`fast.conv_with_bias`'s `add_to`) or, after
-    cuDNN, in one pass (`fast.add_bias_and_residual_`), rounded as PyTorch's separate bias pass and
-    residual add round.
+    activations are never copied to build that input; where the Triton kernel runs conv1 (CUDA, one
+    sample), norm2 is computed in its epilogue into conv2's buffer, made before conv1 runs, so conv1's
+    output is never stored; on CUDA, conv2's bias and the residual are added as the Triton
+    convolution stores its output (`fast.conv_with_bias`'s `add_to`) or, after cuDNN, in one pass
+    (`fast.add_bias_and_residual_`), rounded as PyTorch's separate bias pass and residual add round.
     Where the layouts agree (on CUDA: channels-last both) the sum is written into the block's input
     (identity shortcut) or the shortcut's output, so the input, which diffusers' callers keep
     referenced until the block returns, is not a third full-size tensor beside the convolution's
@@ -379,13 +381,25 @@ class FastResidualBlock:
         # each activation is dropped as soon as the next buffer holds what is needed of it, so a
         # block holds at most its input (the residual), one convolution input and one output
         pending = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
+        fuse = fast.fused_bias_add_available(x)  # conv2's bias and the residual in one pass (CUDA)
         del x
-        y = pending.convolve()
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
-        fuse = fast.fused_bias_add_available(y)  # conv2's bias and the residual in one pass (CUDA)
-        pending = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
-        del y
+        if fuse and pending.norms_in_epilogue():
+            # conv1 writes silu(norm2(its output + its bias)) straight into conv2's input buffer, in
+            # the Triton kernel's epilogue: its output is never stored (conv2's buffer is made
+            # first, in place of that output)
+            first, pending = pending, None
+            like = torch.empty((), dtype=first.buf.dtype, device=first.buf.device).expand(first.output_shape())
+            pending = _causal_input(self.conv2, like, feat_cache, feat_idx, rows2)
+            n2 = self.norm2
+            first.convolve(norm=conv_kernel.NormEpilogue(n2.gamma, n2.bias, n2.scale, pre_bias=pre_bias),
+                           out=pending.new)
+            del first
+        else:
+            y = pending.convolve()
+            pending = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
+            del y
         # the sum goes into h where it has the convolution's output layout (on CUDA, channels-last
         # both): the block's output takes the storage of its input (or of the shortcut's output),
         # which diffusers' callers hold until the block returns and never read again (they reassign
@@ -511,19 +525,27 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
 def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None) -> _CausalInput:
     """silu(norm(x)) written into `conv`'s input buffer, with diffusers' feature-cache bookkeeping;
     `convolve()` on the result runs the convolution (`halo_rows`: see HaloCausalConv3d)."""
+    pending = _causal_input(conv, x, feat_cache, feat_idx, halo_rows)
+    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=pending.new)
+    return pending
+
+
+def _causal_input(conv, like, feat_cache, feat_idx, halo_rows=None) -> _CausalInput:
+    """`conv`'s input buffer for new frames shaped like `like` (a tensor; only its shape, dtype and
+    device are read), its cached frames in place, with diffusers' feature-cache bookkeeping: the
+    caller writes the new frames into the result's `new`, then calls `convolve()`."""
     cache, idx = None, None
     if feat_cache is not None:
         idx = feat_idx[0]
         cache = feat_cache[idx]
         feat_idx[0] += 1
-    buf, new, ready = conv.input_buffer(x, cache, halo_rows)
+    buf, new, ready = conv.input_buffer(like, cache, halo_rows)
     frames = buf[:, :, buf.shape[2] - new.shape[2] :]  # the new frames with their halo rows: the next cache
     if feat_cache is not None and new.shape[2] >= CACHE_T and not _cache_in_place(cache, frames):
         # the buffer holds the cached frames now and the new cache comes from the new frames alone:
         # release the old one first, so the two are never alive together
         feat_cache[idx] = cache = None
-    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=new)
-    return _CausalInput(conv, buf, frames, ready, halo_rows, feat_cache, idx, cache)
+    return _CausalInput(conv, buf, new, frames, ready, halo_rows, feat_cache, idx, cache)
 
 
 class _CausalInput:
@@ -533,17 +555,28 @@ class _CausalInput:
     strided one each way, and exchanges only its new frames. The same values: the halo rows of a
     cached frame are those the exchange would bring again."""
 
-    def __init__(self, conv, buf, frames, ready, halo_rows, feat_cache, idx, old):
-        self.conv, self.buf, self.frames, self.ready, self.halo_rows = conv, buf, frames, ready, halo_rows
+    def __init__(self, conv, buf, new, frames, ready, halo_rows, feat_cache, idx, old):
+        self.conv, self.buf, self.new, self.frames = conv, buf, new, frames
+        self.ready, self.halo_rows = ready, halo_rows
         self.feat_cache, self.idx, self.old = feat_cache, idx, old
 
-    def convolve(self, with_bias: bool = True, add_to: torch.Tensor | None = None) -> torch.Tensor:
+    def output_shape(self) -> tuple[int, ...]:
+        return self.conv.output_shape(self.buf)
+
+    def norms_in_epilogue(self) -> bool:
+        """Whether `convolve(norm=..., out=...)` would compute the norm in the convolution kernel's
+        epilogue into a causal input buffer (`HaloCausalConv3d.norms_in_epilogue`)."""
+        return self.conv.norms_in_epilogue(self.buf)
+
+    def convolve(self, with_bias: bool = True, add_to: torch.Tensor | None = None, norm=None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution (`HaloCausalConv3d.forward_buffer`; `add_to`: added to that tensor in
-        place, which is returned), then the cache update; the buffer is dropped."""
-        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to)
+        place, which is returned; `norm`, `out`: that norm of it written into `out`, returned), then
+        the cache update; the buffer is dropped."""
+        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out)
         if self.feat_cache is not None:  # (stream order: the buffer has read the old cache)
             _store_cache(self.feat_cache, self.idx, self.old, self.frames)
-        self.buf = self.frames = self.old = None
+        self.buf = self.new = self.frames = self.old = None
         return y
 
 

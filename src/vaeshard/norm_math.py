@@ -1,0 +1,42 @@
+"""The arithmetic of Wan's RMS norm (+ SiLU) on one block of voxels, as Triton device functions: one
+place for it, shared by the fast tier's norm kernel (fast.py) and the convolution kernel's epilogue
+that normalises as it stores (conv_kernel.py), so the two round at the same steps.
+
+The steps follow diffusers' `WanRMS_norm` and the SiLU after it, rounding to the tensor dtype `dt`
+where diffusers materialises a tensor: (a convolution's bias added -> dt), normalize in fp32 -> dt,
+* scale -> dt, * gamma -> dt, + bias -> dt, SiLU in fp32 -> dt (the caller's store). In fp32 the
+roundings vanish. What differs from PyTorch: the order of the sum of squares, and the division by
+the norm taken as one reciprocal per voxel times each channel.
+"""
+
+from __future__ import annotations
+
+from .triton_support import tl, triton
+
+if triton is not None:
+
+    @triton.jit
+    def plus_bias(x, p_ptr, offs_c, C, dt):
+        """x + a per-channel bias, rounded to dt (a convolution's bias pass), in fp32; 0 past C."""
+        p = tl.load(p_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+        return (x + p[None, :]).to(dt).to(tl.float32)
+
+    @triton.jit
+    def inverse_norm(squares, eps):
+        """1 / max(||x||, eps) per voxel, from its sum of squares (F.normalize's denominator)."""
+        return 1.0 / tl.maximum(tl.sqrt(squares), eps)
+
+    @triton.jit
+    def normalized(x, inv, w_ptr, b_ptr, offs_c, C, scale, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, dt):
+        """silu?(x * inv * scale * gamma + bias) with diffusers' roundings, in fp32 (the caller rounds
+        it to dt as it stores)."""
+        y = (x * inv[:, None]).to(dt).to(tl.float32)
+        y = (y * scale).to(dt).to(tl.float32)
+        w = tl.load(w_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+        y = (y * w[None, :]).to(dt).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
+            y = (y + b[None, :]).to(dt).to(tl.float32)
+        if SILU:  # y * sigmoid(y); exp(-y) as 2^(-y log2 e), one instruction fewer per element than tl.exp
+            y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
+        return y
