@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import logging
 import os
 import sys
 
@@ -23,6 +24,18 @@ import torch.distributed as dist
 
 import vaeshard
 from vaeshard.io import NAMED_CONFIGS
+
+
+class _Captures(logging.Handler):
+    """Counts the CUDA graph captures vaeshard logs (graphs.py), so a row says whether it replayed."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record):
+        self.count += "captured a steady decoder call" in record.getMessage()
+
 
 SHAPES = {"wan21": (1, 16, 5, 30, 52), "wan22": (1, 48, 5, 22, 40)}
 TOL = {"fp32": dict(max=1e-4, mean=None), "bf16": dict(max=5e-2, mean=2e-3)}
@@ -57,13 +70,18 @@ def main() -> int:
         name, dims = item.split("=")
         shapes[name] = tuple(int(v) for v in dims.split(","))
     rows, ok_all = [], True
+    captures = _Captures()
+    logging.getLogger("vaeshard").addHandler(captures)
+    logging.getLogger("vaeshard").setLevel(logging.DEBUG)
     if rank == 0:
         print(f"torch {torch.__version__}, GPU {torch.cuda.get_device_name() if device.type == 'cuda' else 'none'}, "
               f"world {world}")
         print("max|d|, mean|d|: vs the diffusers reference in the same dtype (tiled for tile, untiled otherwise);")
         print("vs fp32: the same result against diffusers' fp32 untiled decode (the bf16 noise floor)")
+        print("graphs: the fast tier's CUDA graph replay (graphs.py) was used, and its result equals the same")
+        print("request with cuda_graphs=False bit for bit ('=' yes, '!' no, '-' not replayed)")
         print(f"{'model':6} {'dtype':5} {'mode':30} {'strategy':22} {'max|d|':>9} {'mean|d|':>9} {'exact':>5} "
-              f"{'fp32 max':>9} {'fp32 mean':>9} ok", flush=True)
+              f"{'fp32 max':>9} {'fp32 mean':>9} graphs ok", flush=True)
         if args.out:
             open(args.out, "w").close()
 
@@ -71,7 +89,7 @@ def main() -> int:
         rows.append(r)
         print(f"{r['model']:6} {r['dtype']:5} {r['mode']:30} {r['strategy']:22} {r['max_diff']:9.2e} "
               f"{r['mean_diff']:9.2e} {str(r['bit_identical']):>5} {r['fp32_max']:9.2e} {r['fp32_mean']:9.2e} "
-              f"{r['ok']}", flush=True)
+              f"{r.get('graphs', '-'):>6} {r['ok']}", flush=True)
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(r) + "\n")
@@ -111,7 +129,15 @@ def main() -> int:
                 vaeshard.parallelize(vae, mode=mode, exact=exact_tier, frames_per_step=per_step,
                                      max_layer_frames=layer_frames)
                 strategy = vaeshard.plan(vae, z.shape, world, mode).strategy
+                captured = captures.count
                 out = vae.decode(z).sample
+                graphs = "-"
+                if captures.count > captured:  # the same request without graphs: the same bits?
+                    vaeshard.parallelize(vae, mode=mode, exact=exact_tier, frames_per_step=per_step,
+                                         max_layer_frames=layer_frames, cuda_graphs=False)
+                    eager = vae.decode(z).sample
+                    graphs = "=" if torch.equal(out, eager) else "!"
+                    del eager
                 if rank != 0:
                     continue
                 ref = refs["tiled"] if strategy == "tile" else refs["untiled"]
@@ -122,6 +148,7 @@ def main() -> int:
                     ok = d.max().item() <= tol["max"]
                 else:
                     ok = d.max().item() <= tol["max"] and (tol["mean"] is None or d.mean().item() <= tol["mean"])
+                ok = ok and graphs != "!"
                 ok_all &= ok
                 t = (out.float() - refs["fp32"]).abs()
                 label = mode + (" exact" if exact_tier else " fast") + (f" k={per_step}" if per_step != 1 else "")
@@ -129,7 +156,7 @@ def main() -> int:
                 emit(dict(model=model, dtype=dname, mode=label,
                                  strategy=strategy, world=world,
                                  shape=list(z.shape), max_diff=d.max().item(), mean_diff=d.mean().item(),
-                                 bit_identical=exact, ref_std=ref.std().item(), ok=ok,
+                                 bit_identical=exact, ref_std=ref.std().item(), ok=ok, graphs=graphs,
                                  fp32_max=t.max().item(), fp32_mean=t.mean().item()))
             del vae, plain, refs
             torch.cuda.empty_cache()

@@ -3,6 +3,8 @@
 
     torchrun --standalone --nproc_per_node=2 benchmarks/interleaved_ab.py --preset wan21-480p \\
         --setting triton_convs --values true,false --rounds 5
+    torchrun --standalone --nproc_per_node=2 benchmarks/interleaved_ab.py --preset wan21-720p \\
+        --setting mode --values spatial_shard_height,spatial_shard_width --rounds 3
 
 Separate `vaeshard bench` runs of the two values land in different processes, whose own pace can
 differ by more than the setting does (Wan 2.1 480p on 2 GPUs: 0.41-0.50 s for the same code,
@@ -32,13 +34,16 @@ def _value(text: str):
     low = text.strip().lower()
     if low in ("true", "false"):
         return low == "true"
-    return None if low == "none" else int(low)
+    if low == "none":
+        return None
+    return int(low) if low.lstrip("-").isdigit() else low  # e.g. cuda_graphs=auto
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="wan21-480p")
-    ap.add_argument("--setting", choices=FAST_TIER_SETTINGS, required=True)
+    ap.add_argument("--setting", choices=(*FAST_TIER_SETTINGS, "mode"), required=True,
+                    help="a fast-tier setting, or mode (then --values are two modes)")
     ap.add_argument("--values", required=True, help="two values, e.g. true,false or 1,2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mode", default="auto")
@@ -57,7 +62,8 @@ def main() -> None:
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
 
     def decode(value) -> float:
-        vaeshard.parallelize(vae, mode=args.mode, **{args.setting: value})
+        settings = {"mode": args.mode, args.setting: value}  # (--setting mode: the value is the mode)
+        vaeshard.parallelize(vae, **settings)
         if world > 1:
             dist.barrier()
         torch.cuda.synchronize()

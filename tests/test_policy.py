@@ -35,6 +35,39 @@ def test_auto_rule(wan, shape, world, expected):
     assert p.reason and "\n" not in p.reason
 
 
+@pytest.mark.parametrize(
+    "shape,world,op,expected",
+    [
+        ((1, 16, 21, 90, 160), 2, "decode", "spatial_shard_height"),  # Wan 2.1 720p: measured faster by height
+        ((1, 16, 21, 60, 104), 2, "decode", "spatial_shard_height"),  # 480p: likewise
+        ((1, 16, 5, 1, 104), 2, "decode", "spatial_shard_width"),  # one latent row: height cannot cover 2 ranks
+        ((1, 16, 21, 90, 160), 4, "decode", "spatial_shard_width"),  # not measured at 4 ranks: the baseline
+        ((1, 3, 17, 720, 1280), 2, "encode", "spatial_shard_width"),  # encode: the baseline
+    ],
+)
+def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(wan, shape, world, op, expected):
+    p = vaeshard.plan(wan, shape, world, op=op)
+    assert p.strategy == expected, p
+    if expected == "spatial_shard_height":
+        assert "measured faster by height" in p.reason
+
+
+def test_the_measured_axis_is_the_wan_2_1_layers_own():
+    # the refinement covers what was measured: Wan 2.1's layers (and Qwen-Image's, the same) on 2
+    # ranks; Wan 2.2 (measured within 1%) and AutoencoderKL keep the baseline rule
+    from vaeshard.families import family_for
+
+    for name, axis in (("wan21", "height"), ("qwenimage", "height"), ("wan22", None)):
+        vae = build(name)
+        vae.config.decoder_base_dim = None  # the small test models: give them the real layer widths
+        vae.register_to_config(base_dim=96 if axis else 160)
+        assert family_for(vae).decode_axis(vae, 2) == axis, name
+        assert family_for(vae).decode_axis(vae, 4) is None
+    kl = build("autoencoder_kl")
+    assert family_for(kl).decode_axis is None
+    assert vaeshard.plan(kl, (1, 4, 60, 104), 2).strategy == "spatial_shard_width"
+
+
 def test_auto_uses_tile_when_no_axis_covers_group_and_several_tiles(wan):
     wan.tile_sample_min_height = wan.tile_sample_min_width = 16
     wan.tile_sample_stride_height = wan.tile_sample_stride_width = 8

@@ -294,12 +294,23 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
     parser.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
                         help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
+    parser.add_argument("--cuda-graphs", type=_graphs_setting, default="auto", metavar="{auto,on,off}",
+                        help="fast tier, CUDA: replay a video decode's steady decoder calls as a CUDA graph (default "
+                             "auto: where each rank's frames are small enough for the host to pace the decode)")
     parser.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                         help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
     parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
                         help="fast tier: frames a decoder layer takes at once, at least 2 (default: all; fewer: less memory)")
     parser.add_argument("--no-triton-convs", dest="triton_convs", action="store_false",
                         help="fast tier: run every convolution on cuDNN, none on vaeshard's own Triton kernel")
+
+
+def _graphs_setting(text: str):
+    """--cuda-graphs: auto, on or off -> VaeParallelConfig.cuda_graphs ("auto", True, False)."""
+    value = {"auto": "auto", "on": True, "off": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
+    return value
 
 
 def _tier_options(args) -> dict:

@@ -10,7 +10,8 @@ OUTPUTS: tuple[str, ...] = ("all", "rank0")
 SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
 # The fast tier's settings (VaeParallelConfig fields, `fast.tier` arguments, `parallelize` keywords and
 # the command line's option destinations all carry these names).
-FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames", "triton_convs")
+FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames", "triton_convs",
+                                       "cuda_graphs")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,13 @@ class VaeParallelConfig:
              faster than cuDNN (Wan 2.1's and Qwen-Image's 96- and 192-channel layers at 720p, and
              sharded by width; see conv_kernel.py) run as that kernel (True, default); False runs
              cuDNN everywhere.
+    cuda_graphs: fast tier, causal video VAEs on CUDA: the decoder calls of a request that share
+             one shape (all but the first two and a shorter last one) are captured once as a CUDA
+             graph and replayed (graphs.py): the same kernels and values, launched by the host
+             once per call instead of a few hundred times, so a decode the host paces (small
+             frames per rank) goes at the GPU's pace. "auto" (default): where a rank's output
+             frame is at most graphs.AUTO_MAX_PIXELS pixels, as measured (a decode the GPU paces
+             ran slower replayed); True: always; False: every call eagerly.
     """
 
     size: int | None = None
@@ -60,6 +68,7 @@ class VaeParallelConfig:
     frames_per_step: int = 1
     max_layer_frames: int | None = None
     triton_convs: bool = True
+    cuda_graphs: bool | str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -73,6 +82,8 @@ class VaeParallelConfig:
                 raise ValueError(f"size must be at least 1, got {self.size}")
         if not isinstance(self.exact, bool):
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
+        if not (isinstance(self.cuda_graphs, bool) or self.cuda_graphs == "auto"):
+            raise TypeError(f"cuda_graphs must be True, False or 'auto', got {self.cuda_graphs!r}")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if not isinstance(self.triton_convs, bool):

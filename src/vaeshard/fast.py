@@ -34,6 +34,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   that many frames at once, the causal cache handed from part to part (less activation memory).
   Their residual blocks and upsamplers overwrite each causal cache in place once it has its steady
   shape, instead of making a new tensor per decoder call (the same values, less memory reserved).
+  On CUDA their steady decoder calls (all but the first two and a shorter last one) are replayed
+  as one CUDA graph per request where a rank's frames are small (`cuda_graphs="auto"`; True: always,
+  False: never; graphs.py: the same kernels, one launch from the host instead of hundreds).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", de
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
 _max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
 _triton_convs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_triton_convs", default=True)
+_cuda_graphs: contextvars.ContextVar[bool | str] = contextvars.ContextVar("vaeshard_cuda_graphs", default=False)
 
 
 def enabled() -> bool:
@@ -69,9 +73,15 @@ def max_layer_frames() -> int | None:
     return _max_layer_frames.get() if _fast.get() else None
 
 
+def cuda_graphs() -> bool | str:
+    """Whether a causal video decoder replays its steady calls as a CUDA graph in this request: True,
+    False or "auto" (graphs.wanted decides from the frame size; False outside the fast tier)."""
+    return _cuda_graphs.get() if _fast.get() else False
+
+
 @contextlib.contextmanager
 def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None,
-         triton_convs: bool = True):
+         triton_convs: bool = True, cuda_graphs: bool | str = "auto"):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
@@ -79,11 +89,13 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
     `frames_per_step`, `max_layer_frames` (fast tier only): see the functions of those names and
     VaeParallelConfig.
+    `cuda_graphs` (fast tier only): see the function of that name and VaeParallelConfig.
     `triton_convs` (fast tier only): the convolutions `conv_kernel.plan` takes run as that module's
     Triton kernel instead of cuDNN (False: cuDNN everywhere).
     """
     token = _fast.set(fast)
     convs = _triton_convs.set(triton_convs)
+    graphed = _cuda_graphs.set(cuda_graphs)
     steps = _frames_per_step.set(frames_per_step)
     parts = _max_layer_frames.set(max_layer_frames)
     benchmark = torch.backends.cudnn.benchmark
@@ -93,6 +105,7 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
         yield
     finally:
         torch.backends.cudnn.benchmark = benchmark
+        _cuda_graphs.reset(graphed)
         _max_layer_frames.reset(parts)
         _frames_per_step.reset(steps)
         _triton_convs.reset(convs)

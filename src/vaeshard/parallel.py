@@ -54,6 +54,7 @@ def parallelize(
     frames_per_step: int = 1,
     max_layer_frames: int | None = None,
     triton_convs: bool = True,
+    cuda_graphs: bool | str = "auto",
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -72,7 +73,8 @@ def parallelize(
     family = family_for(vae)
     config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
                                cudnn_benchmark=cudnn_benchmark, frames_per_step=frames_per_step,
-                               max_layer_frames=max_layer_frames, triton_convs=triton_convs)
+                               max_layer_frames=max_layer_frames, triton_convs=triton_convs,
+                               cuda_graphs=cuda_graphs)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):

@@ -102,6 +102,11 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
     candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size]
     if not candidates:
         return not_spatial(f"neither latent height {h} nor width {w} covers {world_size} ranks", False)
+    measured = family.decode_axis(vae, world_size) if op == "decode" and family.decode_axis else None
+    for extent, axis in candidates:
+        if axis == measured:  # the family's measured refinement (DESIGN.md: only where BENCHMARKS.md shows it)
+            return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} covers {world_size} ranks, and {family.name} "
+                        f"decodes over {world_size} ranks measured faster by {axis} (BENCHMARKS.md)")
     # the longer axis; width wins ties (rows of a wide frame stay contiguous and halos stay short)
     extent, axis = max(candidates, key=lambda c: (c[0], c[1] == "width"))
     return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} is the longer axis covering {world_size} ranks")

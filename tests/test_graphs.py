@@ -1,0 +1,151 @@
+"""CUDA graph replay of a video decoder's steady calls (graphs.py): what can be checked without a GPU.
+
+The capture itself needs CUDA; its values are checked on the GPU by benchmarks/gpu_parity.py (graphs
+on against graphs off, bit for bit, and against diffusers). Here: the cache bookkeeping that makes a
+replay read what the eager call would, which decoder calls the Wan loop marks as steady, and the
+setting's plumbing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from .models import build, latent
+
+
+def test_copy_back_writes_replaced_cache_entries_into_the_old_tensors():
+    from vaeshard.graphs import _copy_back
+
+    kept = torch.randn(2, 3)
+    old = torch.randn(1, 2, 2, 3)
+    new = torch.randn(1, 2, 2, 3)
+    before = [None, kept, old]
+    after = [None, kept, new]
+    _copy_back(before, after)
+    assert torch.equal(old, new) and old is not new
+    assert after[2] is new  # the caller restores the list; _copy_back only moves values
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        (torch.zeros(1, 2, 2), torch.zeros(1, 2, 1), "changed from"),
+        (torch.zeros(2), torch.zeros(2, dtype=torch.float64), "changed from"),
+        ("Rep", torch.zeros(2), "not a tensor"),
+        (None, torch.zeros(2), "not a tensor"),
+    ],
+)
+def test_copy_back_refuses_a_call_that_is_not_steady(old, new, message):
+    from vaeshard.graphs import CaptureFailed, _copy_back
+
+    with pytest.raises(CaptureFailed, match=message):
+        _copy_back([old], [new])
+    with pytest.raises(CaptureFailed, match="number of cache entries"):
+        _copy_back([old], [old, new])
+
+
+def test_decoder_steps_off_the_gpu_run_every_call_eagerly():
+    from vaeshard.graphs import DecoderSteps
+
+    seen = []
+    with DecoderSteps(torch.device("cpu"), graphs=True, num_calls=21) as steps:
+        assert not steps.enabled
+        for k in range(21):
+            y = steps.call(lambda x: seen.append(x) or x * 2, torch.full((1,), float(k)), [], steady=k > 0)
+            assert y.item() == 2 * k
+    assert len(seen) == 21 and not steps.captured
+
+
+@pytest.mark.parametrize("num_frames,per_step,expected", [
+    (6, 1, [False, True, True, True, True, True]),
+    (6, 2, [False, True, True, False]),  # 1 + 2 + 2 + 1 frames: the shorter last call is not steady
+    (7, 3, [False, True, True]),
+    (1, 2, [False]),
+])
+def test_wan_loop_marks_the_calls_of_one_shape_steady(monkeypatch, num_frames, per_step, expected):
+    import vaeshard
+    from vaeshard import graphs
+
+    made = []
+
+    class Recorder(graphs.DecoderSteps):
+        def __init__(self, device, enabled, num_calls):
+            super().__init__(device, enabled, num_calls)
+            self.flags, self.shapes = [], []
+            made.append(self)
+
+        def call(self, step, x, state, steady):
+            self.flags.append(steady)
+            self.shapes.append(x.shape[2])
+            return super().call(step, x, state, steady)
+
+    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    vae = vaeshard.parallelize(build("wan21"), frames_per_step=per_step)
+    z = latent((1, 4, num_frames, 4, 3))
+    out = vae.decode(z).sample
+    with torch.no_grad():
+        ref = build("wan21").decode(z).sample
+    assert (out - ref).abs().max() <= 1e-5
+    (steps,) = made
+    assert steps.flags == expected
+    assert steps.num_calls == len(expected)
+    steady_frames = {n for n, f in zip(steps.shapes, steps.flags) if f}
+    assert steady_frames <= {per_step}
+
+
+@pytest.mark.parametrize("exact,cuda_graphs,seen", [(False, True, True), (False, False, False), (True, True, False),
+                                                     (False, "auto", "auto")])
+def test_cuda_graphs_setting_reaches_the_request(exact, cuda_graphs, seen):
+    import vaeshard
+    from vaeshard import fast
+
+    for wrong in (1, "on", None):
+        with pytest.raises(TypeError, match="cuda_graphs must be True, False or 'auto'"):
+            vaeshard.parallelize(build("wan21"), cuda_graphs=wrong)
+    vae = vaeshard.parallelize(build("wan21"), exact=exact, cuda_graphs=cuda_graphs)
+    values = []
+    handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: values.append(fast.cuda_graphs()))
+    try:
+        vae.decode(latent((1, 4, 2, 3, 3)))
+    finally:
+        handle.remove()
+    assert values and set(values) == {seen}
+    assert fast.cuda_graphs() is False  # outside a request
+
+
+def test_auto_replays_where_a_rank_s_frames_are_small():
+    # "auto": replayed at Wan 2.1 480p on 2 ranks (measured faster: the host paced the eager decode),
+    # not at 720p on 1 or 2 (measured slower: the GPU paced it); True and False as given
+    from vaeshard.graphs import AUTO_MAX_PIXELS, wanted
+
+    assert wanted("auto", 832 * 480 // 2) and not wanted("auto", 1280 * 720 // 2) and not wanted("auto", 1280 * 720)
+    assert wanted("auto", AUTO_MAX_PIXELS) and not wanted("auto", AUTO_MAX_PIXELS + 1)
+    assert wanted(True, 10**9) and not wanted(False, 1)
+
+
+@pytest.mark.parametrize("mode,graphed", [("auto", True), ("off", False), ("on", True)])
+def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, graphed):
+    # the loop passes DecoderSteps what graphs.wanted answers for the rank's own output frame (a
+    # small model's frame is far below the threshold); off the GPU it then runs eagerly all the same
+    import vaeshard
+    from vaeshard import cli, graphs
+
+    asked = []
+    real = graphs.wanted
+    monkeypatch.setattr(graphs, "wanted", lambda setting, pixels: asked.append((setting, pixels)) or real(setting, pixels))
+    made = []
+
+    class Recorder(graphs.DecoderSteps):
+        def __init__(self, device, enabled, num_calls):
+            super().__init__(device, enabled, num_calls)
+            made.append(enabled)
+
+    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    setting = cli._graphs_setting(mode)
+    with pytest.raises(Exception, match="expected auto, on or off"):
+        cli._graphs_setting("yes")
+    vae = vaeshard.parallelize(build("wan21"), cuda_graphs=setting)
+    vae.decode(latent((1, 4, 3, 4, 3)))
+    ratio = vae.spatial_compression_ratio
+    assert asked == [(setting, 4 * 3 * ratio * ratio)] and made == [graphed]
