@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vaeshard import comm as comm_mod
-from vaeshard import fast, shard
+from vaeshard import conv_kernel, fast, shard
 from vaeshard.bench import PRESETS
 from vaeshard.families import family_for
 from vaeshard.io import NAMED_CONFIGS
@@ -139,7 +139,9 @@ class StandInComm(comm_mod.Comm):
 def cuda_kernels():
     """The fast tier's CUDA path: the fused norm, the bias + residual pass and the bias pass as one
     kernel each, which allocate nothing beyond their output (the eager CPU path makes fp32
-    temporaries)."""
+    temporaries); the Triton convolution where `conv_kernel.plan` takes a convolution on CUDA,
+    allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues);
+    its GEMM weights are made at a process's first request and kept, so not counted."""
 
     def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
         return out if out is not None else torch.empty_like(x)
@@ -153,6 +155,17 @@ def cuda_kernels():
     for name in saved:
         setattr(fast, name, stand_ins[name])
 
+    def conv3d(x, weight, bias, padding, how, gemm_weight=None, add_to=None, norm=None, out=None):
+        if add_to is not None or out is not None:
+            return add_to if add_to is not None else out
+        return torch.empty(conv_kernel.out_shape(x, weight, padding), dtype=x.dtype, device=x.device,
+                           memory_format=torch.channels_last_3d)
+
+    kernel_stand_ins = {"runs_on": lambda x: True, "conv3d": conv3d, "cached_gemm_weight": lambda w: w}
+    kernel_saved = {name: getattr(conv_kernel, name) for name in kernel_stand_ins if hasattr(conv_kernel, name)}
+    for name in kernel_saved:
+        setattr(conv_kernel, name, kernel_stand_ins[name])
+
     def sdpa(q, k, v, *args, **kwargs):  # CUDA's fused attention kernels allocate only the output
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
@@ -164,6 +177,8 @@ def cuda_kernels():
         torch.nn.functional.scaled_dot_product_attention = sdpa_original
         for name, original in saved.items():
             setattr(fast, name, original)
+        for name, original in kernel_saved.items():
+            setattr(conv_kernel, name, original)
 
 
 class CopiedBytes(TorchDispatchMode):
@@ -232,6 +247,8 @@ def main() -> None:
     ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (default 1)")
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
     ap.add_argument("--copies", action="store_true", help="also: bytes written by copies, by source line")
+    ap.add_argument("--axis", default="auto", choices=("auto", shard.HEIGHT, shard.WIDTH),
+                    help="the sharded axis (default: the one `auto` picks)")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -245,15 +262,19 @@ def main() -> None:
     vaeshard.parallelize(vae)
     z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     for ranks in (int(r) for r in args.ranks.split(",")):
-        peak, sites = predicted_peak(vae, z, ranks, frames_per_step=args.frames_per_step,
+        axis = args.axis
+        if axis == "auto":  # the axis `auto` shards along (width where it would not shard)
+            axis = shard.HEIGHT if vaeshard.plan(vae, shape, ranks).strategy == "spatial_shard_height" else shard.WIDTH
+        peak, sites = predicted_peak(vae, z, ranks, axis, frames_per_step=args.frames_per_step,
                                      max_layer_frames=args.max_layer_frames)
-        print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s), frames_per_step {args.frames_per_step}, "
-              f"max_layer_frames {args.max_layer_frames}: predicted peak {peak / 2**30:.2f} GiB per rank "
-              "above weights and latent", flush=True)
+        print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s)" + (f" by {axis}" if ranks > 1 else "")
+              + f", frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: predicted "
+              f"peak {peak / 2**30:.2f} GiB per rank above weights and latent", flush=True)
         for site, size in sites[: args.top]:
             print(f"    {size / 2**30:6.2f} GiB  {site}")
         if args.copies:
-            rows = copied_bytes(vae, z, ranks, frames_per_step=args.frames_per_step, max_layer_frames=args.max_layer_frames)
+            rows = copied_bytes(vae, z, ranks, axis, frames_per_step=args.frames_per_step,
+                                max_layer_frames=args.max_layer_frames)
             print(f"  written by copies, clones, concatenations and zero fills: {sum(b for _, b, _ in rows) / 1e9:.1f} GB; "
                   f"by operation and source line:")
             for key, nbytes, calls in rows[: args.top]:

@@ -341,8 +341,8 @@ class FastResidualBlock:
     fast.move_bias_into_norm) writes straight into the next causal convolution's input buffer, behind
     the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
     activations are never copied to build that input; where the Triton kernel runs conv1 (CUDA, one
-    sample), norm2 is computed in its epilogue into conv2's buffer, made before conv1 runs, so conv1's
-    output is never stored; on CUDA, conv2's bias and the residual are added as the Triton
+    sample, no `max_layer_frames`), norm2 is computed in its epilogue into conv2's buffer, made before
+    conv1 runs, so conv1's output is never stored; on CUDA, conv2's bias and the residual are added as the Triton
     convolution stores its output (`fast.conv_with_bias`'s `add_to`) or, after cuDNN, in one pass
     (`fast.add_bias_and_residual_`), rounded as PyTorch's separate bias pass and residual add round.
     Where the layouts agree (on CUDA: channels-last both) the sum is written into the block's input
@@ -405,16 +405,19 @@ class FastResidualBlock:
         one_exchange = _one_exchange(self, x)
         rows1, rows2 = ((2, 2), (0, 0)) if one_exchange else (None, None)
         # each activation is dropped as soon as the next buffer holds what is needed of it, so a
-        # block holds at most its input (the residual), one convolution input and one output
+        # block holds at most its input (the residual), one convolution input and one output (or,
+        # where conv1 computes norm2 as it stores, the two convolutions' inputs)
         pending = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
         fuse = fast.fused_bias_add_available(x)  # conv2's bias and the residual in one pass (CUDA)
         del x
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
-        if fuse and pending.norms_in_epilogue():
+        if fuse and fast.max_layer_frames() is None and pending.norms_in_epilogue():
             # conv1 writes silu(norm2(its output + its bias)) straight into conv2's input buffer, in
             # the Triton kernel's epilogue: its output is never stored (conv2's buffer is made
-            # first, in place of that output)
+            # first, in place of that output, so both inputs are alive during conv1: two cached
+            # frames more than conv1's input and output. max_layer_frames, the setting for a peak
+            # as low as possible, keeps the order below, one convolution input at a time.)
             first, pending = pending, None
             like = torch.empty((), dtype=first.buf.dtype, device=first.buf.device).expand(first.output_shape())
             pending = _causal_input(self.conv2, like, feat_cache, feat_idx, rows2)
