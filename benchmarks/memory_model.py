@@ -248,7 +248,7 @@ def main() -> None:
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
     ap.add_argument("--copies", action="store_true", help="also: bytes written by copies, by source line")
     ap.add_argument("--axis", default="auto", choices=("auto", shard.HEIGHT, shard.WIDTH),
-                    help="the sharded axis (default: the one `auto` picks)")
+                    help="the sharded axis (default: the one `auto` picks on CUDA)")
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -263,8 +263,11 @@ def main() -> None:
     z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
     for ranks in (int(r) for r in args.ranks.split(",")):
         axis = args.axis
-        if axis == "auto":  # the axis `auto` shards along (width where it would not shard)
-            axis = shard.HEIGHT if vaeshard.plan(vae, shape, ranks).strategy == "spatial_shard_height" else shard.WIDTH
+        if axis == "auto":  # the axis `auto` would shard along on CUDA (the model's VAE is on meta)
+            family = family_for(vae)
+            wanted = family.decode_axis(vae, ranks, torch.device("cuda")) if family.decode_axis else None
+            plan = vaeshard.plan(vae, shape, ranks)
+            axis = wanted or (shard.HEIGHT if plan.strategy == "spatial_shard_height" else shard.WIDTH)
         peak, sites = predicted_peak(vae, z, ranks, axis, frames_per_step=args.frames_per_step,
                                      max_layer_frames=args.max_layer_frames)
         print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s)" + (f" by {axis}" if ranks > 1 else "")

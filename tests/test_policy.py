@@ -45,11 +45,19 @@ def test_auto_rule(wan, shape, world, expected):
         ((1, 3, 17, 720, 1280), 2, "encode", "spatial_shard_width"),  # encode: the baseline
     ],
 )
-def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(wan, shape, world, op, expected):
+def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(monkeypatch, wan, shape, world, op,
+                                                                          expected):
+    import torch
+
+    from vaeshard import policy
+
+    # on CPU, where it was not measured, the baseline rule: the longer axis (width for all of these)
+    assert vaeshard.plan(wan, shape, world, op=op).strategy == "spatial_shard_width"
+    monkeypatch.setattr(policy, "_device_of", lambda vae: torch.device("cuda"))  # the VAE as if on a GPU
     p = vaeshard.plan(wan, shape, world, op=op)
     assert p.strategy == expected, p
     if expected == "spatial_shard_height":
-        assert "measured faster by height" in p.reason
+        assert "on cuda measured faster by height" in p.reason
 
 
 def test_the_measured_axis_is_the_wan_2_1_layers_own():
@@ -57,12 +65,16 @@ def test_the_measured_axis_is_the_wan_2_1_layers_own():
     # ranks; Wan 2.2 (measured within 1%) and AutoencoderKL keep the baseline rule
     from vaeshard.families import family_for
 
+    import torch
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for name, axis in (("wan21", "height"), ("qwenimage", "height"), ("wan22", None)):
         vae = build(name)
         vae.config.decoder_base_dim = None  # the small test models: give them the real layer widths
         vae.register_to_config(base_dim=96 if axis else 160)
-        assert family_for(vae).decode_axis(vae, 2) == axis, name
-        assert family_for(vae).decode_axis(vae, 4) is None
+        assert family_for(vae).decode_axis(vae, 2, cuda) == axis, name
+        assert family_for(vae).decode_axis(vae, 4, cuda) is None
+        assert family_for(vae).decode_axis(vae, 2, cpu) is None
     kl = build("autoencoder_kl")
     assert family_for(kl).decode_axis is None
     assert vaeshard.plan(kl, (1, 4, 60, 104), 2).strategy == "spatial_shard_width"

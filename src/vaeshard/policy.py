@@ -1,4 +1,5 @@
-"""Which strategy a request takes: `plan()` answers from shapes and counts alone (no collectives)."""
+"""Which strategy a request takes: `plan()` answers from shapes, counts and the VAE's device alone (no
+collectives)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,14 @@ def _axis_extents(shape, op: str, vae) -> tuple[int, int]:
         ratio = vae.spatial_compression_ratio
         return (h // ratio if h % ratio == 0 else 0), (w // ratio if w % ratio == 0 else 0)
     return h, w
+
+
+def _device_of(vae):
+    """The device the VAE's weights are on (where its decode runs); CPU for a VAE without any."""
+    import torch
+
+    first = next(vae.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "decode", size: int | None = None) -> Plan:
@@ -102,11 +111,12 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
     candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size]
     if not candidates:
         return not_spatial(f"neither latent height {h} nor width {w} covers {world_size} ranks", False)
-    measured = family.decode_axis(vae, world_size) if op == "decode" and family.decode_axis else None
+    device = _device_of(vae)
+    measured = family.decode_axis(vae, world_size, device) if op == "decode" and family.decode_axis else None
     for extent, axis in candidates:
         if axis == measured:  # the family's measured refinement (DESIGN.md: only where BENCHMARKS.md shows it)
             return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} covers {world_size} ranks, and {family.name} "
-                        f"decodes over {world_size} ranks measured faster by {axis} (BENCHMARKS.md)")
+                        f"decodes over {world_size} ranks on {device.type} measured faster by {axis} (BENCHMARKS.md)")
     # the longer axis; width wins ties (rows of a wide frame stay contiguous and halos stay short)
     extent, axis = max(candidates, key=lambda c: (c[0], c[1] == "width"))
     return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} is the longer axis covering {world_size} ranks")

@@ -35,9 +35,9 @@ class Family:
     install_layers: object = None  # vae -> None: swap in request-aware layers (halo, fast tier; idempotent)
     uninstall_layers: object = None  # vae -> None
     release: object = None  # vae -> None: drop request scratch the model keeps (e.g. feature caches)
-    # (vae, ranks) -> "height" | "width" | None: `auto`'s axis for a spatially sharded decode where
-    # BENCHMARKS.md measured it faster than the baseline rule's pick (the longer axis), used when that
-    # axis covers the group; None (or no callable): the baseline rule
+    # (vae, ranks, device) -> "height" | "width" | None: `auto`'s axis for a spatially sharded decode
+    # on that device where BENCHMARKS.md measured it faster than the baseline rule's pick (the longer
+    # axis), used when that axis covers the group; None (or no callable): the baseline rule
     decode_axis: object = None
     notes: dict = field(default_factory=dict)
 

@@ -319,16 +319,16 @@ class WanLike:
         )
 
     @staticmethod
-    def decode_axis(vae, ranks: int) -> str | None:
-        """`auto`'s measured refinement (Family.decode_axis): a decode over 2 ranks of a VAE with Wan
-        2.1's layers (96 channels at full resolution: Wan 2.1, and Qwen-Image, its architecture) by
-        height. Measured in the same processes on 2 H200s (BENCHMARKS.md, "Which axis"): Wan 2.1 720p
-        0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; its channels-last halo
-        rows are contiguous, and the Triton kernel's row tiles add the residual and compute the norm
-        as they store. Wan 2.2 (256 channels there, on cuDNN) measured within 1% either way (2.030
-        against 2.015 s), and other rank counts were not measured: the baseline rule."""
+    def decode_axis(vae, ranks: int, device: torch.device) -> str | None:
+        """`auto`'s measured refinement (Family.decode_axis): a CUDA decode over 2 ranks of a VAE with
+        Wan 2.1's layers (96 channels at full resolution: Wan 2.1, and Qwen-Image, its architecture)
+        by height. Measured in the same processes on 2 H200s (BENCHMARKS.md, "Which axis"): Wan 2.1
+        720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; its channels-last
+        halo rows are contiguous, and the Triton kernel's row tiles add the residual and compute the
+        norm as they store. Wan 2.2 (256 channels there, on cuDNN) measured within 1% either way
+        (2.030 against 2.015 s); other rank counts and CPU decodes were not measured: the baseline."""
         base = getattr(vae.config, "decoder_base_dim", None) or getattr(vae.config, "base_dim", None)
-        return "height" if ranks == 2 and base == 96 else None
+        return "height" if device.type == "cuda" and ranks == 2 and base == 96 else None
 
 
 CACHE_T = 2  # frames of a causal convolution's input that diffusers keeps for the next chunk
