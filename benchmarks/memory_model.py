@@ -29,13 +29,14 @@ import contextlib
 import traceback
 import weakref
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vaeshard import comm as comm_mod
-from vaeshard import conv_kernel, fast, shard
+from vaeshard import conv_kernel, fast, policy, shard
 from vaeshard.bench import PRESETS
 from vaeshard.families import family_for
 from vaeshard.io import NAMED_CONFIGS
@@ -264,10 +265,9 @@ def main() -> None:
     for ranks in (int(r) for r in args.ranks.split(",")):
         axis = args.axis
         if axis == "auto":  # the axis `auto` would shard along on CUDA (the model's VAE is on meta)
-            family = family_for(vae)
-            wanted = family.decode_axis(vae, ranks, torch.device("cuda")) if family.decode_axis else None
-            plan = vaeshard.plan(vae, shape, ranks)
-            axis = wanted or (shard.HEIGHT if plan.strategy == "spatial_shard_height" else shard.WIDTH)
+            with mock.patch.object(policy, "_device_of", lambda vae: torch.device("cuda")):
+                strategy = vaeshard.plan(vae, shape, ranks).strategy
+            axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
         peak, sites = predicted_peak(vae, z, ranks, axis, frames_per_step=args.frames_per_step,
                                      max_layer_frames=args.max_layer_frames)
         print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s)" + (f" by {axis}" if ranks > 1 else "")

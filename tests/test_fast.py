@@ -612,8 +612,8 @@ def _recorded_inputs():
     record = []
     causal, flat = shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer
 
-    def causal_buffer(self, like, cache_x, halo_rows=None):
-        buf, new, ready = causal(self, like, cache_x, halo_rows)
+    def causal_buffer(self, like, cache_x, halo_rows=None, shape=None):
+        buf, new, ready = causal(self, like, cache_x, halo_rows, shape)
         record.append(("causal", buf.shape[2] - self._padding[4]))  # frames less the cached / causal ones
         return buf, new, ready
 

@@ -262,13 +262,12 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         if out is None or add_to is not None:
             raise ValueError("conv_with_bias: a norm needs `out` and takes no `add_to`")
         return _conv_then_norm(conv, x, weight, bias, args, norm, out)
-    if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
-        how = conv_kernel.plan(x, weight, *args)  # (a bias of another dtype: PyTorch's error below)
-        if how is not None:
-            into = add_to if add_to is not None and conv_kernel.adds_in_epilogue(how) and conv_kernel.takes_add_to(
-                add_to, conv_kernel.out_shape(x, weight, args[1]), x.dtype) else None
-            y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight), into)
-            return y if into is not None or add_to is None else add_bias_and_residual_(y, None, add_to, True)
+    how = _kernel_plan(conv, x, weight, bias, args)
+    if how is not None:
+        into = add_to if add_to is not None and conv_kernel.adds_in_epilogue(how) and conv_kernel.takes_add_to(
+            add_to, conv_kernel.out_shape(x, weight, args[1]), x.dtype) else None
+        y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight), into)
+        return y if into is not None or add_to is None else add_bias_and_residual_(y, None, add_to, True)
     if add_to is not None:
         fused = bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
         y = conv(x, weight, None if fused else bias, *args)
@@ -278,15 +277,21 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return add_bias_(conv(x, weight, None, *args), bias)
 
 
+def _kernel_plan(conv, x, weight, bias, args) -> conv_kernel.ConvPlan | None:
+    """The Triton kernel's plan for `conv(x, weight, bias, *args)` in this request, or None (not the
+    fast tier, triton_convs off, a bias of another dtype, which PyTorch's own call rejects, or a
+    convolution `conv_kernel.plan` leaves to cuDNN)."""
+    if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
+        return conv_kernel.plan(x, weight, *args)
+    return None
+
+
 def norm_in_epilogue(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args):
     """The Triton kernel's plan if `conv_with_bias(conv, x, weight, bias, *args, norm=..., out=...)`
     would compute the norm in the kernel's epilogue (given an `out` that `conv_kernel.takes_out`),
     else None."""
-    if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
-        how = conv_kernel.plan(x, weight, *args)
-        if how is not None and conv_kernel.norms_in_epilogue(how):
-            return how
-    return None
+    how = _kernel_plan(conv, x, weight, bias, args)
+    return how if how is not None and conv_kernel.norms_in_epilogue(how) else None
 
 
 def _conv_then_norm(conv, x, weight, bias, args, norm: conv_kernel.NormEpilogue, out: torch.Tensor) -> torch.Tensor:

@@ -139,11 +139,11 @@ class HaloCausalConv3d:
     # the caller wrote those rows itself (such a wider output), nothing is received, and at the
     # global edges the rows become the zero padding.
 
-    def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None, halo_rows=None):
+    def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None, halo_rows=None, shape=None):
         """(buffer, view, ready): this convolution's whole input, channels-last, with `cache_x` and the
         causal zero frames in front and room for the halo rows of a sharded request; the caller writes
-        the new frames (shaped like `like`) into the view, then calls `forward_buffer(buffer,
-        ready=ready)`.
+        the new frames (shaped like `like`, or `shape` with `like`'s dtype and device) into the view,
+        then calls `forward_buffer(buffer, ready=ready)`.
 
         Sharded, `cache_x` may be a shard's frames (diffusers' own caches) or the buffer's whole
         frames, halo rows included (a cache taken from an earlier buffer after its exchange, as the
@@ -152,14 +152,15 @@ class HaloCausalConv3d:
         (such a cache, or only causal zero frames, which are zero across the buffer)."""
         ctx = current()
         tpad = self._padding[4]
-        shape = list(like.shape)
+        new = tuple(like.shape if shape is None else shape)
+        shape = list(new)
         shape[2] += tpad
         dim, before = None, 0
         if ctx is not None:
-            dim, (before, after) = ctx.dim(like), self._halo_rows(ctx) if halo_rows is None else halo_rows
+            dim, (before, after) = ctx.dim(new), self._halo_rows(ctx) if halo_rows is None else halo_rows
             shape[dim] += before + after
         buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
-        core = buf if dim is None else buf.narrow(dim, before, like.shape[dim])
+        core = buf if dim is None else buf.narrow(dim, before, new[dim])
         cached = 0 if cache_x is None else cache_x.shape[2]
         whole = cache_x is None or dim is None or cache_x.shape[dim] == shape[dim]  # the cache has the halo rows
         front = buf if whole else core

@@ -418,13 +418,12 @@ class FastResidualBlock:
             # first, in place of that output, so both inputs are alive during conv1: two cached
             # frames more than conv1's input and output. max_layer_frames, the setting for a peak
             # as low as possible, keeps the order below, one convolution input at a time.)
-            first, pending = pending, None
-            like = torch.empty((), dtype=first.buf.dtype, device=first.buf.device).expand(first.output_shape())
-            pending = _causal_input(self.conv2, like, feat_cache, feat_idx, rows2)
+            second = _causal_input(self.conv2, pending.buf, feat_cache, feat_idx, rows2, pending.output_shape())
             n2 = self.norm2
-            first.convolve(norm=conv_kernel.NormEpilogue(n2.gamma, n2.bias, n2.scale, pre_bias=pre_bias),
-                           out=pending.new)
-            del first
+            pending.convolve(norm=conv_kernel.NormEpilogue(n2.gamma, n2.bias, n2.scale, pre_bias=pre_bias),
+                             out=second.new)
+            pending = second
+            del second
         else:
             y = pending.convolve()
             pending = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
@@ -559,16 +558,16 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
     return pending
 
 
-def _causal_input(conv, like, feat_cache, feat_idx, halo_rows=None) -> _CausalInput:
-    """`conv`'s input buffer for new frames shaped like `like` (a tensor; only its shape, dtype and
-    device are read), its cached frames in place, with diffusers' feature-cache bookkeeping: the
-    caller writes the new frames into the result's `new`, then calls `convolve()`."""
+def _causal_input(conv, like, feat_cache, feat_idx, halo_rows=None, shape=None) -> _CausalInput:
+    """`conv`'s input buffer for new frames shaped like `like` (or `shape`, in `like`'s dtype and on
+    its device), its cached frames in place, with diffusers' feature-cache bookkeeping: the caller
+    writes the new frames into the result's `new`, then calls `convolve()`."""
     cache, idx = None, None
     if feat_cache is not None:
         idx = feat_idx[0]
         cache = feat_cache[idx]
         feat_idx[0] += 1
-    buf, new, ready = conv.input_buffer(like, cache, halo_rows)
+    buf, new, ready = conv.input_buffer(like, cache, halo_rows, shape)
     frames = buf[:, :, buf.shape[2] - new.shape[2] :]  # the new frames with their halo rows: the next cache
     if feat_cache is not None and new.shape[2] >= CACHE_T and not _cache_in_place(cache, frames):
         # the buffer holds the cached frames now and the new cache comes from the new frames alone:
