@@ -141,8 +141,9 @@ def cuda_kernels():
     """The fast tier's CUDA path: the fused norm, the bias + residual pass and the bias pass as one
     kernel each, which allocate nothing beyond their output (the eager CPU path makes fp32
     temporaries); the Triton convolution where `conv_kernel.plan` takes a convolution on CUDA,
-    allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues);
-    its GEMM weights are made at a process's first request and kept, so not counted."""
+    allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues),
+    and the upsamplers' convolution kernel where `conv_kernel.upsample_plan` takes one (its output
+    only); its GEMM weights are made at a process's first request and kept, so not counted."""
 
     def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
         return out if out is not None else torch.empty_like(x)
@@ -151,7 +152,8 @@ def cuda_kernels():
         return residual if into_residual else x
 
     stand_ins = {"rms_norm": rms_norm, "add_bias_and_residual_": add_bias_and_residual_,
-                 "add_bias_": lambda x, bias: x, "fused_bias_add_available": lambda x: True}
+                 "add_bias_": lambda x, bias: x, "fused_bias_add_available": lambda x: True,
+                 "upsample_kernel_available": lambda x: fast.enabled() and fast._triton_convs.get()}
     saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
     for name in saved:
         setattr(fast, name, stand_ins[name])
@@ -162,7 +164,13 @@ def cuda_kernels():
         return torch.empty(conv_kernel.out_shape(x, weight, padding), dtype=x.dtype, device=x.device,
                            memory_format=torch.channels_last_3d)
 
-    kernel_stand_ins = {"runs_on": lambda x: True, "conv3d": conv3d, "cached_gemm_weight": lambda w: w}
+    def upsample_conv2d(src, sub, weight, bias, how, top=0, left=0, gemm_weight=None):
+        f, _, rows, cols = src.shape
+        return torch.empty((f * sub, weight.shape[0], 2 * (rows - 2 * top), 2 * (cols - 2 * left)), dtype=src.dtype,
+                           device=src.device, memory_format=torch.channels_last)
+
+    kernel_stand_ins = {"runs_on": lambda x: True, "conv3d": conv3d, "cached_gemm_weight": lambda w: w,
+                        "upsample_conv2d": upsample_conv2d}
     kernel_saved = {name: getattr(conv_kernel, name) for name in kernel_stand_ins if hasattr(conv_kernel, name)}
     for name in kernel_saved:
         setattr(conv_kernel, name, kernel_stand_ins[name])

@@ -227,10 +227,97 @@ def takes_out(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
     return t.shape[0] == 1 or t.stride(0) == t.shape[2] * t.stride(2)
 
 
-def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
-    """(Cout, Cin, 3, 3, 3) -> (27 * Cin, Cout): row (tap, input channel), taps in (t, h, w) order."""
+# Row tiles the upsampling convolution may use, largest first: the largest that covers a row of
+# source columns with at most 1/8 computed past its end (benchmarks/conv_kernel.py --upsample).
+UPSAMPLE_ROW_TILES = (256, 128, 64)
+UPSAMPLE_SLACK = 1.125
+
+
+def upsample_plan(src: torch.Tensor, weight: torch.Tensor, sub: int, width: int) -> ConvPlan | None:
+    """The tiling `upsample_conv2d` would use for `F.conv2d(nearest_2x(frames), weight, None, 1, 1)`,
+    where `src` holds the frames (see `upsample_conv2d`) and `width` source columns make a row of
+    this rank's output (half its output columns), or None where the upsampled copy and cuDNN are
+    used instead: not CUDA (or the interpreter), not bf16/fp16, not a 3x3 kernel, channel counts
+    its tiles do not take, or no row tile that fits `width` (UPSAMPLE_ROW_TILES). (`src`'s layout
+    is `upsample_conv2d`'s to check: a caller may copy it into the one it needs.)"""
+    if not runs_on(src) or src.dim() != 4 or weight.dim() != 4 or sub not in (1, 2):
+        return None
+    if src.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != src.dtype or src.requires_grad:
+        return None
+    cout, cin, kh, kw = weight.shape
+    if (kh, kw) != (3, 3) or src.shape[1] != sub * cin:
+        return None
+    tile = TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
+    if tile is None or cin % tile.block_k:
+        return None
+    for bm in UPSAMPLE_ROW_TILES:
+        if bm <= tile.block_m and triton.cdiv(width, bm) * bm <= UPSAMPLE_SLACK * width:
+            return tile._replace(block_m=bm, num_warps=8 if bm >= 128 else 4)
+    return None
+
+
+def upsample_conv2d(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None, how: ConvPlan,
+                    top: int = 0, left: int = 0, gemm_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.conv2d(F.interpolate(frames, scale_factor=2, mode="nearest"), weight, bias, 1, 1)` without
+    the upsampled frames ever being stored, for a plan from `upsample_plan`: a new channels-last
+    (frames, Cout, 2 h, 2 w) tensor.
+
+    `src` is a channels-last (F, sub * Cin, rows, columns) tensor; with `sub` = 2, frame 2 f + j is
+    channels j * Cin ... (j + 1) * Cin - 1 of `src`'s frame f (an upsampling time convolution's
+    output, whose channel halves are consecutive frames), else frame f is `src`'s frame f. `top`
+    (`left`): rows (columns) on each side of `src` that are halo, the neighbours' source rows
+    (zeros at the global edges): the output covers the others, and its padding rows (columns) on
+    that axis are computed from the halo; elsewhere the padding is zeros.
+
+    Output voxel (2 i + p, 2 j + q) is the sum over the taps (kh, kw) of weight[kh, kw] times the
+    source voxel (i + floor((p + kh - 1) / 2), j + floor((q + kw - 1) / 2)) - the upsampled voxel
+    that tap reads - so the products are those of the convolution of the upsampled frames; they are
+    summed in fp32 in another order than cuDNN's and rounded once with the bias."""
+    f, csrc, rows, cols = src.shape
     cout, cin = weight.shape[:2]
-    return weight.detach().permute(2, 3, 4, 1, 0).reshape(27 * cin, cout).contiguous()
+    if not takes_source(src):
+        raise ValueError(f"upsample_conv2d: src must be channels-last, dense and 16-byte aligned; got strides "
+                         f"{src.stride()} for {tuple(src.shape)}")
+    hc, wc = rows - 2 * top, cols - 2 * left
+    out = torch.empty((f * sub, cout, 2 * hc, 2 * wc), dtype=src.dtype, device=src.device,
+                      memory_format=torch.channels_last)
+    if out.numel() == 0:
+        return out
+    wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
+    bm, bn, bk = how.block_m, how.block_n, how.block_k
+    xd = TensorDescriptor(src.permute(0, 2, 3, 1), [f, rows, cols, csrc], [rows * cols * csrc, cols * csrc, csrc, 1],
+                          [1, 1, bm, bk])
+    # the output's columns as (column pair, phase): a program stores every other column, one phase
+    y = out.permute(0, 2, 3, 1)
+    ho, wo = 2 * hc, 2 * wc
+
+    def boxes(width):
+        return (TensorDescriptor(wk, [9 * cin, cout], [cout, 1], [bk, width]),
+                TensorDescriptor(y, [f * sub, ho, wc, 2, cout], [ho * wo * cout, wo * cout, 2 * cout, cout, 1],
+                                 [1, 1, bm, 1, width]))
+
+    wd, yd = boxes(bn)
+    wd2, yd2 = boxes(how.block_n2) if how.block_n2 else (wd, yd)
+    tiles = triton.cdiv(wc, bm)
+    _upsample_conv3x3_kernel[(f * sub * ho * 2 * tiles,)](
+        xd, wd, yd, wd2, yd2, wk if bias is None else bias, ho, tiles, sub, top, left,
+        CIN=cin, COUT=cout, BM=bm, BN=bn, BN2=how.block_n2, BK=bk, HAS_BIAS=bias is not None, STAGES=how.stages,
+        num_warps=how.num_warps,
+    )
+    return out
+
+
+def takes_source(src: torch.Tensor) -> bool:
+    """Whether `upsample_conv2d` reads `src` where it lies: channels-last, dense, 16-byte aligned."""
+    return src.permute(0, 2, 3, 1).is_contiguous() and src.data_ptr() % 16 == 0
+
+
+def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
+    """(Cout, Cin, 3, 3, 3) -> (27 * Cin, Cout): row (tap, input channel), taps in (t, h, w) order;
+    likewise (Cout, Cin, 3, 3) -> (9 * Cin, Cout), taps in (h, w) order."""
+    cout = weight.shape[0]
+    taps = tuple(range(2, weight.dim()))
+    return weight.detach().permute(*taps, 1, 0).reshape(-1, cout).contiguous()
 
 
 _GEMM_WEIGHT = "_vaeshard_gemm_weight"
@@ -364,3 +451,52 @@ if triton is not None:
         if ADD:
             acc = _plus(acc, tl.load(at, mask=mask, other=0.0), y_ptr.dtype.element_ty)
         tl.store(at, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _upsample_conv3x3_kernel(
+        xd, wd, yd, wd2, yd2, b_ptr, Ho, TILES, SUB, TOP, LEFT,
+        CIN: tl.constexpr, COUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BN2: tl.constexpr,
+        BK: tl.constexpr, HAS_BIAS: tl.constexpr, STAGES: tl.constexpr,
+    ):
+        # One program: BM output voxels (2 i + p, 2 j + q), j = j0 ... j0 + BM - 1, of one output
+        # frame, all COUT channels. For a fixed phase (p, q) every tap reads a box of BM consecutive
+        # source voxels of one source row: the upsampled frame is never formed.
+        pid = tl.program_id(0)
+        tile = pid % TILES
+        rest = pid // TILES
+        q = rest % 2  # column phase
+        rest = rest // 2
+        r = rest % Ho  # output row 2 i + p
+        f = rest // Ho  # output frame
+        i = r // 2 + TOP
+        p = r % 2
+        j0 = tile * BM
+        fs = f // SUB  # its source frame, and the channels that hold it there
+        c_src = (f % SUB) * CIN
+        CH: tl.constexpr = CIN // BK
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        acc2 = tl.zeros((BM, BN2 if BN2 > 0 else 16), dtype=tl.float32)
+        for it in tl.range(0, 9 * CH, num_stages=STAGES):
+            tap = it // CH
+            c0 = (it % CH) * BK
+            kh = tap // 3
+            kw = tap % 3
+            # upsampled row 2 i + p + kh - 1 is source row i + floor((p + kh - 1) / 2); rows and
+            # columns outside the source are the box's zero fill (the padding)
+            a = xd.load([fs, i + (p + kh + 1) // 2 - 1, LEFT + j0 + (q + kw + 1) // 2 - 1, c_src + c0]).reshape(BM, BK)
+            b = wd.load([tap * CIN + c0, 0])
+            acc = tl.dot(a, b, acc)
+            if BN2 > 0:
+                b2 = wd2.load([tap * CIN + c0, BN])
+                acc2 = tl.dot(a, b2, acc2)
+        _store_phase(acc, yd, b_ptr, f, r, j0, q, 0, COUT, BM, BN, HAS_BIAS)
+        if BN2 > 0:
+            _store_phase(acc2, yd2, b_ptr, f, r, j0, q, BN, COUT, BM, BN2, HAS_BIAS)
+
+    @triton.jit
+    def _store_phase(acc, yd, b_ptr, f, r, j0, q, n0, COUT, BM: tl.constexpr, BN: tl.constexpr,
+                     HAS_BIAS: tl.constexpr):
+        # every other output column (phase q) of row r; the box store leaves out what lies past the
+        # row's end and the channels
+        acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
+        yd.store([f, r, j0, q, n0], acc.to(yd.dtype).reshape(1, 1, BM, 1, BN))

@@ -18,7 +18,10 @@ outside a vaeshard request always sees the original layers. What changes in the 
   bias before its single rounding and, for a residual block's second convolution, the residual as
   it stores (rounded as PyTorch's bias pass and residual add round; `conv_with_bias`'s `add_to`)
   (`triton_convs=False`: cuDNN everywhere).
-- Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32.
+- Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32; on
+  CUDA, where `conv_kernel.upsample_plan` takes the 3x3 convolution after it (Wan's upsamplers), one
+  Triton kernel reads the source frames and computes that convolution of their upsampling, which is
+  never stored (`upsample_plan`, `conv_kernel.upsample_conv2d`).
 - A residual block's first convolution leaves out its bias and the fused norm after it adds the bias
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
   (on CUDA, PyTorch adds a cuDNN convolution's bias in a second pass), so one pass over the
@@ -284,6 +287,29 @@ def _kernel_plan(conv, x, weight, bias, args) -> conv_kernel.ConvPlan | None:
     if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
         return conv_kernel.plan(x, weight, *args)
     return None
+
+
+def upsample_kernel_available(x: torch.Tensor) -> bool:
+    """Whether the upsampling convolution's Triton kernel may run on `x`'s device in this request
+    (fast tier, triton_convs, CUDA or the interpreter): `upsample_plan` then decides per call."""
+    return _fast.get() and _triton_convs.get() and runs_on(x)
+
+
+def upsample_plan(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,
+                  width: int) -> conv_kernel.ConvPlan | None:
+    """The Triton kernel's plan for a 3x3 convolution of the nearest 2x upsampling of `src`'s frames
+    in this request (`conv_kernel.upsample_plan`), or None: not the fast tier, triton_convs off, a
+    bias of another dtype, or a convolution the kernel leaves to the upsampled copy and cuDNN."""
+    if _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == src.dtype):
+        return conv_kernel.upsample_plan(src, weight, sub, width)
+    return None
+
+
+def upsample_conv2d(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,
+                    how: conv_kernel.ConvPlan, top: int = 0, left: int = 0) -> torch.Tensor:
+    """`conv_kernel.upsample_conv2d` for a plan from `upsample_plan`, with the weight's GEMM layout
+    kept on the weight (`conv_kernel.cached_gemm_weight`)."""
+    return conv_kernel.upsample_conv2d(src, sub, weight, bias, how, top, left, conv_kernel.cached_gemm_weight(weight))
 
 
 def norm_in_epilogue(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args):

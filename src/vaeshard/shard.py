@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import conv_kernel
 from . import fast as fast_tier
 from .comm import Comm, all_reduce_sum
 
@@ -302,6 +303,35 @@ class HaloConv2d:
             pad_h, pad_w = (0, pad_w) if ctx.axis == HEIGHT else (pad_h, 0)
         return fast_tier.conv_with_bias(F.conv2d, buf, self.weight, self.bias, self.stride, (pad_h, pad_w),
                                         self.dilation, self.groups)
+
+    def forward_upsampled(self, src: torch.Tensor, sub: int) -> torch.Tensor | None:
+        """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds
+        (`conv_kernel.upsample_conv2d`: a channels-last (F, sub * Cin, h, w) tensor whose frame f, or
+        with `sub` = 2 whose channel halves of frame f, are frames f, or 2 f and 2 f + 1), as one
+        Triton kernel that never stores the upsampled frames; None where `fast.upsample_plan` does not
+        take it (the caller upsamples into `input_buffer` then). Sharded, the source gets one halo row
+        a side, received from the neighbours (zeros at the global edges): the upsampled rows the
+        padding covers are the nearest copies of those."""
+        if self.padding != (1, 1) or self.kernel_size != (3, 3) or self.stride != (1, 1) or self.dilation != (1, 1):
+            return None
+        if self.groups != 1 or self.padding_mode != "zeros":
+            return None
+        ctx = current()
+        how = fast_tier.upsample_plan(src, sub, self.weight, self.bias, src.shape[-1])
+        if how is None:
+            return None
+        top = left = 0
+        if ctx is not None:  # the source's halo rows: one a side covers the upsampled padding row
+            dim = ctx.dim(src)
+            shape = list(src.shape)
+            shape[dim] += 2
+            buf = torch.empty(shape, dtype=src.dtype, device=src.device, memory_format=torch.channels_last)
+            buf.narrow(dim, 1, src.shape[dim]).copy_(src)
+            src = ctx.fill_halo(buf, dim, 1, 1)
+            top, left = (1, 0) if ctx.axis == HEIGHT else (0, 1)
+        elif not conv_kernel.takes_source(src):  # (CUDA convolutions give channels-last frames)
+            src = src.contiguous(memory_format=torch.channels_last)
+        return fast_tier.upsample_conv2d(src, sub, self.weight, self.bias, how, top, left)
 
     def _halo_rows(self, ctx) -> int:
         return self.padding[0] if ctx.axis == HEIGHT else self.padding[1]
