@@ -130,7 +130,7 @@ def upsample_rows(args) -> list[dict]:
         gemm = conv_kernel.gemm_weight_of(weight)
         cudnn = median_ms(baseline)
         chosen = conv_kernel.upsample_plan(src, weight, sub, w)
-        tile = conv_kernel.TILES[cout]
+        tile = conv_kernel.UPSAMPLE_TILES[cout]
         tiles = [chosen] if chosen else []
         if args.sweep or not chosen:
             tiles += [tile._replace(block_m=bm, stages=st, num_warps=8 if bm >= 128 else 4)

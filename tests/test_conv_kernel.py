@@ -362,12 +362,14 @@ def _shape_src(shape, dtype=torch.bfloat16):
     "src, w, sub, width, block_m",
     [
         # Wan 2.1 720p: the last upsampler (192 -> 96 channels, 640 source columns), one GPU or by height
-        (_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (3, 3)), 1, 640, 128),
-        (_shape_src((4, 192, 180, 640)), _shape_w(96, 192, (3, 3)), 1, 640, 128),
-        (_shape_src((4, 192, 360, 320)), _shape_w(96, 192, (3, 3)), 1, 320, 64),  # by width
-        # the second (after its time convolution: 2 x 384 channels, 320 source columns)
+        (_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (3, 3)), 1, 640, 256),
+        (_shape_src((4, 192, 182, 640)), _shape_w(96, 192, (3, 3)), 1, 640, 256),
+        (_shape_src((4, 192, 360, 320)), _shape_w(96, 192, (3, 3)), 1, 320, 128),  # by width
+        # the second and first (after their time convolutions: 2 x 384 channels, 320 and 160 columns)
         (_shape_src((2, 768, 180, 320)), _shape_w(192, 384, (3, 3)), 2, 320, 64),
-        (_shape_src((4, 192, 240, 416)), _shape_w(96, 192, (3, 3)), 1, 416, 64),  # 480p
+        (_shape_src((1, 768, 90, 160)), _shape_w(192, 384, (3, 3)), 2, 160, 64),
+        (_shape_src((4, 192, 240, 416)), _shape_w(96, 192, (3, 3)), 1, 416, 256),  # 480p
+        (_shape_src((4, 192, 240, 208)), _shape_w(96, 192, (3, 3)), 1, 208, 256),  # 480p by width
     ],
 )
 def test_upsample_plan_takes_the_decoder_shapes(monkeypatch, src, w, sub, width, block_m):
@@ -381,7 +383,7 @@ def test_upsample_plan_takes_the_decoder_shapes(monkeypatch, src, w, sub, width,
 @pytest.mark.parametrize(
     "src, w, sub, width, why",
     [
-        (_shape_src((2, 768, 90, 160)), _shape_w(192, 384, (3, 3)), 2, 160, "160 columns: a 64-voxel tile computes 192"),
+        (_shape_src((2, 768, 90, 40)), _shape_w(192, 384, (3, 3)), 2, 40, "40 columns: a 64-voxel tile computes 64"),
         (_shape_src((4, 192, 360, 640), torch.float32), _shape_w(96, 192, (3, 3), torch.float32), 1, 640, "fp32"),
         (_shape_src((4, 16, 360, 640)), _shape_w(96, 16, (3, 3)), 1, 640, "16 input channels"),
         (_shape_src((4, 192, 360, 640)), _shape_w(3, 192, (3, 3)), 1, 640, "3 output channels"),
@@ -433,14 +435,14 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
 
 
-@pytest.mark.parametrize("cout, cin, block_m", [(96, 192, 128), (96, 192, 64), (192, 384, 64)])
+@pytest.mark.parametrize("cout, cin, block_m", [(96, 192, 256), (96, 192, 128), (192, 384, 64)])
 def test_upsample_conv_kernel_compiles_for_hopper(cout, cin, block_m):
     # the upsamplers' kernel with the tiles `upsample_plan` picks for Wan 2.1, compiled for sm_90
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as triton_compile
 
-    how = conv_kernel.TILES[cout]._replace(block_m=block_m, num_warps=8 if block_m >= 128 else 4)
+    how = conv_kernel.UPSAMPLE_TILES[cout]._replace(block_m=block_m, num_warps=8 if block_m >= 128 else 4)
     bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
     kernel = conv_kernel._upsample_conv3x3_kernel
     constants = dict(CIN=cin, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, HAS_BIAS=True, STAGES=how.stages)

@@ -227,10 +227,17 @@ def takes_out(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
     return t.shape[0] == 1 or t.stride(0) == t.shape[2] * t.stride(2)
 
 
-# Row tiles the upsampling convolution may use, largest first: the largest that covers a row of
-# source columns with at most 1/8 computed past its end (benchmarks/conv_kernel.py --upsample).
+# The upsampling convolution's tiles, by output channels, that `benchmarks/conv_kernel.py --upsample
+# --sweep` measured fastest on an H200 (BENCHMARKS.md, "The upsamplers' convolution"): 96 channels
+# (Wan 2.1's last upsampler) as the 3-D kernel's, 256 voxels a row, even where up to a fifth of the
+# last tile lies past the row's end (640 and 416 source columns: 1.65x and 1.57x the upsampled copy
+# and cuDNN, against 1.46x and 1.20x on 128 and 64 voxels); 192 channels on 64 voxels, 4 steps in
+# flight (1.56x at 1 GPU, 1.59x by height, 1.33x by width, against 1.28x, 1.24x and 1.26x on 256).
+# Other channel counts take the 3-D kernel's tile. A row of source columns takes the largest of
+# UPSAMPLE_ROW_TILES up to the tile's that computes at most UPSAMPLE_SLACK times the row.
+UPSAMPLE_TILES = {96: TILES[96], 192: TILES[192]._replace(block_m=64, stages=4, num_warps=4)}
 UPSAMPLE_ROW_TILES = (256, 128, 64)
-UPSAMPLE_SLACK = 1.125
+UPSAMPLE_SLACK = 1.25
 
 
 def upsample_plan(src: torch.Tensor, weight: torch.Tensor, sub: int, width: int) -> ConvPlan | None:
@@ -247,12 +254,12 @@ def upsample_plan(src: torch.Tensor, weight: torch.Tensor, sub: int, width: int)
     cout, cin, kh, kw = weight.shape
     if (kh, kw) != (3, 3) or src.shape[1] != sub * cin:
         return None
-    tile = TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
+    tile = UPSAMPLE_TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
     if tile is None or cin % tile.block_k:
         return None
     for bm in UPSAMPLE_ROW_TILES:
         if bm <= tile.block_m and triton.cdiv(width, bm) * bm <= UPSAMPLE_SLACK * width:
-            return tile._replace(block_m=bm, num_warps=8 if bm >= 128 else 4)
+            return tile if bm == tile.block_m else tile._replace(block_m=bm, num_warps=8 if bm >= 128 else 4)
     return None
 
 
