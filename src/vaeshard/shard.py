@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import conv_kernel, copies
+from . import conv_kernel
 from . import fast as fast_tier
 from .comm import Comm, all_reduce_sum
 
@@ -167,33 +167,27 @@ class HaloCausalConv3d:
         front = buf if whole else core
         if tpad > cached:
             front[:, :, : tpad - cached].zero_()
-        if cached:  # (CUDA: beside the work that fills the new frames; forward_buffer waits for it)
-            copies.copy_(front[:, :, tpad - cached : tpad], cache_x)
+        if cached:
+            front[:, :, tpad - cached : tpad].copy_(cache_x)
         return buf, core[:, :, tpad:], tpad if whole else 0
 
     def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
-                       add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None,
-                       then=None) -> torch.Tensor:
+                       add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
         exchanged for all but the first `ready` frames, then cuDNN applies the zero padding of the
-        unsharded axis (no padded copy). `then()`, if given, is called once the buffer is complete
-        (cached frames copied in, halo rows exchanged), before the convolution is issued: the
-        causal cache's update from the buffer, which may then run beside the convolution.
+        unsharded axis (no padded copy).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
         into the next norm (fast.move_bias_into_norm) is left out too. `add_to`: the result is added
         to that tensor in place, which is returned; `norm` (a conv_kernel.NormEpilogue) and `out`:
         that norm of the result written into `out`, which is returned (fast.conv_with_bias)."""
         ctx = current()
-        copies.join(buf)  # the cached frames, copied in beside the work before
         if ctx is not None:
             before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
             if before or after:
                 ctx.fill_halo(buf[:, :, ready:], ctx.dim(buf), before, after)
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
-        if then is not None:
-            then()
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(ctx),
                                         self.dilation, self.groups, add_to=add_to, norm=norm, out=out)

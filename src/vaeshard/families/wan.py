@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .. import conv_kernel, copies, fast, graphs, shard
+from .. import conv_kernel, fast, graphs, shard
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
 
@@ -152,11 +152,8 @@ class WanLike:
         def step(chunk, first: bool):
             vae._conv_idx = [0]
             if first and self.decoder_takes_first_chunk:
-                y = vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
-            else:
-                y = vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
-            copies.join(y)  # the caches' copies made beside the call end with it (as a graph's capture needs)
-            return y
+                return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
+            return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
 
         # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
         # (this rank's latent frame, decoded: its output pixels decide cuda_graphs="auto")
@@ -617,11 +614,9 @@ class _CausalInput:
         """The convolution (`HaloCausalConv3d.forward_buffer`; `add_to`: added to that tensor in
         place, which is returned; `norm`, `out`: that norm of it written into `out`, returned), then
         the cache update; the buffer is dropped."""
-        def store():  # once the buffer holds the old cache and its halo rows: beside the convolution
+        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out)
+        if self.feat_cache is not None:  # (stream order: the buffer has read the old cache)
             _store_cache(self.feat_cache, self.idx, self.old, self.frames)
-
-        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out,
-                                     then=store if self.feat_cache is not None else None)
         self.buf = self.new = self.frames = self.old = None
         return y
 
@@ -647,12 +642,12 @@ def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor) -> None:
     has been read: the last CACHE_T frames; with fewer, the old cache's last frame in front (zeros
     after an upsampler's "Rep" mark, nothing before the first call). Written into `old` where
     `_cache_in_place` allows, else stored as a new tensor."""
-    if _cache_in_place(old, frames):  # (CUDA: beside the kernels after it, copies.py)
+    if _cache_in_place(old, frames):
         if frames.shape[2] >= CACHE_T:
-            copies.copy_(old, frames[:, :, -CACHE_T:])
+            old.copy_(frames[:, :, -CACHE_T:])
         else:  # one new frame: the old cache's last frame moves to the front
-            copies.copy_(old[:, :, :1], old[:, :, 1:])
-            copies.copy_(old[:, :, 1:], frames)
+            old[:, :, :1].copy_(old[:, :, 1:])
+            old[:, :, 1:].copy_(frames)
         return
     cache_x = frames[:, :, -CACHE_T:].clone()
     if cache_x.shape[2] < 2 and old is not None:
