@@ -62,10 +62,6 @@ SHAPES = {
     # not taken by conv_kernel.plan (not measured yet); --sweep times candidate tiles
     "Wan 2.2 720p, 1 GPU": (256, 256, 6, 352, 640, (0, 1, 1)),
     "Wan 2.2 720p, 2 GPUs by width": (256, 256, 6, 352, 322, (0, 1, 0)),
-    # the decoder's last convolution, 96 -> 3 channels (the kernel computes 16: conv_kernel.NARROW)
-    "head 720p, 1 GPU": (96, 3, 6, 720, 1280, (0, 1, 1)),
-    "head 720p, 2 GPUs by height": (96, 3, 6, 362, 1280, (0, 0, 1)),
-    "head 720p, 2 GPUs by width": (96, 3, 6, 720, 642, (0, 1, 0)),
 }
 # --sweep: tiles tried besides the plan's (fields of conv_kernel.ConvPlan; block_n2: a second
 # channel tile in the same program, so 96 channels are 64 + 32 and 192 are 128 + 64, none idle)
@@ -77,9 +73,6 @@ SWEEP = {
     192: [dict(block_m=128, block_n=128, block_n2=64, block_k=bk, stages=s, num_warps=8) for bk, s in ((64, 3), (64, 4), (32, 4), (32, 6))]
     + [dict(block_m=256, block_n=128, block_n2=64, block_k=32, stages=s, num_warps=8) for s in (3, 4)]
     + [dict(block_m=128, block_n=256, block_n2=0, block_k=64, stages=3, num_warps=8)],
-    3: [dict(block_m=bm, block_n=16, block_n2=0, block_k=bk, stages=s, num_warps=w)
-        for bm, bk, s, w in ((256, 32, 3, 4), (256, 32, 4, 8), (256, 32, 5, 4), (256, 64, 3, 4), (128, 32, 4, 4),
-                             (128, 64, 4, 4), (128, 32, 6, 4))],
     256: [dict(block_m=128, block_n=128, block_n2=128, block_k=64, stages=s, num_warps=8) for s in (3, 4)]
     + [dict(block_m=128, block_n=256, block_n2=0, block_k=64, stages=3, num_warps=8)],
 }

@@ -161,12 +161,8 @@ def cuda_kernels():
     def conv3d(x, weight, bias, padding, how, gemm_weight=None, add_to=None, norm=None, out=None):
         if add_to is not None or out is not None:
             return add_to if add_to is not None else out
-        shape = list(conv_kernel.out_shape(x, weight, padding))
-        cout = shape[1]
-        if cout % 8 and cout < conv_kernel.NARROW.block_n:  # computed on the padded channels, returned as a view
-            shape[1] = conv_kernel.NARROW.block_n
-        y = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-        return y[:, :cout]
+        return torch.empty(conv_kernel.out_shape(x, weight, padding), dtype=x.dtype, device=x.device,
+                           memory_format=torch.channels_last_3d)
 
     def upsample_conv2d(src, sub, weight, bias, how, top=0, left=0, gemm_weight=None):
         f, _, rows, cols = src.shape

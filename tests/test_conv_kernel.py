@@ -99,28 +99,6 @@ KERNEL_VALUES = textwrap.dedent(
                     ref = F.silu(ref + (per_channel(nb) if isinstance(nb, torch.Tensor) else nb))
                     err = (got.float() - ref).abs()
                     assert bool((err <= ref.abs() * 2.0 ** -7 + 2e-3).all()), ("norm vs fp32", how, err.max().item())
-    # fewer output channels than a 16-byte row (a decoder's 3): computed on 16, the weight padded
-    # with zeros, the real channels returned as a view; nothing else goes with them
-    for n, cin, cout, t, h, w, padding, how in [
-        (1, 32, 3, 4, 3, 16, (0, 1, 1), ConvPlan(wrap=False, block_m=16, block_n=16)),
-        (1, 32, 3, 4, 3, 13, (0, 1, 0), ConvPlan(wrap=True, block_m=16, block_n=16)),
-        (2, 64, 5, 4, 3, 16, (0, 1, 1), ConvPlan(wrap=False, block_m=16, block_n=16, block_k=64)),
-    ]:
-        x = torch.randn(n, cin, t, h, w).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
-        weight = (torch.randn(cout, cin, 3, 3, 3) / (27 * cin) ** 0.5).to(torch.float16)
-        for b in (None, torch.randn(cout).to(torch.float16)):
-            want = F.conv3d(x.float(), weight.float(), None if b is None else b.float(), 1, padding)
-            got = conv_kernel.conv3d(x, weight, b, padding, how, conv_kernel.cached_gemm_weight(weight))
-            assert got.shape == want.shape, (got.shape, want.shape)
-            err = (got.float() - want).abs()
-            assert bool((err <= want.abs() * 2.0 ** -10 + 1e-3).all()), ("narrow", cout, how, err.max().item())
-        assert conv_kernel.gemm_weight_of(weight).shape == (27 * cin, 16)
-        try:
-            conv_kernel.conv3d(x, weight, None, padding, how, add_to=torch.zeros_like(want).to(torch.float16))
-        except ValueError as e:
-            assert "padded" in str(e)
-        else:
-            raise AssertionError("conv3d added a narrow convolution to a residual")
     # add_to must have the output's shape, dtype and channels-last layout
     x = torch.randn(1, 32, 4, 3, 16).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
     weight = torch.randn(16, 32, 3, 3, 3).to(torch.float16)
@@ -339,9 +317,6 @@ def _shape_w(cout, cin, k=(3, 3, 3), dtype=torch.bfloat16):
         (_shape_x((1, 192, 6, 182, 640)), _shape_w(192, 192), 1, (0, 0, 1), False),  # sharded by height
         (_shape_x((1, 192, 6, 360, 322)), _shape_w(192, 192), 1, (0, 1, 0), True),  # sharded by width
         (_shape_x((1, 32, 4, 8, 512), torch.float16), _shape_w(8, 32, dtype=torch.float16), (1, 1, 1), (0, 1, 1), False),
-        # the decoder's last convolution (96 -> 3 channels: computed as 16, the weight padded)
-        (_shape_x((1, 96, 6, 720, 1280)), _shape_w(3, 96), 1, (0, 1, 1), False),
-        (_shape_x((1, 96, 6, 720, 642)), _shape_w(3, 96), 1, (0, 1, 0), True),
     ],
 )
 def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap):
@@ -363,7 +338,7 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
         (_shape_x((1, 256, 6, 352, 640)), _shape_w(256, 256), 1, (0, 1, 1), 1, 1, "256 output channels (Wan 2.2: no faster)"),
         (_shape_x((1, 192, 6, 240, 416)), _shape_w(192, 192), 1, (0, 1, 1), 1, 1, "rows of 416 for 128-voxel tiles, padded"),
         (_shape_x((1, 96, 6, 720, 322)), _shape_w(192, 96), 1, (0, 1, 0), 1, 1, "96 input channels for 64 per step"),
-        (_shape_x((1, 96, 6, 720, 642)), _shape_w(20, 96), 1, (0, 1, 0), 1, 1, "20 output channels (not measured)"),
+        (_shape_x((1, 96, 6, 720, 642)), _shape_w(3, 96), 1, (0, 1, 0), 1, 1, "3 output channels (TMA rows of 6 bytes)"),
         (_shape_x((1, 16, 6, 720, 642)), _shape_w(96, 16), 1, (0, 1, 0), 1, 1, "16 input channels"),
         (_shape_x((1, 96, 6, 720, 642), channels_last=False), _shape_w(96, 96), 1, (0, 1, 0), 1, 1, "not channels-last"),
         (_shape_x((1, 96, 6, 720, 642)), _shape_w(96, 96), (1, 2, 2), (0, 1, 0), 1, 1, "stride 2"),
@@ -429,7 +404,7 @@ def test_plan_needs_cuda_or_the_interpreter():
 
 @pytest.mark.parametrize("wrap", [False, True])
 @pytest.mark.parametrize("cout, epilogue", [(64, None), (96, None), (96, "add"), (192, "add"), (96, "norm"),
-                                            (192, "norm"), (16, None)])
+                                            (192, "norm")])
 def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
     # TMA box loads and warp-group matrix multiplies are Hopper instructions: compiled for
     # sm_90 with Triton's own ptxas, no GPU needed, with the tiles `plan` picks (add: the residual
@@ -439,12 +414,11 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, compile as triton_compile
 
-    # (16: the padded channels of a narrow output, NARROW)
-    how = (conv_kernel.TILES.get(cout) or (conv_kernel.NARROW if cout == 16 else conv_kernel.TILE))._replace(wrap=wrap)
+    how = conv_kernel.TILES.get(cout, conv_kernel.TILE)._replace(wrap=wrap)
     bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
     kernel = conv_kernel._conv3x3x3_kernel
     norm = epilogue == "norm"
-    constants = dict(CIN=96 if cout == 16 else cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=not norm,
+    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=not norm,
                      ADD=epilogue == "add", NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages)
     box = f"1, {bm}, {bk}" if wrap else f"1, 1, {bm}, {bk}"
     types = {

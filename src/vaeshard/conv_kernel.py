@@ -80,10 +80,6 @@ class NormEpilogue(NamedTuple):
 # voxels (fewer accumulator registers), 64 input channels per step, 3 in flight. (Wan 2.2's 256
 # channels: one 256-wide tile ran 1.09x cuDNN alone, and its whole decode no faster: left to cuDNN.)
 TILE = ConvPlan(wrap=False)
-# Fewer output channels than one 16-byte row of the output or of the weight matrix (a decoder's 3
-# output channels): the kernel computes NARROW.block_n channels, the weight's columns past the real
-# ones zero, and the result is the real channels' view of that output.
-NARROW = ConvPlan(wrap=False, block_m=256, block_n=16, block_k=32, stages=4, num_warps=4)
 TILES = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
          192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3)}
 
@@ -101,9 +97,8 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     pt, ph, pw = _triple(padding)
     if pt != 0 or ph not in (0, 1) or pw not in (0, 1):
         return None
-    # the measured channel counts; TMA needs 16-byte aligned rows (8 channels): fewer are padded
-    tile = TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else
-                               NARROW if cout < NARROW.block_n else None)
+    # the measured channel counts; TMA needs 16-byte aligned rows (8 channels)
+    tile = TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
     if tile is None or cin % tile.block_k or x.shape[1] != cin:
         return None
     if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
@@ -134,17 +129,6 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     _, ph, pw = _triple(padding)
     shape = out_shape(x, weight, padding)
     tout, ho, wo = shape[2:]
-    wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
-    if wk.shape[1] != cout:  # a narrow output (NARROW): computed on padded channels, the real ones returned
-        if add_to is not None or out is not None or norm is not None:
-            raise ValueError(f"conv3d: {cout} output channels are computed padded; no add_to, out or norm")
-        wide = torch.empty((*shape[:1], wk.shape[1], *shape[2:]), dtype=x.dtype, device=x.device,
-                           memory_format=torch.channels_last_3d)
-        if bias is not None:
-            bias = torch.nn.functional.pad(bias, (0, wk.shape[1] - cout))
-        shaped = weight[:1].expand(wk.shape[1], *weight.shape[1:])  # (its shape only: `wk` holds the values)
-        conv3d(x, shaped, bias, padding, how, wk, out=wide)
-        return wide[:, :cout]
     if add_to is not None and (out is not None or norm is not None):
         raise ValueError("conv3d: add_to adds the convolution into itself; it takes no out and no norm")
     if add_to is not None:
@@ -160,6 +144,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
                          f"{out.stride()}")
     if out.numel() == 0:
         return out
+    wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
     bm, bn, bk = how.block_m, how.block_n, how.block_k
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
     if how.wrap:
@@ -336,14 +321,10 @@ def takes_source(src: torch.Tensor) -> bool:
 
 def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
     """(Cout, Cin, 3, 3, 3) -> (27 * Cin, Cout): row (tap, input channel), taps in (t, h, w) order;
-    likewise (Cout, Cin, 3, 3) -> (9 * Cin, Cout), taps in (h, w) order. Fewer than NARROW.block_n
-    output channels that do not fill 16-byte rows: NARROW.block_n columns, zeros past Cout."""
+    likewise (Cout, Cin, 3, 3) -> (9 * Cin, Cout), taps in (h, w) order."""
     cout = weight.shape[0]
     taps = tuple(range(2, weight.dim()))
-    wk = weight.detach().permute(*taps, 1, 0).reshape(-1, cout)
-    if cout % 8 and cout < NARROW.block_n:
-        return torch.nn.functional.pad(wk, (0, NARROW.block_n - cout)).contiguous()
-    return wk.contiguous()
+    return weight.detach().permute(*taps, 1, 0).reshape(-1, cout).contiguous()
 
 
 _GEMM_WEIGHT = "_vaeshard_gemm_weight"
