@@ -111,3 +111,25 @@ def test_subject_row_counts_split_unevenly(case):
     assert sum(extents) == shape[3] and max(extents) - min(extents) == 1  # uneven, balanced
     diffs = run_ranks(_spatial_parity, world, model, shape, "spatial_shard_height", timeout=300)
     assert len(diffs) == world and all(d <= TOL_CPU_FP32 for d in diffs)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 0), (0, 1), (0, 0)])
+def test_copy_frames_fills_the_buffer_core_only(rows, cols):
+    # the frames between a buffer's halo rows (or columns), copied frame by frame where each frame
+    # is one dense block (halo rows: height shards) and at once otherwise; nothing outside the core
+    from vaeshard import shard
+
+    buf = torch.zeros(1, 8, 6, 7 + 2 * rows, 5 + 2 * cols).contiguous(memory_format=torch.channels_last_3d)
+    core = buf[:, :, 2:, rows : buf.shape[3] - rows, cols : buf.shape[4] - cols]
+    x = torch.randn(core.shape).contiguous(memory_format=torch.channels_last_3d)
+    assert shard._dense(core.select(2, 0)) == (cols == 0)  # a frame between halo rows is one block
+    shard.copy_frames(core, x, 2)
+    assert torch.equal(core, x)
+    outside = buf.clone()
+    outside[:, :, 2:, rows : buf.shape[3] - rows, cols : buf.shape[4] - cols] = 0
+    assert not outside.any()
+    # 2-D frames along the batch axis (the upsamplers' sources), and another layout (a strided copy)
+    frames = torch.zeros(4, 16, 7, 6).contiguous(memory_format=torch.channels_last)
+    src = torch.randn(4, 16, 5, 6)  # contiguous: not laid out as the buffer's frames
+    shard.copy_frames(frames.narrow(2, 1, 5), src, 0)
+    assert torch.equal(frames[:, :, 1:6], src) and not frames[:, :, 0].any() and not frames[:, :, 6].any()

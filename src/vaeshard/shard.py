@@ -116,7 +116,7 @@ class HaloCausalConv3d:
             if limit is not None and x.shape[2] > limit and self._causal_in_time():
                 return self._forward_in_parts(x, cached, limit)
             buf, new, ready = self.input_buffer(x, cached)
-            new.copy_(x)
+            copy_frames(new, x, 2)
             return self.forward_buffer(buf, ready=ready)
         # exact tier, sharded: diffusers' steps, with halo rows in place of the sharded axis's padding
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
@@ -232,7 +232,7 @@ class HaloCausalConv3d:
         for start in range(0, x.shape[2], limit):
             part = x[:, :, start : start + limit]
             buf, new, ready = self.input_buffer(part, cached)
-            new.copy_(part)
+            copy_frames(new, part, 2)
             del new
             outs.append(self.forward_buffer(buf, ready=ready))
             del buf
@@ -269,7 +269,7 @@ class HaloConv2d:
                                             self.stride, self.padding, self.dilation, self.groups)
         if fast:
             buf, core = self.input_buffer(x)
-            core.copy_(x)
+            copy_frames(core, x, 0)
             return self.forward_buffer(buf)
         # exact tier, sharded: the halo rows in place of the sharded axis's padding
         pad_h, pad_w = self.padding
@@ -326,7 +326,7 @@ class HaloConv2d:
             shape = list(src.shape)
             shape[dim] += 2
             buf = torch.empty(shape, dtype=src.dtype, device=src.device, memory_format=torch.channels_last)
-            buf.narrow(dim, 1, src.shape[dim]).copy_(src)
+            copy_frames(buf.narrow(dim, 1, src.shape[dim]), src, 0)
             src = ctx.fill_halo(buf, dim, 1, 1)
             top, left = (1, 0) if ctx.axis == HEIGHT else (0, 1)
         elif not conv_kernel.takes_source(src):  # (CUDA convolutions give channels-last frames)
@@ -385,6 +385,40 @@ class WholeFrameAttention:
 
 
 _SUBCLASS_CACHE: dict[tuple[type, type], type] = {}
+
+
+# Frames copied one at a time at most this many (more: one strided copy).
+COPY_FRAMES_MAX = 32
+
+
+def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
+    """`dst.copy_(src)`; one frame (index of `dim`) at a time where `dst` is not one dense block but
+    each of its frames is, laid out as `src`'s: a buffer's frames between its halo rows (sharded by
+    height, channels-last), each a plain memory copy where one copy of the whole would be a strided
+    copy kernel (on an H200 several times slower). The same values either way."""
+    frames = dst.shape[dim]
+    if 1 < frames <= COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
+        d, s = dst.select(dim, 0), src.select(dim, 0)
+        if _strides(d) == _strides(s) and _dense(d) and _dense(s):
+            for i in range(frames):
+                dst.select(dim, i).copy_(src.select(dim, i))
+            return
+    dst.copy_(src)
+
+
+def _strides(t: torch.Tensor) -> list[int]:
+    """`t`'s strides where its extent is more than 1 (the others never move)."""
+    return [st for st, sz in zip(t.stride(), t.shape) if sz > 1]
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill one block of memory without gaps (in some order of its dims)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _halo_subclass(mixin: type, base: type) -> type:
