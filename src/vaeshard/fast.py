@@ -308,7 +308,10 @@ def upsample_plan(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch
 def upsample_conv2d(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,
                     how: conv_kernel.ConvPlan, top: int = 0, left: int = 0) -> torch.Tensor:
     """`conv_kernel.upsample_conv2d` for a plan from `upsample_plan`, with the weight's GEMM layout
-    kept on the weight (`conv_kernel.cached_gemm_weight`)."""
+    kept on the weight (`conv_kernel.cached_gemm_weight`); frames it cannot read where they lie are
+    copied channels-last first (CUDA convolutions give channels-last frames: not there)."""
+    if not conv_kernel.takes_source(src):
+        src = src.contiguous(memory_format=torch.channels_last)
     return conv_kernel.upsample_conv2d(src, sub, weight, bias, how, top, left, conv_kernel.cached_gemm_weight(weight))
 
 

@@ -16,7 +16,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import conv_kernel
 from . import fast as fast_tier
 from .comm import Comm, all_reduce_sum
 
@@ -329,8 +328,6 @@ class HaloConv2d:
             copy_frames(buf.narrow(dim, 1, src.shape[dim]), src, 0)
             src = ctx.fill_halo(buf, dim, 1, 1)
             top, left = (1, 0) if ctx.axis == HEIGHT else (0, 1)
-        elif not conv_kernel.takes_source(src):  # (CUDA convolutions give channels-last frames)
-            src = src.contiguous(memory_format=torch.channels_last)
         return fast_tier.upsample_conv2d(src, sub, self.weight, self.bias, how, top, left)
 
     def _halo_rows(self, ctx) -> int:
@@ -395,7 +392,8 @@ def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
     """`dst.copy_(src)`; one frame (index of `dim`) at a time where `dst` is not one dense block but
     each of its frames is, laid out as `src`'s: a buffer's frames between its halo rows (sharded by
     height, channels-last), each a plain memory copy where one copy of the whole would be a strided
-    copy kernel (on an H200 several times slower). The same values either way."""
+    copy kernel (Wan 2.1 720p on 2 H200s: 0.798 against 0.809 s, BENCHMARKS.md). The same values
+    either way."""
     frames = dst.shape[dim]
     if 1 < frames <= COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
         d, s = dst.select(dim, 0), src.select(dim, 0)
