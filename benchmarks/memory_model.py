@@ -80,14 +80,20 @@ class LiveBytes(TorchDispatchMode):
             del self.users[key], self.sites[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func in _CONVOLUTIONS and args[0].is_contiguous(memory_format=fast.channels_last_format(args[0].ndim)):
-            out = torch.empty(out.shape, dtype=out.dtype, device=out.device,
-                              memory_format=fast.channels_last_format(out.ndim))
+        out = _as_cudnn_lays_out(func, args, func(*args, **(kwargs or {})))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t)
         return out
+
+
+def _as_cudnn_lays_out(func, args, out):
+    """A convolution's output channels-last where its input is, as cuDNN gives it (meta tensors'
+    convolutions do not), so that the layers after it take the paths they take on CUDA."""
+    if func in _CONVOLUTIONS and args[0].is_contiguous(memory_format=fast.channels_last_format(args[0].ndim)):
+        return torch.empty(out.shape, dtype=out.dtype, device=out.device,
+                           memory_format=fast.channels_last_format(out.ndim))
+    return out
 
 
 def _site() -> str:
@@ -201,7 +207,7 @@ class CopiedBytes(TorchDispatchMode):
         self.calls: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        out = _as_cudnn_lays_out(func, args, func(*args, **(kwargs or {})))
         if func.overloadpacket.__name__ in self.OPS:
             written = out if isinstance(out, torch.Tensor) else args[0]
             key = f"{func.overloadpacket.__name__:8} {_site()}"
