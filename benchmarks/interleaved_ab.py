@@ -5,18 +5,26 @@
         --setting triton_convs --values true,false --rounds 5
     torchrun --standalone --nproc_per_node=2 benchmarks/interleaved_ab.py --preset wan21-720p \\
         --setting mode --values spatial_shard_height,spatial_shard_width --rounds 3
+    python3 benchmarks/interleaved_ab.py --preset wan21-720p --setting patch --values off,on \\
+        --patch "vaeshard.conv_kernel:upsample_plan=lambda *a, **k: None"
 
 Separate `vaeshard bench` runs of the two values land in different processes, whose own pace can
 differ by more than the setting does (Wan 2.1 480p on 2 GPUs: 0.41-0.50 s for the same code,
 BENCHMARKS.md "Why 2 GPUs give 1.8x"). Here both values share the processes, the model and the
 latent: `vaeshard.parallelize` switches the setting between decodes, each value gets one warm-up
 decode, then `--rounds` rounds time one decode of each value (wall clock on every rank after a
-device synchronisation and a barrier; the slowest rank's time). Prints each value's times and median.
+device synchronisation and a barrier; the slowest rank's time). Prints each value's times and median,
+its peak allocated memory over the decode (rank 0), and how far the two values' outputs lie apart.
+
+`--setting patch` compares the library with a change to it, undone between decodes: `--patch
+MODULE:ATTR=EXPR` sets that attribute to the Python expression's value for the value `on` and back
+to the library's for `off` (a function that declines a path, say, to time the library without it).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import statistics
 import time
@@ -39,16 +47,42 @@ def _value(text: str):
     return int(low) if low.lstrip("-").isdigit() else low  # e.g. cuda_graphs=auto
 
 
+class Patch:
+    """MODULE:ATTR=EXPR: an attribute of a module set to an expression's value, and set back."""
+
+    def __init__(self, module, attr: str, value):
+        self.module, self.attr, self.value = module, attr, value
+        self.original = getattr(module, attr)
+
+    @classmethod
+    def parse(cls, text: str) -> "Patch":
+        target, sep, expr = text.partition("=")
+        name, colon, attr = target.strip().partition(":")
+        if not (sep and colon and name and attr.strip() and expr.strip()):
+            raise ValueError(f"--patch wants MODULE:ATTR=EXPR, got {text!r}")
+        module = importlib.import_module(name)
+        return cls(module, attr.strip(), eval(expr, {"torch": torch, "vaeshard": vaeshard}))  # noqa: S307 - a local tool's own argument
+
+    def apply(self, on: bool) -> None:
+        setattr(self.module, self.attr, self.value if on else self.original)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="wan21-480p")
-    ap.add_argument("--setting", choices=(*FAST_TIER_SETTINGS, "mode"), required=True,
-                    help="a fast-tier setting, or mode (then --values are two modes)")
+    ap.add_argument("--setting", choices=(*FAST_TIER_SETTINGS, "mode", "patch"), required=True,
+                    help="a fast-tier setting, mode (then --values are two modes) or patch (--values off,on)")
     ap.add_argument("--values", required=True, help="two values, e.g. true,false or 1,2")
+    ap.add_argument("--patch", help="with --setting patch: MODULE:ATTR=EXPR, set for the value 'on'")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mode", default="auto")
     args = ap.parse_args()
     values = [_value(v) for v in args.values.split(",")]
+    patch = None
+    if args.setting == "patch":
+        if not args.patch or set(values) != {"on", "off"}:
+            ap.error("--setting patch needs --patch MODULE:ATTR=EXPR and --values off,on")
+        patch = Patch.parse(args.patch)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     torch.cuda.set_device(device)
@@ -61,31 +95,48 @@ def main() -> None:
     vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).eval().to(device, torch.bfloat16)
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
 
-    def decode(value) -> float:
-        settings = {"mode": args.mode, args.setting: value}  # (--setting mode: the value is the mode)
+    peaks: dict[str, float] = {}
+
+    def decode(value, keep: bool = False):
+        if patch is not None:
+            patch.apply(value == "on")
+            settings = {"mode": args.mode}
+        else:  # (--setting mode: the value is the mode)
+            settings = {"mode": args.mode, args.setting: value}
         vaeshard.parallelize(vae, **settings)
         if world > 1:
             dist.barrier()
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        held = torch.cuda.memory_allocated(device)
         start = time.perf_counter()
         with torch.no_grad():
-            vae.decode(z)
+            out = vae.decode(z).sample
         torch.cuda.synchronize()
         took = torch.tensor([time.perf_counter() - start], device=device)
+        peaks[str(value)] = (torch.cuda.max_memory_allocated(device) - held) / 2**30
         if world > 1:
             dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        return took.item()
+        return took.item(), (out if keep else None)
 
-    for value in values:  # warm-up: cuDNN's timing, kernel compiles, the allocator's growth
-        decode(value)
+    # warm-up: cuDNN's timing, kernel compiles, the allocator's growth; the outputs compared
+    outs = [decode(value, keep=True)[1] for value in values]
+    diff = (outs[0].float() - outs[1].float()).abs()
+    apart = f"max {diff.max().item():.3e}, mean {diff.mean().item():.3e}, equal {(diff == 0).float().mean().item():.5f}"
+    del outs, diff
     times = {str(v): [] for v in values}
     for _ in range(args.rounds):
         for value in values:
-            times[str(value)].append(decode(value))
+            times[str(value)].append(decode(value)[0])
+    if patch is not None:
+        patch.apply(False)
     if rank == 0:
-        print(f"{args.preset}, {world} GPU(s), mode {args.mode}: {args.setting} interleaved, {args.rounds} rounds")
+        what = f"patch {args.patch}" if patch is not None else args.setting
+        print(f"{args.preset}, {world} GPU(s), mode {args.mode}: {what} interleaved, {args.rounds} rounds")
+        print(f"  outputs of the two values apart: {apart}")
         for value, ts in times.items():
-            print(f"  {args.setting}={value:6} median {statistics.median(ts):.3f} s  ({', '.join(f'{t:.3f}' for t in ts)})")
+            print(f"  {args.setting}={value:6} median {statistics.median(ts):.3f} s  ({', '.join(f'{t:.3f}' for t in ts)})"
+                  f"  peak {peaks[value]:.2f} GiB (rank 0)")
     if world > 1:
         dist.destroy_process_group()
 

@@ -214,3 +214,22 @@ def test_run_bench_refuses_bad_options_before_starting(options, match):
 
     with pytest.raises(ValueError, match=match):
         bench.run_bench(named_model("wan21"), (1, 16, 2, 4, 4), options=options, log=pytest.fail)
+
+
+def test_interleaved_ab_patch_sets_an_attribute_and_sets_it_back():
+    # `--setting patch`: the attribute takes the expression's value for "on" and the library's for "off"
+    ab = _load("interleaved_ab")
+    from vaeshard import conv_kernel
+
+    library = conv_kernel.upsample_plan
+    patch = ab.Patch.parse("vaeshard.conv_kernel:upsample_plan=lambda *a, **k: None")
+    try:
+        patch.apply(True)
+        assert conv_kernel.upsample_plan is not library and conv_kernel.upsample_plan(0, 0, 1, 1) is None
+        patch.apply(False)
+        assert conv_kernel.upsample_plan is library
+    finally:
+        conv_kernel.upsample_plan = library
+    for wrong in ("vaeshard.conv_kernel:upsample_plan", "upsample_plan=None", "vaeshard.conv_kernel:=None"):
+        with pytest.raises(ValueError, match="MODULE:ATTR=EXPR"):
+            ab.Patch.parse(wrong)
