@@ -87,9 +87,7 @@ TILES = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
 def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups) -> ConvPlan | None:
     """The tiling `conv3d` would use for `F.conv3d(x, weight, None, stride, padding, dilation, groups)`,
     or None where cuDNN is used instead (this kernel was not measured faster there, or cannot run)."""
-    if not runs_on(x) or x.dim() != 5 or weight.dim() != 5:
-        return None
-    if x.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != x.dtype or x.requires_grad:
+    if not _runs(x, weight, 5):
         return None
     cout, cin, kt, kh, kw = weight.shape
     if (kt, kh, kw) != (3, 3, 3) or groups != 1 or _triple(stride) != (1, 1, 1) or _triple(dilation) != (1, 1, 1):
@@ -97,8 +95,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     pt, ph, pw = _triple(padding)
     if pt != 0 or ph not in (0, 1) or pw not in (0, 1):
         return None
-    # the measured channel counts; TMA needs 16-byte aligned rows (8 channels)
-    tile = TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
+    tile = _tile_for(cout, TILES)
     if tile is None or cin % tile.block_k or x.shape[1] != cin:
         return None
     if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
@@ -110,6 +107,19 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     if x.shape[4] % tile.block_m == 0:  # whole tiles per row
         return tile
     return None
+
+
+def _runs(x: torch.Tensor, weight: torch.Tensor, dims: int) -> bool:
+    """Whether the kernels can take `x` and `weight` (both `dims`-D) at all: CUDA (or Triton's
+    interpreter), bf16 or fp16 both, no autograd."""
+    return (runs_on(x) and x.dim() == dims and weight.dim() == dims and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and not x.requires_grad)
+
+
+def _tile_for(cout: int, tiles: dict) -> ConvPlan | None:
+    """The measured tile for `cout` output channels in `tiles`, else TILE where TMA's 16-byte aligned
+    rows (8 channels) and one channel tile hold them, else None."""
+    return tiles.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, how: ConvPlan,
@@ -247,14 +257,12 @@ def upsample_plan(src: torch.Tensor, weight: torch.Tensor, sub: int, width: int)
     used instead: not CUDA (or the interpreter), not bf16/fp16, not a 3x3 kernel, channel counts
     its tiles do not take, or no row tile that fits `width` (UPSAMPLE_ROW_TILES). (`src`'s layout
     is `upsample_conv2d`'s to check: a caller may copy it into the one it needs.)"""
-    if not runs_on(src) or src.dim() != 4 or weight.dim() != 4 or sub not in (1, 2):
-        return None
-    if src.dtype not in (torch.bfloat16, torch.float16) or weight.dtype != src.dtype or src.requires_grad:
+    if not _runs(src, weight, 4) or sub not in (1, 2):
         return None
     cout, cin, kh, kw = weight.shape
     if (kh, kw) != (3, 3) or src.shape[1] != sub * cin:
         return None
-    tile = UPSAMPLE_TILES.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
+    tile = _tile_for(cout, UPSAMPLE_TILES)
     if tile is None or cin % tile.block_k:
         return None
     for bm in UPSAMPLE_ROW_TILES:

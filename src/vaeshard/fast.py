@@ -300,7 +300,7 @@ def upsample_plan(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch
     """The Triton kernel's plan for a 3x3 convolution of the nearest 2x upsampling of `src`'s frames
     in this request (`conv_kernel.upsample_plan`), or None: not the fast tier, triton_convs off, a
     bias of another dtype, or a convolution the kernel leaves to the upsampled copy and cuDNN."""
-    if _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == src.dtype):
+    if upsample_kernel_available(src) and (bias is None or bias.dtype == src.dtype):
         return conv_kernel.upsample_plan(src, weight, sub, width)
     return None
 

@@ -397,16 +397,17 @@ def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
     frames = dst.shape[dim]
     if 1 < frames <= COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
         d, s = dst.select(dim, 0), src.select(dim, 0)
-        if _strides(d) == _strides(s) and _dense(d) and _dense(s):
+        if same_layout(d, s) and _dense(d):
             for i in range(frames):
                 dst.select(dim, i).copy_(src.select(dim, i))
             return
     dst.copy_(src)
 
 
-def _strides(t: torch.Tensor) -> list[int]:
-    """`t`'s strides where its extent is more than 1 (the others never move)."""
-    return [st for st, sz in zip(t.stride(), t.shape) if sz > 1]
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, and the same strides wherever an axis has more than one element (a part of a
+    tensor's frames has its strides, though it spans fewer frames)."""
+    return a.shape == b.shape and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
 
 
 def _dense(t: torch.Tensor) -> bool:

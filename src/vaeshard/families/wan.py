@@ -441,7 +441,7 @@ class FastResidualBlock:
             return pending.convolve(add_to=h)
         y = pending.convolve(with_bias=not fuse)
         del pending
-        into = _same_layout(h, y) and not self._forward_hooks
+        into = shard.same_layout(h, y) and not self._forward_hooks
         return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h, into_residual=into)
 
 
@@ -512,15 +512,9 @@ class FastUpsample:
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
 
 
-def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, and the same strides wherever an axis has more than one element (a part of a
-    tensor's frames has its strides, though it spans fewer frames)."""
-    return a.shape == b.shape and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
-
-
 def _same_storage(y: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether `y` is `x`'s elements (the block wrote its sum into its input)."""
-    return y.data_ptr() == x.data_ptr() and _same_layout(y, x)
+    return y.data_ptr() == x.data_ptr() and shard.same_layout(y, x)
 
 
 def _fast_path(block: nn.Module) -> bool:
