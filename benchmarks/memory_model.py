@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vaeshard import comm as comm_mod
-from vaeshard import conv_kernel, fast, policy, shard
+from vaeshard import attention, conv_kernel, fast, policy, shard
 from vaeshard.bench import PRESETS
 from vaeshard.families import family_for
 from vaeshard.io import NAMED_CONFIGS
@@ -149,7 +149,8 @@ def cuda_kernels():
     temporaries); the Triton convolution where `conv_kernel.plan` takes a convolution on CUDA,
     allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues),
     and the upsamplers' convolution kernel where `conv_kernel.upsample_plan` takes one (its output
-    only); its GEMM weights are made at a process's first request and kept, so not counted."""
+    only), and the fast tier's attention (its scores buffer and output); its GEMM weights are made at a
+    process's first request and kept, so not counted."""
 
     def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
         return out if out is not None else torch.empty_like(x)
@@ -159,7 +160,8 @@ def cuda_kernels():
 
     stand_ins = {"rms_norm": rms_norm, "add_bias_and_residual_": add_bias_and_residual_,
                  "add_bias_": lambda x, bias: x, "fused_bias_add_available": lambda x: True,
-                 "upsample_kernel_available": lambda x: fast.enabled() and fast._triton_convs.get()}
+                 "upsample_kernel_available": lambda x: fast.enabled() and fast._triton_convs.get(),
+                 "attention_kernel_available": lambda q, k, v: fast.enabled()}
     saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
     for name in saved:
         setattr(fast, name, stand_ins[name])
@@ -181,6 +183,14 @@ def cuda_kernels():
     for name in kernel_saved:
         setattr(conv_kernel, name, kernel_stand_ins[name])
 
+    # the fast tier's attention: its scores buffer and output as on CUDA (the product and the softmax
+    # kernel allocate nothing; the CPU's fp32 upcasts of the operands are not made)
+    attention_stand_ins = {"_scores": lambda q, kt, out: None,
+                           "softmax_": lambda s, scale, dtype: s.view(dtype)[:, : s.shape[1]]}
+    attention_saved = {name: getattr(attention, name) for name in attention_stand_ins if hasattr(attention, name)}
+    for name in attention_saved:
+        setattr(attention, name, attention_stand_ins[name])
+
     def sdpa(q, k, v, *args, **kwargs):  # CUDA's fused attention kernels allocate only the output
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
@@ -194,6 +204,8 @@ def cuda_kernels():
             setattr(fast, name, original)
         for name, original in kernel_saved.items():
             setattr(conv_kernel, name, original)
+        for name, original in attention_saved.items():
+            setattr(attention, name, original)
 
 
 class CopiedBytes(TorchDispatchMode):

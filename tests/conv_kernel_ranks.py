@@ -9,7 +9,8 @@ def sharded_through_the_kernel(rank, world, mode):
     """One rank of a sharded fp16 decode of the small Wan 2.1 through the Triton kernel, in Triton's
     interpreter (set before this process imported Triton): the kernel calls' (wrapping tiles?,
     residual added in the epilogue?, next norm computed in the epilogue?), the upsampling kernel's
-    calls' halo (rows, columns), and the max / mean difference to diffusers' fp32 decode."""
+    calls' halo (rows, columns), the (query, key) tokens of the fast tier's attention calls, and the
+    max / mean difference to diffusers' fp32 decode."""
     import vaeshard
     from vaeshard import conv_kernel, triton_support
 
@@ -27,6 +28,11 @@ def sharded_through_the_kernel(rank, world, mode):
     conv_kernel.conv3d = lambda *a, **k: calls.append(
         (a[4].wrap, (a[6] if len(a) > 6 else k.get("add_to")) is not None, k.get("norm") is not None)
     ) or kernel(*a, **k)
+    from vaeshard import attention
+
+    attended = []  # (query tokens, key tokens) of each attention on the fast tier's own
+    own_attention = attention.attention
+    attention.attention = lambda q, k, v: attended.append((q.shape[2], k.shape[2])) or own_attention(q, k, v)
     vae = build("wan21")
     z = latent((1, 4, 2, 4, 16))
     with torch.no_grad():
@@ -35,4 +41,4 @@ def sharded_through_the_kernel(rank, world, mode):
     vaeshard.parallelize(vae, mode=mode)
     out = vae.decode(z.to(torch.float16)).sample
     err = (out.float() - ref).abs()
-    return calls, upsampled, err.max().item(), err.mean().item()
+    return calls, upsampled, attended, err.max().item(), err.mean().item()

@@ -201,6 +201,11 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     conv_kernel.conv3d = lambda *a, **k: calls.append(a[0].shape) or added.append(
         (a[6] if len(a) > 6 else k.get("add_to")) is not None) or normed.append(k.get("norm") is not None) or kernel(
         *a, **k)
+    # the mid block's attention on the fast tier's own (attention.py)
+    from vaeshard import attention
+    attended = []
+    own_attention = attention.attention
+    attention.attention = lambda *a: attended.append(a[0].shape) or own_attention(*a)
     # fp16: the interpreter's bf16 matrix products are wrong (see KERNEL_VALUES)
     vae = build("wan21")
     z = latent((1, 4, 2, 2, 16))
@@ -211,6 +216,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     vaeshard.parallelize(vae)
     out = vae.decode(z).sample
     assert calls, "no convolution ran on the Triton kernel"
+    assert attended, "the attention did not run on the fast tier's own"
     assert any(added) and not all(added), "the residual blocks' conv2 did not add into the residual"
     assert any(normed) and not all(normed), "the residual blocks' conv1 did not compute norm2 in its epilogue"
     # the 3-D upsamplers on the kernel from their source frames, after the time convolution (2) and
@@ -270,15 +276,19 @@ def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap):
     # two gloo ranks running the Triton kernel in its interpreter (fp16): width shards take the
     # wrapping tiles, height shards the row tiles, the residual blocks' conv2 adds the residual in
     # the epilogue, their conv1 computes norm2 in its epilogue, the upsamplers convolve their source
-    # frames with halo rows (columns) from the neighbours, and the decode is within the
+    # frames with halo rows (columns) from the neighbours, the attention runs on the fast tier's own
+    # (attention.py) with the rank's queries and the whole frame's keys, and the decode is within the
     # half-precision tolerance of diffusers' fp32 decode
     pytest.importorskip("triton")
     from .conv_kernel_ranks import sharded_through_the_kernel
     from .dist_harness import run_ranks
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the fresh rank processes
-    for calls, upsampled, err_max, err_mean in run_ranks(sharded_through_the_kernel, 2, mode, fresh=True, timeout=240):
+    for calls, upsampled, attended, err_max, err_mean in run_ranks(sharded_through_the_kernel, 2, mode, fresh=True,
+                                                                   timeout=240):
         assert calls and all(w == wrap for w, _, _ in calls), calls
+        # the mid block's attention: the rank's own query rows against the whole frame's keys
+        assert attended and all(lq * 2 == lk for lq, lk in attended), attended
         # the upsamplers read their source with one halo row (column) a side from the neighbour
         assert upsampled and all(halo == ((0, 1) if wrap else (1, 0)) for halo in upsampled), upsampled
         assert any(added for _, added, _ in calls), "no residual added in the kernel's epilogue"

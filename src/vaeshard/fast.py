@@ -18,6 +18,10 @@ outside a vaeshard request always sees the original layers. What changes in the 
   bias before its single rounding and, for a residual block's second convolution, the residual as
   it stores (rounded as PyTorch's bias pass and residual add round; `conv_with_bias`'s `add_to`)
   (`triton_convs=False`: cuDNN everywhere).
+- The single-head attention of Wan's (and Qwen-Image's) mid block runs as vaeshard's own on CUDA
+  (`attention.py`: the scores by one fp32-output matrix product per block of queries, their softmax
+  by a Triton kernel, then the product with V) instead of PyTorch's memory-efficient kernel, which
+  is the one PyTorch has for its 384-channel head.
 - Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32; on
   CUDA, where `conv_kernel.upsample_plan` takes the 3x3 convolution after it (Wan's upsamplers), one
   Triton kernel reads the source frames and computes that convolution of their upsampling, which is
@@ -50,6 +54,7 @@ import contextvars
 import torch
 import torch.nn.functional as F
 
+from . import attention as attention_kernel
 from . import conv_kernel, norm_math
 from .triton_support import runs_on, tl, triton
 
@@ -332,6 +337,19 @@ def _conv_then_norm(conv, x, weight, bias, args, norm: conv_kernel.NormEpilogue,
                                   norm=norm, out=out)
     y = conv_with_bias(conv, x, weight, bias, *args)
     return rms_norm(y, norm.gamma, norm.bias, norm.scale, norm.silu, norm.eps, norm.pre_bias, out=out)
+
+
+def attention_kernel_available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether `attention` runs vaeshard's own attention for these tensors (`attention.available`)."""
+    return attention_kernel.available(q, k, v)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, k, v)`; in the fast tier, where `attention_kernel_available`,
+    vaeshard's own (attention.py), within the tier's tolerances."""
+    if enabled() and attention_kernel_available(q, k, v):
+        return attention_kernel.attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
 
 
 def add_bias_(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

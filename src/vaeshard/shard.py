@@ -358,24 +358,26 @@ class WholeFrameAttention:
     """Mixin for the Wan-style single-head spatial attention block (norm, to_qkv, sdpa, proj).
 
     Queries stay local; keys and values are gathered from every shard in global order, so each local
-    query attends over the whole frame exactly as unsharded.
+    query attends over the whole frame exactly as unsharded. In the fast tier, sharded or not, the
+    attention itself is `fast.attention` (vaeshard's own on CUDA).
     """
 
     def forward(self, x):
         ctx = current()
-        if ctx is None:
+        if ctx is None and not fast_tier.enabled():
             return super().forward(x)
         identity = x
         b, c, t, h, w = x.shape
         x_nchw = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         qkv = self.to_qkv(self.norm(x_nchw))  # (b*t, 3c, h, w), per pixel: local
         q, k, v = qkv.chunk(3, dim=1)
-        k, v = ctx.gather(k, ctx.dim(k)), ctx.gather(v, ctx.dim(v))  # whole frame, global order
+        if ctx is not None:
+            k, v = ctx.gather(k, ctx.dim(k)), ctx.gather(v, ctx.dim(v))  # whole frame, global order
 
         def tokens(m):  # (b*t, c, h, w) -> (b*t, 1, h*w, c), the contiguous layout diffusers feeds sdpa
             return m.reshape(b * t, 1, c, -1).permute(0, 1, 3, 2).contiguous()
 
-        out = F.scaled_dot_product_attention(tokens(q), tokens(k), tokens(v))
+        out = fast_tier.attention(tokens(q), tokens(k), tokens(v))
         out = out.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
         out = self.proj(out)
         return out.view(b, t, c, h, w).permute(0, 2, 1, 3, 4) + identity
