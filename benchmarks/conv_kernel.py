@@ -47,7 +47,8 @@ from vaeshard import conv_kernel, fast
 
 # name: (Cin, Cout, input frames, H, W, padding): the buffers of Wan 2.1's full-resolution residual
 # blocks (96 channels) at 720p (1 GPU; 2 GPUs by height and by width; 4 by width) and 480p (1 GPU,
-# 2 by width), and of the half-resolution ones (192 channels) at 720p
+# 2 by width; with zero columns), and of the half-resolution ones (192 channels) at 720p (and 480p
+# with zero columns)
 SHAPES = {
     "720p, 1 GPU": (96, 96, 6, 720, 1280, (0, 1, 1)),
     "720p, 2 GPUs by height": (96, 96, 6, 362, 1280, (0, 0, 1)),
@@ -55,6 +56,12 @@ SHAPES = {
     "720p, 4 GPUs by width": (96, 96, 6, 720, 322, (0, 1, 0)),
     "480p, 1 GPU": (96, 96, 6, 480, 832, (0, 1, 1)),
     "480p, 2 GPUs by width": (96, 96, 6, 480, 418, (0, 1, 0)),
+    # zero columns (fast.zero_columns): the 480p rows that no row tile fits, their padding held as a
+    # zero column a side, so the wrapping tiles take them (cuDNN on the same buffer without padding)
+    "480p, 1 GPU, zero columns": (96, 96, 6, 480, 834, (0, 1, 0)),
+    "480p, 2 GPUs by height, zero columns": (96, 96, 6, 242, 834, (0, 0, 0)),
+    "480p/2, 1 GPU, zero columns": (192, 192, 6, 240, 418, (0, 1, 0)),
+    "480p/2, 2 GPUs by height, zero columns": (192, 192, 6, 122, 418, (0, 0, 0)),
     "720p/2, 1 GPU": (192, 192, 6, 360, 640, (0, 1, 1)),
     "720p/2, 2 GPUs by height": (192, 192, 6, 182, 640, (0, 0, 1)),
     "720p/2, 2 GPUs by width": (192, 192, 6, 360, 322, (0, 1, 0)),

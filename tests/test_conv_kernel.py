@@ -198,7 +198,8 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     conv_kernel.upsample_conv2d = lambda *a, **k: upsampled.append(a[1]) or up_kernel(*a, **k)
     added = []  # calls that added their result to a residual (the residual blocks' conv2)
     normed = []  # calls that computed the next norm as they stored (the residual blocks' conv1)
-    conv_kernel.conv3d = lambda *a, **k: calls.append(a[0].shape) or added.append(
+    wraps = []  # whether each call took the wrapping tiles
+    conv_kernel.conv3d = lambda *a, **k: calls.append(a[0].shape) or wraps.append(a[4].wrap) or added.append(
         (a[6] if len(a) > 6 else k.get("add_to")) is not None) or normed.append(k.get("norm") is not None) or kernel(
         *a, **k)
     # the mid block's attention on the fast tier's own (attention.py)
@@ -209,12 +210,22 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     # fp16: the interpreter's bf16 matrix products are wrong (see KERNEL_VALUES)
     vae = build("wan21")
     z = latent((1, 4, 2, 2, 16))
+    narrow = latent((1, 4, 2, 2, 6))  # rows of 24, 12 and 6 columns where the kernel runs: 16-voxel tiles fit none
     with torch.no_grad():
         ref = vae.decode(z).sample
+        ref_narrow = vae.decode(narrow).sample
     vae.to(torch.float16)
     z = z.to(torch.float16)
     vaeshard.parallelize(vae)
     out = vae.decode(z).sample
+    assert calls and not any(wraps), "the row tiles did not take the unsharded rows"
+    # where they do not fit, the buffers hold their padding as zero columns and the wrapping tiles
+    # take them (fast.zero_columns; on one rank nothing else wraps)
+    wraps.clear()
+    got = vae.decode(narrow.to(torch.float16)).sample
+    assert wraps and all(wraps), wraps
+    err = (got.float() - ref_narrow).abs()
+    assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     assert calls, "no convolution ran on the Triton kernel"
     assert attended, "the attention did not run on the fast tier's own"
     assert any(added) and not all(added), "the residual blocks' conv2 did not add into the residual"
@@ -262,8 +273,9 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
 
 def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
     # Wan's decoder (and encoder) with its 32-channel convolutions on the Triton kernel (the interpreter,
-    # fp16), within DESIGN.md's half-precision tolerance of diffusers' fp32 decode (encode), and none
-    # of them with triton_convs=False
+    # fp16), within DESIGN.md's half-precision tolerance of diffusers' fp32 decode (encode), rows the
+    # row tiles do not fit taken by the wrapping tiles through zero columns, and none of them with
+    # triton_convs=False
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, "-c", MODEL_THROUGH_CONV_KERNEL], capture_output=True, text=True, env=env,
@@ -407,9 +419,32 @@ def test_upsample_plan_leaves_the_rest_to_the_copy_and_cudnn(monkeypatch, src, w
     assert conv_kernel.upsample_plan(src, w, sub, width) is None, why
 
 
+@pytest.mark.parametrize(
+    "cout, width, wants",
+    [
+        (96, 832, True),  # Wan 2.1 480p, one GPU or by height: 3.25 tiles of 256 a row
+        (96, 1280, False),  # 720p: 5 tiles a row
+        (192, 416, True),  # 480p at half resolution: 3.25 tiles of 128
+        (192, 640, False),
+        (384, 208, False),  # no tile for 384 channels: cuDNN pads
+        (256, 330, False),  # nor for Wan 2.2's 256
+    ],
+)
+def test_zero_columns_where_the_row_tiles_do_not_fit(monkeypatch, cout, width, wants):
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
+    like = _shape_x((1, cout, 6, 4, width))
+    assert conv_kernel.wants_zero_columns(like, _shape_w(cout, cout), width) == wants
+    if wants:  # the buffer with its zero columns, convolved without column padding: the wrapping tiles
+        buf = _shape_x((1, cout, 6, 4, width + 2))
+        assert conv_kernel.plan(buf, _shape_w(cout, cout), 1, (0, 1, 0), 1, 1).wrap
+    assert not conv_kernel.wants_zero_columns(like.float(), _shape_w(cout, cout, dtype=torch.float32), width)
+    assert not conv_kernel.wants_zero_columns(like, _shape_w(cout, cout, (1, 3, 3)), width)
+
+
 def test_plan_needs_cuda_or_the_interpreter():
     assert conv_kernel.upsample_plan(_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (3, 3)), 1, 640) is None
     assert conv_kernel.plan(_shape_x((1, 96, 6, 720, 642)), _shape_w(96, 96), 1, (0, 1, 0), 1, 1) is None
+    assert not conv_kernel.wants_zero_columns(_shape_x((1, 96, 6, 480, 832)), _shape_w(96, 96), 832)
 
 
 @pytest.mark.parametrize("wrap", [False, True])

@@ -109,6 +109,19 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     return None
 
 
+def wants_zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
+    """Whether a buffer of `width` columns (channels-last, `like`'s dtype and device) for a 3x3x3
+    convolution with `weight` (stride 1, zero padding of one column a side) should hold that padding
+    as one zero column a side, so that `plan` takes it with the wrapping tiles (no padding columns
+    for cuDNN: a tile may run on into the next row) where the row tiles do not fit its rows (`width`
+    not a multiple of the tile's voxels: Wan 2.1 at 480p, 832 columns). Measured on an H200
+    (BENCHMARKS.md, "Zero columns"): the wrapping tiles ran 1.08-1.28x cuDNN on width shards."""
+    if not _runs(like, weight, 5) or tuple(weight.shape[2:]) != (3, 3, 3):
+        return False
+    tile = _tile_for(weight.shape[0], TILES)
+    return tile is not None and weight.shape[1] % tile.block_k == 0 and width % tile.block_m != 0
+
+
 def _runs(x: torch.Tensor, weight: torch.Tensor, dims: int) -> bool:
     """Whether the kernels can take `x` and `weight` (both `dims`-D) at all: CUDA (or Triton's
     interpreter), bf16 or fp16 both, no autograd."""

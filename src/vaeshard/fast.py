@@ -294,6 +294,13 @@ def _kernel_plan(conv, x, weight, bias, args) -> conv_kernel.ConvPlan | None:
     return None
 
 
+def zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
+    """Whether a 3x3x3 convolution's input buffer of `width` columns, in this request, holds the
+    convolution's column padding as zero columns for the Triton kernel's wrapping tiles (fast tier,
+    triton_convs, `conv_kernel.wants_zero_columns`)."""
+    return _fast.get() and _triton_convs.get() and conv_kernel.wants_zero_columns(like, weight, width)
+
+
 def upsample_kernel_available(x: torch.Tensor) -> bool:
     """Whether the upsampling convolution's Triton kernel may run on `x`'s device in this request
     (fast tier, triton_convs, CUDA or the interpreter): `upsample_plan` then decides per call."""

@@ -116,7 +116,7 @@ class HaloCausalConv3d:
                 return self._forward_in_parts(x, cached, limit)
             buf, new, ready = self.input_buffer(x, cached)
             copy_frames(new, x, 2)
-            return self.forward_buffer(buf, ready=ready)
+            return self.forward_buffer(buf, ready=ready, width=new.shape[-1])
         # exact tier, sharded: diffusers' steps, with halo rows in place of the sharded axis's padding
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
         if cached is not None:
@@ -138,6 +138,11 @@ class HaloCausalConv3d:
     # padding, one more row each side comes out (rows a neighbour holds, computed here too). (0, 0):
     # the caller wrote those rows itself (such a wider output), nothing is received, and at the
     # global edges the rows become the zero padding.
+    #
+    # Zero columns (fast tier, CUDA, `fast.zero_columns`): where the Triton kernel's row tiles do not
+    # fit the rows, an unsharded width's padding is held in the buffer as one zero column a side,
+    # which the kernel's wrapping tiles take; the buffer is then wider than the new frames, and the
+    # steps after `input_buffer` are given the new frames' `width` to know it.
 
     def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None, halo_rows=None, shape=None):
         """(buffer, view, ready): this convolution's whole input, channels-last, with `cache_x` and the
@@ -149,7 +154,8 @@ class HaloCausalConv3d:
         frames, halo rows included (a cache taken from an earlier buffer after its exchange, as the
         fast residual blocks keep theirs): the second is copied whole, one contiguous copy, and its
         frames need no exchange. `ready` counts the leading frames that hold their halo rows already
-        (such a cache, or only causal zero frames, which are zero across the buffer)."""
+        (such a cache, or only causal zero frames, which are zero across the buffer). With zero
+        columns (above) a cache taken from an earlier buffer holds them too."""
         ctx = current()
         tpad = self._padding[4]
         new = tuple(like.shape if shape is None else shape)
@@ -159,10 +165,17 @@ class HaloCausalConv3d:
         if ctx is not None:
             dim, (before, after) = ctx.dim(new), self._halo_rows(ctx) if halo_rows is None else halo_rows
             shape[dim] += before + after
+        columns = self._zero_columns(ctx, like, new[-1])
+        shape[-1] += 2 * columns
         buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
         core = buf if dim is None else buf.narrow(dim, before, new[dim])
+        if columns:
+            buf[..., :columns].zero_()
+            buf[..., -columns:].zero_()
+            core = core.narrow(-1, columns, new[-1])
         cached = 0 if cache_x is None else cache_x.shape[2]
-        whole = cache_x is None or dim is None or cache_x.shape[dim] == shape[dim]  # the cache has the halo rows
+        # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows, zero columns)
+        whole = cache_x is None or tuple(cache_x.shape[3:]) == tuple(shape[3:])
         front = buf if whole else core
         if tpad > cached:
             front[:, :, : tpad - cached].zero_()
@@ -171,10 +184,12 @@ class HaloCausalConv3d:
         return buf, core[:, :, tpad:], tpad if whole else 0
 
     def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
-                       add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The convolution of a buffer from `input_buffer` whose new frames are written: halo rows
-        exchanged for all but the first `ready` frames, then cuDNN applies the zero padding of the
-        unsharded axis (no padded copy).
+                       add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None,
+                       width: int | None = None) -> torch.Tensor:
+        """The convolution of a buffer from `input_buffer` whose new frames (`width` columns; None:
+        the buffer's, no zero columns) are written: halo rows exchanged for all but the first
+        `ready` frames, then cuDNN applies the zero padding of the unsharded axis (no padded copy)
+        unless the buffer holds it as zero columns.
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
         into the next norm (fast.move_bias_into_norm) is left out too. `add_to`: the result is added
@@ -188,33 +203,48 @@ class HaloCausalConv3d:
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
-        return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(ctx),
-                                        self.dilation, self.groups, add_to=add_to, norm=norm, out=out)
+        return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride,
+                                        self._buffer_padding(ctx, buf, width), self.dilation, self.groups,
+                                        add_to=add_to, norm=norm, out=out)
 
-    def norms_in_epilogue(self, buf: torch.Tensor) -> bool:
+    def norms_in_epilogue(self, buf: torch.Tensor, width: int | None = None) -> bool:
         """Whether `forward_buffer(buf, norm=..., out=...)` computes the norm in the Triton kernel's
         epilogue when `out` is the new frames of another causal convolution's input buffer (a single
         sample's: with more, their frames do not follow each other there), else the norm kernel
         runs after the convolution (fast.conv_with_bias)."""
         bias = None if fast_tier.bias_moved(self) else self.bias
         return buf.shape[0] == 1 and fast_tier.norm_in_epilogue(
-            F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(current()), self.dilation, self.groups)
+            F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(current(), buf, width), self.dilation,
+            self.groups)
 
-    def output_shape(self, buf: torch.Tensor) -> tuple[int, ...]:
-        """The shape `forward_buffer(buf)` gives (known before the buffer is written)."""
-        pads = self._buffer_padding(current())
+    def output_shape(self, buf: torch.Tensor, width: int | None = None) -> tuple[int, ...]:
+        """The shape `forward_buffer(buf, width=width)` gives (known before the buffer is written)."""
+        pads = self._buffer_padding(current(), buf, width)
         dims = [(size + 2 * p - d * (k - 1) - 1) // s + 1
                 for size, p, k, s, d in zip(buf.shape[2:], pads, self.kernel_size, self.stride, self.dilation)]
         return (buf.shape[0], self.out_channels, *dims)
 
-    def _buffer_padding(self, ctx) -> tuple[int, int, int]:
-        """The (T, H, W) zero padding cuDNN applies to a buffer from `input_buffer`: none in time (the
-        buffer holds the causal frames), none on a sharded axis (halo rows), the rest as diffusers'."""
+    def _buffer_padding(self, ctx, buf: torch.Tensor | None = None, width: int | None = None) -> tuple[int, int, int]:
+        """The (T, H, W) zero padding cuDNN applies to a buffer from `input_buffer` whose new frames
+        have `width` columns: none in time (the buffer holds the causal frames), none on a sharded
+        axis (halo rows), none in width where the buffer holds it (zero columns), the rest as
+        diffusers'."""
         padding = list(self._padding)
         if ctx is not None:
             slot = self._slot(ctx)
             padding[slot] = padding[slot + 1] = 0
+        if buf is not None and width is not None and buf.shape[-1] > width:  # halo or zero columns
+            padding[0] = padding[1] = 0
         return (0, padding[2], padding[0])
+
+    def _zero_columns(self, ctx, like: torch.Tensor, width: int) -> int:
+        """Zero columns a side that an input buffer for new frames of `width` columns holds in place of
+        the padding (`fast.zero_columns`): 1 or 0 (an unsharded width padded by one column a side)."""
+        if (ctx is not None and ctx.axis == WIDTH) or tuple(self._padding[:2]) != (1, 1):
+            return 0
+        if self.stride != (1, 1, 1) or self.dilation != (1, 1, 1) or self.groups != 1:
+            return 0
+        return 1 if fast_tier.zero_columns(like, self.weight, width) else 0
 
     def _causal_in_time(self) -> bool:
         """Whether each output frame sees its own input frame and the `kernel - 1` before it (stride
@@ -232,8 +262,9 @@ class HaloCausalConv3d:
             part = x[:, :, start : start + limit]
             buf, new, ready = self.input_buffer(part, cached)
             copy_frames(new, part, 2)
+            width = new.shape[-1]
             del new
-            outs.append(self.forward_buffer(buf, ready=ready))
+            outs.append(self.forward_buffer(buf, ready=ready, width=width))
             del buf
             if tpad:  # the frames the next part's window reaches back to
                 cached = part if cached is None or part.shape[2] >= tpad else torch.cat([cached, part], dim=2)

@@ -592,23 +592,24 @@ class _CausalInput:
 
     def __init__(self, conv, buf, new, frames, ready, halo_rows, feat_cache, idx, old):
         self.conv, self.buf, self.new, self.frames = conv, buf, new, frames
+        self.width = new.shape[-1]  # (the buffer may be wider: zero columns, HaloCausalConv3d)
         self.ready, self.halo_rows = ready, halo_rows
         self.feat_cache, self.idx, self.old = feat_cache, idx, old
 
     def output_shape(self) -> tuple[int, ...]:
-        return self.conv.output_shape(self.buf)
+        return self.conv.output_shape(self.buf, self.width)
 
     def norms_in_epilogue(self) -> bool:
         """Whether `convolve(norm=..., out=...)` would compute the norm in the convolution kernel's
         epilogue into a causal input buffer (`HaloCausalConv3d.norms_in_epilogue`)."""
-        return self.conv.norms_in_epilogue(self.buf)
+        return self.conv.norms_in_epilogue(self.buf, self.width)
 
     def convolve(self, with_bias: bool = True, add_to: torch.Tensor | None = None, norm=None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution (`HaloCausalConv3d.forward_buffer`; `add_to`: added to that tensor in
         place, which is returned; `norm`, `out`: that norm of it written into `out`, returned), then
         the cache update; the buffer is dropped."""
-        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out)
+        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width)
         if self.feat_cache is not None:  # (stream order: the buffer has read the old cache)
             _store_cache(self.feat_cache, self.idx, self.old, self.frames)
         self.buf = self.new = self.frames = self.old = None
