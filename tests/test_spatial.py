@@ -135,7 +135,7 @@ def test_copy_frames_fills_the_buffer_core_only(rows, cols):
     assert torch.equal(frames[:, :, 1:6], src) and not frames[:, :, 0].any() and not frames[:, :, 6].any()
 
 
-def _zero_columns_parity(rank, world, model, shape, mode):
+def _zero_columns_parity(rank, world, model, shape, mode, settings):
     # the fast tier with every 3x3x3 convolution's input buffer holding its column padding as zero
     # columns (on CUDA: where the Triton kernel's row tiles do not fit the rows, conv_kernel.
     # wants_zero_columns), convolved without padding columns: diffusers' untiled decode within 1e-5
@@ -157,7 +157,7 @@ def _zero_columns_parity(rank, world, model, shape, mode):
         return buf, new, ready
 
     shard.HaloCausalConv3d.input_buffer = spy
-    vaeshard.parallelize(vae, mode=mode)
+    vaeshard.parallelize(vae, mode=mode, **settings)
     out = vae.decode(z).sample
     held = [b for b in buffers if b[0] == b[1] + 2]
     assert held and all(edges for _, _, edges in held), buffers
@@ -166,9 +166,13 @@ def _zero_columns_parity(rank, world, model, shape, mode):
     return len(held), len(buffers)
 
 
-@pytest.mark.parametrize("world, mode", [(1, "auto"), (2, "spatial_shard_height")])
-def test_zero_columns_decode_matches_untiled(world, mode):
+@pytest.mark.parametrize("world, mode, settings", [
+    (1, "auto", {}),
+    (2, "spatial_shard_height", {}),
+    (1, "auto", {"frames_per_step": 2, "max_layer_frames": 2}),  # parts of frames, each part's cache before it
+])
+def test_zero_columns_decode_matches_untiled(world, mode, settings):
     # the caches taken from such buffers hold the zero columns too (copied whole into the next
     # decoder call's buffer); by height the halo rows are exchanged with them
-    for held, total in run_ranks(_zero_columns_parity, world, "wan21", (1, 4, 3, 6, 10), mode, fresh=True):
+    for held, total in run_ranks(_zero_columns_parity, world, "wan21", (1, 4, 3, 6, 10), mode, settings, fresh=True):
         assert held >= total // 2, (held, total)
