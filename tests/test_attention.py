@@ -74,6 +74,8 @@ def test_fast_attention_is_pytorchs_outside_the_fast_tier_and_where_the_kernel_c
         assert torch.equal(got, F.scaled_dot_product_attention(q.float(), k.float(), v.float()))
     with fast.tier(False):  # the exact tier: PyTorch's, bit for bit
         assert torch.equal(fast.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+        empty = torch.empty(1, 1, 0, 8, dtype=torch.float16)  # no keys: PyTorch's, whatever it gives
+        assert torch.equal(fast.attention(q, empty, empty), F.scaled_dot_product_attention(q, empty, empty))
     monkeypatch.setattr(attention, "runs_on", lambda x: False)  # CPU without the interpreter
     with fast.tier(True):
         assert torch.equal(fast.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))

@@ -2,12 +2,13 @@
 
 Wan's mid-block attention has one head of 384 channels (Qwen-Image's VAE the same), more than
 PyTorch's flash and cuDNN attention kernels take (256 at most), so `F.scaled_dot_product_attention`
-runs its memory-efficient kernel, about 120-140 TFLOP/s on an H200 (BENCHMARKS.md, "Attention").
+runs its memory-efficient kernel, about 120-140 TFLOP/s on an H200 (docs/strategies.md, "The
+attention"; BENCHMARKS.md, Wan 2.1 720p).
 Here a block of query rows at a time: the scores Q Kt as one cuBLAS product with fp32 output, the
 row softmax of the scaled scores in one Triton pass that writes the probabilities in the input
-dtype over the scores' own memory, then their product with V written into the output. 2.4x the
-fused kernel at Wan 2.1 720p's 14400 tokens; the scores of one block live in a buffer of at most
-`SCORES_BYTES`.
+dtype over the scores' own memory, then their product with V written into the output. 2.3x the
+memory-efficient kernel at Wan 2.1 720p's 14400 tokens; the scores of one block live in a buffer of
+at most `SCORES_BYTES`.
 
 Values: the scores are the fp32 sums of the products (cuBLAS), scaled by 1/sqrt(d) in fp32, the
 softmax is computed in fp32 and rounded once to the dtype, and the product with V sums in fp32 and
@@ -30,9 +31,10 @@ ROW_BLOCK = 16384
 
 def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `attention` takes these (batch, heads, tokens, channels) tensors: CUDA (or Triton's
-    interpreter), bf16 or fp16 all, no autograd."""
+    interpreter), bf16 or fp16 all, at least one key, no autograd."""
     return (runs_on(q) and q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.dtype in (torch.bfloat16, torch.float16)
-            and k.dtype == q.dtype and v.dtype == q.dtype and not (q.requires_grad or k.requires_grad or v.requires_grad))
+            and k.dtype == q.dtype and v.dtype == q.dtype and k.shape[2] > 0
+            and not (q.requires_grad or k.requires_grad or v.requires_grad))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
