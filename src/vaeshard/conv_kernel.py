@@ -411,11 +411,7 @@ if triton is not None:
                 a = xd.load([t_in + kt, q0 + (kh - PH) * W + kw, c0]).reshape(BM, BK)
             else:  # padding rows and columns fall outside the box: zeros
                 a = xd.load([t_in + kt, h0 + kh - PH, w0 + kw - PW, c0]).reshape(BM, BK)
-            b = wd.load([tap * CIN + c0, 0])
-            acc = tl.dot(a, b, acc)
-            if BN2 > 0:
-                b2 = wd2.load([tap * CIN + c0, BN])
-                acc2 = tl.dot(a, b2, acc2)
+            acc, acc2 = _dot_channel_tiles(a, wd, wd2, tap * CIN + c0, acc, acc2, BN, BN2)
         # (ADD: the output's old values added; each program reads and writes only its own tile)
         bias_on_store: tl.constexpr = HAS_BIAS and not NORM
         if NORM:  # every output channel of a voxel is in this program: normalise before storing
@@ -444,6 +440,15 @@ if triton is not None:
             _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, bias_on_store, ADD)
             if BN2 > 0:
                 _store_row(acc2, yd2, b_ptr, nt, h0, w0, BN, COUT, BM, BN2, bias_on_store, ADD)
+
+    @triton.jit
+    def _dot_channel_tiles(a, wd, wd2, row, acc, acc2, BN: tl.constexpr, BN2: tl.constexpr):
+        # one step of the K loop: the input box `a` times the weight rows from `row` for the first
+        # channel tile, and for the second (BN2 > 0) from the same box
+        acc = tl.dot(a, wd.load([row, 0]), acc)
+        if BN2 > 0:
+            acc2 = tl.dot(a, wd2.load([row, BN]), acc2)
+        return acc, acc2
 
     @triton.jit
     def _with_bias(acc, b_ptr, n0, COUT, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
@@ -513,11 +518,7 @@ if triton is not None:
             # upsampled row 2 i + p + kh - 1 is source row i + floor((p + kh - 1) / 2); rows and
             # columns outside the source are the box's zero fill (the padding)
             a = xd.load([fs, i + (p + kh + 1) // 2 - 1, LEFT + j0 + (q + kw + 1) // 2 - 1, c_src + c0]).reshape(BM, BK)
-            b = wd.load([tap * CIN + c0, 0])
-            acc = tl.dot(a, b, acc)
-            if BN2 > 0:
-                b2 = wd2.load([tap * CIN + c0, BN])
-                acc2 = tl.dot(a, b2, acc2)
+            acc, acc2 = _dot_channel_tiles(a, wd, wd2, tap * CIN + c0, acc, acc2, BN, BN2)
         _store_phase(acc, yd, b_ptr, f, r, j0, q, 0, COUT, BM, BN, HAS_BIAS)
         if BN2 > 0:
             _store_phase(acc2, yd2, b_ptr, f, r, j0, q, BN, COUT, BM, BN2, HAS_BIAS)

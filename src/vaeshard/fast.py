@@ -289,22 +289,27 @@ def _kernel_plan(conv, x, weight, bias, args) -> conv_kernel.ConvPlan | None:
     """The Triton kernel's plan for `conv(x, weight, bias, *args)` in this request, or None (not the
     fast tier, triton_convs off, a bias of another dtype, which PyTorch's own call rejects, or a
     convolution `conv_kernel.plan` leaves to cuDNN)."""
-    if conv is F.conv3d and _fast.get() and _triton_convs.get() and (bias is None or bias.dtype == x.dtype):
+    if conv is F.conv3d and _kernels_on() and (bias is None or bias.dtype == x.dtype):
         return conv_kernel.plan(x, weight, *args)
     return None
+
+
+def _kernels_on() -> bool:
+    """Whether this request may run the Triton convolution kernels: the fast tier, triton_convs."""
+    return _fast.get() and _triton_convs.get()
 
 
 def zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
     """Whether a 3x3x3 convolution's input buffer of `width` columns, in this request, holds the
     convolution's column padding as zero columns for the Triton kernel's wrapping tiles (fast tier,
     triton_convs, `conv_kernel.wants_zero_columns`)."""
-    return _fast.get() and _triton_convs.get() and conv_kernel.wants_zero_columns(like, weight, width)
+    return _kernels_on() and conv_kernel.wants_zero_columns(like, weight, width)
 
 
 def upsample_kernel_available(x: torch.Tensor) -> bool:
     """Whether the upsampling convolution's Triton kernel may run on `x`'s device in this request
     (fast tier, triton_convs, CUDA or the interpreter): `upsample_plan` then decides per call."""
-    return _fast.get() and _triton_convs.get() and runs_on(x)
+    return _kernels_on() and runs_on(x)
 
 
 def upsample_plan(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,

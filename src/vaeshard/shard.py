@@ -351,13 +351,10 @@ class HaloConv2d:
         if how is None:
             return None
         top = left = 0
-        if ctx is not None:  # the source's halo rows: one a side covers the upsampled padding row
-            dim = ctx.dim(src)
-            shape = list(src.shape)
-            shape[dim] += 2
-            buf = torch.empty(shape, dtype=src.dtype, device=src.device, memory_format=torch.channels_last)
-            copy_frames(buf.narrow(dim, 1, src.shape[dim]), src, 0)
-            src = ctx.fill_halo(buf, dim, 1, 1)
+        if ctx is not None:  # the source's halo rows: one a side (this convolution's) covers the upsampled padding row
+            buf, core = self.input_buffer(src)
+            copy_frames(core, src, 0)
+            src = ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
             top, left = (1, 0) if ctx.axis == HEIGHT else (0, 1)
         return fast_tier.upsample_conv2d(src, sub, self.weight, self.bias, how, top, left)
 
