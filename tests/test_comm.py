@@ -138,3 +138,21 @@ def test_assemble_along_builds_the_whole_tensor_in_place(to_all, dim, extents):
 
     expected = ["whole"] * 3 if to_all else ["whole", None, None]
     assert run_ranks(_assemble, 3, dim, to_all, extents) == expected
+
+
+def test_halo_rows_travel_in_the_buffers_order_of_dimensions():
+    # channels-last buffers (the fast tier's) send their rows with the channels innermost, so packing
+    # them is a plain copy; other buffers as they are; the receiver's view back is the same layout
+    cl5 = torch.empty(1, 8, 3, 6, 5, memory_format=torch.channels_last_3d)
+    cl4 = torch.empty(2, 8, 6, 5, memory_format=torch.channels_last)
+    assert comm._exchange_order(cl5) == (0, 2, 3, 4, 1)
+    assert comm._exchange_order(cl5[:, :, 1:]) == (0, 2, 3, 4, 1)  # a view of the buffer's later frames
+    assert comm._exchange_order(cl4) == (0, 2, 3, 1)
+    assert comm._exchange_order(torch.empty(1, 8, 3, 6, 5)) == (0, 1, 2, 3, 4)
+    assert comm._exchange_order(torch.empty(1, 1, 3, 6, 5, memory_format=torch.channels_last_3d)) == (0, 1, 2, 3, 4)
+    rows = torch.randn(1, 8, 3, 6, 5).contiguous(memory_format=torch.channels_last_3d).narrow(3, 4, 2)
+    order = comm._exchange_order(rows)
+    wire = rows.permute(order).contiguous()
+    assert wire.is_contiguous() and list(wire.shape) == comm._permuted(rows.shape, order)
+    back = wire.permute(comm._inverse(order))
+    assert torch.equal(back, rows) and back.is_contiguous(memory_format=torch.channels_last_3d)

@@ -154,23 +154,29 @@ class Comm:
         core = buf.narrow(dim, before, extent)
         has_prev = self.rank > 0
         has_next = self.rank < num_ranks - 1
+        # The rows travel in the buffer's own order of dimensions (channels innermost for the fast
+        # tier's buffers), as plain contiguous tensors of the permuted shape (what every backend
+        # sends): packing and unpacking them copies whole runs of channels, where the default order
+        # would transpose them on the way out and back.
+        order = _exchange_order(buf)
         ops = []
         from_prev = from_next = None
         if has_prev and before > 0:
-            from_prev = core.new_empty(_with_extent(core.shape, dim, before))
+            from_prev = buf.new_empty(_permuted(_with_extent(core.shape, dim, before), order))
             ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
         if has_next and after > 0:
-            from_next = core.new_empty(_with_extent(core.shape, dim, after))
+            from_next = buf.new_empty(_permuted(_with_extent(core.shape, dim, after), order))
             ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
         if has_prev and after > 0:
-            ops.append(dist.P2POp(dist.isend, core.narrow(dim, 0, after).contiguous(), self._global(self.rank - 1), self.group))
+            rows = core.narrow(dim, 0, after).permute(order).contiguous()
+            ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank - 1), self.group))
         if has_next and before > 0:
-            first = extent - before
-            ops.append(dist.P2POp(dist.isend, core.narrow(dim, first, before).contiguous(), self._global(self.rank + 1), self.group))
+            rows = core.narrow(dim, extent - before, before).permute(order).contiguous()
+            ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank + 1), self.group))
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 self._wait(work, "halo exchange")
-        # Received rows arrive in plain contiguous buffers; they are copied into the halo rows of
+        # Received rows arrive in buffers of their own; they are copied into the halo rows of
         # the buffer (a few rows), zeros at the global edges.
         for rows, at, received in ((before, 0, from_prev), (after, before + extent, from_next)):
             if rows == 0:
@@ -179,7 +185,7 @@ class Comm:
             if received is None:
                 target.zero_()
             else:
-                target.copy_(received)
+                target.copy_(received.permute(_inverse(order)))
         return buf
 
     # -- gathers --------------------------------------------------------------------------------
@@ -273,6 +279,24 @@ def _memory_format(x: torch.Tensor):
     if x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
         return torch.channels_last
     return torch.contiguous_format
+
+
+def _exchange_order(buf: torch.Tensor) -> tuple[int, ...]:
+    """The order of dimensions halo rows of `buf` travel in: channels last where `buf` holds them
+    innermost (4-D or 5-D, more than one channel), else as they are. It depends only on how the
+    buffer was laid out, which every rank of an exchange does alike, so sender and receiver agree on
+    the rows' shape and byte order."""
+    if buf.ndim in (4, 5) and buf.shape[1] > 1 and buf.stride(1) == 1:
+        return (0, *range(2, buf.ndim), 1)
+    return tuple(range(buf.ndim))
+
+
+def _permuted(shape, order) -> list[int]:
+    return [shape[i] for i in order]
+
+
+def _inverse(order) -> tuple[int, ...]:
+    return tuple(sorted(range(len(order)), key=order.__getitem__))
 
 
 def _zeros_like_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
