@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vaeshard's Triton convolution (src/vaeshard/conv_kernel.py) against cuDNN, alone, on one GPU.
+"""vaeshard's convolution kernels (conv_kernel.py's Triton kernel, box_conv.py's Gluon kernel) against cuDNN, alone, on one GPU.
 
     python3 benchmarks/conv_kernel.py                      # Wan 2.1's 96-channel shapes, the library's tile
     python3 benchmarks/conv_kernel.py --sweep --json conv.json
@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from unittest import mock
 
 import norm_kernel  # (benchmarks/, next to this script) its CUDA-event timer
 import torch
 import torch.nn.functional as F
 
-from vaeshard import conv_kernel, fast
+from vaeshard import box_conv, conv_kernel, fast
 
 # name: (Cin, Cout, input frames, H, W, padding): the buffers of Wan 2.1's full-resolution residual
 # blocks (96 channels) at 720p (1 GPU; 2 GPUs by height and by width; 4 by width) and 480p (1 GPU,
@@ -56,6 +57,7 @@ SHAPES = {
     "720p, 4 GPUs by width": (96, 96, 6, 720, 322, (0, 1, 0)),
     "480p, 1 GPU": (96, 96, 6, 480, 832, (0, 1, 1)),
     "480p, 2 GPUs by width": (96, 96, 6, 480, 418, (0, 1, 0)),
+    "480p, 2 GPUs by height": (96, 96, 6, 242, 832, (0, 0, 1)),  # (box_conv: no zero columns)
     # zero columns (fast.zero_columns): the 480p rows that no row tile fits, their padding held as a
     # zero column a side, so the wrapping tiles take them (cuDNN on the same buffer without padding)
     "480p, 1 GPU, zero columns": (96, 96, 6, 480, 834, (0, 1, 0)),
@@ -245,6 +247,10 @@ def main() -> None:
         base = chosen or conv_kernel.TILE._replace(wrap=wrap)
         swept = [conv_kernel.TILE._replace(wrap=wrap, **t) for t in SWEEP.get(cout, [])] if args.sweep else []
         tiles = ([chosen] if chosen else []) + [t for t in swept if t != chosen] or [base]
+        if chosen is not None and chosen.box:  # and the Triton kernel's plan, where it has one
+            with mock.patch.object(box_conv, "available", lambda: False):
+                triton_plan = conv_kernel.plan(x, weight, 1, padding, 1, 1)
+            tiles += [triton_plan] if triton_plan is not None else []
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue
@@ -265,7 +271,10 @@ def main() -> None:
                 ms = median_ms(run)
                 n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
                 tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
-                label = ("wrap" if how.wrap else "rows") + ("" if how == chosen else "*") + suffix
+                if how.box:
+                    p = box_conv.PLAN
+                    tile = f"{p.rows}x{p.cols}x{p.block_n}+{p.block_n2}x{p.block_k} s{p.stages} w{p.num_warps}+1"
+                label = ("box" if how.box else "wrap" if how.wrap else "rows") + ("" if how == chosen else "*") + suffix
                 print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "
                       f"{flop / ms / 1e9:8.0f} {diff:9.1e}", flush=True)
                 rows.append(dict(shape=name, cin=cin, cout=cout, frames=frames, h=h, w=w, padding=padding,

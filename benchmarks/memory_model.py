@@ -37,6 +37,10 @@ from torch.utils._pytree import tree_flatten
 
 from vaeshard import comm as comm_mod
 from vaeshard import attention, conv_kernel, fast, policy, shard
+try:
+    from vaeshard import box_conv
+except ImportError:  # older trees
+    box_conv = None
 from vaeshard.bench import PRESETS
 from vaeshard.families import family_for
 from vaeshard.io import NAMED_CONFIGS
@@ -143,8 +147,9 @@ class StandInComm(comm_mod.Comm):
 
 
 @contextlib.contextmanager
-def cuda_kernels():
-    """The fast tier's CUDA path: the fused norm, the bias + residual pass and the bias pass as one
+def cuda_kernels(box: bool = True):
+    """The fast tier's CUDA path (`box`: on a Hopper GPU with a Triton whose Gluon compiles box_conv,
+    which then takes the 96-channel convolutions, leaving their norm to the norm kernel): the fused norm, the bias + residual pass and the bias pass as one
     kernel each, which allocate nothing beyond their output (the eager CPU path makes fp32
     temporaries); the Triton convolution where `conv_kernel.plan` takes a convolution on CUDA,
     allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues),
@@ -182,6 +187,10 @@ def cuda_kernels():
     kernel_saved = {name: getattr(conv_kernel, name) for name in kernel_stand_ins if hasattr(conv_kernel, name)}
     for name in kernel_saved:
         setattr(conv_kernel, name, kernel_stand_ins[name])
+    box_stand_ins = {"_on_hopper": lambda x: box, "available": lambda: box}
+    box_saved = {name: getattr(box_conv, name) for name in box_stand_ins if hasattr(box_conv, name)}
+    for name in box_saved:
+        setattr(box_conv, name, box_stand_ins[name])
 
     # the fast tier's attention: its scores buffer and output as on CUDA (the product and the softmax
     # kernel allocate nothing; the CPU's fp32 upcasts of the operands are not made)
@@ -204,6 +213,8 @@ def cuda_kernels():
             setattr(fast, name, original)
         for name, original in kernel_saved.items():
             setattr(conv_kernel, name, original)
+        for name, original in box_saved.items():
+            setattr(box_conv, name, original)
         for name, original in attention_saved.items():
             setattr(attention, name, original)
 
@@ -228,28 +239,28 @@ class CopiedBytes(TorchDispatchMode):
         return out
 
 
-def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1,
+def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1, box: bool = True,
                  max_layer_frames: int | None = None) -> list[tuple[str, int, int]]:
     """(operation and source line, bytes written, calls) of one fast-tier decode on one rank, most bytes first."""
     with CopiedBytes() as copies:
-        _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames)
+        _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames, box)
     return sorted(((k, b, copies.calls[k]) for k, b in copies.bytes.items()), key=lambda r: -r[1])
 
 
-def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1,
+def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1, box: bool = True,
                    max_layer_frames: int | None = None) -> tuple[int, list[tuple[str, int]]]:
     """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
     what is alive then, by the source line that allocated it."""
     external = [*vae.parameters(), *vae.buffers(), z]
     with LiveBytes(external) as live:
-        _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames)
+        _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames, box)
     return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])
 
 
-def _decode(vae, z, ranks: int, axis: str, frames_per_step: int, max_layer_frames: int | None) -> None:
+def _decode(vae, z, ranks: int, axis: str, frames_per_step: int, max_layer_frames: int | None, box: bool = True) -> None:
     """One fast-tier decode of `z` on the CUDA code path, as one rank of `ranks` would run it."""
     family = family_for(vae)
-    with torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels():
+    with torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels(box):
         if ranks == 1:
             out = family.untiled_decode(vae, z)
         else:
@@ -274,6 +285,8 @@ def main() -> None:
     ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (default 1)")
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
     ap.add_argument("--copies", action="store_true", help="also: bytes written by copies, by source line")
+    ap.add_argument("--no-box", action="store_true",
+                    help="model the Triton kernel's plans (a GPU other than Hopper, or a Triton without box_conv)")
     ap.add_argument("--axis", default="auto", choices=("auto", shard.HEIGHT, shard.WIDTH),
                     help="the sharded axis (default: the one `auto` picks on CUDA)")
     args = ap.parse_args()
@@ -294,7 +307,7 @@ def main() -> None:
             with mock.patch.object(policy, "_device_of", lambda vae: torch.device("cuda")):
                 strategy = vaeshard.plan(vae, shape, ranks).strategy
             axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
-        peak, sites = predicted_peak(vae, z, ranks, axis, frames_per_step=args.frames_per_step,
+        peak, sites = predicted_peak(vae, z, ranks, axis, frames_per_step=args.frames_per_step, box=not args.no_box,
                                      max_layer_frames=args.max_layer_frames)
         print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s)" + (f" by {axis}" if ranks > 1 else "")
               + f", frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: predicted "
@@ -302,7 +315,7 @@ def main() -> None:
         for site, size in sites[: args.top]:
             print(f"    {size / 2**30:6.2f} GiB  {site}")
         if args.copies:
-            rows = copied_bytes(vae, z, ranks, axis, frames_per_step=args.frames_per_step,
+            rows = copied_bytes(vae, z, ranks, axis, frames_per_step=args.frames_per_step, box=not args.no_box,
                                 max_layer_frames=args.max_layer_frames)
             print(f"  written by copies, clones, concatenations and zero fills: {sum(b for _, b, _ in rows) / 1e9:.1f} GB; "
                   f"by operation and source line:")

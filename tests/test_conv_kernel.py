@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from vaeshard import conv_kernel
+from vaeshard import box_conv, conv_kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -616,3 +616,109 @@ def test_conv_with_bias_computes_the_next_norm_in_the_epilogue_where_the_kernel_
             got = fast.conv_with_bias(F.conv3d, x, w64, None, 1, (0, 1, 1), 1, 1, norm=norm64, out=out)
         assert got is out and torch.allclose(out, want, rtol=1e-6, atol=1e-6)  # (the eager norm: fp32)
     assert len(seen) == calls
+
+
+@pytest.fixture
+def hopper(monkeypatch):
+    # meta tensors stand in for CUDA ones on a Hopper GPU, with a Triton whose Gluon compiles box_conv
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
+    monkeypatch.setattr(box_conv, "_on_hopper", lambda x: True)
+    monkeypatch.setattr(box_conv, "available", lambda: True)
+
+
+@pytest.mark.parametrize(
+    "x, padding",
+    [
+        (_shape_x((1, 96, 6, 720, 1280)), (0, 1, 1)),  # Wan 2.1 720p, one GPU
+        (_shape_x((1, 96, 6, 362, 1280)), (0, 0, 1)),  # sharded by height
+        (_shape_x((1, 96, 6, 720, 642)), (0, 1, 0)),  # sharded by width
+        (_shape_x((1, 96, 6, 480, 832)), (0, 1, 1)),  # 480p: rows no row tile fits, padded
+        (_shape_x((1, 96, 6, 242, 832)), (0, 0, 1)),  # 480p by height
+        (_shape_x((1, 96, 6, 480, 834)), (0, 1, 0)),  # a buffer that holds zero columns
+    ],
+)
+def test_plan_takes_the_box_kernel_for_96_channels_on_hopper(hopper, x, padding):
+    how = conv_kernel.plan(x, _shape_w(96, 96), 1, padding, 1, 1)
+    assert how is not None and how.box
+    assert conv_kernel.adds_in_epilogue(how) and not conv_kernel.norms_in_epilogue(how)  # (measured)
+
+
+def test_plan_keeps_the_triton_kernel_elsewhere(hopper, monkeypatch):
+    # 192 channels: the Triton kernel's tiles; 96 channels where box_conv cannot run: the Triton
+    # kernel where its tiles fit, cuDNN where they do not
+    how = conv_kernel.plan(_shape_x((1, 192, 6, 360, 640)), _shape_w(192, 192), 1, (0, 1, 1), 1, 1)
+    assert how is not None and not how.box
+    assert conv_kernel.plan(_shape_x((1, 96, 6, 720, 1280)), _shape_w(96, 96, (1, 3, 3)), 1, (0, 1, 1), 1, 1) is None
+    for off in ("available", "_on_hopper"):
+        with monkeypatch.context() as m:
+            m.setattr(box_conv, off, lambda *a: False)
+            how = conv_kernel.plan(_shape_x((1, 96, 6, 720, 1280)), _shape_w(96, 96), 1, (0, 1, 1), 1, 1)
+            assert how is not None and not how.box
+            assert conv_kernel.plan(_shape_x((1, 96, 6, 480, 832)), _shape_w(96, 96), 1, (0, 1, 1), 1, 1) is None
+    x = _shape_x((1, 96, 6, 720, 1280))
+    assert not box_conv.runs(x.float(), _shape_w(96, 96, dtype=torch.float32))
+    assert not box_conv.runs(_shape_x((1, 16, 6, 720, 1280)), _shape_w(96, 16))  # 16 input channels: no step of 32
+
+
+def test_no_zero_columns_where_the_box_kernel_runs(hopper):
+    # box_conv takes rows of any width (the box's zero fill pads them): no zero columns at 96
+    # channels; the 192-channel layers keep them for the Triton kernel's wrapping tiles
+    assert not conv_kernel.wants_zero_columns(_shape_x((1, 96, 6, 4, 832)), _shape_w(96, 96), 832)
+    assert conv_kernel.wants_zero_columns(_shape_x((1, 192, 6, 4, 416)), _shape_w(192, 192), 416)
+
+
+def test_conv3d_hands_a_box_plan_to_box_conv(monkeypatch):
+    # conv_kernel.conv3d with a box plan: the output made or checked as for the Triton kernel, then
+    # box_conv.conv3d with the padding, the weight in its layout and the epilogue
+    calls = []
+    monkeypatch.setattr(box_conv, "conv3d", lambda *a, **k: calls.append((a, k)) or a[4])
+    how = conv_kernel.TILES[96]._replace(box=True)
+    x = torch.randn(1, 96, 4, 5, 7).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(96, 96, 3, 3, 3).to(torch.float16)
+    y = conv_kernel.conv3d(x, w, None, (0, 1, 1), how)
+    assert y.shape == (1, 96, 2, 5, 7) and y.is_contiguous(memory_format=torch.channels_last_3d)
+    (args, _), = calls
+    assert args[3] == (0, 1, 1) and args[4] is y and torch.equal(args[5], box_conv.box_weight_of(w)) and not args[6]
+    assert args[5].shape == (96, 27 * 96) and torch.equal(args[5][5, 96 * 13 + 7], w[5, 7, 1, 1, 1])
+    residual = torch.randn(1, 96, 2, 5, 5).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
+    assert conv_kernel.conv3d(x, w, None, (0, 1, 0), how, add_to=residual) is residual and calls[-1][0][6]
+    gamma = torch.ones(96, dtype=torch.float16)
+    out = torch.empty(1, 96, 2, 5, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
+    conv_kernel.conv3d(x, w, None, (0, 1, 1), how, norm=conv_kernel.NormEpilogue(gamma, 0.0, 2.0), out=out)
+    norm = calls[-1][0][7]
+    assert norm.bias is None and norm.gamma is gamma and norm.scale == 2.0
+    with pytest.raises(ValueError, match="bias is a tensor or 0"):
+        conv_kernel.conv3d(x, w, None, (0, 1, 1), how, norm=conv_kernel.NormEpilogue(gamma, 0.5, 2.0), out=out)
+
+
+@pytest.mark.parametrize("epilogue", [None, "add", "norm"])
+def test_box_kernel_compiles_for_hopper(epilogue):
+    # the warp-specialised Gluon kernel, compiled for sm_90 with Triton's own ptxas (no GPU): TMA
+    # copies, warp-group multiplies, the producer warp's register budget, and the shared memory of
+    # its slots within the 227 KB a program may hold
+    pytest.importorskip("triton")
+    assert box_conv.available()
+    compiled = box_conv.compile_for_hopper(add=epilogue == "add", norm=epilogue == "norm")
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
+    assert compiled.metadata.shared <= 227 * 1024
+
+
+def test_box_kernel_unavailable_warns_once(monkeypatch):
+    # a Triton whose Gluon does not compile the kernel: not available, one warning, the Triton
+    # kernel's plans instead
+    def fails(*a, **k):
+        raise RuntimeError("error encountered during parsing")
+
+    monkeypatch.setattr(box_conv, "compile_for_hopper", fails)
+    box_conv._compiles.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="does not compile with Triton"):
+            assert not box_conv.available()
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert not box_conv.available()  # decided once per process
+    finally:
+        box_conv._compiles.cache_clear()

@@ -17,7 +17,9 @@ It runs only where it measured faster than cuDNN (`plan`): CUDA, bf16/fp16, stri
 padding: either rows of a multiple of the tile's voxels (Wan 2.1 at 720p on one GPU, or sharded by
 height), or a width-sharded buffer, whose halo columns make its rows contiguous so that a tile may
 wrap from one row into the next (its outputs past a row's end are computed and not stored).
-Elsewhere `plan` returns None and cuDNN runs.
+Elsewhere `plan` returns None and cuDNN runs. On Hopper GPUs, where box_conv's Gluon kernel runs
+(96 output channels), `plan` hands the convolution to it instead (a plan with `box`), for rows of any
+width.
 
 Values: each output is the fp32 sum of all 27 x Cin products plus the bias, rounded once to the
 output dtype (cuDNN rounds the sum, then PyTorch adds the bias and rounds again), in a different
@@ -38,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import norm_math
+from . import box_conv, norm_math
 from .triton_support import runs_on, tl, triton
 
 if triton is not None:
@@ -47,7 +49,8 @@ if triton is not None:
 
 class ConvPlan(NamedTuple):
     """How `conv3d` tiles one convolution: `wrap` = tiles run along the flattened (row, column) order
-    of a buffer without padding columns; otherwise each tile lies within one row."""
+    of a buffer without padding columns; otherwise each tile lies within one row. `box`: the
+    convolution runs as box_conv's Gluon kernel instead (its own tiling, box_conv.PLAN)."""
 
     wrap: bool
     block_m: int = 256  # output voxels per tile
@@ -56,6 +59,7 @@ class ConvPlan(NamedTuple):
     block_n2: int = 0  # a second channel tile after the first (96 = 64 + 32), in the same program
     stages: int = 4  # TMA loads in flight
     num_warps: int = 8
+    box: bool = False
 
 
 class NormEpilogue(NamedTuple):
@@ -102,6 +106,8 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
         return None
     if x.shape[2] < kt or x.shape[3] + 2 * ph < kh or x.shape[4] + 2 * pw < kw:
         return None
+    if box_conv.runs(x, weight):  # any rows: the box's zero fill is the padding
+        return tile._replace(box=True)
     if pw == 0:  # no padding columns: a tile may run on into the next row
         return tile._replace(wrap=True)
     if x.shape[4] % tile.block_m == 0:  # whole tiles per row
@@ -117,8 +123,8 @@ def wants_zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> 
     not a multiple of the tile's voxels: Wan 2.1 at 480p, 832 columns). Measured on an H200
     (BENCHMARKS.md, Wan 2.1 720p, "Zero columns"): at 480p with zero columns the wrapping tiles ran
     1.20-1.25x cuDNN at 96 channels and 0.96-1.03x at 192, and the decode 2.5-4.5% faster."""
-    if not _runs(like, weight, 5) or tuple(weight.shape[2:]) != (3, 3, 3):
-        return False
+    if not _runs(like, weight, 5) or tuple(weight.shape[2:]) != (3, 3, 3) or box_conv.runs(like, weight):
+        return False  # (box_conv's kernel takes any row width)
     tile = _tile_for(weight.shape[0], TILES)
     return tile is not None and weight.shape[1] % tile.block_k == 0 and width % tile.block_m != 0
 
@@ -168,6 +174,11 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
                          f"{out.stride()}")
     if out.numel() == 0:
         return out
+    if norm is not None and not (norm.bias is None or isinstance(norm.bias, torch.Tensor) or norm.bias == 0):
+        raise ValueError(f"conv3d: a norm's bias is a tensor or 0, got {norm.bias!r}")
+    if how.box:
+        norm = None if norm is None else norm._replace(bias=norm.bias if isinstance(norm.bias, torch.Tensor) else None)
+        return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, cached_box_weight(weight), add_to is not None, norm)
     wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
     bm, bn, bk = how.block_m, how.block_n, how.block_k
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
@@ -190,8 +201,6 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     wd2, yd2 = boxes(how.block_n2) if how.block_n2 else (wd, yd)
     unused = wk  # a pointer for the arguments a launch does not read
     g = norm if norm is not None else NormEpilogue(unused, None, 1.0)
-    if not (g.bias is None or isinstance(g.bias, torch.Tensor) or g.bias == 0):
-        raise ValueError(f"conv3d: a norm's bias is a tensor or 0, got {g.bias!r}")
     g = g._replace(bias=g.bias if isinstance(g.bias, torch.Tensor) else None)
     _conv3x3x3_kernel[(n * tout * tiles,)](
         xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles, sf, sr, sc,
@@ -230,12 +239,15 @@ def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
 
 def norms_in_epilogue(how: ConvPlan) -> bool:
     """Whether `conv3d` should take a `norm` for a plan (else its caller runs the norm kernel after
-    it): every plan. Measured on an H200 (benchmarks/conv_kernel.py --norm, BENCHMARKS.md), the
-    kernel with the norm in its epilogue against the kernel then the norm kernel: 96 channels, row
+    it): every Triton plan, no box_conv plan. box_conv's programs stay resident and its multiplies
+    wait while it stores, so the norm there cost more than the norm kernel's pass after it (720p, 1
+    GPU: 4.54 against 3.74 ms; by height 2.32 against 1.95, benchmarks/conv_kernel.py --norm).
+    For the Triton kernel, measured on an H200 (benchmarks/conv_kernel.py --norm, BENCHMARKS.md),
+    the kernel with the norm in its epilogue against the kernel then the norm kernel: 96 channels, row
     tiles 4-5% faster, wrapping tiles 7-8%; 192 channels, row tiles the same on one GPU and 6%
     faster by height, wrapping tiles (whose pointer stores spill registers) within 1% (1.561 against
     1.552 ms); and the convolution's output is never allocated."""
-    return True
+    return not how.box
 
 
 def takes_out(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
@@ -350,26 +362,38 @@ def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
 
 
 _GEMM_WEIGHT = "_vaeshard_gemm_weight"
+_BOX_WEIGHT = "_vaeshard_box_weight"
 
 
 def cached_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     """`gemm_weight_of(weight)`, kept on the weight tensor and made again when the weight changes
     (in-place updates bump its version; a new tensor has no copy). Inference tensors keep no
     version counter, so theirs is made on every call."""
+    return _cached(weight, _GEMM_WEIGHT, gemm_weight_of)
+
+
+def cached_box_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`box_conv.box_weight_of(weight)`, kept as `cached_gemm_weight` keeps its layout."""
+    return _cached(weight, _BOX_WEIGHT, box_conv.box_weight_of)
+
+
+def _cached(weight: torch.Tensor, attr: str, make) -> torch.Tensor:
     if weight.is_inference():
-        return gemm_weight_of(weight)
+        return make(weight)
     key = (weight._version, weight.dtype, weight.device, weight.data_ptr())
-    held = getattr(weight, _GEMM_WEIGHT, None)
+    held = getattr(weight, attr, None)
     if held is None or held[0] != key:
-        held = (key, gemm_weight_of(weight))
-        setattr(weight, _GEMM_WEIGHT, held)
+        held = (key, make(weight))
+        setattr(weight, attr, held)
     return held[1]
 
 
 def forget_gemm_weights(module: torch.nn.Module) -> None:
-    """Drop the copies `cached_gemm_weight` keeps on `module`'s parameters (`vaeshard.unparallelize`)."""
+    """Drop the copies `cached_gemm_weight` and `cached_box_weight` keep on `module`'s parameters
+    (`vaeshard.unparallelize`)."""
     for p in module.parameters():
         p.__dict__.pop(_GEMM_WEIGHT, None)
+        p.__dict__.pop(_BOX_WEIGHT, None)
 
 
 def _triple(v) -> tuple[int, int, int]:

@@ -16,8 +16,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
 - On CUDA, the 3x3x3 convolutions `conv_kernel.plan` takes (Wan 2.1's 96- and 192-channel layers
   where the buffer's rows suit its tiles) run as vaeshard's own Triton implicit GEMM, which adds the
   bias before its single rounding and, for a residual block's second convolution, the residual as
-  it stores (rounded as PyTorch's bias pass and residual add round; `conv_with_bias`'s `add_to`)
-  (`triton_convs=False`: cuDNN everywhere).
+  it stores (rounded as PyTorch's bias pass and residual add round; `conv_with_bias`'s `add_to`);
+  on Hopper GPUs the 96-channel ones, rows of any width, as box_conv's Gluon kernel, which reads
+  each input box once for three taps (`triton_convs=False`: cuDNN everywhere).
 - The single-head attention of Wan's (and Qwen-Image's) mid block runs as vaeshard's own on CUDA
   (`attention.py`: the scores by one fp32-output matrix product per block of queries, their softmax
   by a Triton kernel, then the product with V) instead of PyTorch's memory-efficient kernel, which
