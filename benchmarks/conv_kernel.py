@@ -7,6 +7,7 @@
     python3 benchmarks/conv_kernel.py --residual                 # + bias + a residual, in place
     python3 benchmarks/conv_kernel.py --norm                     # + the next RMS norm + SiLU
     python3 benchmarks/conv_kernel.py --upsample [--sweep]       # the upsamplers' convolution
+    python3 benchmarks/conv_kernel.py --box-sweep                # box_conv's tilings of BOX_SWEEP too
 
 Each shape is one decoder call's convolution input (a channels-last bf16 buffer: the two cached
 frames and four new ones, halo rows or columns where sharded) with random weights. cuDNN runs as the
@@ -179,6 +180,36 @@ def upsample_rows(args) -> list[dict]:
     return rows
 
 
+# box_conv tilings to time with --box-sweep, by output channels: 96 as the library runs it and with
+# 3 slots; 192 (the half-resolution layers, on the Triton kernel in the library) on 8 x 16 voxels,
+# whose accumulators (128 x 192) fit the consumer warps' registers, with 4 and 3 slots
+BOX_SWEEP = {
+    96: [box_conv.PLAN, box_conv.PLAN._replace(stages=3)],
+    192: [box_conv.BoxPlan(rows=8, block_n=128, block_n2=64, stages=4),
+          box_conv.BoxPlan(rows=8, block_n=128, block_n2=64, stages=3)],
+}
+
+
+def box_rows(rows: list, name: str, x, weight, padding, want, cudnn: float, flop: float) -> None:
+    """--box-sweep: box_conv.conv3d with each of BOX_SWEEP's tilings for this shape (no bias, no
+    epilogue), its time and largest difference to cuDNN's output, printed and added to `rows`."""
+    cout = weight.shape[0]
+    if not box_conv.available() or x.shape[1] % 32:
+        return
+    boxed = box_conv.box_weight_of(weight)
+    for how in BOX_SWEEP.get(cout, []):
+        out = torch.empty(want.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+        got = box_conv.conv3d(x, weight, None, padding, out, boxed, how=how)
+        diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+        ms = median_ms(lambda: box_conv.conv3d(x, weight, None, padding, out, boxed, how=how))
+        tile = f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
+        label = "box" + ("" if box_conv.PLANS.get(cout) == how else "*")
+        print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "
+              f"{flop / ms / 1e9:8.0f} {diff:9.1e}", flush=True)
+        rows.append(dict(shape=name, cout=cout, box=how._asdict(), cudnn_ms=cudnn, kernel_ms=ms, speedup=cudnn / ms,
+                         tflops=flop / ms / 1e9, rel_diff=diff))
+
+
 def median_ms(fn, reps: int = 20) -> float:
     return norm_kernel._time(fn, loops=1, reps=reps) * 1e3  # (CUDA events around each call)
 
@@ -191,6 +222,8 @@ def main() -> None:
     ap.add_argument("--residual", action="store_true", help="add a bias and a residual in the same call")
     ap.add_argument("--norm", action="store_true", help="apply the next RMS norm + SiLU in the same call")
     ap.add_argument("--upsample", action="store_true", help="the upsamplers' convolution instead (UPSAMPLE_SHAPES)")
+    ap.add_argument("--box-sweep", action="store_true",
+                    help="also time box_conv's kernel with the tilings of BOX_SWEEP (channel counts it does not run for yet)")
     args = ap.parse_args()
     if args.residual and args.norm:
         ap.error("--residual or --norm, not both")
@@ -251,6 +284,8 @@ def main() -> None:
             with mock.patch.object(box_conv, "available", lambda: False):
                 triton_plan = conv_kernel.plan(x, weight, 1, padding, 1, 1)
             tiles += [triton_plan] if triton_plan is not None else []
+        if args.box_sweep and not args.residual and not args.norm:
+            box_rows(rows, name, x, weight, padding, want, cudnn, flop)
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue

@@ -73,8 +73,11 @@ class BoxPlan(NamedTuple):
 
 # The tiling measured fastest at Wan 2.1's 720p shapes on an H200 (BENCHMARKS.md, "The box
 # convolution"): 16 x 16 voxels, 4 slots (3.07 ms against 3.28 with 3, 3.50 with 8 x 16 voxels).
+# PLANS holds the output channel counts the kernel runs for, each with its measured tiling; other
+# tilings (benchmarks/conv_kernel.py --box-sweep: 192 channels on 8 x 16 voxels, say) are measured
+# there before a count joins PLANS.
 PLAN = BoxPlan()
-COUT = 96
+PLANS = {96: PLAN}
 
 
 def available() -> bool:
@@ -85,10 +88,12 @@ def available() -> bool:
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `conv3d` runs for this input and weight: 96 output channels, input channels a multiple
-    of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0, and `available()`."""
-    return (weight.shape[0] == COUT and weight.shape[1] % PLAN.block_k == 0
-            and x.dtype in (torch.bfloat16, torch.float16) and _on_hopper(x) and available())
+    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96), input
+    channels a multiple of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0,
+    and `available()`."""
+    how = PLANS.get(weight.shape[0])
+    return (how is not None and weight.shape[1] % how.block_k == 0 and x.dtype in (torch.bfloat16, torch.float16)
+            and _on_hopper(x) and available())
 
 
 def _on_hopper(x: torch.Tensor) -> bool:
@@ -276,13 +281,14 @@ def descriptor_layouts(how: BoxPlan = PLAN):
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, out: torch.Tensor,
-           box_weight: torch.Tensor, add: bool = False, norm=None, how: BoxPlan = PLAN) -> torch.Tensor:
+           box_weight: torch.Tensor, add: bool = False, norm=None, how: BoxPlan | None = None) -> torch.Tensor:
     """conv_kernel.conv3d's computation for a convolution `runs` takes, into `out` (a view
     conv_kernel.takes_out accepts; with `add`, `out` holds the residual and the sum replaces it);
     `norm`: a conv_kernel.NormEpilogue with its bias a tensor or None. `box_weight`:
-    `box_weight_of(weight)`. Returns `out`."""
+    `box_weight_of(weight)`. `how`: PLANS' tiling for the output channels unless given. Returns `out`."""
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
+    how = how if how is not None else PLANS[cout]
     _, ph, pw = padding
     tout, ho, wo = out.shape[2:]
     r, cw, bk = how.rows, how.cols, how.block_k
@@ -314,7 +320,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     return out
 
 
-def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, add: bool = False, norm: bool = False):
+def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: bool = False, norm: bool = False):
     """The kernel compiled for sm_90 without a GPU (Triton's own ptxas), for `available` and the tests."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
@@ -327,7 +333,7 @@ def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, add: bool = False, no
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
 
     kernel = _box_conv_kernel
-    constants = dict(CIN=cin, COUT=COUT, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=not norm,
+    constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=not norm,
                      ADD=add, NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages,
                      PRODUCER_REGS=how.producer_regs, num_warps=how.num_warps)
     types = {"xd": desc([1, r, cw, bk], box_layout), "xd2": desc([1, 2, cw, bk], box_layout),
