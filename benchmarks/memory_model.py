@@ -183,6 +183,7 @@ def cuda_kernels(box: bool = True):
                            device=src.device, memory_format=torch.channels_last)
 
     kernel_stand_ins = {"runs_on": lambda x: True, "conv3d": conv3d, "cached_gemm_weight": lambda w: w,
+                        "cached_box_weight": lambda w: w,
                         "upsample_conv2d": upsample_conv2d}
     kernel_saved = {name: getattr(conv_kernel, name) for name in kernel_stand_ins if hasattr(conv_kernel, name)}
     for name in kernel_saved:

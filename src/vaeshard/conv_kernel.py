@@ -153,7 +153,8 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     the bias and after the sum, as PyTorch's bias pass followed by a residual add rounds.
     With `norm`, what is stored is that norm (+ SiLU) of the rounded result (`NormEpilogue`), as the
     norm would compute it after the convolution, without the convolution's output ever being stored.
-    `gemm_weight`: `gemm_weight(weight)` if the caller keeps it (see `cached_gemm_weight`)."""
+    `gemm_weight`: the weight in the layout the plan's kernel reads, if the caller keeps it (see
+    `cached_weight_for`)."""
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
     _, ph, pw = _triple(padding)
@@ -178,7 +179,8 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
         raise ValueError(f"conv3d: a norm's bias is a tensor or 0, got {norm.bias!r}")
     if how.box:
         norm = None if norm is None else norm._replace(bias=norm.bias if isinstance(norm.bias, torch.Tensor) else None)
-        return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, cached_box_weight(weight), add_to is not None, norm)
+        boxed = gemm_weight if gemm_weight is not None else box_conv.box_weight_of(weight)
+        return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, boxed, add_to is not None, norm)
     wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
     bm, bn, bk = how.block_m, how.block_n, how.block_k
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
@@ -375,6 +377,12 @@ def cached_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
 def cached_box_weight(weight: torch.Tensor) -> torch.Tensor:
     """`box_conv.box_weight_of(weight)`, kept as `cached_gemm_weight` keeps its layout."""
     return _cached(weight, _BOX_WEIGHT, box_conv.box_weight_of)
+
+
+def cached_weight_for(how: ConvPlan, weight: torch.Tensor) -> torch.Tensor:
+    """The weight in the layout `conv3d` reads for the plan `how` (box_conv's or the Triton
+    kernel's), kept on the weight tensor: the `gemm_weight` argument of `conv3d`."""
+    return cached_box_weight(weight) if how.box else cached_gemm_weight(weight)
 
 
 def _cached(weight: torch.Tensor, attr: str, make) -> torch.Tensor:

@@ -275,7 +275,7 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     if how is not None:
         into = add_to if add_to is not None and conv_kernel.adds_in_epilogue(how) and conv_kernel.takes_add_to(
             add_to, conv_kernel.out_shape(x, weight, args[1]), x.dtype) else None
-        y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight), into)
+        y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight), into)
         return y if into is not None or add_to is None else add_bias_and_residual_(y, None, add_to, True)
     if add_to is not None:
         fused = bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
@@ -346,7 +346,7 @@ def _conv_then_norm(conv, x, weight, bias, args, norm: conv_kernel.NormEpilogue,
     else the convolution, then `rms_norm` into `out`."""
     how = norm_in_epilogue(conv, x, weight, bias, *args)
     if how is not None and conv_kernel.takes_out(out, conv_kernel.out_shape(x, weight, args[1]), x.dtype):
-        return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_gemm_weight(weight),
+        return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight),
                                   norm=norm, out=out)
     y = conv_with_bias(conv, x, weight, bias, *args)
     return rms_norm(y, norm.gamma, norm.bias, norm.scale, norm.silu, norm.eps, norm.pre_bias, out=out)
