@@ -68,6 +68,10 @@ SHAPES = {
     "720p/2, 1 GPU": (192, 192, 6, 360, 640, (0, 1, 1)),
     "720p/2, 2 GPUs by height": (192, 192, 6, 182, 640, (0, 0, 1)),
     "720p/2, 2 GPUs by width": (192, 192, 6, 360, 322, (0, 1, 0)),
+    # the quarter- and eighth-resolution layers (384 channels; cuDNN in the library): --box-sweep
+    "720p/4, 1 GPU": (384, 384, 4, 180, 320, (0, 1, 1)),
+    "720p/4, 2 GPUs by height": (384, 384, 4, 92, 320, (0, 0, 1)),
+    "720p/8, 1 GPU": (384, 384, 3, 90, 160, (0, 1, 1)),
     # Wan 2.2's full-resolution layers (256 channels at 704 x 1280 / 2, before its 2 x 2 unpatchify):
     # not taken by conv_kernel.plan (not measured yet); --sweep times candidate tiles
     "Wan 2.2 720p, 1 GPU": (256, 256, 6, 352, 640, (0, 1, 1)),
@@ -181,12 +185,17 @@ def upsample_rows(args) -> list[dict]:
 
 
 # box_conv tilings to time with --box-sweep, by output channels: 96 as the library runs it and with
-# 3 slots; 192 (the half-resolution layers, on the Triton kernel in the library) on 8 x 16 voxels,
-# whose accumulators (128 x 192) fit the consumer warps' registers, with 4 and 3 slots
+# 3 slots; more channels (the Triton kernel or cuDNN in the library) either as channel tiles of 96
+# on 16 x 16 voxels (each program reads the patch's boxes, each weight serves 256 voxels) or on
+# 8 x 16 voxels, whose accumulators (128 x 192) fit the consumer warps' registers; Wan 2.2's 256
+# channels as channel tiles of 64, 128 or 256
+_WIDE = box_conv.BoxPlan(rows=8, block_n=128, block_n2=64)
 BOX_SWEEP = {
     96: [box_conv.PLAN, box_conv.PLAN._replace(stages=3)],
-    192: [box_conv.BoxPlan(rows=8, block_n=128, block_n2=64, stages=4),
-          box_conv.BoxPlan(rows=8, block_n=128, block_n2=64, stages=3)],
+    192: [box_conv.PLAN, box_conv.PLAN._replace(stages=3), _WIDE, _WIDE._replace(stages=3)],
+    256: [box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3), box_conv.PLAN._replace(block_n=32, block_n2=32),
+          box_conv.BoxPlan(rows=8, block_n=128, block_n2=128, stages=3), box_conv.BoxPlan(rows=8, block_n=64, block_n2=64)],
+    384: [box_conv.PLAN, _WIDE],
 }
 
 
@@ -198,11 +207,15 @@ def box_rows(rows: list, name: str, x, weight, padding, want, cudnn: float, flop
         return
     boxed = box_conv.box_weight_of(weight)
     for how in BOX_SWEEP.get(cout, []):
+        tile = f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
         out = torch.empty(want.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-        got = box_conv.conv3d(x, weight, None, padding, out, boxed, how=how)
+        try:
+            got = box_conv.conv3d(x, weight, None, padding, out, boxed, how=how)
+        except Exception as err:  # noqa: BLE001 - a tiling that does not compile or launch: the next one
+            print(f"{name:24} {'box*':10} {tile:22} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
+            continue
         diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
         ms = median_ms(lambda: box_conv.conv3d(x, weight, None, padding, out, boxed, how=how))
-        tile = f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
         label = "box" + ("" if box_conv.PLANS.get(cout) == how else "*")
         print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "
               f"{flop / ms / 1e9:8.0f} {diff:9.1e}", flush=True)
@@ -286,28 +299,30 @@ def main() -> None:
             tiles += [triton_plan] if triton_plan is not None else []
         if args.box_sweep and not args.residual and not args.norm:
             box_rows(rows, name, x, weight, padding, want, cudnn, flop)
+        boxed = box_conv.box_weight_of(weight)
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue
+            kw = boxed if how.box else gemm  # (conv_kernel.cached_weight_for's layouts)
             if args.norm:
-                got = conv_kernel.conv3d(x, weight, None, padding, how, gemm, norm=norm, out=into).clone()
+                got = conv_kernel.conv3d(x, weight, None, padding, how, kw, norm=norm, out=into).clone()
             elif args.residual:
-                got = conv_kernel.conv3d(x, weight, bias, padding, how, gemm, residual.clone())
+                got = conv_kernel.conv3d(x, weight, bias, padding, how, kw, residual.clone())
             else:
-                got = conv_kernel.conv3d(x, weight, None, padding, how, gemm)
+                got = conv_kernel.conv3d(x, weight, None, padding, how, kw)
             diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            runs = {"": lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm)}
+            runs = {"": lambda: conv_kernel.conv3d(x, weight, None, padding, how, kw)}
             if args.norm:
-                runs = {"": lambda: conv_kernel.conv3d(x, weight, None, padding, how, gemm, norm=norm, out=into),
-                        "+pass": lambda: normed(conv_kernel.conv3d(x, weight, None, padding, how, gemm))}
+                runs = {"": lambda: conv_kernel.conv3d(x, weight, None, padding, how, kw, norm=norm, out=into),
+                        "+pass": lambda: normed(conv_kernel.conv3d(x, weight, None, padding, how, kw))}
             elif args.residual:
-                runs = {"": lambda: conv_kernel.conv3d(x, weight, bias, padding, how, gemm, into)}
+                runs = {"": lambda: conv_kernel.conv3d(x, weight, bias, padding, how, kw, into)}
             for suffix, run in runs.items():
                 ms = median_ms(run)
                 n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
                 tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
                 if how.box:
-                    p = box_conv.PLAN
+                    p = box_conv.PLANS[cout]
                     tile = f"{p.rows}x{p.cols}x{p.block_n}+{p.block_n2}x{p.block_k} s{p.stages} w{p.num_warps}+1"
                 label = ("box" if how.box else "wrap" if how.wrap else "rows") + ("" if how == chosen else "*") + suffix
                 print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "

@@ -171,7 +171,7 @@ def cuda_kernels(box: bool = True):
     for name in saved:
         setattr(fast, name, stand_ins[name])
 
-    def conv3d(x, weight, bias, padding, how, gemm_weight=None, add_to=None, norm=None, out=None):
+    def conv3d(x, weight, bias, padding, how, kernel_weight=None, add_to=None, norm=None, out=None):
         if add_to is not None or out is not None:
             return add_to if add_to is not None else out
         return torch.empty(conv_kernel.out_shape(x, weight, padding), dtype=x.dtype, device=x.device,

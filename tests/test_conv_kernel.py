@@ -643,11 +643,26 @@ def test_plan_takes_the_box_kernel_for_96_channels_on_hopper(hopper, x, padding)
     assert conv_kernel.adds_in_epilogue(how) and not conv_kernel.norms_in_epilogue(how)  # (measured)
 
 
+@pytest.mark.parametrize(
+    "x, padding",
+    [
+        (_shape_x((1, 192, 6, 360, 640)), (0, 1, 1)),  # Wan 2.1 720p's half resolution, one GPU
+        (_shape_x((1, 192, 6, 182, 640)), (0, 0, 1)),  # sharded by height
+        (_shape_x((1, 192, 6, 360, 322)), (0, 1, 0)),  # sharded by width
+        (_shape_x((1, 192, 6, 240, 416)), (0, 1, 1)),  # 480p: rows no row tile of the Triton kernel fits
+    ],
+)
+def test_plan_takes_the_box_kernel_for_192_channels_on_hopper(hopper, x, padding):
+    how = conv_kernel.plan(x, _shape_w(192, 192), 1, padding, 1, 1)
+    assert how is not None and how.box
+    assert box_conv.PLANS[192].block_n + box_conv.PLANS[192].block_n2 == 192  # one channel tile: all of them
+
+
 def test_plan_keeps_the_triton_kernel_elsewhere(hopper, monkeypatch):
-    # 192 channels: the Triton kernel's tiles; 96 channels where box_conv cannot run: the Triton
-    # kernel where its tiles fit, cuDNN where they do not
-    how = conv_kernel.plan(_shape_x((1, 192, 6, 360, 640)), _shape_w(192, 192), 1, (0, 1, 1), 1, 1)
-    assert how is not None and not how.box
+    # 96 and 192 channels where box_conv cannot run: the Triton kernel where its tiles fit, cuDNN
+    # where they do not; 384 channels (slower than cuDNN in box_conv's tilings): cuDNN
+    assert conv_kernel.plan(_shape_x((1, 384, 4, 180, 320)), _shape_w(384, 384), 1, (0, 1, 1), 1, 1) is None
+    assert not box_conv.runs(_shape_x((1, 384, 4, 180, 320)), _shape_w(384, 384))
     assert conv_kernel.plan(_shape_x((1, 96, 6, 720, 1280)), _shape_w(96, 96, (1, 3, 3)), 1, (0, 1, 1), 1, 1) is None
     for off in ("available", "_on_hopper"):
         with monkeypatch.context() as m:
@@ -655,15 +670,20 @@ def test_plan_keeps_the_triton_kernel_elsewhere(hopper, monkeypatch):
             how = conv_kernel.plan(_shape_x((1, 96, 6, 720, 1280)), _shape_w(96, 96), 1, (0, 1, 1), 1, 1)
             assert how is not None and not how.box
             assert conv_kernel.plan(_shape_x((1, 96, 6, 480, 832)), _shape_w(96, 96), 1, (0, 1, 1), 1, 1) is None
+            how = conv_kernel.plan(_shape_x((1, 192, 6, 360, 640)), _shape_w(192, 192), 1, (0, 1, 1), 1, 1)
+            assert how is not None and not how.box
     x = _shape_x((1, 96, 6, 720, 1280))
     assert not box_conv.runs(x.float(), _shape_w(96, 96, dtype=torch.float32))
     assert not box_conv.runs(_shape_x((1, 16, 6, 720, 1280)), _shape_w(96, 16))  # 16 input channels: no step of 32
 
 
-def test_no_zero_columns_where_the_box_kernel_runs(hopper):
-    # box_conv takes rows of any width (the box's zero fill pads them): no zero columns at 96
-    # channels; the 192-channel layers keep them for the Triton kernel's wrapping tiles
+def test_no_zero_columns_where_the_box_kernel_runs(hopper, monkeypatch):
+    # box_conv takes rows of any width (the box's zero fill pads them): no zero columns at 96 or 192
+    # channels; without it the Triton kernel's wrapping tiles want them
     assert not conv_kernel.wants_zero_columns(_shape_x((1, 96, 6, 4, 832)), _shape_w(96, 96), 832)
+    assert not conv_kernel.wants_zero_columns(_shape_x((1, 192, 6, 4, 416)), _shape_w(192, 192), 416)
+    monkeypatch.setattr(box_conv, "available", lambda: False)
+    assert conv_kernel.wants_zero_columns(_shape_x((1, 96, 6, 4, 832)), _shape_w(96, 96), 832)
     assert conv_kernel.wants_zero_columns(_shape_x((1, 192, 6, 4, 416)), _shape_w(192, 192), 416)
 
 
@@ -691,15 +711,33 @@ def test_conv3d_hands_a_box_plan_to_box_conv(monkeypatch):
         conv_kernel.conv3d(x, w, None, (0, 1, 1), how, norm=conv_kernel.NormEpilogue(gamma, 0.5, 2.0), out=out)
 
 
-@pytest.mark.parametrize("cout, epilogue", [(96, None), (96, "add"), (96, "norm"), (192, None)])
-def test_box_kernel_compiles_for_hopper(cout, epilogue):
+def test_conv3d_rejects_a_weight_in_the_other_kernels_layout(monkeypatch):
+    # box_conv's weight layout (Cout, 27 Cin) is the transpose of the Triton kernel's: a prepared
+    # weight in the wrong one is refused, not read as the right one
+    monkeypatch.setattr(box_conv, "conv3d", lambda *a, **k: a[4])
+    x = torch.randn(1, 96, 4, 5, 7).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(96, 96, 3, 3, 3).to(torch.float16)
+    box, triton_plan = conv_kernel.TILES[96]._replace(box=True), conv_kernel.TILES[96]
+    with pytest.raises(ValueError, match="kernel_weight"):
+        conv_kernel.conv3d(x, w, None, (0, 1, 1), box, conv_kernel.gemm_weight_of(w))
+    with pytest.raises(ValueError, match="kernel_weight"):
+        conv_kernel.conv3d(x, w, None, (0, 1, 1), triton_plan, box_conv.box_weight_of(w))
+    conv_kernel.conv3d(x, w, None, (0, 1, 1), box, conv_kernel.cached_weight_for(box, w))  # the right one: taken
+
+
+@pytest.mark.parametrize("cout, epilogue, how", [
+    (96, None, None), (96, "add", None), (96, "norm", None), (192, None, None), (192, "add", None), (192, "norm", None),
+    (192, None, box_conv.PLAN), (256, "add", box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3)),
+])
+def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     # the warp-specialised Gluon kernel, compiled for sm_90 with Triton's own ptxas (no GPU): TMA
     # copies, warp-group multiplies, the producer warp's register budget, and the shared memory of
-    # its slots within the 227 KB a program may hold; 96 channels with each epilogue as the library
-    # runs it, 192 with the tiling benchmarks/conv_kernel.py --box-sweep measures (8 x 16 voxels)
+    # its slots within the 227 KB a program may hold; 96 and 192 channels with each epilogue in
+    # PLANS' tilings, and channel tiles of a patch spread over programs (benchmarks/conv_kernel.py
+    # --box-sweep's other tilings)
     pytest.importorskip("triton")
     assert box_conv.available()
-    how = box_conv.PLANS.get(cout) or box_conv.BoxPlan(rows=8, block_n=128, block_n2=64)
+    how = how or box_conv.PLANS[cout]
     compiled = box_conv.compile_for_hopper(how, cin=cout, cout=cout, add=epilogue == "add", norm=epilogue == "norm")
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
@@ -724,3 +762,14 @@ def test_box_kernel_unavailable_warns_once(monkeypatch):
             assert not box_conv.available()  # decided once per process
     finally:
         box_conv._compiles.cache_clear()
+
+
+def test_box_conv_refuses_a_norm_over_several_channel_tiles():
+    # the norm in the epilogue needs every channel of a voxel in one program: a tiling that spreads
+    # them over channel tiles is refused before anything is launched
+    x = torch.empty(1, 192, 4, 8, 8, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.empty(192, 192, 3, 3, 3, dtype=torch.bfloat16)
+    out = torch.empty(1, 192, 2, 8, 8, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    norm = conv_kernel.NormEpilogue(torch.ones(192, dtype=torch.bfloat16), None, 1.0)
+    with pytest.raises(ValueError, match="one tile holds every channel"):
+        box_conv.conv3d(x, w, None, (0, 1, 1), out, box_conv.box_weight_of(w), norm=norm, how=box_conv.PLAN)

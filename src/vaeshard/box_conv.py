@@ -1,19 +1,21 @@
-"""The fast tier's 3x3x3 convolution for 96 output channels on Hopper GPUs: a Gluon kernel that reads
-each input box from L2 once for the three row taps.
+"""The fast tier's 3x3x3 convolution for Wan 2.1's 96- and 192-channel layers on Hopper GPUs: a Gluon
+kernel that reads each input box from L2 once for the three row taps.
 
 The Triton kernel (conv_kernel.py) loads, for each of the 27 taps, its own box of the input, so at
 96 channels every input voxel crosses from L2 to shared memory 27 times, and that traffic bounds it
 (BENCHMARKS.md, "Where the time goes"). Here a program computes a patch of R rows x CW columns of one
-output frame with all 96 output channels and, for each (time tap, column tap, channel step), loads
-one box of R + 2 rows x CW columns; the three row taps multiply three views of that box, CW voxels
-apart, so the input crosses from L2 9 times (and the weights' boxes serve R x CW voxels at once).
+output frame with a tile of output channels (all 96, or all 192 on half the rows) and, for each
+(time tap, column tap, channel step), loads one box of R + 2 rows x CW columns; the three row taps
+multiply three views of that box, CW voxels apart, so the input crosses from L2 9 times (and the
+weights' boxes serve R x CW voxels at once). Output channels beyond one tile are further programs'
+channel tiles of the same patch (timed by benchmarks/conv_kernel.py --box-sweep, not in PLANS).
 Gluon, Triton's lower-level language, exposes what this needs: the shared memory, the TMA copies
 and the warp-group multiplies. One producer warp issues the copies into STAGES slots; the two
 consumer warp groups (the default partition) multiply and store; the programs stay resident and
 walk the tiles, so one tile's stores overlap the next tile's copies. Alone on an H200 at Wan 2.1's
 96-channel shapes it ran 1.04-1.20x the Triton kernel (1.09-1.72x with the residual added as it
-stores); in the decode of Wan 2.1 720p 1.376 against 1.416 s on one GPU, 0.761 against 0.784 s on
-two (BENCHMARKS.md, "The box convolution").
+stores), at the 192-channel ones 1.05-1.10x; in the decode of Wan 2.1 720p (96 channels) 1.376
+against 1.416 s on one GPU, 0.761 against 0.784 s on two (BENCHMARKS.md, "The box convolution").
 
 What it computes is what conv_kernel.conv3d computes for the same arguments, with the same
 epilogues: the fp32 sum of the 27 x Cin products plus the bias, rounded once; with `add_to` the
@@ -57,8 +59,9 @@ except Exception:  # pragma: no cover - depends on the installation
 
 
 class BoxPlan(NamedTuple):
-    """The kernel's tiling: output patches of `rows` x `cols` voxels, all output channels as two
-    tiles (`block_n` + `block_n2`), `block_k` input channels per step, `stages` slots of copies in
+    """The kernel's tiling: output patches of `rows` x `cols` voxels, a program's output channels as
+    two tiles (`block_n` + `block_n2`; more output channels than that are several programs' channel
+    tiles of the same patch), `block_k` input channels per step, `stages` slots of copies in
     flight, `num_warps` consumer warps, `producer_regs` registers per thread of the producer warp."""
 
     rows: int = 16
@@ -71,13 +74,15 @@ class BoxPlan(NamedTuple):
     producer_regs: int = 40
 
 
-# The tiling measured fastest at Wan 2.1's 720p shapes on an H200 (BENCHMARKS.md, "The box
-# convolution"): 16 x 16 voxels, 4 slots (3.07 ms against 3.28 with 3, 3.50 with 8 x 16 voxels).
-# PLANS holds the output channel counts the kernel runs for, each with its measured tiling; other
-# tilings (benchmarks/conv_kernel.py --box-sweep: 192 channels on 8 x 16 voxels, say) are measured
-# there before a count joins PLANS.
+# The tilings measured fastest on an H200 (BENCHMARKS.md, "The box convolution"), by output
+# channels. 96 (Wan 2.1's full-resolution layers): 16 x 16 voxels, 4 slots (720p, 1 GPU: 3.05-3.07
+# ms against 3.19-3.28 with 3 slots, 3.50 with 8 x 16 voxels). 192 (its half-resolution layers): 8 x
+# 16 voxels with all 192 channels (720p, 1 GPU: 2.60 ms against 2.86 for two channel tiles of 96 on
+# 16 x 16 voxels and 2.87 for the Triton kernel; by height 1.36 against 1.43). Not here: 384
+# channels (0.71-0.91x of cuDNN) and Wan 2.2's 256 (0.70-1.04x), benchmarks/conv_kernel.py
+# --box-sweep, where other tilings are measured before a count joins PLANS.
 PLAN = BoxPlan()
-PLANS = {96: PLAN}
+PLANS = {96: PLAN, 192: BoxPlan(rows=8, block_n=128, block_n2=64)}
 
 
 def available() -> bool:
@@ -88,7 +93,7 @@ def available() -> bool:
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96), input
+    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96, 192), input
     channels a multiple of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0,
     and `available()`."""
     how = PLANS.get(weight.shape[0])
@@ -118,16 +123,21 @@ if gluon is not None:
         return cast(buf.dtype, shape, layout, _semantic=_semantic)
 
     @gluon.jit
-    def _tile_origin(tile, TILES, TILES_W, Tout, Tin, R: gl.constexpr, CW: gl.constexpr):
-        # tile -> (sample * Tout + output frame, its first input frame, first row, first column)
-        t = tile % TILES
-        nt = tile // TILES
-        return nt, (nt // Tout) * Tin + nt % Tout, (t // TILES_W) * R, (t % TILES_W) * CW
+    def _tile_origin(tile, TILES, TILES_W, Tout, Tin, R: gl.constexpr, CW: gl.constexpr, NC: gl.constexpr,
+                     BNC: gl.constexpr):
+        # tile -> (sample * Tout + output frame, its first input frame, first row, first column,
+        # first output channel); a patch's NC channel tiles are neighbours, so the programs that
+        # run them together read its boxes from L2 while they are there
+        n0 = (tile % NC) * BNC
+        patch = tile // NC
+        t = patch % TILES
+        nt = patch // TILES
+        return nt, (nt // Tout) * Tin + nt % Tout, (t // TILES_W) * R, (t % TILES_W) * CW, n0
 
     @gluon.jit
     def _producer(xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
                   TOTAL, CIN: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr, BN: gl.constexpr,
-                  STAGES: gl.constexpr):
+                  NC: gl.constexpr, BNC: gl.constexpr, STAGES: gl.constexpr):
         # one warp: for every step of every tile of this program, wait for a free slot, then copy
         # the box of R + 2 rows (R rows, then 2: boxes are powers of two) and the three row taps'
         # weight tiles into it
@@ -137,7 +147,7 @@ if gluon is not None:
                                 + 3 * (wd.block_type.nbytes + wd2.block_type.nbytes))
         counter = 0
         for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-            nt, t_in, h0, w0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW)
+            nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BNC)
             for j in range(STEPS):  # j = (time tap, column tap, channel step)
                 s = counter % STAGES
                 mbarrier.wait(empty.index(s), ((counter // STAGES) & 1) ^ 1)
@@ -153,17 +163,17 @@ if gluon is not None:
                           _view(a, R * CW, 2 * CW, xd2.block_type.shape, xd2.layout))
                 for kh in gl.static_range(3):
                     k = ((kt * 3 + kh) * 3 + kw) * CIN + c0
-                    _tma_load(wd, [0, k], bar, b_bufs.index(s * 3 + kh))
-                    _tma_load(wd2, [BN, k], bar, b2_bufs.index(s * 3 + kh))
+                    _tma_load(wd, [n0, k], bar, b_bufs.index(s * 3 + kh))
+                    _tma_load(wd2, [n0 + BN, k], bar, b2_bufs.index(s * 3 + kh))
                 counter += 1
 
     @gluon.jit
     def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps,
                   Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC,
                   CIN: gl.constexpr, COUT: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
-                  BN: gl.constexpr, BN2: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr, NORM: gl.constexpr,
-                  NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr, STAGES: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  BN: gl.constexpr, BN2: gl.constexpr, NC: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr,
+                  NORM: gl.constexpr, NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr,
+                  STAGES: gl.constexpr, num_warps: gl.constexpr):
         # the two warp groups: per step, the three row taps' products from views of the slot's box
         # CW voxels apart (each step's products waited for one step later, its slot then freed);
         # per tile, the epilogue and the store
@@ -175,7 +185,7 @@ if gluon is not None:
                                                        instr_shape=[16, BN2, 16])
         counter = 0
         for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
-            nt, t_in, h0, w0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW)
+            nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BN + BN2)
             acc = gl.zeros((BM, BN), gl.float32, layout=mma1)
             acc2 = gl.zeros((BM, BN2), gl.float32, layout=mma2)
             prev = 0
@@ -193,19 +203,19 @@ if gluon is not None:
                 counter += 1
             acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
             mbarrier.arrive(empty.index(prev), count=1)
-            _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, Ho, Wo, SF, SR, SC,
+            _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
                       COUT, BM, BN, BN2, CW, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, mma1, mma2)
 
     @gluon.jit
-    def _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, Ho, Wo, SF, SR, SC,
+    def _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
                   COUT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BN2: gl.constexpr, CW: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ADD: gl.constexpr, NORM: gl.constexpr, NORM_BIAS: gl.constexpr,
                   PRE_BIAS: gl.constexpr, SILU: gl.constexpr, mma1: gl.constexpr, mma2: gl.constexpr):
         # conv_kernel's epilogues with explicit layouts: bias, then the residual (ADD) or the norm of
-        # the voxel's channels (NORM: the program holds all of them), then the store
+        # the voxel's channels (NORM: one channel tile, so the program holds all of them), then the store
         dt: gl.constexpr = y_ptr.dtype.element_ty
-        offs_n = gl.arange(0, BN, layout=gl.SliceLayout(0, mma1))
-        offs_n2 = BN + gl.arange(0, BN2, layout=gl.SliceLayout(0, mma2))
+        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma1))
+        offs_n2 = n0 + BN + gl.arange(0, BN2, layout=gl.SliceLayout(0, mma2))
         if HAS_BIAS:
             acc = acc + gl.load(b_ptr + offs_n).to(gl.float32)[None, :]
             acc2 = acc2 + gl.load(b_ptr + offs_n2).to(gl.float32)[None, :]
@@ -249,6 +259,7 @@ if gluon is not None:
         PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         ROWS: gl.constexpr = (R + 2) * CW
+        NC: gl.constexpr = COUT // (BN + BN2)  # channel tiles per patch
         a_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES, _pow2(ROWS), BK], wd2.layout)
         b_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN, BK], wd.layout)
         b2_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN2, BK], wd2.layout)
@@ -259,10 +270,10 @@ if gluon is not None:
             mbarrier.init(empty.index(s), count=1)
         gl.warp_specialize([
             (_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps,
-                         Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC, CIN, COUT, R, CW, BK, BN, BN2,
+                         Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC, CIN, COUT, R, CW, BK, BN, BN2, NC,
                          HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, STAGES, num_warps)),
             (_producer, (xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
-                         TOTAL, CIN, R, CW, BK, BN, STAGES)),
+                         TOTAL, CIN, R, CW, BK, BN, NC, BN + BN2, STAGES)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -289,6 +300,10 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
     how = how if how is not None else PLANS[cout]
+    per_tile = how.block_n + how.block_n2
+    if cout % per_tile or (norm is not None and cout != per_tile):
+        raise ValueError(f"box_conv.conv3d: {cout} output channels in tiles of {per_tile}"
+                         + (" with the norm in the epilogue (one tile holds every channel)" if norm is not None else ""))
     _, ph, pw = padding
     tout, ho, wo = out.shape[2:]
     r, cw, bk = how.rows, how.cols, how.block_k
@@ -301,7 +316,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2, bk], w_layout)
     tiles_w = triton.cdiv(wo, cw)
     tiles = triton.cdiv(ho, r) * tiles_w
-    total = n * tout * tiles
+    total = n * tout * tiles * (cout // per_tile)
     programs = min(total, torch.cuda.get_device_properties(x.device).multi_processor_count)
     unused = box_weight  # a pointer for the arguments a launch does not read
     gamma = unused if norm is None else norm.gamma
@@ -355,7 +370,7 @@ def _compiles() -> bool:
             compile_for_hopper()
     except Exception as err:  # noqa: BLE001 - any failure means: not with this Triton
         warnings.warn(f"vaeshard: the Gluon convolution kernel does not compile with Triton {triton.__version__} "
-                      f"({type(err).__name__}); the Triton kernel runs Wan's 96-channel convolutions instead",
+                      f"({type(err).__name__}); the Triton kernel runs Wan's 96- and 192-channel convolutions instead",
                       RuntimeWarning, stacklevel=3)
         return False
     return True

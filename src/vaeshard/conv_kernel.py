@@ -18,8 +18,8 @@ padding: either rows of a multiple of the tile's voxels (Wan 2.1 at 720p on one 
 height), or a width-sharded buffer, whose halo columns make its rows contiguous so that a tile may
 wrap from one row into the next (its outputs past a row's end are computed and not stored).
 Elsewhere `plan` returns None and cuDNN runs. On Hopper GPUs, where box_conv's Gluon kernel runs
-(96 output channels), `plan` hands the convolution to it instead (a plan with `box`), for rows of any
-width.
+(the output channel counts of box_conv.PLANS: 96 and 192), `plan` hands the convolution to it
+instead (a plan with `box`), for rows of any width.
 
 Values: each output is the fp32 sum of all 27 x Cin products plus the bias, rounded once to the
 output dtype (cuDNN rounds the sum, then PyTorch adds the bias and rounds again), in a different
@@ -50,7 +50,7 @@ if triton is not None:
 class ConvPlan(NamedTuple):
     """How `conv3d` tiles one convolution: `wrap` = tiles run along the flattened (row, column) order
     of a buffer without padding columns; otherwise each tile lies within one row. `box`: the
-    convolution runs as box_conv's Gluon kernel instead (its own tiling, box_conv.PLAN)."""
+    convolution runs as box_conv's Gluon kernel instead (its own tiling, box_conv.PLANS)."""
 
     wrap: bool
     block_m: int = 256  # output voxels per tile
@@ -143,7 +143,7 @@ def _tile_for(cout: int, tiles: dict) -> ConvPlan | None:
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, how: ConvPlan,
-           gemm_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None,
+           kernel_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None,
            norm: NormEpilogue | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor,
     or written into `out` (a view of the output's shape and dtype, see `takes_out`), which is returned.
@@ -153,10 +153,15 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     the bias and after the sum, as PyTorch's bias pass followed by a residual add rounds.
     With `norm`, what is stored is that norm (+ SiLU) of the rounded result (`NormEpilogue`), as the
     norm would compute it after the convolution, without the convolution's output ever being stored.
-    `gemm_weight`: the weight in the layout the plan's kernel reads, if the caller keeps it (see
-    `cached_weight_for`)."""
+    `kernel_weight`: the weight in the layout the plan's kernel reads, if the caller keeps it
+    (`cached_weight_for(how, weight)`; box_conv's layout is the transpose of the Triton kernel's)."""
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
+    if kernel_weight is not None:
+        want = (cout, 27 * c) if how.box else (27 * c, cout)
+        if tuple(kernel_weight.shape) != want:
+            raise ValueError(f"conv3d: kernel_weight for this plan is {want} (cached_weight_for(how, weight)), got "
+                             f"{tuple(kernel_weight.shape)}")
     _, ph, pw = _triple(padding)
     shape = out_shape(x, weight, padding)
     tout, ho, wo = shape[2:]
@@ -179,9 +184,9 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
         raise ValueError(f"conv3d: a norm's bias is a tensor or 0, got {norm.bias!r}")
     if how.box:
         norm = None if norm is None else norm._replace(bias=norm.bias if isinstance(norm.bias, torch.Tensor) else None)
-        boxed = gemm_weight if gemm_weight is not None else box_conv.box_weight_of(weight)
+        boxed = kernel_weight if kernel_weight is not None else box_conv.box_weight_of(weight)
         return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, boxed, add_to is not None, norm)
-    wk = gemm_weight if gemm_weight is not None else gemm_weight_of(weight)
+    wk = kernel_weight if kernel_weight is not None else gemm_weight_of(weight)
     bm, bn, bk = how.block_m, how.block_n, how.block_k
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
     if how.wrap:
@@ -381,7 +386,7 @@ def cached_box_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def cached_weight_for(how: ConvPlan, weight: torch.Tensor) -> torch.Tensor:
     """The weight in the layout `conv3d` reads for the plan `how` (box_conv's or the Triton
-    kernel's), kept on the weight tensor: the `gemm_weight` argument of `conv3d`."""
+    kernel's), kept on the weight tensor: the `kernel_weight` argument of `conv3d`."""
     return cached_box_weight(weight) if how.box else cached_gemm_weight(weight)
 
 
