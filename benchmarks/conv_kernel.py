@@ -68,6 +68,10 @@ SHAPES = {
     "720p/2, 1 GPU": (192, 192, 6, 360, 640, (0, 1, 1)),
     "720p/2, 2 GPUs by height": (192, 192, 6, 182, 640, (0, 0, 1)),
     "720p/2, 2 GPUs by width": (192, 192, 6, 360, 322, (0, 1, 0)),
+    # the head's 96 -> 3 convolution (conv_out; cuDNN's Ampere-generation kernel without box_conv)
+    "head 720p, 1 GPU": (96, 3, 6, 720, 1280, (0, 1, 1)),
+    "head 720p, 2 GPUs by height": (96, 3, 6, 362, 1280, (0, 0, 1)),
+    "head 480p, 2 GPUs by height": (96, 3, 6, 242, 832, (0, 0, 1)),
     # the quarter- and eighth-resolution layers (384 channels; cuDNN in the library): --box-sweep
     "720p/4, 1 GPU": (384, 384, 4, 180, 320, (0, 1, 1)),
     "720p/4, 2 GPUs by height": (384, 384, 4, 92, 320, (0, 0, 1)),
@@ -196,6 +200,7 @@ BOX_SWEEP = {
     256: [box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3), box_conv.PLAN._replace(block_n=32, block_n2=32),
           box_conv.BoxPlan(rows=8, block_n=128, block_n2=128, stages=3), box_conv.BoxPlan(rows=8, block_n=64, block_n2=64)],
     384: [box_conv.PLAN, _WIDE],
+    3: [box_conv.BoxPlan(block_n=16, block_n2=0, stages=s) for s in (4, 6)] + [box_conv.BoxPlan(block_n=8, block_n2=8)],
 }
 
 
@@ -302,6 +307,8 @@ def main() -> None:
         boxed = box_conv.box_weight_of(weight)
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
+                continue
+            if not how.box and cout % 8:  # (TMA's 16-byte rows: the Triton kernel does not take it)
                 continue
             kw = boxed if how.box else gemm  # (conv_kernel.cached_weight_for's layouts)
             if args.norm:

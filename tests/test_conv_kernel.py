@@ -658,6 +658,17 @@ def test_plan_takes_the_box_kernel_for_192_channels_on_hopper(hopper, x, padding
     assert box_conv.PLANS[192].block_n + box_conv.PLANS[192].block_n2 == 192  # one channel tile: all of them
 
 
+@pytest.mark.parametrize("x, padding", [(_shape_x((1, 96, 6, 720, 1280)), (0, 1, 1)),
+                                        (_shape_x((1, 96, 6, 362, 1280)), (0, 0, 1))])
+def test_plan_takes_the_box_kernel_for_the_head(hopper, monkeypatch, x, padding):
+    # Wan's 96 -> 3 head: box_conv's one accumulator on Hopper (the Triton kernel's TMA rows of 3
+    # channels are not 16-byte aligned: cuDNN elsewhere)
+    how = conv_kernel.plan(x, _shape_w(3, 96), 1, padding, 1, 1)
+    assert how is not None and how.box and box_conv.PLANS[3].block_n2 == 0
+    monkeypatch.setattr(box_conv, "available", lambda: False)
+    assert conv_kernel.plan(x, _shape_w(3, 96), 1, padding, 1, 1) is None
+
+
 def test_plan_keeps_the_triton_kernel_elsewhere(hopper, monkeypatch):
     # 96 and 192 channels where box_conv cannot run: the Triton kernel where its tiles fit, cuDNN
     # where they do not; 384 channels (slower than cuDNN in box_conv's tilings): cuDNN
@@ -728,6 +739,7 @@ def test_conv3d_rejects_a_weight_in_the_other_kernels_layout(monkeypatch):
 @pytest.mark.parametrize("cout, epilogue, how", [
     (96, None, None), (96, "add", None), (96, "norm", None), (192, None, None), (192, "add", None), (192, "norm", None),
     (192, None, box_conv.PLAN), (256, "add", box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3)),
+    (3, None, None),
 ])
 def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     # the warp-specialised Gluon kernel, compiled for sm_90 with Triton's own ptxas (no GPU): TMA
@@ -738,7 +750,8 @@ def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     pytest.importorskip("triton")
     assert box_conv.available()
     how = how or box_conv.PLANS[cout]
-    compiled = box_conv.compile_for_hopper(how, cin=cout, cout=cout, add=epilogue == "add", norm=epilogue == "norm")
+    cin = 96 if cout == 3 else cout
+    compiled = box_conv.compile_for_hopper(how, cin=cin, cout=cout, add=epilogue == "add", norm=epilogue == "norm")
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert compiled.metadata.shared <= 227 * 1024

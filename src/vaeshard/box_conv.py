@@ -80,9 +80,11 @@ class BoxPlan(NamedTuple):
 # 16 voxels with all 192 channels (720p, 1 GPU: 2.60 ms against 2.86 for two channel tiles of 96 on
 # 16 x 16 voxels and 2.87 for the Triton kernel; by height 1.36 against 1.43). Not here: 384
 # channels (0.71-0.91x of cuDNN) and Wan 2.2's 256 (0.70-1.04x), benchmarks/conv_kernel.py
-# --box-sweep, where other tilings are measured before a count joins PLANS.
+# --box-sweep, where other tilings are measured before a count joins PLANS. 3 (the head's 96 -> 3
+# convolution, on cuDNN's Ampere-generation kernel otherwise): one accumulator of 16 channels, 13
+# of them the weights' zero fill, not stored.
 PLAN = BoxPlan()
-PLANS = {96: PLAN, 192: BoxPlan(rows=8, block_n=128, block_n2=64)}
+PLANS = {96: PLAN, 192: BoxPlan(rows=8, block_n=128, block_n2=64), 3: BoxPlan(block_n=16, block_n2=0)}
 
 
 def available() -> bool:
@@ -143,8 +145,9 @@ if gluon is not None:
         # weight tiles into it
         CH: gl.constexpr = CIN // BK
         STEPS: gl.constexpr = 9 * CH
+        TWO: gl.constexpr = BNC > BN  # a second channel tile (else wd2 is not read)
         nbytes: gl.constexpr = (xd.block_type.nbytes + xd2.block_type.nbytes
-                                + 3 * (wd.block_type.nbytes + wd2.block_type.nbytes))
+                                + 3 * (wd.block_type.nbytes + TWO * wd2.block_type.nbytes))
         counter = 0
         for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BNC)
@@ -164,7 +167,8 @@ if gluon is not None:
                 for kh in gl.static_range(3):
                     k = ((kt * 3 + kh) * 3 + kw) * CIN + c0
                     _tma_load(wd, [n0, k], bar, b_bufs.index(s * 3 + kh))
-                    _tma_load(wd2, [n0 + BN, k], bar, b2_bufs.index(s * 3 + kh))
+                    if TWO:
+                        _tma_load(wd2, [n0 + BN, k], bar, b2_bufs.index(s * 3 + kh))
                 counter += 1
 
     @gluon.jit
@@ -179,29 +183,37 @@ if gluon is not None:
         # per tile, the epilogue and the store
         BM: gl.constexpr = R * CW
         STEPS: gl.constexpr = 9 * (CIN // BK)
+        TWO: gl.constexpr = BN2 > 0  # a second accumulator (else acc2 stands in, unused)
         mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BN, 16])
         mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BN2, 16])
+                                                       instr_shape=[16, BN2 + BN * (1 - TWO), 16])
         counter = 0
         for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BN + BN2)
             acc = gl.zeros((BM, BN), gl.float32, layout=mma1)
-            acc2 = gl.zeros((BM, BN2), gl.float32, layout=mma2)
+            acc2 = gl.zeros((BM, BN2 + BN * (1 - TWO)), gl.float32, layout=mma2)
             prev = 0
             for j in range(STEPS):
                 s = counter % STAGES
                 mbarrier.wait(ready.index(s), (counter // STAGES) & 1)
                 a = a_bufs.index(s)
                 for kh in gl.static_range(3):
-                    view = _view(a, kh * CW, CW, [BM, BK], b2_bufs.type.layout)
+                    view = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout)
                     acc = warpgroup_mma(view, b_bufs.index(s * 3 + kh).permute((1, 0)), acc, is_async=True)
-                    acc2 = warpgroup_mma(view, b2_bufs.index(s * 3 + kh).permute((1, 0)), acc2, is_async=True)
-                acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
+                    if TWO:
+                        acc2 = warpgroup_mma(view, b2_bufs.index(s * 3 + kh).permute((1, 0)), acc2, is_async=True)
+                if TWO:
+                    acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
                 mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
                 prev = s
                 counter += 1
-            acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+            if TWO:
+                acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(prev), count=1)
             _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
                       COUT, BM, BN, BN2, CW, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, mma1, mma2)
@@ -213,13 +225,16 @@ if gluon is not None:
                   PRE_BIAS: gl.constexpr, SILU: gl.constexpr, mma1: gl.constexpr, mma2: gl.constexpr):
         # conv_kernel's epilogues with explicit layouts: bias, then the residual (ADD) or the norm of
         # the voxel's channels (NORM: one channel tile, so the program holds all of them), then the store
+        # (BN2 = 0: one accumulator; channels past COUT, the weights' zero fill, are not stored)
         dt: gl.constexpr = y_ptr.dtype.element_ty
+        TWO: gl.constexpr = BN2 > 0
         offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma1))
-        offs_n2 = n0 + BN + gl.arange(0, BN2, layout=gl.SliceLayout(0, mma2))
+        offs_n2 = n0 + BN + gl.arange(0, acc2.shape[1], layout=gl.SliceLayout(0, mma2))
         if HAS_BIAS:
-            acc = acc + gl.load(b_ptr + offs_n).to(gl.float32)[None, :]
-            acc2 = acc2 + gl.load(b_ptr + offs_n2).to(gl.float32)[None, :]
-        if NORM:  # the convolution's output as it would have been stored, then the norm's steps
+            acc = acc + gl.load(b_ptr + offs_n, mask=offs_n < COUT, other=0.0).to(gl.float32)[None, :]
+            if TWO:
+                acc2 = acc2 + gl.load(b_ptr + offs_n2, mask=offs_n2 < COUT, other=0.0).to(gl.float32)[None, :]
+        if NORM:  # (one channel tile of two accumulators: conv3d refuses the rest)  # the convolution's output as it would have been stored, then the norm's steps
             acc = acc.to(dt).to(gl.float32)
             acc2 = acc2.to(dt).to(gl.float32)
             if PRE_BIAS:
@@ -232,7 +247,8 @@ if gluon is not None:
             acc2 = norm_math.normalized(acc2, gl.convert_layout(inv, gl.SliceLayout(1, mma2)), g_ptr, nb_ptr,
                                         offs_n2, COUT, scale, NORM_BIAS, SILU, dt)
         _store(acc, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n, COUT, BM, CW, ADD, mma1)
-        _store(acc2, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n2, COUT, BM, CW, ADD, mma2)
+        if TWO:
+            _store(acc2, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n2, COUT, BM, CW, ADD, mma2)
 
     @gluon.jit
     def _store(acc, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n, COUT: gl.constexpr, BM: gl.constexpr,
@@ -259,10 +275,13 @@ if gluon is not None:
         PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
     ):
         ROWS: gl.constexpr = (R + 2) * CW
-        NC: gl.constexpr = COUT // (BN + BN2)  # channel tiles per patch
+        NC: gl.constexpr = (COUT + BN + BN2 - 1) // (BN + BN2)  # channel tiles per patch (the last may be part one)
         a_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES, _pow2(ROWS), BK], wd2.layout)
         b_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN, BK], wd.layout)
-        b2_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN2, BK], wd2.layout)
+        if BN2 > 0:
+            b2_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN2, BK], wd2.layout)
+        else:  # one channel tile: the second's buffers stand in, never read
+            b2_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
@@ -301,7 +320,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     cout = weight.shape[0]
     how = how if how is not None else PLANS[cout]
     per_tile = how.block_n + how.block_n2
-    if cout % per_tile or (norm is not None and cout != per_tile):
+    if (cout > per_tile and cout % per_tile) or (norm is not None and cout != per_tile):
         raise ValueError(f"box_conv.conv3d: {cout} output channels in tiles of {per_tile}"
                          + (" with the norm in the epilogue (one tile holds every channel)" if norm is not None else ""))
     _, ph, pw = padding
@@ -313,10 +332,10 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     xd = GluonDescriptor(xl, shape, strides, [1, r, cw, bk], box_layout)
     xd2 = GluonDescriptor(xl, shape, strides, [1, 2, cw, bk], box_layout)
     wd = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n, bk], w_layout)
-    wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2, bk], w_layout)
+    wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2 or how.block_n, bk], w_layout)
     tiles_w = triton.cdiv(wo, cw)
     tiles = triton.cdiv(ho, r) * tiles_w
-    total = n * tout * tiles * (cout // per_tile)
+    total = n * tout * tiles * triton.cdiv(cout, per_tile)
     programs = min(total, torch.cuda.get_device_properties(x.device).multi_processor_count)
     unused = box_weight  # a pointer for the arguments a launch does not read
     gamma = unused if norm is None else norm.gamma
@@ -352,7 +371,7 @@ def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: 
                      ADD=add, NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages,
                      PRODUCER_REGS=how.producer_regs, num_warps=how.num_warps)
     types = {"xd": desc([1, r, cw, bk], box_layout), "xd2": desc([1, 2, cw, bk], box_layout),
-             "wd": desc([how.block_n, bk], w_layout), "wd2": desc([how.block_n2, bk], w_layout),
+             "wd": desc([how.block_n, bk], w_layout), "wd2": desc([how.block_n2 or how.block_n, bk], w_layout),
              "y_ptr": "*bf16", "b_ptr": "*bf16", "g_ptr": "*bf16", "nb_ptr": "*bf16", "p_ptr": "*bf16",
              "scale": "fp32", "eps": "fp32"}
     names = kernel.arg_names

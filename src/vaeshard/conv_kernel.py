@@ -100,14 +100,15 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     if pt != 0 or ph not in (0, 1) or pw not in (0, 1):
         return None
     tile = _tile_for(cout, TILES)
-    if tile is None or cin % tile.block_k or x.shape[1] != cin:
+    box = box_conv.runs(x, weight)  # (its own channel counts: Wan's 96 and 192, and the 3 of its head)
+    if x.shape[1] != cin or not (box or (tile is not None and cin % tile.block_k == 0)):
         return None
     if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
         return None
     if x.shape[2] < kt or x.shape[3] + 2 * ph < kh or x.shape[4] + 2 * pw < kw:
         return None
-    if box_conv.runs(x, weight):  # any rows: the box's zero fill is the padding
-        return tile._replace(box=True)
+    if box:  # any rows: the box's zero fill is the padding
+        return (tile or TILE)._replace(box=True)
     if pw == 0:  # no padding columns: a tile may run on into the next row
         return tile._replace(wrap=True)
     if x.shape[4] % tile.block_m == 0:  # whole tiles per row
