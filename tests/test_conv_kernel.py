@@ -4,6 +4,7 @@ by Triton's CPU interpreter; which convolutions it takes; that it compiles for H
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -755,6 +756,29 @@ def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert compiled.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.parametrize("cout", [96, 192, 3])
+def test_box_kernel_multiplies_are_not_serialised(cout):
+    # ptxas serialises every warp-group multiply of a kernel whose epilogue reads the accumulators'
+    # registers in place (its note C7514: before the epilogue moved them, every convolution without a
+    # bias, the ones whose bias the next norm adds); none of the epilogues may do that
+    pytest.importorskip("triton")
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    cin = 96 if cout == 3 else cout
+    for bias, add, norm in [(False, False, False), (True, False, False), (False, True, False), (True, True, False),
+                            (False, False, True)]:
+        ptx = box_conv.compile_for_hopper(box_conv.PLANS[cout], cin, cout, add=add, norm=norm, bias=bias).asm["ptx"]
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            with open(src, "w") as f:
+                f.write(ptx)
+            notes = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
+                                   capture_output=True, text=True, timeout=120)
+        assert notes.returncode == 0 and "Used" in notes.stderr, notes.stderr[-500:]
+        assert "C7514" not in notes.stderr, (bias, add, norm)
 
 
 def test_box_kernel_unavailable_warns_once(monkeypatch):

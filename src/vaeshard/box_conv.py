@@ -228,6 +228,11 @@ if gluon is not None:
         # (BN2 = 0: one accumulator; channels past COUT, the weights' zero fill, are not stored)
         dt: gl.constexpr = y_ptr.dtype.element_ty
         TWO: gl.constexpr = BN2 > 0
+        # the accumulators moved into new registers first: an epilogue that reads them in place (no
+        # bias: a convolution whose bias the next norm adds) makes ptxas serialise every warp-group
+        # multiply of the kernel (its note C7514); + 0.0 changes no value but a zero's sign
+        acc = acc + 0.0
+        acc2 = acc2 + 0.0
         offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma1))
         offs_n2 = n0 + BN + gl.arange(0, acc2.shape[1], layout=gl.SliceLayout(0, mma2))
         if HAS_BIAS:
@@ -354,8 +359,10 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     return out
 
 
-def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: bool = False, norm: bool = False):
-    """The kernel compiled for sm_90 without a GPU (Triton's own ptxas), for `available` and the tests."""
+def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: bool = False, norm: bool = False,
+                       bias: bool | None = None):
+    """The kernel compiled for sm_90 without a GPU (Triton's own ptxas), for `available` and the tests;
+    `bias`: whether it adds one (default: unless `norm`, whose pre-bias it then adds)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -367,7 +374,8 @@ def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: 
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
 
     kernel = _box_conv_kernel
-    constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=not norm,
+    constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2,
+                     HAS_BIAS=not norm if bias is None else bias,
                      ADD=add, NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages,
                      PRODUCER_REGS=how.producer_regs, num_warps=how.num_warps)
     types = {"xd": desc([1, r, cw, bk], box_layout), "xd2": desc([1, 2, cw, bk], box_layout),
