@@ -325,7 +325,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     cout = weight.shape[0]
     how = how if how is not None else PLANS[cout]
     per_tile = how.block_n + how.block_n2
-    if (cout > per_tile and cout % per_tile) or (norm is not None and cout != per_tile):
+    if (cout > per_tile and cout % per_tile) or (norm is not None and cout > per_tile):
         raise ValueError(f"box_conv.conv3d: {cout} output channels in tiles of {per_tile}"
                          + (" with the norm in the epilogue (one tile holds every channel)" if norm is not None else ""))
     _, ph, pw = padding
