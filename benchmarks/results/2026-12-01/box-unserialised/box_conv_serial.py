@@ -1,0 +1,408 @@
+"""The fast tier's 3x3x3 convolution for Wan 2.1's 96- and 192-channel layers on Hopper GPUs: a Gluon
+kernel that reads each input box from L2 once for the three row taps.
+
+The Triton kernel (conv_kernel.py) loads, for each of the 27 taps, its own box of the input, so at
+96 channels every input voxel crosses from L2 to shared memory 27 times, and that traffic bounds it
+(BENCHMARKS.md, "Where the time goes"). Here a program computes a patch of R rows x CW columns of one
+output frame with a tile of output channels (all 96, or all 192 on half the rows) and, for each
+(time tap, column tap, channel step), loads one box of R + 2 rows x CW columns; the three row taps
+multiply three views of that box, CW voxels apart, so the input crosses from L2 9 times (and the
+weights' boxes serve R x CW voxels at once). Output channels beyond one tile are further programs'
+channel tiles of the same patch (timed by benchmarks/conv_kernel.py --box-sweep, not in PLANS).
+Gluon, Triton's lower-level language, exposes what this needs: the shared memory, the TMA copies
+and the warp-group multiplies. One producer warp issues the copies into STAGES slots; the two
+consumer warp groups (the default partition) multiply and store; the programs stay resident and
+walk the tiles, so one tile's stores overlap the next tile's copies. Alone on an H200 at Wan 2.1's
+96-channel shapes it ran 1.04-1.20x the Triton kernel (1.09-1.72x with the residual added as it
+stores), at the 192-channel ones 1.05-1.10x; in the decode of Wan 2.1 720p (96 channels) 1.376
+against 1.416 s on one GPU, 0.761 against 0.784 s on two (BENCHMARKS.md, "The box convolution").
+
+What it computes is what conv_kernel.conv3d computes for the same arguments, with the same
+epilogues: the fp32 sum of the 27 x Cin products plus the bias, rounded once; with `add_to` the
+residual added and rounded again; with `norm` the next RMS norm + SiLU computed as it stores
+(norm_math's steps, shared with the Triton kernels). Only the order of the sum differs. (The decode
+asks for no norm here: the multiplies wait while the programs store, and the norm there cost more
+than the norm kernel's pass after it, conv_kernel.norms_in_epilogue.) The padding
+of the unsharded axes is the TMA box's out-of-bounds zero fill, so every buffer layout the fast tier
+makes (halo rows, halo or zero columns, rows of any width) is taken as it is.
+
+Where it runs (`runs`): a CUDA device of compute capability 9.0 and a Triton whose Gluon takes the
+shifted views (`available`: a view of a shared-memory slot that starts CW rows in is a slice of CW
+rows reinterpreted as the longer view; Triton 3.6 compiles it, Triton 3.9's verifier rejects it,
+and vaeshard then runs the Triton kernel, with one warning). Triton's interpreter cannot run Gluon:
+on CPU the tests compile it for sm_90 and check where it is chosen; its values are checked on the
+GPU (benchmarks/gpu_parity.py, benchmarks/conv_kernel.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+from typing import NamedTuple
+
+import torch
+
+from vaeshard import norm_math
+from vaeshard.triton_support import triton
+
+try:  # Gluon: Triton 3.5 and later
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._core import builtin as _builtin
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+    from triton.runtime.jit import constexpr_function
+except Exception:  # pragma: no cover - depends on the installation
+    gluon = None
+
+
+class BoxPlan(NamedTuple):
+    """The kernel's tiling: output patches of `rows` x `cols` voxels, a program's output channels as
+    two tiles (`block_n` + `block_n2`; more output channels than that are several programs' channel
+    tiles of the same patch), `block_k` input channels per step, `stages` slots of copies in
+    flight, `num_warps` consumer warps, `producer_regs` registers per thread of the producer warp."""
+
+    rows: int = 16
+    cols: int = 16
+    block_n: int = 64
+    block_n2: int = 32
+    block_k: int = 32
+    stages: int = 4
+    num_warps: int = 8
+    producer_regs: int = 40
+
+
+# The tilings measured fastest on an H200 (BENCHMARKS.md, "The box convolution"), by output
+# channels. 96 (Wan 2.1's full-resolution layers): 16 x 16 voxels, 4 slots (720p, 1 GPU: 3.05-3.07
+# ms against 3.19-3.28 with 3 slots, 3.50 with 8 x 16 voxels). 192 (its half-resolution layers): 8 x
+# 16 voxels with all 192 channels (720p, 1 GPU: 2.60 ms against 2.86 for two channel tiles of 96 on
+# 16 x 16 voxels and 2.87 for the Triton kernel; by height 1.36 against 1.43). Not here: 384
+# channels (0.71-0.91x of cuDNN) and Wan 2.2's 256 (0.70-1.04x), benchmarks/conv_kernel.py
+# --box-sweep, where other tilings are measured before a count joins PLANS. 3 (the head's 96 -> 3
+# convolution, on cuDNN's Ampere-generation kernel otherwise): one accumulator of 16 channels, 13
+# of them the weights' zero fill, not stored.
+PLAN = BoxPlan()
+PLANS = {96: PLAN, 192: BoxPlan(rows=8, block_n=128, block_n2=64), 3: BoxPlan(block_n=16, block_n2=0)}
+
+
+def available() -> bool:
+    """Whether this Triton's Gluon compiles the kernel (for sm_90; no GPU needed): Gluon present and
+    its verifier taking the kernel's shifted views. Checked once per process, with a warning where
+    Gluon is present and the kernel does not compile."""
+    return _compiles()
+
+
+def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96, 192), input
+    channels a multiple of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0,
+    and `available()`."""
+    how = PLANS.get(weight.shape[0])
+    return (how is not None and weight.shape[1] % how.block_k == 0 and x.dtype in (torch.bfloat16, torch.float16)
+            and _on_hopper(x) and available())
+
+
+def _on_hopper(x: torch.Tensor) -> bool:
+    """Whether `x` lives on a CUDA device of compute capability 9.0 (the warp-group multiplies)."""
+    return x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)
+
+
+if gluon is not None:
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # (its 3.9 name, its 3.6 name)
+
+    @constexpr_function
+    def _pow2(n):
+        return 1 << (n - 1).bit_length()
+
+    @_builtin
+    def _view(buf, start, length, shape, layout, _semantic=None):
+        # `shape` from row `start` of a slot on: a slice of `length` rows there (a slice must start at
+        # a multiple of its length) reinterpreted as the view; every start is a multiple of 8 rows,
+        # the swizzle's period. (`_reinterpret` in Triton 3.6, `reinterpret` later.)
+        part = buf.slice(start, length, _semantic=_semantic)
+        cast = part.reinterpret if hasattr(part, "reinterpret") else part._reinterpret
+        return cast(buf.dtype, shape, layout, _semantic=_semantic)
+
+    @gluon.jit
+    def _tile_origin(tile, TILES, TILES_W, Tout, Tin, R: gl.constexpr, CW: gl.constexpr, NC: gl.constexpr,
+                     BNC: gl.constexpr):
+        # tile -> (sample * Tout + output frame, its first input frame, first row, first column,
+        # first output channel); a patch's NC channel tiles are neighbours, so the programs that
+        # run them together read its boxes from L2 while they are there
+        n0 = (tile % NC) * BNC
+        patch = tile // NC
+        t = patch % TILES
+        nt = patch // TILES
+        return nt, (nt // Tout) * Tin + nt % Tout, (t // TILES_W) * R, (t % TILES_W) * CW, n0
+
+    @gluon.jit
+    def _producer(xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
+                  TOTAL, CIN: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr, BN: gl.constexpr,
+                  NC: gl.constexpr, BNC: gl.constexpr, STAGES: gl.constexpr):
+        # one warp: for every step of every tile of this program, wait for a free slot, then copy
+        # the box of R + 2 rows (R rows, then 2: boxes are powers of two) and the three row taps'
+        # weight tiles into it
+        CH: gl.constexpr = CIN // BK
+        STEPS: gl.constexpr = 9 * CH
+        TWO: gl.constexpr = BNC > BN  # a second channel tile (else wd2 is not read)
+        nbytes: gl.constexpr = (xd.block_type.nbytes + xd2.block_type.nbytes
+                                + 3 * (wd.block_type.nbytes + TWO * wd2.block_type.nbytes))
+        counter = 0
+        for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+            nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BNC)
+            for j in range(STEPS):  # j = (time tap, column tap, channel step)
+                s = counter % STAGES
+                mbarrier.wait(empty.index(s), ((counter // STAGES) & 1) ^ 1)
+                bar = ready.index(s)
+                mbarrier.expect(bar, nbytes)
+                kt = j // (3 * CH)
+                kw = (j // CH) % 3
+                c0 = (j % CH) * BK
+                a = a_bufs.index(s)
+                _tma_load(xd, [t_in + kt, h0 - PH, w0 + kw - PW, c0], bar,
+                          _view(a, 0, R * CW, xd.block_type.shape, xd.layout))
+                _tma_load(xd2, [t_in + kt, h0 - PH + R, w0 + kw - PW, c0], bar,
+                          _view(a, R * CW, 2 * CW, xd2.block_type.shape, xd2.layout))
+                for kh in gl.static_range(3):
+                    k = ((kt * 3 + kh) * 3 + kw) * CIN + c0
+                    _tma_load(wd, [n0, k], bar, b_bufs.index(s * 3 + kh))
+                    if TWO:
+                        _tma_load(wd2, [n0 + BN, k], bar, b2_bufs.index(s * 3 + kh))
+                counter += 1
+
+    @gluon.jit
+    def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps,
+                  Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC,
+                  CIN: gl.constexpr, COUT: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
+                  BN: gl.constexpr, BN2: gl.constexpr, NC: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr,
+                  NORM: gl.constexpr, NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr,
+                  STAGES: gl.constexpr, num_warps: gl.constexpr):
+        # the two warp groups: per step, the three row taps' products from views of the slot's box
+        # CW voxels apart (each step's products waited for one step later, its slot then freed);
+        # per tile, the epilogue and the store
+        BM: gl.constexpr = R * CW
+        STEPS: gl.constexpr = 9 * (CIN // BK)
+        TWO: gl.constexpr = BN2 > 0  # a second accumulator (else acc2 stands in, unused)
+        mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BN, 16])
+        mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BN2 + BN * (1 - TWO), 16])
+        counter = 0
+        for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
+            nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BN + BN2)
+            acc = gl.zeros((BM, BN), gl.float32, layout=mma1)
+            acc2 = gl.zeros((BM, BN2 + BN * (1 - TWO)), gl.float32, layout=mma2)
+            prev = 0
+            for j in range(STEPS):
+                s = counter % STAGES
+                mbarrier.wait(ready.index(s), (counter // STAGES) & 1)
+                a = a_bufs.index(s)
+                for kh in gl.static_range(3):
+                    view = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout)
+                    acc = warpgroup_mma(view, b_bufs.index(s * 3 + kh).permute((1, 0)), acc, is_async=True)
+                    if TWO:
+                        acc2 = warpgroup_mma(view, b2_bufs.index(s * 3 + kh).permute((1, 0)), acc2, is_async=True)
+                if TWO:
+                    acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
+                else:
+                    acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
+                mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
+                prev = s
+                counter += 1
+            if TWO:
+                acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            mbarrier.arrive(empty.index(prev), count=1)
+            _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
+                      COUT, BM, BN, BN2, CW, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, mma1, mma2)
+
+    @gluon.jit
+    def _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
+                  COUT: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BN2: gl.constexpr, CW: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, ADD: gl.constexpr, NORM: gl.constexpr, NORM_BIAS: gl.constexpr,
+                  PRE_BIAS: gl.constexpr, SILU: gl.constexpr, mma1: gl.constexpr, mma2: gl.constexpr):
+        # conv_kernel's epilogues with explicit layouts: bias, then the residual (ADD) or the norm of
+        # the voxel's channels (NORM: one channel tile, so the program holds all of them), then the store
+        # (BN2 = 0: one accumulator; channels past COUT, the weights' zero fill, are not stored)
+        dt: gl.constexpr = y_ptr.dtype.element_ty
+        TWO: gl.constexpr = BN2 > 0
+        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma1))
+        offs_n2 = n0 + BN + gl.arange(0, acc2.shape[1], layout=gl.SliceLayout(0, mma2))
+        if HAS_BIAS:
+            acc = acc + gl.load(b_ptr + offs_n, mask=offs_n < COUT, other=0.0).to(gl.float32)[None, :]
+            if TWO:
+                acc2 = acc2 + gl.load(b_ptr + offs_n2, mask=offs_n2 < COUT, other=0.0).to(gl.float32)[None, :]
+        if NORM:  # (one channel tile of two accumulators: conv3d refuses the rest)  # the convolution's output as it would have been stored, then the norm's steps
+            acc = acc.to(dt).to(gl.float32)
+            acc2 = acc2.to(dt).to(gl.float32)
+            if PRE_BIAS:
+                acc = norm_math.plus_bias(acc, p_ptr, offs_n, COUT, dt)
+                acc2 = norm_math.plus_bias(acc2, p_ptr, offs_n2, COUT, dt)
+            squares = gl.sum(acc * acc, axis=1) + gl.convert_layout(gl.sum(acc2 * acc2, axis=1),
+                                                                     gl.SliceLayout(1, mma1))
+            inv = norm_math.inverse_norm(squares, eps)
+            acc = norm_math.normalized(acc, inv, g_ptr, nb_ptr, offs_n, COUT, scale, NORM_BIAS, SILU, dt)
+            acc2 = norm_math.normalized(acc2, gl.convert_layout(inv, gl.SliceLayout(1, mma2)), g_ptr, nb_ptr,
+                                        offs_n2, COUT, scale, NORM_BIAS, SILU, dt)
+        _store(acc, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n, COUT, BM, CW, ADD, mma1)
+        if TWO:
+            _store(acc2, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n2, COUT, BM, CW, ADD, mma2)
+
+    @gluon.jit
+    def _store(acc, y_ptr, nt, h0, w0, Ho, Wo, SF, SR, SC, offs_n, COUT: gl.constexpr, BM: gl.constexpr,
+               CW: gl.constexpr, ADD: gl.constexpr, layout: gl.constexpr):
+        # the patch's voxels past the output's last row or column are not stored
+        offs_m = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
+        row = h0 + offs_m // CW
+        col = w0 + offs_m % CW
+        off = nt.to(gl.int64) * SF + row * SR + col * SC
+        mask = ((row < Ho) & (col < Wo))[:, None] & (offs_n < COUT)[None, :]
+        at = y_ptr + off[:, None] + offs_n[None, :]
+        dt: gl.constexpr = y_ptr.dtype.element_ty
+        if ADD:  # (conv + bias) rounded, plus the old value, rounded again: PyTorch's two adds
+            acc = acc.to(dt).to(gl.float32) + gl.load(at, mask=mask, other=0.0).to(gl.float32)
+        gl.store(at, acc.to(dt), mask=mask)
+
+    @gluon.jit
+    def _box_conv_kernel(
+        xd, xd2, wd, wd2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, Tin, Tout, Ho, Wo, PH, PW, TILES_W, TILES,
+        TOTAL, SF, SR, SC,
+        CIN: gl.constexpr, COUT: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
+        BN: gl.constexpr, BN2: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr, NORM: gl.constexpr,
+        NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr, STAGES: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    ):
+        ROWS: gl.constexpr = (R + 2) * CW
+        NC: gl.constexpr = (COUT + BN + BN2 - 1) // (BN + BN2)  # channel tiles per patch (the last may be part one)
+        a_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES, _pow2(ROWS), BK], wd2.layout)
+        b_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN, BK], wd.layout)
+        if BN2 > 0:
+            b2_bufs = gl.allocate_shared_memory(wd.dtype, [STAGES * 3, BN2, BK], wd2.layout)
+        else:  # one channel tile: the second's buffers stand in, never read
+            b2_bufs = b_bufs
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+        gl.warp_specialize([
+            (_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps,
+                         Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC, CIN, COUT, R, CW, BK, BN, BN2, NC,
+                         HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, STAGES, num_warps)),
+            (_producer, (xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
+                         TOTAL, CIN, R, CW, BK, BN, NC, BN + BN2, STAGES)),
+        ], [1], [PRODUCER_REGS])
+
+
+def box_weight_of(weight: torch.Tensor) -> torch.Tensor:
+    """(Cout, Cin, 3, 3, 3) -> (Cout, 27 * Cin): each output channel's row of (tap, input channel),
+    taps in (t, h, w) order (the weight tiles' input channels innermost, as the multiplies read them)."""
+    return weight.detach().permute(0, 2, 3, 4, 1).reshape(weight.shape[0], -1).contiguous()
+
+
+def descriptor_layouts(how: BoxPlan = PLAN):
+    """The shared-memory layouts of the input boxes (4-D) and weight tiles (2-D): rows of block_k
+    channels, swizzled by their width."""
+    swizzle = 2 * how.block_k
+    return (gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=4),
+            gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=2))
+
+
+def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, out: torch.Tensor,
+           box_weight: torch.Tensor, add: bool = False, norm=None, how: BoxPlan | None = None) -> torch.Tensor:
+    """conv_kernel.conv3d's computation for a convolution `runs` takes, into `out` (a view
+    conv_kernel.takes_out accepts; with `add`, `out` holds the residual and the sum replaces it);
+    `norm`: a conv_kernel.NormEpilogue with its bias a tensor or None. `box_weight`:
+    `box_weight_of(weight)`. `how`: PLANS' tiling for the output channels unless given. Returns `out`."""
+    n, c, tin, h, w = x.shape
+    cout = weight.shape[0]
+    how = how if how is not None else PLANS[cout]
+    per_tile = how.block_n + how.block_n2
+    if (cout > per_tile and cout % per_tile) or (norm is not None and cout != per_tile):
+        raise ValueError(f"box_conv.conv3d: {cout} output channels in tiles of {per_tile}"
+                         + (" with the norm in the epilogue (one tile holds every channel)" if norm is not None else ""))
+    _, ph, pw = padding
+    tout, ho, wo = out.shape[2:]
+    r, cw, bk = how.rows, how.cols, how.block_k
+    box_layout, w_layout = descriptor_layouts(how)
+    xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
+    shape, strides = [n * tin, h, w, c], [h * w * c, w * c, c, 1]
+    xd = GluonDescriptor(xl, shape, strides, [1, r, cw, bk], box_layout)
+    xd2 = GluonDescriptor(xl, shape, strides, [1, 2, cw, bk], box_layout)
+    wd = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n, bk], w_layout)
+    wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2 or how.block_n, bk], w_layout)
+    tiles_w = triton.cdiv(wo, cw)
+    tiles = triton.cdiv(ho, r) * tiles_w
+    total = n * tout * tiles * triton.cdiv(cout, per_tile)
+    programs = min(total, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    unused = box_weight  # a pointer for the arguments a launch does not read
+    gamma = unused if norm is None else norm.gamma
+    norm_bias = None if norm is None else norm.bias
+    pre_bias = None if norm is None else norm.pre_bias
+    _box_conv_kernel[(programs,)](
+        xd, xd2, wd, wd2, out, unused if bias is None else bias, gamma, unused if norm_bias is None else norm_bias,
+        unused if pre_bias is None else pre_bias, float(1.0 if norm is None else norm.scale),
+        float(1e-12 if norm is None else norm.eps), tin, tout, ho, wo, ph, pw, tiles_w, tiles, total,
+        out.stride(2), out.stride(3), out.stride(4),
+        CIN=c, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=bias is not None,
+        ADD=add, NORM=norm is not None, NORM_BIAS=norm_bias is not None, PRE_BIAS=pre_bias is not None,
+        SILU=bool(norm is not None and norm.silu), STAGES=how.stages, PRODUCER_REGS=how.producer_regs,
+        num_warps=how.num_warps,
+    )
+    return out
+
+
+def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: bool = False, norm: bool = False):
+    """The kernel compiled for sm_90 without a GPU (Triton's own ptxas), for `available` and the tests."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import compile as triton_compile
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    box_layout, w_layout = descriptor_layouts(how)
+    r, cw, bk = how.rows, how.cols, how.block_k
+
+    def desc(block, layout):
+        return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
+
+    kernel = _box_conv_kernel
+    constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=not norm,
+                     ADD=add, NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages,
+                     PRODUCER_REGS=how.producer_regs, num_warps=how.num_warps)
+    types = {"xd": desc([1, r, cw, bk], box_layout), "xd2": desc([1, 2, cw, bk], box_layout),
+             "wd": desc([how.block_n, bk], w_layout), "wd2": desc([how.block_n2 or how.block_n, bk], w_layout),
+             "y_ptr": "*bf16", "b_ptr": "*bf16", "g_ptr": "*bf16", "nb_ptr": "*bf16", "p_ptr": "*bf16",
+             "scale": "fp32", "eps": "fp32"}
+    names = kernel.arg_names
+    types = {a: types.get(a, "constexpr" if a in constants else "i32") for a in names}
+    source = GluonASTSource(kernel, types, constexprs={(names.index(k),): v for k, v in constants.items()})
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": how.num_warps})
+
+
+@functools.lru_cache(maxsize=None)
+def _compiles() -> bool:
+    if gluon is None or triton is None:
+        return False
+    try:
+        with _quiet_stderr():  # (the compiler's own diagnostics for the failure; the warning says it)
+            compile_for_hopper()
+    except Exception as err:  # noqa: BLE001 - any failure means: not with this Triton
+        warnings.warn(f"vaeshard: the Gluon convolution kernel does not compile with Triton {triton.__version__} "
+                      f"({type(err).__name__}); the Triton kernel runs Wan's 96- and 192-channel convolutions instead",
+                      RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """The process's stderr (file descriptor 2, where MLIR prints) sent to the null device for a while."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
