@@ -1,5 +1,5 @@
-"""The fast tier's 3x3x3 convolution for Wan 2.1's 96- and 192-channel layers on Hopper GPUs: a Gluon
-kernel that reads each input box from L2 once for the three row taps.
+"""The fast tier's 3x3x3 convolution for Wan 2.1's 96- and 192-channel layers and its 96 -> 3 head on
+Hopper GPUs: a Gluon kernel that reads each input box from L2 once for the three row taps.
 
 The Triton kernel (conv_kernel.py) loads, for each of the 27 taps, its own box of the input, so at
 96 channels every input voxel crosses from L2 to shared memory 27 times, and that traffic bounds it
@@ -21,8 +21,9 @@ What it computes is what conv_kernel.conv3d computes for the same arguments, wit
 epilogues: the fp32 sum of the 27 x Cin products plus the bias, rounded once; with `add_to` the
 residual added and rounded again; with `norm` the next RMS norm + SiLU computed as it stores
 (norm_math's steps, shared with the Triton kernels). Only the order of the sum differs. (The decode
-asks for no norm here: the multiplies wait while the programs store, and the norm there cost more
-than the norm kernel's pass after it, conv_kernel.norms_in_epilogue.) The padding
+asks for no norm here: the norm there needs the next convolution's input buffer before this one
+runs, two convolution inputs alive at once, for 1% of the decode's time, conv_kernel.norms_in_epilogue.)
+The padding
 of the unsharded axes is the TMA box's out-of-bounds zero fill, so every buffer layout the fast tier
 makes (halo rows, halo or zero columns, rows of any width) is taken as it is.
 
@@ -95,7 +96,7 @@ def available() -> bool:
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96, 192), input
+    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96, 192, 3), input
     channels a multiple of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0,
     and `available()`."""
     how = PLANS.get(weight.shape[0])
@@ -239,7 +240,8 @@ if gluon is not None:
             acc = acc + gl.load(b_ptr + offs_n, mask=offs_n < COUT, other=0.0).to(gl.float32)[None, :]
             if TWO:
                 acc2 = acc2 + gl.load(b_ptr + offs_n2, mask=offs_n2 < COUT, other=0.0).to(gl.float32)[None, :]
-        if NORM:  # (one channel tile of two accumulators: conv3d refuses the rest)  # the convolution's output as it would have been stored, then the norm's steps
+        if NORM:  # the convolution's output as it would have been stored, then the norm's steps (one
+            # channel tile holds every channel: conv3d refuses the rest)
             acc = acc.to(dt).to(gl.float32)
             acc2 = acc2.to(dt).to(gl.float32)
             if PRE_BIAS:
@@ -397,7 +399,7 @@ def _compiles() -> bool:
             compile_for_hopper()
     except Exception as err:  # noqa: BLE001 - any failure means: not with this Triton
         warnings.warn(f"vaeshard: the Gluon convolution kernel does not compile with Triton {triton.__version__} "
-                      f"({type(err).__name__}); the Triton kernel runs Wan's 96- and 192-channel convolutions instead",
+                      f"({type(err).__name__}); the Triton kernel and cuDNN run Wan's 96- and 192-channel convolutions and its head instead",
                       RuntimeWarning, stacklevel=3)
         return False
     return True

@@ -247,9 +247,12 @@ def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
 
 def norms_in_epilogue(how: ConvPlan) -> bool:
     """Whether `conv3d` should take a `norm` for a plan (else its caller runs the norm kernel after
-    it): every Triton plan, no box_conv plan. box_conv's programs stay resident and its multiplies
-    wait while it stores, so the norm there cost more than the norm kernel's pass after it (720p, 1
-    GPU: 4.54 against 3.74 ms; by height 2.32 against 1.95, benchmarks/conv_kernel.py --norm).
+    it): every Triton plan, no box_conv plan. In box_conv's epilogue the norm is faster alone (720p,
+    1 GPU: 3.42 against 3.78 ms for the kernel then the norm kernel, benchmarks/conv_kernel.py
+    --norm) and the Wan 2.1 720p decode 1.1% faster, but the next convolution's input buffer must
+    exist before the convolution runs, so two convolution inputs are alive at once: peak 7.13
+    against 6.80 GiB on 1 GPU, 3.61 against 3.44 on 2 (BENCHMARKS.md, "The box convolution"); the
+    lower peak is kept.
     For the Triton kernel, measured on an H200 (benchmarks/conv_kernel.py --norm, BENCHMARKS.md),
     the kernel with the norm in its epilogue against the kernel then the norm kernel: 96 channels, row
     tiles 4-5% faster, wrapping tiles 7-8%; 192 channels, row tiles the same on one GPU and 6%
