@@ -266,11 +266,15 @@ def _host_profile(vae, z, rank: int, top: int) -> None:
 
 def _timeline_unprofiled(vae, z) -> tuple[list[float], list[float], float]:
     """Host issue time and GPU span (ms) of each decoder call of one unprofiled decode (host clock
-    and CUDA events at each call's start), and the ms before the host reached the first call."""
+    and CUDA events at each call's start), and the ms before the host reached the first call. A call
+    made while a CUDA graph is being captured (graphs.py) gets no entry: an event recorded there
+    belongs to the graph and cannot be timed, so its span counts in the call before it."""
     host: list[float] = []
     events: list = []
 
     def start(module, args):
+        if torch.cuda.is_current_stream_capturing():
+            return
         host.append(time.perf_counter())
         events.append(torch.cuda.Event(enable_timing=True))
         events[-1].record()
