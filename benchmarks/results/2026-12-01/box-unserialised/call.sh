@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # box_conv with its multiplies no longer serialised: alone (no bias, + residual, + norm), the decode against the serialised kernel (interleaved), the norm in its epilogue again (interleaved)
 set -uo pipefail
+# .ab/box_conv_serial.py, made before the call (here): box_conv.py before the accumulators' move, importable on its own
+#   git show 360f1f5:src/vaeshard/box_conv.py | sed -e 's/from \. import norm_math/from vaeshard import norm_math/' \
+#     -e 's/from \.triton_support import triton/from vaeshard.triton_support import triton/' > .ab/box_conv_serial.py
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/.ab PYTHONUNBUFFERED=1
 T0=$(date +%s); el() { echo $(( $(date +%s)-T0 )); }
