@@ -204,15 +204,19 @@ BOX_SWEEP = {
 }
 
 
-def box_rows(rows: list, name: str, x, weight, padding, want, cudnn: float, flop: float) -> None:
+def box_tile(how: box_conv.BoxPlan) -> str:
+    """A box_conv tiling as the tables print it: voxels, channel tiles, channel step, slots, warps."""
+    return f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
+
+
+def box_rows(rows: list, name: str, x, weight, boxed, padding, want, cudnn: float, flop: float) -> None:
     """--box-sweep: box_conv.conv3d with each of BOX_SWEEP's tilings for this shape (no bias, no
     epilogue), its time and largest difference to cuDNN's output, printed and added to `rows`."""
     cout = weight.shape[0]
     if not box_conv.available() or x.shape[1] % 32:
         return
-    boxed = box_conv.box_weight_of(weight)
     for how in BOX_SWEEP.get(cout, []):
-        tile = f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
+        tile = box_tile(how)
         out = torch.empty(want.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
         try:
             got = box_conv.conv3d(x, weight, None, padding, out, boxed, how=how)
@@ -304,9 +308,9 @@ def main() -> None:
             with mock.patch.object(box_conv, "available", lambda: False):
                 triton_plan = conv_kernel.plan(x, weight, 1, padding, 1, 1)
             tiles += [triton_plan] if triton_plan is not None else []
-        if args.box_sweep and not args.residual and not args.norm:
-            box_rows(rows, name, x, weight, padding, want, cudnn, flop)
         boxed = box_conv.box_weight_of(weight)
+        if args.box_sweep and not args.residual and not args.norm:
+            box_rows(rows, name, x, weight, boxed, padding, want, cudnn, flop)
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue
@@ -331,8 +335,7 @@ def main() -> None:
                 n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
                 tile = f"{how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}"
                 if how.box:
-                    p = box_conv.PLANS[cout]
-                    tile = f"{p.rows}x{p.cols}x{p.block_n}+{p.block_n2}x{p.block_k} s{p.stages} w{p.num_warps}+1"
+                    tile = box_tile(box_conv.PLANS[cout])
                 label = ("box" if how.box else "wrap" if how.wrap else "rows") + ("" if how == chosen else "*") + suffix
                 print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "
                       f"{flop / ms / 1e9:8.0f} {diff:9.1e}", flush=True)

@@ -737,6 +737,11 @@ def test_conv3d_rejects_a_weight_in_the_other_kernels_layout(monkeypatch):
     conv_kernel.conv3d(x, w, None, (0, 1, 1), box, conv_kernel.cached_weight_for(box, w))  # the right one: taken
 
 
+def _box_cin(cout: int) -> int:
+    """The input channels of Wan's layer with `cout` output channels (the head: 96 -> 3)."""
+    return 96 if cout == 3 else cout
+
+
 @pytest.mark.parametrize("cout, epilogue, how", [
     (96, None, None), (96, "add", None), (96, "norm", None), (192, None, None), (192, "add", None), (192, "norm", None),
     (192, None, box_conv.PLAN), (256, "add", box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3)),
@@ -751,7 +756,7 @@ def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     pytest.importorskip("triton")
     assert box_conv.available()
     how = how or box_conv.PLANS[cout]
-    cin = 96 if cout == 3 else cout
+    cin = _box_cin(cout)
     compiled = box_conv.compile_for_hopper(how, cin=cin, cout=cout, add=epilogue == "add", norm=epilogue == "norm")
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
@@ -767,7 +772,7 @@ def test_box_kernel_multiplies_are_not_serialised(cout):
     from triton.backends.nvidia.compiler import get_ptxas
 
     ptxas = get_ptxas(90).path
-    cin = 96 if cout == 3 else cout
+    cin = _box_cin(cout)
     for bias, add, norm in [(False, False, False), (True, False, False), (False, True, False), (True, True, False),
                             (False, False, True)]:
         ptx = box_conv.compile_for_hopper(box_conv.PLANS[cout], cin, cout, add=add, norm=norm, bias=bias).asm["ptx"]

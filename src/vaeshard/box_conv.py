@@ -185,15 +185,16 @@ if gluon is not None:
         BM: gl.constexpr = R * CW
         STEPS: gl.constexpr = 9 * (CIN // BK)
         TWO: gl.constexpr = BN2 > 0  # a second accumulator (else acc2 stands in, unused)
+        N2: gl.constexpr = BN2 + BN * (1 - TWO)  # acc2's width (BN where it only stands in)
         mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, BN, 16])
         mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BN2 + BN * (1 - TWO), 16])
+                                                       instr_shape=[16, N2, 16])
         counter = 0
         for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BN + BN2)
             acc = gl.zeros((BM, BN), gl.float32, layout=mma1)
-            acc2 = gl.zeros((BM, BN2 + BN * (1 - TWO)), gl.float32, layout=mma2)
+            acc2 = gl.zeros((BM, N2), gl.float32, layout=mma2)
             prev = 0
             for j in range(STEPS):
                 s = counter % STAGES
