@@ -195,36 +195,41 @@ def upsample_rows(args) -> list[dict]:
 # channels as channel tiles of 64, 128 or 256
 _WIDE = box_conv.BoxPlan(rows=8, block_n=128, block_n2=64)
 BOX_SWEEP = {
-    96: [box_conv.PLAN, box_conv.PLAN._replace(stages=3)],
-    192: [box_conv.PLAN, box_conv.PLAN._replace(stages=3), _WIDE, _WIDE._replace(stages=3)],
-    256: [box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3), box_conv.PLAN._replace(block_n=32, block_n2=32),
+    96: [box_conv.PLAN, box_conv.PLAN._replace(a_regs=True), box_conv.BoxPlan()],
+    192: [_WIDE, _WIDE._replace(stages=3, tma_out=True), _WIDE._replace(stages=3, tma_out=True, a_regs=True)],
+    256: [box_conv.BoxPlan(block_n=64, block_n2=64, stages=3), box_conv.BoxPlan(block_n=32, block_n2=32),
           box_conv.BoxPlan(rows=8, block_n=128, block_n2=128, stages=3), box_conv.BoxPlan(rows=8, block_n=64, block_n2=64)],
-    384: [box_conv.PLAN, _WIDE],
+    384: [box_conv.BoxPlan(), _WIDE],
     3: [box_conv.BoxPlan(block_n=16, block_n2=0, stages=s) for s in (4, 6)] + [box_conv.BoxPlan(block_n=8, block_n2=8)],
 }
 
 
 def box_tile(how: box_conv.BoxPlan) -> str:
     """A box_conv tiling as the tables print it: voxels, channel tiles, channel step, slots, warps."""
-    return f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
+    return (f"{how.rows}x{how.cols}x{how.block_n}+{how.block_n2}x{how.block_k} s{how.stages} w{how.num_warps}+1"
+            + (" rA" if how.a_regs else "") + (" tma" if how.tma_out else ""))
 
 
-def box_rows(rows: list, name: str, x, weight, boxed, padding, want, cudnn: float, flop: float) -> None:
+def box_rows(rows: list, name: str, x, weight, boxed, padding, want, cudnn: float, flop: float, bias=None,
+             residual=None) -> None:
     """--box-sweep: box_conv.conv3d with each of BOX_SWEEP's tilings for this shape (no bias, no
-    epilogue), its time and largest difference to cuDNN's output, printed and added to `rows`."""
+    epilogue; with --residual its bias and residual added as it stores), its time and largest
+    difference to cuDNN's output, printed and added to `rows`."""
     cout = weight.shape[0]
     if not box_conv.available() or x.shape[1] % 32:
         return
+    add = residual is not None
     for how in BOX_SWEEP.get(cout, []):
         tile = box_tile(how)
-        out = torch.empty(want.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+        out = (residual.clone() if add else
+               torch.empty(want.shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d))
         try:
-            got = box_conv.conv3d(x, weight, None, padding, out, boxed, how=how)
+            got = box_conv.conv3d(x, weight, bias, padding, out, boxed, add=add, how=how).clone()
         except Exception as err:  # noqa: BLE001 - a tiling that does not compile or launch: the next one
             print(f"{name:24} {'box*':10} {tile:22} failed: {type(err).__name__}: {str(err)[:120]}", flush=True)
             continue
         diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-        ms = median_ms(lambda: box_conv.conv3d(x, weight, None, padding, out, boxed, how=how))
+        ms = median_ms(lambda: box_conv.conv3d(x, weight, bias, padding, out, boxed, add=add, how=how))
         label = "box" + ("" if box_conv.PLANS.get(cout) == how else "*")
         print(f"{name:24} {label:10} {tile:22} {cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x "
               f"{flop / ms / 1e9:8.0f} {diff:9.1e}", flush=True)
@@ -309,8 +314,8 @@ def main() -> None:
                 triton_plan = conv_kernel.plan(x, weight, 1, padding, 1, 1)
             tiles += [triton_plan] if triton_plan is not None else []
         boxed = box_conv.box_weight_of(weight)
-        if args.box_sweep and not args.residual and not args.norm:
-            box_rows(rows, name, x, weight, boxed, padding, want, cudnn, flop)
+        if args.box_sweep and not args.norm:
+            box_rows(rows, name, x, weight, boxed, padding, want, cudnn, flop, bias, residual)
         for how in tiles:
             if how.block_n + how.block_n2 < cout:
                 continue

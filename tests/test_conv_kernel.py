@@ -744,7 +744,7 @@ def _box_cin(cout: int) -> int:
 
 @pytest.mark.parametrize("cout, epilogue, how", [
     (96, None, None), (96, "add", None), (96, "norm", None), (192, None, None), (192, "add", None), (192, "norm", None),
-    (192, None, box_conv.PLAN), (256, "add", box_conv.PLAN._replace(block_n=64, block_n2=64, stages=3)),
+    (192, None, box_conv.PLAN), (256, "add", box_conv.BoxPlan(block_n=64, block_n2=64, stages=3)),
     (3, None, None),
 ])
 def test_box_kernel_compiles_for_hopper(cout, epilogue, how):

@@ -52,7 +52,8 @@ try:  # Gluon: Triton 3.5 and later
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language._core import builtin as _builtin
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.runtime.jit import constexpr_function
 except Exception:  # pragma: no cover - depends on the installation
@@ -73,6 +74,8 @@ class BoxPlan(NamedTuple):
     stages: int = 4
     num_warps: int = 8
     producer_regs: int = 40
+    a_regs: bool = False
+    tma_out: bool = False
 
 
 # The tilings measured fastest on an H200 (BENCHMARKS.md, "The box convolution"), by output
@@ -84,8 +87,9 @@ class BoxPlan(NamedTuple):
 # --box-sweep, where other tilings are measured before a count joins PLANS. 3 (the head's 96 -> 3
 # convolution, on cuDNN's Ampere-generation kernel otherwise): one accumulator of 16 channels, 13
 # of them the weights' zero fill, not stored.
-PLAN = BoxPlan()
-PLANS = {96: PLAN, 192: BoxPlan(rows=8, block_n=128, block_n2=64), 3: BoxPlan(block_n=16, block_n2=0)}
+PLAN = BoxPlan(stages=3, tma_out=True)
+PLANS = {96: PLAN, 192: BoxPlan(rows=8, block_n=128, block_n2=64, stages=3, tma_out=True, a_regs=True),
+         3: BoxPlan(block_n=16, block_n2=0)}
 
 
 def available() -> bool:
@@ -111,10 +115,16 @@ def _on_hopper(x: torch.Tensor) -> bool:
 
 if gluon is not None:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # (its 3.9 name, its 3.6 name)
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
     @constexpr_function
     def _pow2(n):
         return 1 << (n - 1).bit_length()
+
+    @constexpr_function
+    def _flat(layout):  # a TMA box's shared layout for the 2-D tile of its rows
+        return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width,
+                                    element_bitwidth=layout.element_bitwidth, rank=2)
 
     @_builtin
     def _view(buf, start, length, shape, layout, _semantic=None):
@@ -124,6 +134,25 @@ if gluon is not None:
         part = buf.slice(start, length, _semantic=_semantic)
         cast = part.reinterpret if hasattr(part, "reinterpret") else part._reinterpret
         return cast(buf.dtype, shape, layout, _semantic=_semantic)
+
+    @_builtin
+    def _columns(buf, start, length, shape, layout, _semantic=None):
+        # columns `start` to `start + length` of a staging buffer as a TMA box's shared tile
+        part = buf.slice(start, length, dim=1, _semantic=_semantic)
+        cast = part.reinterpret if hasattr(part, "reinterpret") else part._reinterpret
+        return cast(buf.dtype, shape, layout, _semantic=_semantic)
+
+    @gluon.jit
+    def _tma_patch(desc, nt, h0, w0, n0, buf, bar, LOAD: gl.constexpr):
+        # a patch of one accumulator's channels between global memory and its staging buffer, in
+        # boxes of the descriptor's channels (at most 64: a 128-byte swizzle)
+        OC: gl.constexpr = desc.block_type.shape[3]
+        for q in gl.static_range(buf.shape[1] // OC):
+            view = _columns(buf, q * OC, OC, desc.block_type.shape, desc.layout)
+            if LOAD:
+                _tma_load(desc, [nt, h0, w0, n0 + q * OC], bar, view)
+            else:
+                _tma_store(desc, [nt, h0, w0, n0 + q * OC], view)
 
     @gluon.jit
     def _tile_origin(tile, TILES, TILES_W, Tout, Tin, R: gl.constexpr, CW: gl.constexpr, NC: gl.constexpr,
@@ -173,12 +202,12 @@ if gluon is not None:
                 counter += 1
 
     @gluon.jit
-    def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps,
-                  Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC,
+    def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, od, od2, o_buf, o2_buf, res_bar, y_ptr, b_ptr, g_ptr, nb_ptr,
+                  p_ptr, scale, eps, Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC,
                   CIN: gl.constexpr, COUT: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
                   BN: gl.constexpr, BN2: gl.constexpr, NC: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr,
                   NORM: gl.constexpr, NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr,
-                  STAGES: gl.constexpr, num_warps: gl.constexpr):
+                  STAGES: gl.constexpr, A_REGS: gl.constexpr, TMA_OUT: gl.constexpr, num_warps: gl.constexpr):
         # the two warp groups: per step, the three row taps' products from views of the slot's box
         # CW voxels apart (each step's products waited for one step later, its slot then freed);
         # per tile, the epilogue and the store
@@ -191,25 +220,59 @@ if gluon is not None:
         mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, N2, 16])
         counter = 0
+        done = 0  # tiles this program has finished (the phase of res_bar)
         for tile in range(gl.program_id(0), TOTAL, gl.num_programs(0)):
             nt, t_in, h0, w0, n0 = _tile_origin(tile, TILES, TILES_W, Tout, Tin, R, CW, NC, BN + BN2)
             acc = gl.zeros((BM, BN), gl.float32, layout=mma1)
             acc2 = gl.zeros((BM, N2), gl.float32, layout=mma2)
             prev = 0
+            if A_REGS:
+                dot1: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma1, k_width=2)
+                dot2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma2, k_width=2)
             for j in range(STEPS):
                 s = counter % STAGES
                 mbarrier.wait(ready.index(s), (counter // STAGES) & 1)
                 a = a_bufs.index(s)
-                for kh in gl.static_range(3):
-                    view = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout)
-                    acc = warpgroup_mma(view, b_bufs.index(s * 3 + kh).permute((1, 0)), acc, is_async=True)
-                    if TWO:
-                        acc2 = warpgroup_mma(view, b2_bufs.index(s * 3 + kh).permute((1, 0)), acc2, is_async=True)
-                if TWO:
-                    acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
+                if TMA_OUT and ADD:
+                    if j == STEPS // 2:  # the last tile's store has left the staging buffers by now: the
+                        # residual copied into them
+                        tma.store_wait(0)
+                        gl.thread_barrier()
+                        mbarrier.expect(res_bar, (BN + TWO * BN2) * BM * 2)
+                        _tma_patch(od, nt, h0, w0, n0, o_buf, res_bar, True)
+                        if TWO:
+                            _tma_patch(od2, nt, h0, w0, n0 + BN, o2_buf, res_bar, True)
+                if A_REGS:
+                    # each view's rows loaded into registers once and multiplied by both channel
+                    # tiles (as a shared-memory operand they are read once per tile); the registers
+                    # are rewritten only once the previous step's products of the same view are done
+                    for kh in gl.static_range(3):
+                        if TWO:
+                            acc, acc2 = warpgroup_mma_wait(num_outstanding=4, deps=(acc, acc2))
+                        else:
+                            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))
+                        if kh == 2:  # the previous step's products are all done: its slot is free
+                            mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
+                        rows = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout).load(dot1)
+                        acc = warpgroup_mma(rows, b_bufs.index(s * 3 + kh).permute((1, 0)), acc, is_async=True)
+                        if TWO:
+                            acc2 = warpgroup_mma(gl.convert_layout(rows, dot2), b2_bufs.index(s * 3 + kh).permute((1, 0)),
+                                                 acc2, is_async=True)
+                    if TWO:  # (blocks nothing: the accumulators as tensors again)
+                        acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
+                    else:
+                        acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
                 else:
-                    acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
-                mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
+                    for kh in gl.static_range(3):
+                        view = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout)
+                        acc = warpgroup_mma(view, b_bufs.index(s * 3 + kh).permute((1, 0)), acc, is_async=True)
+                        if TWO:
+                            acc2 = warpgroup_mma(view, b2_bufs.index(s * 3 + kh).permute((1, 0)), acc2, is_async=True)
+                    if TWO:
+                        acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
+                    else:
+                        acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
+                    mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
                 prev = s
                 counter += 1
             if TWO:
@@ -217,8 +280,50 @@ if gluon is not None:
             else:
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             mbarrier.arrive(empty.index(prev), count=1)
-            _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
-                      COUT, BM, BN, BN2, CW, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, mma1, mma2)
+            if TMA_OUT:
+                _epilogue_tma(acc, acc2, od, od2, o_buf, o2_buf, res_bar, done & 1, b_ptr, nt, h0, w0, n0, COUT, BM,
+                              BN, BN2, HAS_BIAS, ADD, mma1, mma2)
+            else:
+                _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR,
+                          SC, COUT, BM, BN, BN2, CW, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, mma1, mma2)
+            done += 1
+        if TMA_OUT:  # the last store has read its staging buffer before the program ends
+            tma.store_wait(0)
+
+    @gluon.jit
+    def _epilogue_tma(acc, acc2, od, od2, o_buf, o2_buf, res_bar, phase, b_ptr, nt, h0, w0, n0, COUT: gl.constexpr,
+                      BM: gl.constexpr, BN: gl.constexpr, BN2: gl.constexpr, HAS_BIAS: gl.constexpr,
+                      ADD: gl.constexpr, mma1: gl.constexpr, mma2: gl.constexpr):
+        # the bias and the residual (ADD) as `_epilogue` adds them, the patch written into shared
+        # memory and stored by TMA copies, which clip it at the output's edges; the multiplies of the
+        # next tile start while it is stored. The residual is in o_buf already (copied in during the
+        # tile); without one, the last tile's store must have left o_buf first.
+        dt: gl.constexpr = od.dtype
+        TWO: gl.constexpr = BN2 > 0
+        acc = acc + 0.0  # (as in _epilogue: no multiply serialised)
+        acc2 = acc2 + 0.0
+        if HAS_BIAS:
+            offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma1))
+            acc = acc + gl.load(b_ptr + offs_n, mask=offs_n < COUT, other=0.0).to(gl.float32)[None, :]
+            if TWO:
+                offs_n2 = n0 + BN + gl.arange(0, acc2.shape[1], layout=gl.SliceLayout(0, mma2))
+                acc2 = acc2 + gl.load(b_ptr + offs_n2, mask=offs_n2 < COUT, other=0.0).to(gl.float32)[None, :]
+        if ADD:  # (conv + bias) rounded, plus the old value, rounded again: PyTorch's two adds
+            mbarrier.wait(res_bar, phase)
+            acc = acc.to(dt).to(gl.float32) + o_buf.load(mma1).to(gl.float32)
+            if TWO:
+                acc2 = acc2.to(dt).to(gl.float32) + o2_buf.load(mma2).to(gl.float32)
+        else:
+            tma.store_wait(0)
+            gl.thread_barrier()
+        o_buf.store(acc.to(dt))
+        if TWO:
+            o2_buf.store(acc2.to(dt))
+        fence_async_shared()
+        gl.thread_barrier()
+        _tma_patch(od, nt, h0, w0, n0, o_buf, res_bar, False)
+        if TWO:
+            _tma_patch(od2, nt, h0, w0, n0 + BN, o2_buf, res_bar, False)
 
     @gluon.jit
     def _epilogue(acc, acc2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, nt, h0, w0, n0, Ho, Wo, SF, SR, SC,
@@ -275,12 +380,12 @@ if gluon is not None:
 
     @gluon.jit
     def _box_conv_kernel(
-        xd, xd2, wd, wd2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, Tin, Tout, Ho, Wo, PH, PW, TILES_W, TILES,
-        TOTAL, SF, SR, SC,
+        xd, xd2, wd, wd2, od, od2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, Tin, Tout, Ho, Wo, PH, PW, TILES_W,
+        TILES, TOTAL, SF, SR, SC,
         CIN: gl.constexpr, COUT: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
         BN: gl.constexpr, BN2: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr, NORM: gl.constexpr,
         NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr, STAGES: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, A_REGS: gl.constexpr, TMA_OUT: gl.constexpr, num_warps: gl.constexpr,
     ):
         ROWS: gl.constexpr = (R + 2) * CW
         NC: gl.constexpr = (COUT + BN + BN2 - 1) // (BN + BN2)  # channel tiles per patch (the last may be part one)
@@ -292,13 +397,25 @@ if gluon is not None:
             b2_bufs = b_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        res_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout()).index(0)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(res_bar, count=1)
+        if TMA_OUT:  # the output patch's staging buffers (the residual's too)
+            o_buf = gl.allocate_shared_memory(od.dtype, [R * CW, BN], _flat(od.layout))
+            if BN2 > 0:
+                o2_buf = gl.allocate_shared_memory(od.dtype, [R * CW, BN2], _flat(od2.layout))
+            else:
+                o2_buf = o_buf
+        else:
+            o_buf = a_bufs
+            o2_buf = a_bufs
         gl.warp_specialize([
-            (_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps,
-                         Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC, CIN, COUT, R, CW, BK, BN, BN2, NC,
-                         HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, STAGES, num_warps)),
+            (_consumer, (a_bufs, b_bufs, b2_bufs, ready, empty, od, od2, o_buf, o2_buf, res_bar, y_ptr, b_ptr, g_ptr,
+                         nb_ptr, p_ptr, scale, eps, Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC, CIN, COUT, R,
+                         CW, BK, BN, BN2, NC, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, STAGES, A_REGS, TMA_OUT,
+                         num_warps)),
             (_producer, (xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
                          TOTAL, CIN, R, CW, BK, BN, NC, BN + BN2, STAGES)),
         ], [1], [PRODUCER_REGS])
@@ -308,6 +425,12 @@ def box_weight_of(weight: torch.Tensor) -> torch.Tensor:
     """(Cout, Cin, 3, 3, 3) -> (Cout, 27 * Cin): each output channel's row of (tap, input channel),
     taps in (t, h, w) order (the weight tiles' input channels innermost, as the multiplies read them)."""
     return weight.detach().permute(0, 2, 3, 4, 1).reshape(weight.shape[0], -1).contiguous()
+
+
+def out_layout(channels: int):
+    """The shared-memory layout of the TMA boxes of an output patch of `channels` channels (4-D; boxes
+    of at most 64 channels, 128 bytes, the widest swizzle)."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * channels), element_bitwidth=16, rank=4)
 
 
 def descriptor_layouts(how: BoxPlan = PLAN):
@@ -335,12 +458,19 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     tout, ho, wo = out.shape[2:]
     r, cw, bk = how.rows, how.cols, how.block_k
     box_layout, w_layout = descriptor_layouts(how)
+    tma_out = how.tma_out and norm is None
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
     shape, strides = [n * tin, h, w, c], [h * w * c, w * c, c, 1]
     xd = GluonDescriptor(xl, shape, strides, [1, r, cw, bk], box_layout)
     xd2 = GluonDescriptor(xl, shape, strides, [1, 2, cw, bk], box_layout)
     wd = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n, bk], w_layout)
     wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2 or how.block_n, bk], w_layout)
+    od, od2 = xd, xd2  # (stand-ins, not read, without TMA stores)
+    if tma_out:  # the output as (N * T, H, W, C) (conv_kernel.takes_out: samples follow each other's frames)
+        ol = out.permute(0, 2, 3, 4, 1)
+        oshape, ostrides = [n * tout, ho, wo, cout], [out.stride(2), out.stride(3), out.stride(4), 1]
+        od, od2 = (GluonDescriptor(ol, oshape, ostrides, [1, r, cw, min(64, bn)], out_layout(bn))
+                   for bn in (how.block_n, how.block_n2 or how.block_n))
     tiles_w = triton.cdiv(wo, cw)
     tiles = triton.cdiv(ho, r) * tiles_w
     total = n * tout * tiles * triton.cdiv(cout, per_tile)
@@ -350,14 +480,14 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     norm_bias = None if norm is None else norm.bias
     pre_bias = None if norm is None else norm.pre_bias
     _box_conv_kernel[(programs,)](
-        xd, xd2, wd, wd2, out, unused if bias is None else bias, gamma, unused if norm_bias is None else norm_bias,
+        xd, xd2, wd, wd2, od, od2, out, unused if bias is None else bias, gamma, unused if norm_bias is None else norm_bias,
         unused if pre_bias is None else pre_bias, float(1.0 if norm is None else norm.scale),
         float(1e-12 if norm is None else norm.eps), tin, tout, ho, wo, ph, pw, tiles_w, tiles, total,
         out.stride(2), out.stride(3), out.stride(4),
         CIN=c, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=bias is not None,
         ADD=add, NORM=norm is not None, NORM_BIAS=norm_bias is not None, PRE_BIAS=pre_bias is not None,
         SILU=bool(norm is not None and norm.silu), STAGES=how.stages, PRODUCER_REGS=how.producer_regs,
-        num_warps=how.num_warps,
+        A_REGS=how.a_regs, TMA_OUT=tma_out, num_warps=how.num_warps,
     )
     return out
 
@@ -377,12 +507,16 @@ def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: 
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
 
     kernel = _box_conv_kernel
-    constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2,
+    tma_out = how.tma_out and not norm
+    bn2 = how.block_n2 or how.block_n
+    constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, TMA_OUT=tma_out,
                      HAS_BIAS=not norm if bias is None else bias,
                      ADD=add, NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages,
-                     PRODUCER_REGS=how.producer_regs, num_warps=how.num_warps)
+                     PRODUCER_REGS=how.producer_regs, A_REGS=how.a_regs, num_warps=how.num_warps)
     types = {"xd": desc([1, r, cw, bk], box_layout), "xd2": desc([1, 2, cw, bk], box_layout),
-             "wd": desc([how.block_n, bk], w_layout), "wd2": desc([how.block_n2 or how.block_n, bk], w_layout),
+             "wd": desc([how.block_n, bk], w_layout), "wd2": desc([bn2, bk], w_layout),
+             "od": desc([1, r, cw, min(64, how.block_n)], out_layout(how.block_n)) if tma_out else desc([1, r, cw, bk], box_layout),
+             "od2": desc([1, r, cw, min(64, bn2)], out_layout(bn2)) if tma_out else desc([1, 2, cw, bk], box_layout),
              "y_ptr": "*bf16", "b_ptr": "*bf16", "g_ptr": "*bf16", "nb_ptr": "*bf16", "p_ptr": "*bf16",
              "scale": "fp32", "eps": "fp32"}
     names = kernel.arg_names
