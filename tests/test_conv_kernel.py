@@ -745,7 +745,7 @@ def _box_cin(cout: int) -> int:
 @pytest.mark.parametrize("cout, epilogue, how", [
     (96, None, None), (96, "add", None), (96, "norm", None), (192, None, None), (192, "add", None), (192, "norm", None),
     (192, None, box_conv.PLAN), (256, "add", box_conv.BoxPlan(block_n=64, block_n2=64, stages=3)),
-    (3, None, None),
+    (3, None, None), (96, "add", box_conv.BoxPlan()), (96, None, box_conv.PLAN._replace(a_regs=True)),
 ])
 def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     # the warp-specialised Gluon kernel, compiled for sm_90 with Triton's own ptxas (no GPU): TMA
@@ -761,6 +761,42 @@ def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and "setmaxnreg" in ptx
     assert compiled.metadata.shared <= 227 * 1024
+    # the output patch leaves by TMA stores where the plan asks for them (not with the norm epilogue)
+    assert ("cp.async.bulk.tensor.4d.global.shared" in ptx) == (how.tma_out and epilogue != "norm")
+
+
+def _sass(compiled) -> list[str]:
+    """The kernel's SASS instructions, in order (Triton's own ptxas and cuobjdump; no GPU)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(90).path
+    with tempfile.TemporaryDirectory() as tmp:
+        src, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(src, "w") as f:
+            f.write(compiled.asm["ptx"])
+        subprocess.run([ptxas, "--gpu-name=sm_90a", src, "-o", cubin], check=True, capture_output=True, timeout=120)
+        dump = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin], check=True,
+                              capture_output=True, text=True, timeout=60).stdout
+    return [line.split("*/", 1)[1].split(";")[0].strip() for line in dump.splitlines() if line.strip().startswith("/*")
+            and "*/" in line]
+
+
+@pytest.mark.parametrize("cout", [96, 192])
+def test_box_kernel_rows_in_registers_wait_for_their_multiplies(cout):
+    # with the input rows in registers (a_regs), a warp-group multiply reads its registers while it
+    # runs: each view's rows may be loaded again only once the previous step's multiplies of that
+    # view are done, so every register load of the main loop follows a wait on the multiplies (PTX
+    # makes rewriting them earlier undefined; ptxas does not insert the wait itself)
+    pytest.importorskip("triton")
+    how = box_conv.PLANS[cout]._replace(a_regs=True)
+    sass = _sass(box_conv.compile_for_hopper(how, _box_cin(cout), cout, add=True))
+    last = max(i for i, ins in enumerate(sass) if "HGMMA" in ins)
+    loads = [i for i in range(last) if sass[i].startswith("LDSM")]  # (the epilogue's come after)
+    assert len(loads) >= 3  # (the three views' rows)
+    for i in loads:  # a wait between the multiply before it (or the loop's start) and the load
+        before = [j for j in range(i) if "HGMMA" in sass[j]]
+        since = sass[before[-1] if before else 0 : i]
+        assert any("WARPGROUP.DEPBAR" in ins for ins in since), (i, sass[i])
 
 
 @pytest.mark.parametrize("cout", [96, 192, 3])
