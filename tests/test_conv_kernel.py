@@ -168,6 +168,22 @@ KERNEL_VALUES = textwrap.dedent(
     # its weight layout: taps in (h, w) order, then the input channels
     w2 = torch.randn(8, 4, 3, 3)
     assert torch.equal(conv_kernel.gemm_weight_of(w2)[(1 * 3 + 2) * 4 + 3], w2[:, 3, 1, 2])
+    # two samples of one frame each, added to (and written into) a tensor laid out as an upsampler
+    # leaves its output after one frame: (N, C, H, W) channels-last frames seen as (N, C, 1, H, W),
+    # whose one-frame axis has the channels' stride: samples are a sample stride apart
+    x = torch.randn(2, 32, 3, 4, 16).half().contiguous(memory_format=torch.channels_last_3d)
+    weight = (torch.randn(32, 32, 3, 3, 3) / (27 * 32) ** 0.5).half()
+    how = ConvPlan(wrap=False, block_m=16, block_n=32)
+    def one_frame_layout(t):
+        return t[:, :, 0].contiguous(memory_format=torch.channels_last).unsqueeze(1).transpose(1, 2)
+    residual = one_frame_layout(torch.randn(2, 32, 1, 4, 16).half())
+    assert residual.stride(2) == 32 and residual.stride(0) == 32 * 4 * 16
+    want = F.conv3d(x.float(), weight.float(), None, 1, (0, 1, 1))
+    got = conv_kernel.conv3d(x, weight, None, (0, 1, 1), how, add_to=residual.clone())
+    assert (got.float() - want - residual.float()).abs().max() <= 4e-3, "one-frame add_to"
+    into = one_frame_layout(torch.zeros(2, 32, 1, 4, 16).half())
+    got = conv_kernel.conv3d(x, weight, None, (0, 1, 1), how, out=into)
+    assert got is into and (got.float() - want).abs().max() <= 4e-3, "one-frame out"
     print("conv kernel ok")
     """
 )
@@ -212,14 +228,23 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     vae = build("wan21")
     z = latent((1, 4, 2, 2, 16))
     narrow = latent((1, 4, 2, 2, 6))  # rows of 24, 12 and 6 columns where the kernel runs: 16-voxel tiles fit none
+    pair = latent((2, 4, 2, 2, 16), seed=5)  # two samples: after one frame an upsampler's output has
+    # the channels' stride on its frame axis, and the next block adds into it (conv_kernel.frame_stride)
     with torch.no_grad():
         ref = vae.decode(z).sample
         ref_narrow = vae.decode(narrow).sample
+        ref_pair = vae.decode(pair).sample
     vae.to(torch.float16)
     z = z.to(torch.float16)
     vaeshard.parallelize(vae)
     out = vae.decode(z).sample
     assert calls and not any(wraps), "the row tiles did not take the unsharded rows"
+    added.clear()
+    got = vae.decode(pair.to(torch.float16)).sample
+    assert any(added), "no residual added in the kernel's epilogue with two samples"
+    for i in range(2):
+        err = (got[i].float() - ref_pair[i]).abs()
+        assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, ("pair", i, err.max().item(), err.mean().item())
     # where they do not fit, the buffers hold their padding as zero columns and the wrapping tiles
     # take them (fast.zero_columns; on one rank nothing else wraps)
     wraps.clear()
@@ -840,6 +865,32 @@ def test_box_kernel_unavailable_warns_once(monkeypatch):
             assert not box_conv.available()  # decided once per process
     finally:
         box_conv._compiles.cache_clear()
+
+
+@pytest.mark.parametrize("tma_out", [True, False])
+def test_box_conv_steps_samples_of_one_frame_by_their_own_stride(monkeypatch, tma_out):
+    # an output of one frame per sample whose frame axis has another stride (an upsampler's output
+    # after one frame, seen as (N, C, 1, H, W)): the kernel steps from sample to sample by the sample
+    # stride, in its store arguments and in the TMA stores' descriptor (the launch is recorded, not run)
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append(args)
+
+    monkeypatch.setattr(box_conv, "_box_conv_kernel", Kernel())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 4}))
+    x = torch.randn(2, 96, 3, 16, 16).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(96, 96, 3, 3, 3).to(torch.bfloat16)
+    out = torch.empty(2, 96, 16, 16, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
+    out = out.unsqueeze(1).transpose(1, 2)  # (2, 96, 1, 16, 16), frame stride 96
+    assert out.stride(2) == 96 and conv_kernel.takes_out(out, out.shape, out.dtype)
+    box_conv.conv3d(x, w, None, (0, 1, 1), out, box_conv.box_weight_of(w), how=box_conv.PLAN._replace(tma_out=tma_out))
+    (args,) = launched
+    sf = args[-3]  # SF, SR, SC: the store's strides
+    assert (sf, args[-2], args[-1]) == (out.stride(0), out.stride(3), out.stride(4))
+    if tma_out:
+        assert list(args[4].strides)[0] == out.stride(0)  # od: the output's descriptor
 
 
 def test_box_conv_refuses_a_norm_over_several_channel_tiles():

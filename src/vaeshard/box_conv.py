@@ -46,7 +46,7 @@ from typing import NamedTuple
 import torch
 
 from . import norm_math
-from .triton_support import triton
+from .triton_support import frame_stride, triton
 
 try:  # Gluon: Triton 3.5 and later
     from triton.experimental import gluon
@@ -468,7 +468,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     od, od2 = xd, xd2  # (stand-ins, not read, without TMA stores)
     if tma_out:  # the output as (N * T, H, W, C) (conv_kernel.takes_out: samples follow each other's frames)
         ol = out.permute(0, 2, 3, 4, 1)
-        oshape, ostrides = [n * tout, ho, wo, cout], [out.stride(2), out.stride(3), out.stride(4), 1]
+        oshape, ostrides = [n * tout, ho, wo, cout], [frame_stride(out), out.stride(3), out.stride(4), 1]
         od, od2 = (GluonDescriptor(ol, oshape, ostrides, [1, r, cw, min(64, bn)], out_layout(bn))
                    for bn in (how.block_n, how.block_n2 or how.block_n))
     tiles_w = triton.cdiv(wo, cw)
@@ -483,7 +483,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
         xd, xd2, wd, wd2, od, od2, out, unused if bias is None else bias, gamma, unused if norm_bias is None else norm_bias,
         unused if pre_bias is None else pre_bias, float(1.0 if norm is None else norm.scale),
         float(1e-12 if norm is None else norm.eps), tin, tout, ho, wo, ph, pw, tiles_w, tiles, total,
-        out.stride(2), out.stride(3), out.stride(4),
+        frame_stride(out), out.stride(3), out.stride(4),
         CIN=c, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=bias is not None,
         ADD=add, NORM=norm is not None, NORM_BIAS=norm_bias is not None, PRE_BIAS=pre_bias is not None,
         SILU=bool(norm is not None and norm.silu), STAGES=how.stages, PRODUCER_REGS=how.producer_regs,

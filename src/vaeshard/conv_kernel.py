@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from . import box_conv, norm_math
-from .triton_support import runs_on, tl, triton
+from .triton_support import frame_stride, runs_on, tl, triton
 
 if triton is not None:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -199,7 +199,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     y = out.permute(0, 2, 3, 4, 1)
     # the output's frames, rows and columns may lie apart (a view into a larger buffer); samples and
     # frames are one axis of the store (`takes_out`: a single sample, or samples right after each other)
-    sf, sr, sc = out.stride(2), out.stride(3), out.stride(4)
+    sf, sr, sc = frame_stride(out), out.stride(3), out.stride(4)
 
     def boxes(width):  # the weight's and the output's descriptors for a channel tile of `width`
         return (TensorDescriptor(wk, [27 * c, cout], [cout, 1], [bk, width]),
@@ -240,7 +240,8 @@ def adds_in_epilogue(how: ConvPlan) -> bool:
 
 def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
     """Whether `conv3d` can add its result to `t` in place: `shape` and `dtype`, channels-last,
-    dense, 16-byte aligned (the layout of the outputs it makes)."""
+    dense, 16-byte aligned (the layout of the outputs it makes; with one frame, any stride of the
+    frame axis: `frame_stride`)."""
     return (tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.dim() == 5
             and t.permute(0, 2, 3, 4, 1).is_contiguous() and t.data_ptr() % 16 == 0)
 
@@ -271,7 +272,7 @@ def takes_out(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
     size = t.element_size()
     if t.data_ptr() % 16 or any(s * size % 16 for s in t.stride()[2:]):
         return False
-    return t.shape[0] == 1 or t.stride(0) == t.shape[2] * t.stride(2)
+    return t.shape[0] == 1 or t.stride(0) == t.shape[2] * frame_stride(t)
 
 
 # The upsampling convolution's tiles, by output channels, that `benchmarks/conv_kernel.py --upsample

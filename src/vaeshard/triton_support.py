@@ -24,3 +24,11 @@ def interpreting() -> bool:
 def runs_on(x) -> bool:
     """Whether Triton is installed and its kernels can take the tensor `x` (CUDA, or the interpreter)."""
     return triton is not None and (x.is_cuda or interpreting())
+
+
+def frame_stride(t) -> int:
+    """The stride the convolution kernels step by along the samples-and-frames axis of an (N, C, T,
+    H, W) tensor they write (frame n * T + f lies at (n * T + f) * frame_stride(t)): its frame stride,
+    or with one frame per sample its sample stride, as a size-1 axis's own stride can be anything
+    (an upsampler's output after one frame, a view of (N, C, H, W) frames, has the channels')."""
+    return t.stride(0) if t.shape[2] == 1 else t.stride(2)
