@@ -12,10 +12,17 @@ channel tiles of the same patch (timed by benchmarks/conv_kernel.py --box-sweep,
 Gluon, Triton's lower-level language, exposes what this needs: the shared memory, the TMA copies
 and the warp-group multiplies. One producer warp issues the copies into STAGES slots; the two
 consumer warp groups (the default partition) multiply and store; the programs stay resident and
-walk the tiles, so one tile's stores overlap the next tile's copies. Alone on an H200 at Wan 2.1's
-96-channel shapes it ran 1.04-1.20x the Triton kernel (1.09-1.72x with the residual added as it
-stores), at the 192-channel ones 1.05-1.10x; in the decode of Wan 2.1 720p (96 channels) 1.376
-against 1.416 s on one GPU, 0.761 against 0.784 s on two (BENCHMARKS.md, "The box convolution").
+walk the tiles, so the producer copies the next tile's boxes while a tile is stored. With
+`tma_out` (PLANS' 96 and 192 channels) the consumers write the output patch into a shared-memory
+staging buffer and TMA copies store it (a residual to add comes into that buffer the same way,
+halfway through the tile), so they start the next tile's multiplies at once: stored from
+registers, the patches had kept them from multiplying 10-16% of the time (BENCHMARKS.md, "The box
+convolution"). With `a_regs` (192 channels) each view's input rows are loaded into registers once
+for both channel tiles; each load waits until the last step's multiplies of that view are done
+(a multiply reads its registers while it runs). Alone on an H200 at Wan 2.1's 96-channel shapes it
+ran 1.04-1.20x the Triton kernel before the TMA stores and 1.02-1.15x its former self with them;
+in the decode of Wan 2.1 720p the TMA stores took 1.368 to 1.324 s on one GPU at 96 channels and
+1.300 to 1.280 s at 192 (0.764 to 0.745 and 0.720 to 0.711 s on two).
 
 What it computes is what conv_kernel.conv3d computes for the same arguments, with the same
 epilogues: the fp32 sum of the 27 x Cin products plus the bias, rounded once; with `add_to` the
@@ -64,7 +71,10 @@ class BoxPlan(NamedTuple):
     """The kernel's tiling: output patches of `rows` x `cols` voxels, a program's output channels as
     two tiles (`block_n` + `block_n2`; more output channels than that are several programs' channel
     tiles of the same patch), `block_k` input channels per step, `stages` slots of copies in
-    flight, `num_warps` consumer warps, `producer_regs` registers per thread of the producer warp."""
+    flight, `num_warps` consumer warps, `producer_regs` registers per thread of the producer warp;
+    `a_regs`: each view's input rows multiplied from registers (loaded once for both channel
+    tiles); `tma_out`: the output patch staged in shared memory and stored by TMA copies (a norm
+    epilogue stores from registers regardless)."""
 
     rows: int = 16
     cols: int = 16
@@ -79,10 +89,12 @@ class BoxPlan(NamedTuple):
 
 
 # The tilings measured fastest on an H200 (BENCHMARKS.md, "The box convolution"), by output
-# channels. 96 (Wan 2.1's full-resolution layers): 16 x 16 voxels, 4 slots (720p, 1 GPU: 3.05-3.07
-# ms against 3.19-3.28 with 3 slots, 3.50 with 8 x 16 voxels). 192 (its half-resolution layers): 8 x
-# 16 voxels with all 192 channels (720p, 1 GPU: 2.60 ms against 2.86 for two channel tiles of 96 on
-# 16 x 16 voxels and 2.87 for the Triton kernel; by height 1.36 against 1.43). Not here: 384
+# channels. 96 (Wan 2.1's full-resolution layers): 16 x 16 voxels, TMA stores, 3 slots (the staging
+# buffers' 48 KB leave no room for 4; 720p, 1 GPU: 2.86-2.88 ms against 3.13-3.36 with 4 slots and
+# stores from registers, 3.05-3.07 before; 2 slots 0.84-0.90x of cuDNN; the rows in registers 2.98-3.05).
+# 192 (its half-resolution layers): 8 x 16 voxels with all 192 channels (2.60 ms against 2.86 for two
+# channel tiles of 96 on 16 x 16 voxels and 2.87 for the Triton kernel), TMA stores and the rows in
+# registers, 3 slots (2.42 against 2.61-2.89 ms; by height 1.27 against 1.34-1.41). Not here: 384
 # channels (0.71-0.91x of cuDNN) and Wan 2.2's 256 (0.70-1.04x), benchmarks/conv_kernel.py
 # --box-sweep, where other tilings are measured before a count joins PLANS. 3 (the head's 96 -> 3
 # convolution, on cuDNN's Ampere-generation kernel otherwise): one accumulator of 16 channels, 13
