@@ -5,12 +5,12 @@ import)."""
 import torch
 
 
-def sharded_through_the_kernel(rank, world, mode):
+def sharded_through_the_kernel(rank, world, mode, samples=1):
     """One rank of a sharded fp16 decode of the small Wan 2.1 through the Triton kernel, in Triton's
     interpreter (set before this process imported Triton): the kernel calls' (wrapping tiles?,
     residual added in the epilogue?, next norm computed in the epilogue?), the upsampling kernel's
     calls' halo (rows, columns), the (query, key) tokens of the fast tier's attention calls, and the
-    max / mean difference to diffusers' fp32 decode."""
+    max / mean difference to diffusers' fp32 decode; `samples` latents in one request."""
     import vaeshard
     from vaeshard import conv_kernel, triton_support
 
@@ -34,7 +34,7 @@ def sharded_through_the_kernel(rank, world, mode):
     own_attention = attention.attention
     attention.attention = lambda q, k, v: attended.append((q.shape[2], k.shape[2])) or own_attention(q, k, v)
     vae = build("wan21")
-    z = latent((1, 4, 2, 4, 16))
+    z = latent((samples, 4, 2, 4, 16))
     with torch.no_grad():
         ref = vae.decode(z).sample
     vae.to(torch.float16)
