@@ -138,21 +138,33 @@ if gluon is not None:
         return gl.NVMMASharedLayout(swizzle_byte_width=layout.swizzle_byte_width,
                                     element_bitwidth=layout.element_bitwidth, rank=2)
 
+    def _as(part, shape, layout, _semantic):
+        # a slice of shared memory seen with another shape and layout (`_reinterpret` in Triton
+        # 3.6, `reinterpret` later)
+        cast = part.reinterpret if hasattr(part, "reinterpret") else part._reinterpret
+        return cast(part.dtype, shape, layout, _semantic=_semantic)
+
     @_builtin
     def _view(buf, start, length, shape, layout, _semantic=None):
         # `shape` from row `start` of a slot on: a slice of `length` rows there (a slice must start at
         # a multiple of its length) reinterpreted as the view; every start is a multiple of 8 rows,
-        # the swizzle's period. (`_reinterpret` in Triton 3.6, `reinterpret` later.)
-        part = buf.slice(start, length, _semantic=_semantic)
-        cast = part.reinterpret if hasattr(part, "reinterpret") else part._reinterpret
-        return cast(buf.dtype, shape, layout, _semantic=_semantic)
+        # the swizzle's period
+        return _as(buf.slice(start, length, _semantic=_semantic), shape, layout, _semantic)
 
     @_builtin
     def _columns(buf, start, length, shape, layout, _semantic=None):
         # columns `start` to `start + length` of a staging buffer as a TMA box's shared tile
-        part = buf.slice(start, length, dim=1, _semantic=_semantic)
-        cast = part.reinterpret if hasattr(part, "reinterpret") else part._reinterpret
-        return cast(buf.dtype, shape, layout, _semantic=_semantic)
+        return _as(buf.slice(start, length, dim=1, _semantic=_semantic), shape, layout, _semantic)
+
+    @gluon.jit
+    def _waited(acc, acc2, groups: gl.constexpr, TWO: gl.constexpr):
+        # the accumulators once at most `groups` of the multiplies' steps (one warp-group multiply
+        # per accumulator each) are still running: as tensors again
+        if TWO:
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=2 * groups, deps=(acc, acc2))
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=groups, deps=(acc,))
+        return acc, acc2
 
     @gluon.jit
     def _tma_patch(desc, nt, h0, w0, n0, buf, bar, LOAD: gl.constexpr):
@@ -250,7 +262,7 @@ if gluon is not None:
                         # residual copied into them
                         tma.store_wait(0)
                         gl.thread_barrier()
-                        mbarrier.expect(res_bar, (BN + TWO * BN2) * BM * 2)
+                        mbarrier.expect(res_bar, (BN + TWO * BN2) * BM * (od.dtype.primitive_bitwidth // 8))
                         _tma_patch(od, nt, h0, w0, n0, o_buf, res_bar, True)
                         if TWO:
                             _tma_patch(od2, nt, h0, w0, n0 + BN, o2_buf, res_bar, True)
@@ -259,10 +271,7 @@ if gluon is not None:
                     # tiles (as a shared-memory operand they are read once per tile); the registers
                     # are rewritten only once the previous step's products of the same view are done
                     for kh in gl.static_range(3):
-                        if TWO:
-                            acc, acc2 = warpgroup_mma_wait(num_outstanding=4, deps=(acc, acc2))
-                        else:
-                            acc = warpgroup_mma_wait(num_outstanding=2, deps=(acc,))
+                        acc, acc2 = _waited(acc, acc2, 2, TWO)
                         if kh == 2:  # the previous step's products are all done: its slot is free
                             mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
                         rows = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout).load(dot1)
@@ -270,27 +279,18 @@ if gluon is not None:
                         if TWO:
                             acc2 = warpgroup_mma(gl.convert_layout(rows, dot2), b2_bufs.index(s * 3 + kh).permute((1, 0)),
                                                  acc2, is_async=True)
-                    if TWO:  # (blocks nothing: the accumulators as tensors again)
-                        acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
-                    else:
-                        acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
+                    acc, acc2 = _waited(acc, acc2, 3, TWO)  # (blocks nothing: tensors again)
                 else:
                     for kh in gl.static_range(3):
                         view = _view(a, kh * CW, CW, [BM, BK], b_bufs.type.layout)
                         acc = warpgroup_mma(view, b_bufs.index(s * 3 + kh).permute((1, 0)), acc, is_async=True)
                         if TWO:
                             acc2 = warpgroup_mma(view, b2_bufs.index(s * 3 + kh).permute((1, 0)), acc2, is_async=True)
-                    if TWO:
-                        acc, acc2 = warpgroup_mma_wait(num_outstanding=6, deps=(acc, acc2))
-                    else:
-                        acc = warpgroup_mma_wait(num_outstanding=3, deps=(acc,))
+                    acc, acc2 = _waited(acc, acc2, 3, TWO)
                     mbarrier.arrive(empty.index(prev), count=1, pred=j > 0)
                 prev = s
                 counter += 1
-            if TWO:
-                acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
-            else:
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc, acc2 = _waited(acc, acc2, 0, TWO)
             mbarrier.arrive(empty.index(prev), count=1)
             if TMA_OUT:
                 _epilogue_tma(acc, acc2, od, od2, o_buf, o2_buf, res_bar, done & 1, b_ptr, nt, h0, w0, n0, COUT, BM,
