@@ -8,6 +8,7 @@
     python3 benchmarks/conv_kernel.py --norm                     # + the next RMS norm + SiLU
     python3 benchmarks/conv_kernel.py --upsample [--sweep]       # the upsamplers' convolution
     python3 benchmarks/conv_kernel.py --box-sweep                # box_conv's tilings of BOX_SWEEP too
+    python3 benchmarks/conv_kernel.py --front [--residual]       # box_conv reading the cache where it lies
 
 Each shape is one decoder call's convolution input (a channels-last bf16 buffer: the two cached
 frames and four new ones, halo rows or columns where sharded) with random weights. cuDNN runs as the
@@ -26,6 +27,13 @@ the kernel adding both in its epilogue (`conv3d(..., add_to=residual)`); the dif
 buffer: cuDNN then the norm kernel (`fast.rms_norm(..., pre_bias=, out=)`) against the kernel with
 the norm in its epilogue (`conv3d(..., norm=, out=)`); the `+pass` rows time the kernel followed by
 the norm kernel, as the decode ran it before; the difference is to cuDNN then the norm kernel.
+
+`--front`: box_conv's causal convolutions (the shapes it runs) reading their two cached frames from
+the cache where it lies (`conv_kernel.Front`, a buffer of the four new frames) against copying the
+cache in front of the new frames, then convolving that buffer, as the fast tier did before; with
+`--residual` both add a bias and a residual. The difference printed is to the kernel's output on
+the copied buffer (the same sums in the same order: 0 expected), then the same with a cache of one
+frame and with none (zero frames) against the kernel on a buffer with zero frames in front.
 
 `--upsample`: the upsamplers' nearest 2x + 3x3 convolution (UPSAMPLE_SHAPES: one decoder call's
 source frames, by Wan 2.1 level): the fast tier's path without the kernel (the frames upsampled into
@@ -237,6 +245,53 @@ def box_rows(rows: list, name: str, x, weight, boxed, padding, want, cudnn: floa
                          tflops=flop / ms / 1e9, rel_diff=diff))
 
 
+def front_rows(args) -> list:
+    """--front: see the module's text; prints the table and returns its rows."""
+    rows = []
+    print(f"{'shape':24} {'copy + conv ms':>14} {'front ms':>9} {'speed-up':>8} {'diff':>8} {'1 frame':>8} {'none':>8}")
+    for name, (cin, cout, frames, h, w, padding) in SHAPES.items():
+        if (args.only and args.only not in name) or cout not in box_conv.PLANS or (args.residual and cout % 8):
+            continue
+        torch.manual_seed(0)
+        x = torch.randn(1, cin, frames, h, w, device="cuda", dtype=torch.bfloat16)
+        x = x.contiguous(memory_format=torch.channels_last_3d)  # the copied buffer: cache, then new frames
+        weight = torch.randn(cout, cin, 3, 3, 3, device="cuda", dtype=torch.bfloat16) / (27 * cin) ** 0.5
+        if not box_conv.runs(x, weight):
+            continue
+        cache = x[:, :, :2].clone()
+        new = x[:, :, 2:].clone()  # the buffer of the new frames alone
+        boxed = box_conv.box_weight_of(weight)
+        bias = torch.randn(cout, device="cuda", dtype=torch.bfloat16) if args.residual else None
+        out = torch.zeros((1, cout, frames - 2, h + 2 * padding[1] - 2, w + 2 * padding[2] - 2), device="cuda",
+                          dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+        residual = torch.randn_like(out) if args.residual else out
+
+        def copied(c=cache):
+            x[:, :, :2].copy_(c)
+            return box_conv.conv3d(x, weight, bias, padding, out, boxed, add=args.residual)
+
+        def apart(c=cache):
+            return box_conv.conv3d(new, weight, bias, padding, out, boxed, add=args.residual, causal=True, cache=c)
+
+        diffs = []
+        for c in (cache, cache[:, :, 1:].clone(), None):
+            x[:, :, :2].zero_()
+            if c is not None:
+                x[:, :, 2 - c.shape[2]:2].copy_(c)
+            out.copy_(residual)
+            want = box_conv.conv3d(x, weight, bias, padding, out, boxed, add=args.residual).clone()
+            out.copy_(residual)
+            got = apart(c).clone()
+            diffs.append((got.float() - want.float()).abs().max().item())
+        base, ms = median_ms(copied), median_ms(apart)
+        print(f"{name:24} {base:14.3f} {ms:9.3f} {base / ms:7.2f}x {diffs[0]:8.1e} {diffs[1]:8.1e} {diffs[2]:8.1e}",
+              flush=True)
+        rows.append(dict(shape=name, cout=cout, residual=args.residual, copy_conv_ms=base, front_ms=ms,
+                         speedup=base / ms, diff=diffs[0], diff_one_frame=diffs[1], diff_no_cache=diffs[2]))
+        del x, new, cache, out, residual
+    return rows
+
+
 def median_ms(fn, reps: int = 20) -> float:
     return norm_kernel._time(fn, loops=1, reps=reps) * 1e3  # (CUDA events around each call)
 
@@ -249,14 +304,16 @@ def main() -> None:
     ap.add_argument("--residual", action="store_true", help="add a bias and a residual in the same call")
     ap.add_argument("--norm", action="store_true", help="apply the next RMS norm + SiLU in the same call")
     ap.add_argument("--upsample", action="store_true", help="the upsamplers' convolution instead (UPSAMPLE_SHAPES)")
+    ap.add_argument("--front", action="store_true",
+                    help="box_conv reading the causal cache where it lies against copying it in front (conv_kernel.Front)")
     ap.add_argument("--box-sweep", action="store_true",
                     help="also time box_conv's kernel with the tilings of BOX_SWEEP (channel counts it does not run for yet)")
     args = ap.parse_args()
     if args.residual and args.norm:
         ap.error("--residual or --norm, not both")
     torch.backends.cudnn.benchmark = True
-    if args.upsample:
-        rows = upsample_rows(args)
+    if args.upsample or args.front:
+        rows = upsample_rows(args) if args.upsample else front_rows(args)
         env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version())
         if args.json:
             with open(args.json, "w") as f:

@@ -541,7 +541,7 @@ def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
     calls = []
     monkeypatch.setattr(conv_kernel, "conv3d",
-                        lambda x, w, b, padding, how, gemm=None, add_to=None: calls.append(how) or "kernel")
+                        lambda x, w, b, padding, how, gemm=None, add_to=None, front=None: calls.append(how) or "kernel")
     x = _x((1, 96, 4, 3, 642), torch.float16)
     w, b = _w(96, 96, dtype=torch.float16), torch.zeros(96, dtype=torch.float16)
     args = (1, (0, 1, 0), 1, 1)
@@ -570,7 +570,7 @@ def test_conv_with_bias_adds_the_residual_in_the_epilogue_where_measured_faster(
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
     seen = []
 
-    def kernel(x, w, b, padding, how, gemm=None, add_to=None):
+    def kernel(x, w, b, padding, how, gemm=None, add_to=None, front=None):
         seen.append((how.wrap, add_to is not None))
         return add_to if add_to is not None else torch.ones(conv_kernel.out_shape(x, w, padding), dtype=x.dtype)
 
@@ -602,7 +602,7 @@ def test_conv_with_bias_computes_the_next_norm_in_the_epilogue_where_the_kernel_
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # (fast.rms_norm stays eager on CPU)
     seen = []
 
-    def kernel(x, w, b, padding, how, gemm=None, add_to=None, norm=None, out=None):
+    def kernel(x, w, b, padding, how, gemm=None, add_to=None, norm=None, out=None, front=None):
         seen.append((how.wrap, norm))
         return out.fill_(1)
 
@@ -793,6 +793,29 @@ def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     assert ("cp.async.bulk.tensor.4d.global.shared" in ptx) == (how.tma_out and epilogue != "norm")
 
 
+@pytest.mark.parametrize("cout", [96, 192, 3])
+def test_box_kernel_compiles_reading_the_causal_cache(cout):
+    # conv3d's `causal`: the producer copies a box of a frame before the sample's first from the
+    # cache's descriptor and the others from the input's (two more box copies in its code), in
+    # PLANS' tilings and their shared memory; the multiplies are not serialised (ptxas note C7514)
+    pytest.importorskip("triton")
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    how, cin, add = box_conv.PLANS[cout], _box_cin(cout), cout != 3
+    plain = box_conv.compile_for_hopper(how, cin=cin, cout=cout, add=add)
+    causal = box_conv.compile_for_hopper(how, cin=cin, cout=cout, add=add, causal=True)
+    load = "cp.async.bulk.tensor.4d.shared::cluster.global"
+    assert causal.asm["ptx"].count(load) == plain.asm["ptx"].count(load) + 2
+    assert causal.metadata.shared <= 227 * 1024
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(causal.asm["ptx"])
+        notes = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
+                               capture_output=True, text=True, timeout=120)
+    assert notes.returncode == 0 and "C7514" not in notes.stderr, notes.stderr[-500:]
+
+
 def _sass(compiled) -> list[str]:
     """The kernel's SASS instructions, in order (Triton's own ptxas and cuobjdump; no GPU)."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -875,14 +898,7 @@ def test_box_conv_steps_samples_of_one_frame_by_their_own_stride(monkeypatch, tm
     # an output of one frame per sample whose frame axis has another stride (an upsampler's output
     # after one frame, seen as (N, C, 1, H, W)): the kernel steps from sample to sample by the sample
     # stride, in its store arguments and in the TMA stores' descriptor (the launch is recorded, not run)
-    launched = []
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *args, **kw: launched.append(args)
-
-    monkeypatch.setattr(box_conv, "_box_conv_kernel", Kernel())
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 4}))
+    launched = _recorded_box_launches(monkeypatch)
     x = torch.randn(2, 96, 3, 16, 16).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
     w = torch.randn(96, 96, 3, 3, 3).to(torch.bfloat16)
     out = torch.empty(2, 96, 16, 16, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last)
@@ -890,10 +906,46 @@ def test_box_conv_steps_samples_of_one_frame_by_their_own_stride(monkeypatch, tm
     assert out.stride(2) == 96 and conv_kernel.takes_out(out, out.shape, out.dtype)
     box_conv.conv3d(x, w, None, (0, 1, 1), out, box_conv.box_weight_of(w), how=box_conv.PLAN._replace(tma_out=tma_out))
     (args,) = launched
-    sf = args[-3]  # SF, SR, SC: the store's strides
-    assert (sf, args[-2], args[-1]) == (out.stride(0), out.stride(3), out.stride(4))
+    assert (args["SF"], args["SR"], args["SC"]) == (out.stride(0), out.stride(3), out.stride(4))  # the store's strides
     if tma_out:
-        assert list(args[4].strides)[0] == out.stride(0)  # od: the output's descriptor
+        assert list(args["od"].strides)[0] == out.stride(0)  # the output's descriptor
+
+
+def _recorded_box_launches(monkeypatch) -> list[dict]:
+    """box_conv's kernel launches recorded (by argument name), not run; 4 SMs."""
+    names, launched = box_conv._box_conv_kernel.arg_names, []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append({**dict(zip(names, args)), **kw})
+
+    monkeypatch.setattr(box_conv, "_box_conv_kernel", Kernel())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 4}))
+    return launched
+
+
+@pytest.mark.parametrize("frames", [2, 1, 0])
+def test_box_conv_reads_the_time_padding_from_the_cache(monkeypatch, frames):
+    # causal: the input holds only the new frames and the kernel reads the two frames before each
+    # sample's first from the cache (its last `frames`; zeros before them): a descriptor of the
+    # cache's frames, the count of them, as many output frames as new ones (the launch is recorded)
+    launched = _recorded_box_launches(monkeypatch)
+    x = torch.randn(2, 96, 3, 16, 24).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    w = torch.randn(96, 96, 3, 3, 3).to(torch.bfloat16)
+    cache = (torch.randn(2, 96, frames, 16, 24).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+             if frames else None)
+    out = torch.empty(2, 96, 3, 16, 24, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    box_conv.conv3d(x, w, None, (0, 1, 1), out, box_conv.box_weight_of(w), causal=True, cache=cache)
+    (args,) = launched
+    assert args["CAUSAL"] and args["Tc"] == frames and args["Tin"] == args["Tout"] == 3
+    if frames:
+        assert list(args["cd"].shape) == list(args["cd2"].shape) == [2 * frames, 16, 24, 96]
+        assert args["cd"].base.data_ptr() == cache.data_ptr() and list(args["cd"].block_shape) == [1, 16, 16, 32]
+        assert list(args["cd2"].block_shape) == [1, 2, 16, 32]
+    else:  # (the input's descriptors stand in, read only past their frames: the zero fill)
+        assert args["cd"] is args["xd"] and args["cd2"] is args["xd2"]
+    box_conv.conv3d(x, w, None, (0, 1, 1), out[:, :, :1], box_conv.box_weight_of(w))
+    assert not launched[-1]["CAUSAL"] and launched[-1]["Tin"] == 3 and launched[-1]["Tout"] == 1
 
 
 def test_box_conv_refuses_a_norm_over_several_channel_tiles():

@@ -613,9 +613,9 @@ def _recorded_inputs():
     causal, flat = shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer
 
     def causal_buffer(self, like, cache_x, halo_rows=None, shape=None):
-        buf, new, ready = causal(self, like, cache_x, halo_rows, shape)
-        record.append(("causal", buf.shape[2] - self._padding[4]))  # frames less the cached / causal ones
-        return buf, new, ready
+        buf, new, ready, front = causal(self, like, cache_x, halo_rows, shape)
+        record.append(("causal", new.shape[2]))  # the new frames (not the cached / causal ones)
+        return buf, new, ready, front
 
     def flat_buffer(self, like, shape=None):
         buf, core = flat(self, like, shape)

@@ -151,10 +151,10 @@ def _zero_columns_parity(rank, world, model, shape, mode, settings):
     input_buffer = shard.HaloCausalConv3d.input_buffer
 
     def spy(self, like, cache_x, halo_rows=None, shape=None):
-        buf, new, ready = input_buffer(self, like, cache_x, halo_rows, shape)
+        buf, new, ready, front = input_buffer(self, like, cache_x, halo_rows, shape)
         edges = not buf[..., 0].any() and not buf[..., -1].any()  # (before the caller writes the new frames)
         buffers.append((buf.shape[-1], new.shape[-1], edges))
-        return buf, new, ready
+        return buf, new, ready, front
 
     shard.HaloCausalConv3d.input_buffer = spy
     vaeshard.parallelize(vae, mode=mode, **settings)

@@ -191,12 +191,14 @@ if gluon is not None:
         return nt, (nt // Tout) * Tin + nt % Tout, (t // TILES_W) * R, (t % TILES_W) * CW, n0
 
     @gluon.jit
-    def _producer(xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
-                  TOTAL, CIN: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr, BN: gl.constexpr,
-                  NC: gl.constexpr, BNC: gl.constexpr, STAGES: gl.constexpr):
+    def _producer(xd, xd2, cd, cd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, Tc, PH, PW, TILES_W,
+                  TILES, TOTAL, CIN: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
+                  BN: gl.constexpr, NC: gl.constexpr, BNC: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
         # one warp: for every step of every tile of this program, wait for a free slot, then copy
         # the box of R + 2 rows (R rows, then 2: boxes are powers of two) and the three row taps'
-        # weight tiles into it
+        # weight tiles into it. CAUSAL: the input holds only the new frames (Tin = Tout); the two
+        # frames before a sample's first come from the cache (cd, Tc frames a sample: its last
+        # ones), zeros where it has fewer (a frame coordinate of -1: the box's zero fill)
         CH: gl.constexpr = CIN // BK
         STEPS: gl.constexpr = 9 * CH
         TWO: gl.constexpr = BNC > BN  # a second channel tile (else wd2 is not read)
@@ -214,16 +216,28 @@ if gluon is not None:
                 kw = (j // CH) % 3
                 c0 = (j % CH) * BK
                 a = a_bufs.index(s)
-                _tma_load(xd, [t_in + kt, h0 - PH, w0 + kw - PW, c0], bar,
-                          _view(a, 0, R * CW, xd.block_type.shape, xd.layout))
-                _tma_load(xd2, [t_in + kt, h0 - PH + R, w0 + kw - PW, c0], bar,
-                          _view(a, R * CW, 2 * CW, xd2.block_type.shape, xd2.layout))
+                if CAUSAL:
+                    v = nt % Tout + kt  # the frame among the sample's two causal frames and its new ones
+                    if v < 2:
+                        c = v - 2 + Tc  # the cache's frame, if it has it
+                        f = ((nt // Tout) * Tc + c + 1) * (c >= 0).to(gl.int32) - 1
+                        _input_box(cd, cd2, a, f, h0 - PH, w0 + kw - PW, c0, bar, R, CW)
+                    else:
+                        _input_box(xd, xd2, a, (nt // Tout) * Tin + v - 2, h0 - PH, w0 + kw - PW, c0, bar, R, CW)
+                else:
+                    _input_box(xd, xd2, a, t_in + kt, h0 - PH, w0 + kw - PW, c0, bar, R, CW)
                 for kh in gl.static_range(3):
                     k = ((kt * 3 + kh) * 3 + kw) * CIN + c0
                     _tma_load(wd, [n0, k], bar, b_bufs.index(s * 3 + kh))
                     if TWO:
                         _tma_load(wd2, [n0 + BN, k], bar, b2_bufs.index(s * 3 + kh))
                 counter += 1
+
+    @gluon.jit
+    def _input_box(xd, xd2, a, f, h, w, c0, bar, R: gl.constexpr, CW: gl.constexpr):
+        # the box of R + 2 rows from row h, column w, channel c0 of frame f into slot a
+        _tma_load(xd, [f, h, w, c0], bar, _view(a, 0, R * CW, xd.block_type.shape, xd.layout))
+        _tma_load(xd2, [f, h + R, w, c0], bar, _view(a, R * CW, 2 * CW, xd2.block_type.shape, xd2.layout))
 
     @gluon.jit
     def _consumer(a_bufs, b_bufs, b2_bufs, ready, empty, od, od2, o_buf, o2_buf, res_bar, y_ptr, b_ptr, g_ptr, nb_ptr,
@@ -392,12 +406,13 @@ if gluon is not None:
 
     @gluon.jit
     def _box_conv_kernel(
-        xd, xd2, wd, wd2, od, od2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, Tin, Tout, Ho, Wo, PH, PW, TILES_W,
-        TILES, TOTAL, SF, SR, SC,
+        xd, xd2, cd, cd2, wd, wd2, od, od2, y_ptr, b_ptr, g_ptr, nb_ptr, p_ptr, scale, eps, Tin, Tout, Tc, Ho, Wo, PH,
+        PW, TILES_W, TILES, TOTAL, SF, SR, SC,
         CIN: gl.constexpr, COUT: gl.constexpr, R: gl.constexpr, CW: gl.constexpr, BK: gl.constexpr,
         BN: gl.constexpr, BN2: gl.constexpr, HAS_BIAS: gl.constexpr, ADD: gl.constexpr, NORM: gl.constexpr,
         NORM_BIAS: gl.constexpr, PRE_BIAS: gl.constexpr, SILU: gl.constexpr, STAGES: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, A_REGS: gl.constexpr, TMA_OUT: gl.constexpr, num_warps: gl.constexpr,
+        PRODUCER_REGS: gl.constexpr, A_REGS: gl.constexpr, TMA_OUT: gl.constexpr, CAUSAL: gl.constexpr,
+        num_warps: gl.constexpr,
     ):
         ROWS: gl.constexpr = (R + 2) * CW
         NC: gl.constexpr = (COUT + BN + BN2 - 1) // (BN + BN2)  # channel tiles per patch (the last may be part one)
@@ -428,8 +443,8 @@ if gluon is not None:
                          nb_ptr, p_ptr, scale, eps, Tin, Tout, Ho, Wo, TILES_W, TILES, TOTAL, SF, SR, SC, CIN, COUT, R,
                          CW, BK, BN, BN2, NC, HAS_BIAS, ADD, NORM, NORM_BIAS, PRE_BIAS, SILU, STAGES, A_REGS, TMA_OUT,
                          num_warps)),
-            (_producer, (xd, xd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, PH, PW, TILES_W, TILES,
-                         TOTAL, CIN, R, CW, BK, BN, NC, BN + BN2, STAGES)),
+            (_producer, (xd, xd2, cd, cd2, wd, wd2, a_bufs, b_bufs, b2_bufs, ready, empty, Tin, Tout, Tc, PH, PW,
+                         TILES_W, TILES, TOTAL, CIN, R, CW, BK, BN, NC, BN + BN2, STAGES, CAUSAL)),
         ], [1], [PRODUCER_REGS])
 
 
@@ -454,11 +469,16 @@ def descriptor_layouts(how: BoxPlan = PLAN):
 
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, out: torch.Tensor,
-           box_weight: torch.Tensor, add: bool = False, norm=None, how: BoxPlan | None = None) -> torch.Tensor:
+           box_weight: torch.Tensor, add: bool = False, norm=None, how: BoxPlan | None = None, causal: bool = False,
+           cache: torch.Tensor | None = None) -> torch.Tensor:
     """conv_kernel.conv3d's computation for a convolution `runs` takes, into `out` (a view
     conv_kernel.takes_out accepts; with `add`, `out` holds the residual and the sum replaces it);
     `norm`: a conv_kernel.NormEpilogue with its bias a tensor or None. `box_weight`:
-    `box_weight_of(weight)`. `how`: PLANS' tiling for the output channels unless given. Returns `out`."""
+    `box_weight_of(weight)`. `how`: PLANS' tiling for the output channels unless given. Returns `out`.
+    `causal`: `x` holds only new frames (as many as the output) and the two frames before each
+    sample's first are `cache`'s last ((N, C, 1 or 2, H, W) of `x`'s rows and columns, channels-last:
+    conv_kernel.takes_front), zeros before them or without a cache: the time padding is read where
+    it lies, never copied in front of the frames."""
     n, c, tin, h, w = x.shape
     cout = weight.shape[0]
     how = how if how is not None else PLANS[cout]
@@ -477,6 +497,12 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     xd2 = GluonDescriptor(xl, shape, strides, [1, 2, cw, bk], box_layout)
     wd = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n, bk], w_layout)
     wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2 or how.block_n, bk], w_layout)
+    cd, cd2, tc = xd, xd2, 0  # (stand-ins for the cache; without one, a causal frame is the zero fill)
+    if causal and cache is not None:
+        tc = cache.shape[2]
+        cl = cache.permute(0, 2, 3, 4, 1)
+        cshape = [n * tc, h, w, c]
+        cd, cd2 = (GluonDescriptor(cl, cshape, strides, [1, rows, cw, bk], box_layout) for rows in (r, 2))
     od, od2 = xd, xd2  # (stand-ins, not read, without TMA stores)
     if tma_out:  # the output as (N * T, H, W, C) (conv_kernel.takes_out: samples follow each other's frames)
         ol = out.permute(0, 2, 3, 4, 1)
@@ -492,22 +518,24 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     norm_bias = None if norm is None else norm.bias
     pre_bias = None if norm is None else norm.pre_bias
     _box_conv_kernel[(programs,)](
-        xd, xd2, wd, wd2, od, od2, out, unused if bias is None else bias, gamma, unused if norm_bias is None else norm_bias,
-        unused if pre_bias is None else pre_bias, float(1.0 if norm is None else norm.scale),
-        float(1e-12 if norm is None else norm.eps), tin, tout, ho, wo, ph, pw, tiles_w, tiles, total,
+        xd, xd2, cd, cd2, wd, wd2, od, od2, out, unused if bias is None else bias, gamma,
+        unused if norm_bias is None else norm_bias, unused if pre_bias is None else pre_bias,
+        float(1.0 if norm is None else norm.scale), float(1e-12 if norm is None else norm.eps), tin, tout, tc, ho, wo, ph,
+        pw, tiles_w, tiles, total,
         frame_stride(out), out.stride(3), out.stride(4),
         CIN=c, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, HAS_BIAS=bias is not None,
         ADD=add, NORM=norm is not None, NORM_BIAS=norm_bias is not None, PRE_BIAS=pre_bias is not None,
         SILU=bool(norm is not None and norm.silu), STAGES=how.stages, PRODUCER_REGS=how.producer_regs,
-        A_REGS=how.a_regs, TMA_OUT=tma_out, num_warps=how.num_warps,
+        A_REGS=how.a_regs, TMA_OUT=tma_out, CAUSAL=causal, num_warps=how.num_warps,
     )
     return out
 
 
 def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: bool = False, norm: bool = False,
-                       bias: bool | None = None):
+                       bias: bool | None = None, causal: bool = False):
     """The kernel compiled for sm_90 without a GPU (Triton's own ptxas), for `available` and the tests;
-    `bias`: whether it adds one (default: unless `norm`, whose pre-bias it then adds)."""
+    `bias`: whether it adds one (default: unless `norm`, whose pre-bias it then adds); `causal`: the
+    time padding read from a cache (conv3d's `causal`)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import compile as triton_compile
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -524,8 +552,9 @@ def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: 
     constants = dict(CIN=cin, COUT=cout, R=r, CW=cw, BK=bk, BN=how.block_n, BN2=how.block_n2, TMA_OUT=tma_out,
                      HAS_BIAS=not norm if bias is None else bias,
                      ADD=add, NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages,
-                     PRODUCER_REGS=how.producer_regs, A_REGS=how.a_regs, num_warps=how.num_warps)
+                     PRODUCER_REGS=how.producer_regs, A_REGS=how.a_regs, CAUSAL=causal, num_warps=how.num_warps)
     types = {"xd": desc([1, r, cw, bk], box_layout), "xd2": desc([1, 2, cw, bk], box_layout),
+             "cd": desc([1, r, cw, bk], box_layout), "cd2": desc([1, 2, cw, bk], box_layout),
              "wd": desc([how.block_n, bk], w_layout), "wd2": desc([bn2, bk], w_layout),
              "od": desc([1, r, cw, min(64, how.block_n)], out_layout(how.block_n)) if tma_out else desc([1, r, cw, bk], box_layout),
              "od2": desc([1, r, cw, min(64, bn2)], out_layout(bn2)) if tma_out else desc([1, 2, cw, bk], box_layout),

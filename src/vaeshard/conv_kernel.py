@@ -62,6 +62,16 @@ class ConvPlan(NamedTuple):
     box: bool = False
 
 
+class Front(NamedTuple):
+    """A causal 3x3x3 convolution's time padding read where it lies: the input holds only the new
+    frames, and the two frames before each sample's first are the last frames of `cache` ((N, C, 1 or
+    2, H, W) with the input's rows and columns, `takes_front`), zeros before them (`cache` None:
+    zeros only), as if they had been copied in front of the input. Only box_conv's kernel takes one
+    (`reads_front`): the copy of a causal cache into every convolution's input buffer is gone."""
+
+    cache: torch.Tensor | None = None
+
+
 class NormEpilogue(NamedTuple):
     """What `conv3d` computes from each output voxel before it stores it: Wan's RMS norm over the
     voxel's channels (+ SiLU), as `fast.rms_norm(y, gamma, bias, scale, silu, eps, pre_bias)` computes
@@ -88,10 +98,15 @@ TILES = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
          192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3)}
 
 
-def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups) -> ConvPlan | None:
+def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups,
+         front: Front | None = None) -> ConvPlan | None:
     """The tiling `conv3d` would use for `F.conv3d(x, weight, None, stride, padding, dilation, groups)`,
-    or None where cuDNN is used instead (this kernel was not measured faster there, or cannot run)."""
+    or None where cuDNN is used instead (this kernel was not measured faster there, or cannot run).
+    With `front`, for that convolution of `x` behind its time padding (`Front`): box_conv's plan or
+    None."""
     if not _runs(x, weight, 5):
+        return None
+    if front is not None and not (reads_front(x, weight, front.cache) and _front_fits(front.cache, x)):
         return None
     cout, cin, kt, kh, kw = weight.shape
     if (kt, kh, kw) != (3, 3, 3) or groups != 1 or _triple(stride) != (1, 1, 1) or _triple(dilation) != (1, 1, 1):
@@ -105,7 +120,7 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
         return None
     if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
         return None
-    if x.shape[2] < kt or x.shape[3] + 2 * ph < kh or x.shape[4] + 2 * pw < kw:
+    if x.shape[2] + (kt - 1) * (front is not None) < kt or x.shape[3] + 2 * ph < kh or x.shape[4] + 2 * pw < kw:
         return None
     if box:  # any rows: the box's zero fill is the padding
         return (tile or TILE)._replace(box=True)
@@ -114,6 +129,26 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     if x.shape[4] % tile.block_m == 0:  # whole tiles per row
         return tile
     return None
+
+
+def reads_front(like: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None) -> bool:
+    """Whether a causal 3x3x3 convolution with `weight` (stride 1, 2 frames of time padding) of new
+    frames in a channels-last buffer of `like`'s dtype and device can read its time padding from
+    `cache` (or zeros, None) where it lies (`Front`): box_conv's kernel runs it and takes the cache."""
+    return (_runs(like, weight, 5) and tuple(weight.shape[2:]) == (3, 3, 3) and box_conv.runs(like, weight)
+            and (cache is None or takes_front(cache, like.dtype, like.device)))
+
+
+def takes_front(cache: torch.Tensor, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether box_conv's kernel can read a causal cache as it lies: 1 or 2 frames of `dtype` on
+    `device`, channels-last with its samples' frames one after another, 16-byte aligned."""
+    return (cache.dim() == 5 and 1 <= cache.shape[2] <= 2 and cache.dtype == dtype and cache.device == device
+            and cache.permute(0, 2, 3, 4, 1).is_contiguous() and cache.data_ptr() % 16 == 0)
+
+
+def _front_fits(cache: torch.Tensor | None, x: torch.Tensor) -> bool:
+    """Whether a cache's samples, channels, rows and columns are `x`'s."""
+    return cache is None or (cache.shape[:2] == x.shape[:2] and cache.shape[3:] == x.shape[3:])
 
 
 def wants_zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
@@ -145,7 +180,8 @@ def _tile_for(cout: int, tiles: dict) -> ConvPlan | None:
 
 def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, how: ConvPlan,
            kernel_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None,
-           norm: NormEpilogue | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           norm: NormEpilogue | None = None, out: torch.Tensor | None = None,
+           front: Front | None = None) -> torch.Tensor:
     """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor,
     or written into `out` (a view of the output's shape and dtype, see `takes_out`), which is returned.
 
@@ -155,8 +191,13 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     With `norm`, what is stored is that norm (+ SiLU) of the rounded result (`NormEpilogue`), as the
     norm would compute it after the convolution, without the convolution's output ever being stored.
     `kernel_weight`: the weight in the layout the plan's kernel reads, if the caller keeps it
-    (`cached_weight_for(how, weight)`; box_conv's layout is the transpose of the Triton kernel's)."""
+    (`cached_weight_for(how, weight)`; box_conv's layout is the transpose of the Triton kernel's).
+    `front`: the convolution of `x` behind its causal time padding (`Front`; a box_conv plan from
+    `plan(..., front=front)`), as many output frames as `x` has."""
     n, c, tin, h, w = x.shape
+    if front is not None and not (how.box and _front_fits(front.cache, x)):
+        raise ValueError("conv3d: a Front is read by box_conv's plans only, its cache of the input's samples, "
+                         "channels, rows and columns (plan(..., front=front))")
     cout = weight.shape[0]
     if kernel_weight is not None:
         want = (cout, 27 * c) if how.box else (27 * c, cout)
@@ -164,7 +205,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
             raise ValueError(f"conv3d: kernel_weight for this plan is {want} (cached_weight_for(how, weight)), got "
                              f"{tuple(kernel_weight.shape)}")
     _, ph, pw = _triple(padding)
-    shape = out_shape(x, weight, padding)
+    shape = out_shape(x, weight, padding, front)
     tout, ho, wo = shape[2:]
     if add_to is not None and (out is not None or norm is not None):
         raise ValueError("conv3d: add_to adds the convolution into itself; it takes no out and no norm")
@@ -186,7 +227,8 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     if how.box:
         norm = None if norm is None else norm._replace(bias=norm.bias if isinstance(norm.bias, torch.Tensor) else None)
         boxed = kernel_weight if kernel_weight is not None else box_conv.box_weight_of(weight)
-        return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, boxed, add_to is not None, norm)
+        return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, boxed, add_to is not None, norm,
+                               causal=front is not None, cache=None if front is None else front.cache)
     wk = kernel_weight if kernel_weight is not None else gemm_weight_of(weight)
     bm, bn, bk = how.block_m, how.block_n, how.block_k
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
@@ -221,11 +263,11 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     return out
 
 
-def out_shape(x: torch.Tensor, weight: torch.Tensor, padding) -> tuple[int, ...]:
-    """The shape of `conv3d(x, weight, ..., padding, ...)`'s result."""
+def out_shape(x: torch.Tensor, weight: torch.Tensor, padding, front: Front | None = None) -> tuple[int, ...]:
+    """The shape of `conv3d(x, weight, ..., padding, ..., front=front)`'s result."""
     n, _, tin, h, w = x.shape
     _, ph, pw = _triple(padding)
-    return (n, weight.shape[0], tin - 2, h + 2 * ph - 2, w + 2 * pw - 2)
+    return (n, weight.shape[0], tin - 2 * (front is None), h + 2 * ph - 2, w + 2 * pw - 2)
 
 
 def adds_in_epilogue(how: ConvPlan) -> bool:

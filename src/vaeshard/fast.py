@@ -250,7 +250,7 @@ def fused_bias_add_available(x: torch.Tensor) -> bool:
 
 def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args,
                    add_to: torch.Tensor | None = None, norm: conv_kernel.NormEpilogue | None = None,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, front: conv_kernel.Front | None = None) -> torch.Tensor:
     """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d; args: stride, padding, dilation, groups);
     with `add_to`, that result added to `add_to` in place and `add_to` returned (`add_to + conv(...)`,
     rounded after the bias and after the sum as PyTorch's separate adds round). With `norm` (and
@@ -266,17 +266,25 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     `add_bias_` (or with `add_to` by `add_bias_and_residual_`, one pass) instead of PyTorch's own
     bias pass: the same bits (PyTorch's cuDNN path adds the bias in a separate pass too, rounding
     once), in one vectorised pass over the channels-last output instead of PyTorch's broadcasting
-    kernel (benchmarks/norm_kernel.py times both). Elsewhere the plain call (then `add_to.add_`)."""
+    kernel (benchmarks/norm_kernel.py times both). Elsewhere the plain call (then `add_to.add_`).
+
+    `front` (a causal 3-D convolution whose input `x` holds only its new frames, from `causal_front`): the
+    time padding read from the cache where it lies (`conv_kernel.Front`), by box_conv's kernel,
+    which must take the convolution (ValueError otherwise: the caller asked `causal_front` first)."""
     if norm is not None:
         if out is None or add_to is not None:
             raise ValueError("conv_with_bias: a norm needs `out` and takes no `add_to`")
-        return _conv_then_norm(conv, x, weight, bias, args, norm, out)
-    how = _kernel_plan(conv, x, weight, bias, args)
+        return _conv_then_norm(conv, x, weight, bias, args, norm, out, front)
+    how = _kernel_plan(conv, x, weight, bias, args, front)
     if how is not None:
         into = add_to if add_to is not None and conv_kernel.adds_in_epilogue(how) and conv_kernel.takes_add_to(
-            add_to, conv_kernel.out_shape(x, weight, args[1]), x.dtype) else None
-        y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight), into)
+            add_to, conv_kernel.out_shape(x, weight, args[1], front), x.dtype) else None
+        y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight), into,
+                               front=front)
         return y if into is not None or add_to is None else add_bias_and_residual_(y, None, add_to, True)
+    if front is not None:
+        raise ValueError("conv_with_bias: no kernel here reads a causal convolution's cache where it lies "
+                         "(fast.causal_front)")
     if add_to is not None:
         fused = bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
         y = conv(x, weight, None if fused else bias, *args)
@@ -286,13 +294,21 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return add_bias_(conv(x, weight, None, *args), bias)
 
 
-def _kernel_plan(conv, x, weight, bias, args) -> conv_kernel.ConvPlan | None:
-    """The Triton kernel's plan for `conv(x, weight, bias, *args)` in this request, or None (not the
-    fast tier, triton_convs off, a bias of another dtype, which PyTorch's own call rejects, or a
-    convolution `conv_kernel.plan` leaves to cuDNN)."""
+def _kernel_plan(conv, x, weight, bias, args, front=None) -> conv_kernel.ConvPlan | None:
+    """The Triton kernel's plan for `conv(x, weight, bias, *args)` (behind `front`) in this request,
+    or None (not the fast tier, triton_convs off, a bias of another dtype, which PyTorch's own call
+    rejects, or a convolution `conv_kernel.plan` leaves to cuDNN)."""
     if conv is F.conv3d and _kernels_on() and (bias is None or bias.dtype == x.dtype):
-        return conv_kernel.plan(x, weight, *args)
+        return conv_kernel.plan(x, weight, *args, front=front)
     return None
+
+
+def causal_front(like: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None) -> conv_kernel.Front | None:
+    """A `conv_kernel.Front` of `cache` where, in this request, a causal 3x3x3 convolution with
+    `weight` of new frames like `like` reads its time padding from its cache where it lies
+    (`conv_kernel.reads_front`: box_conv's kernel runs it) instead of a copy in front of the frames;
+    else None."""
+    return conv_kernel.Front(cache) if _kernels_on() and conv_kernel.reads_front(like, weight, cache) else None
 
 
 def _kernels_on() -> bool:
@@ -333,22 +349,23 @@ def upsample_conv2d(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: tor
     return conv_kernel.upsample_conv2d(src, sub, weight, bias, how, top, left, conv_kernel.cached_gemm_weight(weight))
 
 
-def norm_in_epilogue(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args):
-    """The Triton kernel's plan if `conv_with_bias(conv, x, weight, bias, *args, norm=..., out=...)`
-    would compute the norm in the kernel's epilogue (given an `out` that `conv_kernel.takes_out`),
-    else None."""
-    how = _kernel_plan(conv, x, weight, bias, args)
+def norm_in_epilogue(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args, front=None):
+    """The Triton kernel's plan if `conv_with_bias(conv, x, weight, bias, *args, norm=..., out=...,
+    front=front)` would compute the norm in the kernel's epilogue (given an `out` that
+    `conv_kernel.takes_out`), else None."""
+    how = _kernel_plan(conv, x, weight, bias, args, front)
     return how if how is not None and conv_kernel.norms_in_epilogue(how) else None
 
 
-def _conv_then_norm(conv, x, weight, bias, args, norm: conv_kernel.NormEpilogue, out: torch.Tensor) -> torch.Tensor:
+def _conv_then_norm(conv, x, weight, bias, args, norm: conv_kernel.NormEpilogue, out: torch.Tensor,
+                    front=None) -> torch.Tensor:
     """conv_with_bias's `norm`: in the kernel's epilogue where it takes this convolution and `out`,
     else the convolution, then `rms_norm` into `out`."""
-    how = norm_in_epilogue(conv, x, weight, bias, *args)
-    if how is not None and conv_kernel.takes_out(out, conv_kernel.out_shape(x, weight, args[1]), x.dtype):
+    how = norm_in_epilogue(conv, x, weight, bias, *args, front=front)
+    if how is not None and conv_kernel.takes_out(out, conv_kernel.out_shape(x, weight, args[1], front), x.dtype):
         return conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight),
-                                  norm=norm, out=out)
-    y = conv_with_bias(conv, x, weight, bias, *args)
+                                  norm=norm, out=out, front=front)
+    y = conv_with_bias(conv, x, weight, bias, *args, front=front)
     return rms_norm(y, norm.gamma, norm.bias, norm.scale, norm.silu, norm.eps, norm.pre_bias, out=out)
 
 

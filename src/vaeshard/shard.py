@@ -114,9 +114,7 @@ class HaloCausalConv3d:
             limit = fast_tier.max_layer_frames()
             if limit is not None and x.shape[2] > limit and self._causal_in_time():
                 return self._forward_in_parts(x, cached, limit)
-            buf, new, ready = self.input_buffer(x, cached)
-            copy_frames(new, x, 2)
-            return self.forward_buffer(buf, ready=ready, width=new.shape[-1])
+            return self._convolve(ctx, x, cached)
         # exact tier, sharded: diffusers' steps, with halo rows in place of the sharded axis's padding
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
         if cached is not None:
@@ -145,10 +143,12 @@ class HaloCausalConv3d:
     # steps after `input_buffer` are given the new frames' `width` to know it.
 
     def input_buffer(self, like: torch.Tensor, cache_x: torch.Tensor | None, halo_rows=None, shape=None):
-        """(buffer, view, ready): this convolution's whole input, channels-last, with `cache_x` and the
-        causal zero frames in front and room for the halo rows of a sharded request; the caller writes
-        the new frames (shaped like `like`, or `shape` with `like`'s dtype and device) into the view,
-        then calls `forward_buffer(buffer, ready=ready)`.
+        """(buffer, view, ready, front): this convolution's whole input, channels-last, with `cache_x`
+        and the causal zero frames in front and room for the halo rows of a sharded request; the caller
+        writes the new frames (shaped like `like`, or `shape` with `like`'s dtype and device) into the
+        view, then calls `forward_buffer(buffer, ready=ready, front=front)`. Where box_conv's kernel
+        reads the time padding from the cache where it lies (`front`, a conv_kernel.Front; else None)
+        the buffer holds only the new frames (and their halo rows).
 
         Sharded, `cache_x` may be a shard's frames (diffusers' own caches) or the buffer's whole
         frames, halo rows included (a cache taken from an earlier buffer after its exchange, as the
@@ -167,29 +167,48 @@ class HaloCausalConv3d:
             shape[dim] += before + after
         columns = self._zero_columns(ctx, like, new[-1])
         shape[-1] += 2 * columns
+        # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows, zero columns)
+        whole = cache_x is None or tuple(cache_x.shape[3:]) == tuple(shape[3:])
+        reads = self.front(like, cache_x, new) if whole and not columns else None
+        if reads is not None:
+            shape[2] -= tpad
         buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
         core = buf if dim is None else buf.narrow(dim, before, new[dim])
         if columns:
             buf[..., :columns].zero_()
             buf[..., -columns:].zero_()
             core = core.narrow(-1, columns, new[-1])
+        if reads is not None:
+            return buf, core, 0, reads
         cached = 0 if cache_x is None else cache_x.shape[2]
-        # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows, zero columns)
-        whole = cache_x is None or tuple(cache_x.shape[3:]) == tuple(shape[3:])
         front = buf if whole else core
         if tpad > cached:
             front[:, :, : tpad - cached].zero_()
         if cached:
             front[:, :, tpad - cached : tpad].copy_(cache_x)
-        return buf, core[:, :, tpad:], tpad if whole else 0
+        return buf, core[:, :, tpad:], tpad if whole else 0, None
+
+    def front(self, like: torch.Tensor, cache_x: torch.Tensor | None, shape=None):
+        """A conv_kernel.Front for new frames like `like` (or of `shape`) behind `cache_x` (None: zero
+        frames; else a cache of the buffer's rows and columns, which the caller has checked) where
+        box_conv's kernel reads this convolution's time padding where it lies (`fast.causal_front`: a
+        3x3x3 causal convolution, stride 1, in this request), else None."""
+        new = tuple(like.shape if shape is None else shape)
+        if (self.kernel_size[0] != 3 or not self._causal_in_time() or self.stride != (1, 1, 1)
+                or self.dilation != (1, 1, 1) or self.groups != 1):
+            return None
+        if cache_x is not None and tuple(cache_x.shape[:2]) != new[:2]:
+            return None
+        return fast_tier.causal_front(like, self.weight, cache_x)
 
     def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
                        add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None,
-                       width: int | None = None) -> torch.Tensor:
+                       width: int | None = None, front=None) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames (`width` columns; None:
         the buffer's, no zero columns) are written: halo rows exchanged for all but the first
         `ready` frames, then cuDNN applies the zero padding of the unsharded axis (no padded copy)
-        unless the buffer holds it as zero columns.
+        unless the buffer holds it as zero columns; `front`: input_buffer's (the time padding read
+        from the cache by box_conv's kernel).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
         into the next norm (fast.move_bias_into_norm) is left out too. `add_to`: the result is added
@@ -205,9 +224,9 @@ class HaloCausalConv3d:
         bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
         return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride,
                                         self._buffer_padding(ctx, buf, width), self.dilation, self.groups,
-                                        add_to=add_to, norm=norm, out=out)
+                                        add_to=add_to, norm=norm, out=out, front=front)
 
-    def norms_in_epilogue(self, buf: torch.Tensor, width: int | None = None) -> bool:
+    def norms_in_epilogue(self, buf: torch.Tensor, width: int | None = None, front=None) -> bool:
         """Whether `forward_buffer(buf, norm=..., out=...)` computes the norm in the Triton kernel's
         epilogue when `out` is the new frames of another causal convolution's input buffer (a single
         sample's: with more, their frames do not follow each other there), else the norm kernel
@@ -215,13 +234,16 @@ class HaloCausalConv3d:
         bias = None if fast_tier.bias_moved(self) else self.bias
         return buf.shape[0] == 1 and fast_tier.norm_in_epilogue(
             F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(current(), buf, width), self.dilation,
-            self.groups)
+            self.groups, front=front)
 
-    def output_shape(self, buf: torch.Tensor, width: int | None = None) -> tuple[int, ...]:
-        """The shape `forward_buffer(buf, width=width)` gives (known before the buffer is written)."""
+    def output_shape(self, buf: torch.Tensor, width: int | None = None, front=None) -> tuple[int, ...]:
+        """The shape `forward_buffer(buf, width=width, front=front)` gives (known before the buffer
+        is written)."""
         pads = self._buffer_padding(current(), buf, width)
         dims = [(size + 2 * p - d * (k - 1) - 1) // s + 1
                 for size, p, k, s, d in zip(buf.shape[2:], pads, self.kernel_size, self.stride, self.dilation)]
+        if front is not None:  # (the time padding in front, read from the cache)
+            dims[0] += self._padding[4]
         return (buf.shape[0], self.out_channels, *dims)
 
     def _buffer_padding(self, ctx, buf: torch.Tensor | None = None, width: int | None = None) -> tuple[int, int, int]:
@@ -260,16 +282,24 @@ class HaloCausalConv3d:
         outs = []
         for start in range(0, x.shape[2], limit):
             part = x[:, :, start : start + limit]
-            buf, new, ready = self.input_buffer(part, cached)
-            copy_frames(new, part, 2)
-            width = new.shape[-1]
-            del new
-            outs.append(self.forward_buffer(buf, ready=ready, width=width))
-            del buf
+            outs.append(self._convolve(current(), part, cached))
             if tpad:  # the frames the next part's window reaches back to
                 cached = part if cached is None or part.shape[2] >= tpad else torch.cat([cached, part], dim=2)
                 cached = cached[:, :, -tpad:]
         return torch.cat(outs, dim=2)
+
+    def _convolve(self, ctx, x: torch.Tensor, cached: torch.Tensor | None) -> torch.Tensor:
+        """Fast tier: the convolution of `x` behind `cached` through an input buffer, or, unsharded,
+        of `x` where it lies where box_conv's kernel reads it and the time padding so (`front`)."""
+        if ctx is None and _dense_channels_last(x):
+            front = self.front(x, cached)
+            if front is not None:
+                return self.forward_buffer(x, width=x.shape[-1], front=front)
+        buf, new, ready, front = self.input_buffer(x, cached)
+        copy_frames(new, x, 2)
+        width = new.shape[-1]
+        del new
+        return self.forward_buffer(buf, ready=ready, width=width, front=front)
 
     @staticmethod
     def _slot(ctx) -> int:
@@ -432,6 +462,12 @@ def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
                 dst.select(dim, i).copy_(src.select(dim, i))
             return
     dst.copy_(src)
+
+
+def _dense_channels_last(x: torch.Tensor) -> bool:
+    """Whether a 5-D tensor is channels-last with its samples' frames one after another, 16-byte
+    aligned: a buffer the convolution kernels read as it lies."""
+    return x.dim() == 5 and x.permute(0, 2, 3, 4, 1).is_contiguous() and x.data_ptr() % 16 == 0
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:

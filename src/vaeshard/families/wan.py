@@ -574,13 +574,14 @@ def _causal_input(conv, like, feat_cache, feat_idx, halo_rows=None, shape=None) 
         idx = feat_idx[0]
         cache = feat_cache[idx]
         feat_idx[0] += 1
-    buf, new, ready = conv.input_buffer(like, cache, halo_rows, shape)
+    buf, new, ready, front = conv.input_buffer(like, cache, halo_rows, shape)
     frames = buf[:, :, buf.shape[2] - new.shape[2] :]  # the new frames with their halo rows: the next cache
     if feat_cache is not None and new.shape[2] >= CACHE_T and not _cache_in_place(cache, frames):
-        # the buffer holds the cached frames now and the new cache comes from the new frames alone:
-        # release the old one first, so the two are never alive together
+        # the new cache comes from the new frames alone and the buffer holds the cached frames now
+        # (or `front` holds them until the convolution has read them): the entry released first, so
+        # the old and the new cache are never alive together past the convolution
         feat_cache[idx] = cache = None
-    return _CausalInput(conv, buf, new, frames, ready, halo_rows, feat_cache, idx, cache)
+    return _CausalInput(conv, buf, new, frames, ready, halo_rows, feat_cache, idx, cache, front)
 
 
 class _CausalInput:
@@ -590,29 +591,31 @@ class _CausalInput:
     strided one each way, and exchanges only its new frames. The same values: the halo rows of a
     cached frame are those the exchange would bring again."""
 
-    def __init__(self, conv, buf, new, frames, ready, halo_rows, feat_cache, idx, old):
+    def __init__(self, conv, buf, new, frames, ready, halo_rows, feat_cache, idx, old, front=None):
         self.conv, self.buf, self.new, self.frames = conv, buf, new, frames
         self.width = new.shape[-1]  # (the buffer may be wider: zero columns, HaloCausalConv3d)
         self.ready, self.halo_rows = ready, halo_rows
         self.feat_cache, self.idx, self.old = feat_cache, idx, old
+        self.front = front  # (the time padding read from the old cache where it lies, HaloCausalConv3d.input_buffer)
 
     def output_shape(self) -> tuple[int, ...]:
-        return self.conv.output_shape(self.buf, self.width)
+        return self.conv.output_shape(self.buf, self.width, self.front)
 
     def norms_in_epilogue(self) -> bool:
         """Whether `convolve(norm=..., out=...)` would compute the norm in the convolution kernel's
         epilogue into a causal input buffer (`HaloCausalConv3d.norms_in_epilogue`)."""
-        return self.conv.norms_in_epilogue(self.buf, self.width)
+        return self.conv.norms_in_epilogue(self.buf, self.width, self.front)
 
     def convolve(self, with_bias: bool = True, add_to: torch.Tensor | None = None, norm=None,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """The convolution (`HaloCausalConv3d.forward_buffer`; `add_to`: added to that tensor in
         place, which is returned; `norm`, `out`: that norm of it written into `out`, returned), then
         the cache update; the buffer is dropped."""
-        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width)
-        if self.feat_cache is not None:  # (stream order: the buffer has read the old cache)
+        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width,
+                                     self.front)
+        if self.feat_cache is not None:  # (stream order: the convolution has read the old cache)
             _store_cache(self.feat_cache, self.idx, self.old, self.frames)
-        self.buf = self.new = self.frames = self.old = None
+        self.buf = self.new = self.frames = self.old = self.front = None
         return y
 
 
