@@ -171,11 +171,11 @@ def cuda_kernels(box: bool = True):
     for name in saved:
         setattr(fast, name, stand_ins[name])
 
-    def conv3d(x, weight, bias, padding, how, kernel_weight=None, add_to=None, norm=None, out=None):
+    def conv3d(x, weight, bias, padding, how, kernel_weight=None, add_to=None, norm=None, out=None, front=None):
         if add_to is not None or out is not None:
             return add_to if add_to is not None else out
-        return torch.empty(conv_kernel.out_shape(x, weight, padding), dtype=x.dtype, device=x.device,
-                           memory_format=torch.channels_last_3d)
+        shape = conv_kernel.out_shape(x, weight, padding, *([front] if front is not None else []))  # (older trees)
+        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
 
     def upsample_conv2d(src, sub, weight, bias, how, top=0, left=0, gemm_weight=None):
         f, _, rows, cols = src.shape

@@ -528,7 +528,20 @@ class FusedRMSNormSiLU:
             return super().forward(x)
         conv = self.__dict__.get(_BIAS_FROM)
         pre_bias = conv.bias if conv is not None else None
-        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias)
+        into = self.__dict__.get(_INTO)  # the convolution this norm's output goes to (`norm_into`)
+        out = into.reserve(x) if into is not None else None
+        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias, out=out)
+
+
+_INTO = "_vaeshard_into"  # on a norm: the causal convolution (shard.HaloCausalConv3d) its output goes to
+
+
+def norm_into(norm, conv) -> None:
+    """In the fast tier, `norm` (a FusedRMSNormSiLU whose output only `conv`, a causal convolution
+    after the SiLU that passes through, reads: a VAE's head) writes into `conv`'s input buffer where
+    `conv.reserve` makes one (sharded), so the frames are not copied into it. Stored outside
+    nn.Module's registries, as `move_bias_into_norm`."""
+    norm.__dict__[_INTO] = conv
 
 
 # --- a convolution's bias moved into the norm after it ------------------------------------------------
@@ -556,6 +569,7 @@ def bias_moved(conv) -> bool:
 def forget_moved_bias(module) -> None:
     module.__dict__.pop(_BIAS_TO_NEXT, None)
     module.__dict__.pop(_BIAS_FROM, None)
+    module.__dict__.pop(_INTO, None)
 
 
 class PassThroughSiLU:

@@ -94,6 +94,21 @@ def sharding(ctx: ShardContext):
 # --- halo-aware layers ------------------------------------------------------------------------------
 
 
+_RESERVED = "_vaeshard_reserved"  # HaloCausalConv3d.reserve's buffer, until forward takes it
+
+
+def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
+    """A causal convolution's input buffer's shape for `new` frames behind `tpad` ones, with the halo
+    rows `rows` ((sharded dim or None, before, after)) and `columns` zero columns a side."""
+    dim, before, after = rows
+    shape = list(new)
+    shape[2] += tpad
+    if dim is not None:
+        shape[dim] += before + after
+    shape[-1] += 2 * columns
+    return tuple(shape)
+
+
 class HaloCausalConv3d:
     """Mixin for Wan-style causal Conv3d (explicit `_padding` applied by F.pad, optional time cache).
 
@@ -110,6 +125,12 @@ class HaloCausalConv3d:
         if ctx is None and not fast:
             return super().forward(x, cache_x)
         cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
+        reserved = self.__dict__.pop(_RESERVED, None)
+        if fast and reserved is not None and reserved[2] is x:  # x was written into this buffer (`reserve`)
+            buf, core, _ = reserved
+            whole = cached is None or tuple(cached.shape[3:]) == tuple(buf.shape[3:])
+            ready = self._fill_front(buf, core, cached, whole)
+            return self.forward_buffer(buf, ready=ready, width=x.shape[-1])
         if fast:  # one buffer: causal zero frames, cached frames, this chunk, halo rows
             limit = fast_tier.max_layer_frames()
             if limit is not None and x.shape[2] > limit and self._causal_in_time():
@@ -159,34 +180,67 @@ class HaloCausalConv3d:
         ctx = current()
         tpad = self._padding[4]
         new = tuple(like.shape if shape is None else shape)
-        shape = list(new)
-        shape[2] += tpad
-        dim, before = None, 0
-        if ctx is not None:
-            dim, (before, after) = ctx.dim(new), self._halo_rows(ctx) if halo_rows is None else halo_rows
-            shape[dim] += before + after
-        columns = self._zero_columns(ctx, like, new[-1])
-        shape[-1] += 2 * columns
+        rows, columns = self._geometry(ctx, like, new, halo_rows)
         # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows, zero columns)
-        whole = cache_x is None or tuple(cache_x.shape[3:]) == tuple(shape[3:])
+        whole = cache_x is None or tuple(cache_x.shape[3:]) == _buffer_shape(new, rows, columns, 0)[3:]
         reads = self.front(like, cache_x, new) if whole and not columns else None
+        buf, core = self._allocate(like, new, rows, columns, 0 if reads is not None else tpad)
         if reads is not None:
-            shape[2] -= tpad
-        buf = torch.empty(shape, dtype=like.dtype, device=like.device, memory_format=fast_tier.channels_last_format(5))
+            return buf, core, 0, reads
+        return buf, core[:, :, tpad:], self._fill_front(buf, core, cache_x, whole), None
+
+    def reserve(self, like: torch.Tensor):
+        """Fast tier, sharded: this convolution's input buffer for new frames like `like`, made before
+        they exist, and its new-frames view returned for the layer before it to write into (the
+        head's norm, `fast.FusedRMSNormSiLU`); `forward` given that view then puts the cached frames
+        in front and convolves the buffer, so the frames are never copied into it. None where
+        `forward` would not take them so: unsharded (box_conv's kernel reads them where they lie,
+        or they are copied), no time padding, or `max_layer_frames` parts."""
+        ctx = current()
+        limit = fast_tier.max_layer_frames()
+        self.__dict__.pop(_RESERVED, None)
+        if (ctx is None or not fast_tier.enabled() or not self._padding[4]
+                or (limit is not None and like.shape[2] > limit and self._causal_in_time())):
+            return None
+        rows, columns = self._geometry(ctx, like, tuple(like.shape), None)
+        buf, core = self._allocate(like, tuple(like.shape), rows, columns, self._padding[4])
+        new = core[:, :, self._padding[4]:]
+        self.__dict__[_RESERVED] = (buf, core, new)
+        return new
+
+    def _geometry(self, ctx, like, new, halo_rows):
+        """((sharded dim or None, halo rows before, after), zero columns a side) of a buffer for `new`."""
+        if ctx is None:
+            rows = (None, 0, 0)
+        else:
+            rows = (ctx.dim(new), *(self._halo_rows(ctx) if halo_rows is None else halo_rows))
+        return rows, self._zero_columns(ctx, like, new[-1])
+
+    def _allocate(self, like, new, rows, columns, tpad):
+        """(buffer, core): an uninitialised channels-last buffer for `new` frames behind `tpad` ones,
+        with the halo rows and zero columns (zeroed) of `rows` and `columns`; the core is the buffer
+        without them."""
+        dim, before, _ = rows
+        buf = torch.empty(_buffer_shape(new, rows, columns, tpad), dtype=like.dtype, device=like.device,
+                          memory_format=fast_tier.channels_last_format(5))
         core = buf if dim is None else buf.narrow(dim, before, new[dim])
         if columns:
             buf[..., :columns].zero_()
             buf[..., -columns:].zero_()
             core = core.narrow(-1, columns, new[-1])
-        if reads is not None:
-            return buf, core, 0, reads
+        return buf, core
+
+    def _fill_front(self, buf, core, cache_x, whole: bool) -> int:
+        """The causal frames in front of a buffer's new frames: `cache_x`'s (whole: with the buffer's
+        rows and columns), zeros before them; returns `ready` (see input_buffer)."""
+        tpad = self._padding[4]
         cached = 0 if cache_x is None else cache_x.shape[2]
         front = buf if whole else core
         if tpad > cached:
             front[:, :, : tpad - cached].zero_()
         if cached:
             front[:, :, tpad - cached : tpad].copy_(cache_x)
-        return buf, core[:, :, tpad:], tpad if whole else 0, None
+        return tpad if whole else 0
 
     def front(self, like: torch.Tensor, cache_x: torch.Tensor | None, shape=None):
         """A conv_kernel.Front for new frames like `like` (or of `shape`) behind `cache_x` (None: zero
@@ -502,6 +556,7 @@ def swap(module: nn.Module, mixin: type) -> None:
 
 
 def unswap(module: nn.Module) -> None:
+    module.__dict__.pop(_RESERVED, None)
     base = getattr(type(module), "_vaeshard_base", None)
     if base is not None:
         module.__class__ = base

@@ -285,6 +285,8 @@ class WanLike:
                     fast.move_bias_into_norm(block.conv1, block.norm2)
                 if block is not part and all(hasattr(c, "input_buffer") for c in (block.conv1, block.conv2)):
                     shard.swap(block, FastResidualBlock)
+                if block is part and hasattr(part.conv_out, "reserve"):  # the head: its norm into conv_out's buffer
+                    fast.norm_into(part.norm_out, part.conv_out)
             for module in part.modules():
                 if isinstance(module, self.resample_cls) and _upsamples_into_conv(module, self.upsample_cls):
                     shard.swap(module, FastUpsample)
