@@ -32,7 +32,13 @@ asks for no norm here: the norm there needs the next convolution's input buffer 
 runs, two convolution inputs alive at once, for 1% of the decode's time, conv_kernel.norms_in_epilogue.)
 The padding
 of the unsharded axes is the TMA box's out-of-bounds zero fill, so every buffer layout the fast tier
-makes (halo rows, halo or zero columns, rows of any width) is taken as it is.
+makes (halo rows, halo or zero columns, rows of any width) is taken as it is. With `causal` (a
+causal convolution's time padding, conv_kernel.Front) the input holds only the new frames and the
+producer copies the boxes of the two frames before a sample's first from the cache tensor, through
+descriptors of its own (frames the cache lacks: a frame coordinate of -1, the zero fill), so no
+cache is copied in front of the frames: the same sums as on the copied buffer. Alone that runs up
+to 10% slower at the 96-channel full-resolution shapes (reading through the second descriptors,
+not where the data lies: BENCHMARKS.md); in the decode the copies saved outweigh it.
 
 Where it runs (`runs`): a CUDA device of compute capability 9.0 and a Triton whose Gluon takes the
 shifted views (`available`: a view of a shared-memory slot that starts CW rows in is a slice of CW
