@@ -125,8 +125,9 @@ def test_residual_block_conv1_bias_moves_into_norm2_only_while_parallelized():
     assert not any(fast.bias_moved(b.conv1) or "_vaeshard_bias_from" in vars(b.norm2) for b in blocks)
 
 
-@pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
-@pytest.mark.parametrize("mixin", ["FastResidualBlock", "FastUpsample"])
+@pytest.mark.parametrize("model, mixin", [(model, mixin) for model in ("wan21", "wan22", "qwenimage")
+                                           for mixin in ("FastResidualBlock", "FastUpsample")]
+                         + [("wan22", "FastResidualUpBlock")])
 def test_fast_blocks_give_the_same_bits(model, mixin):
     # the fast blocks only move less data: without them the fast tier computes the same values
     import vaeshard
@@ -137,7 +138,14 @@ def test_fast_blocks_give_the_same_bits(model, mixin):
     blocks = [m for m in vae.modules() if isinstance(m, getattr(wan, mixin))]
     assert blocks
     z, x = latent((1, 4, 3, 5, 4)), latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
-    with_blocks = vae.decode(z).sample, vae.encode(x).latent_dist.mean
+    viewed, dup_up_views = [], wan._dup_up_views
+    wan._dup_up_views = lambda *a: viewed.append(dup_up_views(*a)) or viewed[-1]
+    try:
+        with_blocks = vae.decode(z).sample, vae.encode(x).latent_dist.mean
+    finally:
+        wan._dup_up_views = dup_up_views
+    if mixin == "FastResidualUpBlock":  # its shortcut added through views after the first decoder call
+        assert viewed and all(v is not None for v in viewed), viewed
     for block in blocks:
         shard.unswap(block)
     without = vae.decode(z).sample, vae.encode(x).latent_dist.mean
@@ -145,6 +153,64 @@ def test_fast_blocks_give_the_same_bits(model, mixin):
     with torch.no_grad():
         plain = build(model).decode(z).sample
     assert (with_blocks[0] - plain).abs().max() <= TOL_CPU_FP32
+
+
+@pytest.mark.parametrize("cin, cout, ft, channels_last, viewable", [
+    (16, 16, 2, True, True),  # Wan 2.2's 1024 -> 1024 in time and space: 8 repeats, every sub-voxel
+    (16, 8, 1, True, True), (16, 8, 1, False, True),  # its 1024 -> 512 in space: 2 repeats, the columns
+    (8, 8, 1, True, True),  # 4 repeats: rows and columns
+    (16, 32, 2, True, False),  # 16 repeats over 8 sub-voxels: no view
+])
+def test_dup_up_shortcut_as_views(cin, cout, ft, channels_last, viewable):
+    # Wan 2.2's duplicating shortcut (diffusers' DupUp3D) added into an output through views of its
+    # input: the same bits as diffusers' `out + DupUp3D(x)`, in either memory layout; a duplication
+    # that is no view is declined (diffusers' computation then runs)
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    from vaeshard.families import wan
+
+    shortcut = DupUp3D(cin, cout, factor_t=ft, factor_s=2)
+    x = torch.randn(1, cin, 3, 4, 5).to(torch.bfloat16)
+    out = torch.randn(1, cout, 3 * ft, 8, 10).to(torch.bfloat16)
+    if channels_last:
+        x, out = (t.contiguous(memory_format=torch.channels_last_3d) for t in (x, out))
+    want = out + shortcut(x)
+    views = wan._dup_up_views(shortcut, out, x)
+    assert (views is not None) == viewable
+    if viewable:
+        target, duplicated = views
+        target.add_(duplicated)
+        assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_unpadded_causal_convolution_reads_its_input_where_it_lies(monkeypatch, channels_last):
+    # a residual block's 1x1x1 shortcut (no padding at all) convolves its input as it lies, no input
+    # buffer, where that is channels-last (the fast tier's layout); else through a buffer: the same
+    # bits either way, and diffusers' own convolution's values
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from vaeshard import fast, shard
+
+    torch.manual_seed(0)
+    conv = WanCausalConv3d(8, 4, 1).eval()
+    x = torch.randn(1, 8, 3, 5, 6)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    with torch.no_grad():
+        want = conv(x)
+    shard.swap(conv, shard.HaloCausalConv3d)
+    buffers = []
+    real = shard.HaloCausalConv3d.input_buffer
+    monkeypatch.setattr(shard.HaloCausalConv3d, "input_buffer",
+                        lambda self, *a, **k: buffers.append(1) or real(self, *a, **k))
+    with torch.no_grad(), fast.tier(True):
+        got = conv(x)
+    assert len(buffers) == (0 if channels_last else 1)
+    monkeypatch.setattr(shard, "_dense_channels_last", lambda t: False)  # through a buffer
+    with torch.no_grad(), fast.tier(True):
+        buffered = conv(x)
+    assert torch.equal(got, buffered) and torch.allclose(got, want, atol=1e-6)
 
 
 def test_residual_block_output_takes_its_inputs_storage():
@@ -209,7 +275,8 @@ def _sharded_block_bits(rank, world, model, shape, mode):
     wan._one_exchange = lambda block, x: possible.append(real(block, x)) and False
     with_blocks = vae.decode(z).sample  # two exchanges per block, where diffusers' forward makes them
     assert any(possible) and len(exchanges) - one == one + sum(possible)  # one exchange fewer per block
-    for mixin in (wan.FastUpsample, wan.FastResidualBlock):  # one kind of block at a time back to diffusers' forward
+    mixins = (wan.FastUpsample, wan.FastResidualBlock) + ((wan.FastResidualUpBlock,) if model == "wan22" else ())
+    for mixin in mixins:  # one kind of block at a time back to diffusers' forward
         blocks = [m for m in vae.modules() if isinstance(m, mixin)]
         assert blocks
         for block in blocks:

@@ -343,8 +343,11 @@ class HaloCausalConv3d:
         return torch.cat(outs, dim=2)
 
     def _convolve(self, ctx, x: torch.Tensor, cached: torch.Tensor | None) -> torch.Tensor:
-        """Fast tier: the convolution of `x` behind `cached` through an input buffer, or, unsharded,
-        of `x` where it lies where box_conv's kernel reads it and the time padding so (`front`)."""
+        """Fast tier: the convolution of `x` behind `cached` through an input buffer, or of `x` where
+        it lies: without any padding (a 1x1x1 convolution: nothing to put around it, sharded or
+        not), or unsharded where box_conv's kernel reads it and the time padding so (`front`)."""
+        if not any(self._padding) and _dense_channels_last(x):
+            return self.forward_buffer(x, width=x.shape[-1])
         if ctx is None and _dense_channels_last(x):
             front = self.front(x, cached)
             if front is not None:

@@ -10,6 +10,8 @@ tile strategy stays bit-identical to them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 
@@ -26,6 +28,7 @@ class WanLike:
     residual_block_cls: type
     resample_cls: type
     upsample_cls: type
+    up_block_cls: type | None = None  # an up block with a duplicating shortcut (Wan 2.2's), if the family has one
     decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
     clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
 
@@ -290,6 +293,8 @@ class WanLike:
             for module in part.modules():
                 if isinstance(module, self.resample_cls) and _upsamples_into_conv(module, self.upsample_cls):
                     shard.swap(module, FastUpsample)
+                elif self.up_block_cls is not None and isinstance(module, self.up_block_cls):
+                    shard.swap(module, FastResidualUpBlock)
 
     def uninstall_layers(self, vae) -> None:
         for module in vae.modules():
@@ -514,6 +519,73 @@ class FastUpsample:
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
 
 
+class FastResidualUpBlock:
+    """Mixin for Wan 2.2's up block (diffusers' `WanResidualUpBlock`): diffusers' computation, with
+    its duplicating shortcut (`DupUp3D`: each input voxel's channels spread over the output's
+    channels and its 2 x 2 (x 2 in time) voxels) added into the upsampler's output in place, read
+    through broadcasting views of the block's input, instead of made as a tensor (a
+    `repeat_interleave` and a permuted copy, each the size of the block's output) and added into a
+    new one: one pass over the output instead of three, the same bits (one rounding per add either
+    way), and none of those tensors at the decode's peak. diffusers clones the block's input first
+    (also in the last block, which has no shortcut: a copy of the full-resolution input at the Wan
+    2.2 decode's peak); here it is cloned only where the block has a shortcut and the first residual
+    block writes its sum into its input (an identity shortcut, `FastResidualBlock`); with a
+    convolution shortcut the input stays as it is.
+
+    Fast tier, inference, no hooks inside the block, not for a shortcut's first decoder call (whose
+    first frames it trims), and for channel counts whose duplication is a view (`_dup_up_views`;
+    otherwise the shortcut is diffusers' own); diffusers' forward otherwise (the exact tier always)."""
+
+    def forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006 - diffusers' signature
+        shortcut = self.avg_shortcut
+        if (shortcut is not None and first_chunk) or not _fast_path(self) or self._forward_hooks:
+            return super().forward(x, feat_cache, feat_idx, first_chunk)
+        # the input is kept for the shortcut (diffusers clones it even for a block without one);
+        # only an identity shortcut of the first residual block writes its sum into it
+        writes_input = isinstance(self.resnets[0].conv_shortcut, nn.Identity)  # (FastResidualBlock's sum)
+        source = None if shortcut is None else x.clone() if writes_input else x
+        for resnet in self.resnets:
+            x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else resnet(x)
+        if self.upsampler is not None:
+            x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else self.upsampler(x)
+        if shortcut is None:
+            return x
+        views = _dup_up_views(shortcut, x, source)
+        if views is None:
+            return x + shortcut(source, first_chunk=first_chunk)
+        target, duplicated = views
+        target.add_(duplicated)
+        return x
+
+
+def _dup_up_views(shortcut: nn.Module, out: torch.Tensor, source: torch.Tensor):
+    """(a view of `out`, a broadcasting view of `source`) indexed alike by (sample, channel, time
+    factor, row factor, column factor, frame, row, column), such that `out + shortcut(source)`
+    (diffusers' `DupUp3D`, not first_chunk) is `out` with the second view added to the first; None
+    where the duplication is no view: its repeats (each input channel's copies in a row of output
+    channels) must be the product of the trailing ones of the (time, row, column) factors, as they
+    are in Wan 2.2 (8 = 2 x 2 x 2 from 1024 to 1024 channels; 2, the column factor, from 1024 to 512).
+
+    diffusers: the input's channel cc = cin * repeats + r is output channel c's sub-voxel
+    q = (i * fs + j) * fs + k with cc = c * F + q (F = ft * fs * fs); output frame t * ft + i, row
+    h * fs + j, column w * fs + k. So cin = c * (F / repeats) + q // repeats."""
+    ft, fs, repeats = shortcut.factor_t, shortcut.factor_s, shortcut.repeats
+    b, cin, t, h, w = source.shape
+    cout = shortcut.out_channels
+    if out.dim() != 5 or tuple(out.shape) != (b, cout, t * ft, h * fs, w * fs) or out.dtype != source.dtype:
+        return None
+    factors = (ft, fs, fs)
+    lead = next((n for n in range(4) if math.prod(factors[n:]) == repeats), None)
+    if lead is None or cin * repeats != cout * math.prod(factors):
+        return None
+    src = source.unflatten(1, (cout, *factors[:lead]))  # (b, cout, lead factors..., t, h, w)
+    for _ in factors[lead:]:  # the repeated sub-voxels: broadcast
+        src = src.unsqueeze(2 + lead)
+    src = src.expand(b, cout, *factors, t, h, w)
+    target = out.unflatten(2, (t, ft)).unflatten(4, (h, fs)).unflatten(6, (w, fs)).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    return target, src
+
+
 def _same_storage(y: torch.Tensor, x: torch.Tensor) -> bool:
     """Whether `y` is `x`'s elements (the block wrote its sum into its input)."""
     return y.data_ptr() == x.data_ptr() and shard.same_layout(y, x)
@@ -725,6 +797,12 @@ class _Wan(WanLike):
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
 
         return WanUpsample
+
+    @property
+    def up_block_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
+
+        return WanResidualUpBlock
 
 
 FAMILY = _Wan().family("wan", ("AutoencoderKLWan",))
