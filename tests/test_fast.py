@@ -371,6 +371,19 @@ KERNEL_CHECK = textwrap.dedent(
         err = (got.float() - want.float()).abs()
         bound = 1e-5 if dtype == torch.float32 else want.float().abs() * 2**-5 + 1e-3  # a few bf16 ulps
         assert bool((err <= bound).all()), (dtype, err.max().item())
+    # Wan 2.2's duplicating shortcut added by one pass (fast.add_duplicated_): the bits of diffusers'
+    # `out + DupUp3D(x)` (fp16 and fp32: the interpreter truncates to bf16), two samples, channel
+    # counts past one channel block; other layouts are declined (the caller adds through views)
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+    for dtype in (torch.float16, torch.float32):
+        for cin, cout, ft in [(16, 16, 2), (16, 8, 1), (8, 8, 1), (200, 200, 2), (320, 160, 1)]:
+            shortcut = DupUp3D(cin, cout, factor_t=ft, factor_s=2)
+            x = fast.to_channels_last(torch.randn(2, cin, 3, 4, 5)).to(dtype)
+            out = fast.to_channels_last(torch.randn(2, cout, 3 * ft, 8, 10)).to(dtype)
+            want = out + shortcut(x)
+            assert fast.add_duplicated_(out, x, ft, 2, shortcut.repeats)
+            assert torch.equal(out, want), (dtype, cin, cout, ft)
+    assert not fast.add_duplicated_(torch.zeros(1, 8, 2, 4, 4), torch.zeros(1, 8, 1, 2, 2), 2, 2, 8)  # not channels-last
     # a convolution's bias moved into the norm: the same as adding it first (fp32: no rounding between)
     x = fast.to_channels_last(torch.randn(1, 48, 2, 5, 6) * 2)
     gamma, pre = torch.rand(48, 1, 1, 1) + 0.5, torch.randn(48)

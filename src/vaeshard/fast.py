@@ -247,6 +247,56 @@ if triton is not None:
             tl.store(x_ptr + x_at, (x + b[None, :]).to(dt), mask=mask)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _add_duplicated_kernel(
+        out_ptr, src_ptr, V, C, T2, H2, W2, son, sot, soh, sow, ssn, sst, ssh, ssw,
+        FT: tl.constexpr, FS: tl.constexpr, PER: tl.constexpr, REPEATS: tl.constexpr, BLOCK_V: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        # out[n, c, t * FT + i, h * FS + j, w * FS + k] += src[n, c * PER + q // REPEATS, t, h, w] with
+        # q = (i * FS + j) * FS + k (PER * REPEATS = FT * FS * FS): a program takes BLOCK_V output voxels
+        # (T2 x H2 x W2 of sample n = program_id(2)) and BLOCK_C channels, both tensors channels-last;
+        # the sum in fp32, rounded once, as PyTorch's add
+        dt = out_ptr.dtype.element_ty
+        n = tl.program_id(2).to(tl.int64)
+        v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        w2 = v % W2
+        h2 = (v // W2) % H2
+        t2 = v // (W2 * H2)
+        q = ((t2 % FT) * FS + h2 % FS) * FS + w2 % FS
+        out_at = n * son + t2 * sot + h2 * soh + w2 * sow
+        src_at = n * ssn + (t2 // FT) * sst + (h2 // FS) * ssh + (w2 // FS) * ssw + q // REPEATS
+        mask = (v < V)[:, None] & (c < C)[None, :]
+        o = tl.load(out_ptr + out_at[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.load(src_ptr + src_at[:, None] + (c * PER)[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + out_at[:, None] + c[None, :], (o + x).to(dt), mask=mask)
+
+
+def add_duplicated_(out: torch.Tensor, src: torch.Tensor, factor_t: int, factor_s: int, repeats: int) -> bool:
+    """out[n, c, t * ft + i, h * fs + j, w * fs + k] += src[n, c * per + q // repeats, t, h, w] with
+    q = (i * fs + j) * fs + k and per = ft * fs * fs / repeats (Wan 2.2's duplicating shortcut, see
+    families/wan.py `_dup_up_views`), in place, by one Triton pass where it runs (CUDA or the
+    interpreter; both tensors channels-last, dense, of one dtype). Returns whether it ran (else the
+    caller adds through views, with the same bits: one fp32 add rounded once)."""
+    factor = factor_t * factor_s * factor_s
+    if (not runs_on(out) or out.dtype != src.dtype or out.dim() != 5 or src.dim() != 5 or factor % repeats
+            or out.numel() == 0 or not all(t.permute(0, 2, 3, 4, 1).is_contiguous() for t in (out, src))):
+        return False
+    n, c, t2, h2, w2 = out.shape
+    block_c = min(128, triton.next_power_of_2(c))
+    block_v = max(1, 4096 // block_c)
+    grid = (triton.cdiv(t2 * h2 * w2, block_v), triton.cdiv(c, block_c), n)
+    _add_duplicated_kernel[grid](
+        out, src, t2 * h2 * w2, c, t2, h2, w2, out.stride(0), out.stride(2), out.stride(3), out.stride(4),
+        src.stride(0), src.stride(2), src.stride(3), src.stride(4), FT=factor_t, FS=factor_s, PER=factor // repeats,
+        REPEATS=repeats, BLOCK_V=block_v, BLOCK_C=block_c, num_warps=4,
+    )
+    return True
+
+
 def fused_bias_add_available(x: torch.Tensor) -> bool:
     """Whether `add_bias_and_residual_` and `add_bias_` run as one kernel for `x` (CUDA with Triton).
     Only there is it worth leaving a convolution's bias out: PyTorch adds it in a separate pass on
