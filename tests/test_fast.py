@@ -207,7 +207,7 @@ def test_unpadded_causal_convolution_reads_its_input_where_it_lies(monkeypatch, 
     with torch.no_grad(), fast.tier(True):
         got = conv(x)
     assert len(buffers) == (0 if channels_last else 1)
-    monkeypatch.setattr(shard, "_dense_channels_last", lambda t: False)  # through a buffer
+    monkeypatch.setattr(shard, "dense_channels_last", lambda t: False)  # through a buffer
     with torch.no_grad(), fast.tier(True):
         buffered = conv(x)
     assert torch.equal(got, buffered) and torch.allclose(got, want, atol=1e-6)

@@ -106,7 +106,8 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     None."""
     if not _runs(x, weight, 5):
         return None
-    if front is not None and not (reads_front(x, weight, front.cache) and _front_fits(front.cache, x)):
+    if front is not None and front.cache is not None and not (takes_front(front.cache, x.dtype, x.device)
+                                                              and _front_fits(front.cache, x)):
         return None
     cout, cin, kt, kh, kw = weight.shape
     if (kt, kh, kw) != (3, 3, 3) or groups != 1 or _triple(stride) != (1, 1, 1) or _triple(dilation) != (1, 1, 1):
@@ -118,7 +119,9 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
     box = box_conv.runs(x, weight)  # (its own channel counts: Wan's 96 and 192, and the 3 of its head)
     if x.shape[1] != cin or not (box or (tile is not None and cin % tile.block_k == 0)):
         return None
-    if not x.permute(0, 2, 3, 4, 1).is_contiguous() or x.data_ptr() % 16:
+    if front is not None and not box:  # (only box_conv reads a Front)
+        return None
+    if not dense_channels_last(x):
         return None
     if x.shape[2] + (kt - 1) * (front is not None) < kt or x.shape[3] + 2 * ph < kh or x.shape[4] + 2 * pw < kw:
         return None
@@ -143,7 +146,13 @@ def takes_front(cache: torch.Tensor, dtype: torch.dtype, device: torch.device) -
     """Whether box_conv's kernel can read a causal cache as it lies: 1 or 2 frames of `dtype` on
     `device`, channels-last with its samples' frames one after another, 16-byte aligned."""
     return (cache.dim() == 5 and 1 <= cache.shape[2] <= 2 and cache.dtype == dtype and cache.device == device
-            and cache.permute(0, 2, 3, 4, 1).is_contiguous() and cache.data_ptr() % 16 == 0)
+            and dense_channels_last(cache))
+
+
+def dense_channels_last(t: torch.Tensor) -> bool:
+    """Whether a 5-D tensor is channels-last and dense (its samples' frames one after another), 16-byte
+    aligned: the layout the kernels read through TMA descriptors, and the one they write."""
+    return t.dim() == 5 and t.permute(0, 2, 3, 4, 1).is_contiguous() and t.data_ptr() % 16 == 0
 
 
 def _front_fits(cache: torch.Tensor | None, x: torch.Tensor) -> bool:
@@ -284,8 +293,7 @@ def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
     """Whether `conv3d` can add its result to `t` in place: `shape` and `dtype`, channels-last,
     dense, 16-byte aligned (the layout of the outputs it makes; with one frame, any stride of the
     frame axis: `frame_stride`)."""
-    return (tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.dim() == 5
-            and t.permute(0, 2, 3, 4, 1).is_contiguous() and t.data_ptr() % 16 == 0)
+    return tuple(t.shape) == tuple(shape) and t.dtype == dtype and dense_channels_last(t)
 
 
 def norms_in_epilogue(how: ConvPlan) -> bool:

@@ -279,11 +279,11 @@ def add_duplicated_(out: torch.Tensor, src: torch.Tensor, factor_t: int, factor_
     """out[n, c, t * ft + i, h * fs + j, w * fs + k] += src[n, c * per + q // repeats, t, h, w] with
     q = (i * fs + j) * fs + k and per = ft * fs * fs / repeats (Wan 2.2's duplicating shortcut, see
     families/wan.py `_dup_up_views`), in place, by one Triton pass where it runs (CUDA or the
-    interpreter; both tensors channels-last, dense, of one dtype). Returns whether it ran (else the
+    interpreter; both tensors `conv_kernel.dense_channels_last`, of one dtype). Returns whether it ran (else the
     caller adds through views, with the same bits: one fp32 add rounded once)."""
     factor = factor_t * factor_s * factor_s
     if (not runs_on(out) or out.dtype != src.dtype or out.dim() != 5 or src.dim() != 5 or factor % repeats
-            or out.numel() == 0 or not all(t.permute(0, 2, 3, 4, 1).is_contiguous() for t in (out, src))):
+            or out.numel() == 0 or not (conv_kernel.dense_channels_last(out) and conv_kernel.dense_channels_last(src))):
         return False
     n, c, t2, h2, w2 = out.shape
     block_c = min(128, triton.next_power_of_2(c))

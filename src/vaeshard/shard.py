@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from . import fast as fast_tier
 from .comm import Comm, all_reduce_sum
+from .conv_kernel import dense_channels_last
 
 HEIGHT, WIDTH = "height", "width"
 
@@ -235,11 +236,11 @@ class HaloCausalConv3d:
         rows and columns), zeros before them; returns `ready` (see input_buffer)."""
         tpad = self._padding[4]
         cached = 0 if cache_x is None else cache_x.shape[2]
-        front = buf if whole else core
+        region = buf if whole else core  # (a shard's cache: between the halo rows)
         if tpad > cached:
-            front[:, :, : tpad - cached].zero_()
+            region[:, :, : tpad - cached].zero_()
         if cached:
-            front[:, :, tpad - cached : tpad].copy_(cache_x)
+            region[:, :, tpad - cached : tpad].copy_(cache_x)
         return tpad if whole else 0
 
     def front(self, like: torch.Tensor, cache_x: torch.Tensor | None, shape=None):
@@ -346,9 +347,9 @@ class HaloCausalConv3d:
         """Fast tier: the convolution of `x` behind `cached` through an input buffer, or of `x` where
         it lies: without any padding (a 1x1x1 convolution: nothing to put around it, sharded or
         not), or unsharded where box_conv's kernel reads it and the time padding so (`front`)."""
-        if not any(self._padding) and _dense_channels_last(x):
+        if not any(self._padding) and dense_channels_last(x):
             return self.forward_buffer(x, width=x.shape[-1])
-        if ctx is None and _dense_channels_last(x):
+        if ctx is None and dense_channels_last(x):
             front = self.front(x, cached)
             if front is not None:
                 return self.forward_buffer(x, width=x.shape[-1], front=front)
@@ -519,12 +520,6 @@ def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
                 dst.select(dim, i).copy_(src.select(dim, i))
             return
     dst.copy_(src)
-
-
-def _dense_channels_last(x: torch.Tensor) -> bool:
-    """Whether a 5-D tensor is channels-last with its samples' frames one after another, 16-byte
-    aligned: a buffer the convolution kernels read as it lies."""
-    return x.dim() == 5 and x.permute(0, 2, 3, 4, 1).is_contiguous() and x.data_ptr() % 16 == 0
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
