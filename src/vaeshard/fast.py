@@ -386,6 +386,13 @@ def upsample_kernel_available(x: torch.Tensor) -> bool:
     return _kernels_on() and runs_on(x)
 
 
+def upsample_by_phases(x: torch.Tensor) -> bool:
+    """Whether, in this request, the 3x3 convolution after a nearest 2x upsampling of `x`'s frames
+    runs by phases from the source (upsample.py, `HaloConv2d.forward_by_phases`) where the Triton
+    kernel does not take it (`upsample_plan`): the fast tier, on every device."""
+    return _fast.get()
+
+
 def upsample_plan(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,
                   width: int) -> conv_kernel.ConvPlan | None:
     """The Triton kernel's plan for a 3x3 convolution of the nearest 2x upsampling of `src`'s frames

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from . import comm as comm_mod
-from . import conv_kernel, fast, shard
+from . import conv_kernel, fast, shard, upsample
 from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
 from .families import family_for
 from .families.base import Family
@@ -139,6 +139,7 @@ def unparallelize(vae):
     if state.layers_installed:
         state.family.uninstall_layers(vae)
     conv_kernel.forget_gemm_weights(vae)
+    upsample.forget_phase_weights(vae)
     for name, original in (("decode", state.original_decode), ("encode", state.original_encode)):
         if original is None:
             vae.__dict__.pop(name, None)

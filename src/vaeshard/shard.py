@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import fast as fast_tier
+from . import upsample
 from .comm import Comm, all_reduce_sum
 from .conv_kernel import dense_channels_last
 
@@ -445,6 +446,41 @@ class HaloConv2d:
             src = ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
             top, left = (1, 0) if ctx.axis == HEIGHT else (0, 1)
         return fast_tier.upsample_conv2d(src, sub, self.weight, self.bias, how, top, left)
+
+    def forward_by_phases(self, src: torch.Tensor, sub: int, limit: int | None = None) -> torch.Tensor | None:
+        """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds (as
+        `forward_upsampled`: (F, sub * Cin, h, w), channel halves as frames with `sub` = 2), computed
+        from the source by its four phases (upsample.py: one convolution of 2x2 taps into 4 x Cout
+        channels and one pass that interleaves them and adds the bias), so the upsampled frames are
+        never made; a channels-last (F * sub, Cout, 2 h, 2 w) tensor. None where this is no 3x3
+        convolution with padding 1 (`upsample.takes`). The source frames are copied only to take
+        them out of channel halves, or sharded into a buffer with one halo row a side (received
+        from the neighbours, zeros at the global edges), which replaces the padding on that axis.
+        `limit` (max_layer_frames): the phases of at most that many output frames at a time (at
+        least one source frame's)."""
+        if not upsample.takes(self):
+            return None
+        ctx = current()
+        f, csrc, rows, cols = src.shape
+        cin = csrc // sub
+        phases = upsample.cached_phase_weight(self.weight)
+        halo = (0, 0) if ctx is None else (1, 0) if ctx.axis == HEIGHT else (0, 1)
+        out = torch.empty((f * sub, self.out_channels, 2 * rows, 2 * cols), dtype=src.dtype, device=src.device,
+                          memory_format=torch.channels_last)
+        step = f if limit is None else max(1, limit // sub)
+        for a in range(0, f, step):
+            part = src[a : a + step]
+            n = part.shape[0]
+            if ctx is not None or sub > 1:
+                buf, core = self.input_buffer(part, (n * sub, cin, rows, cols))
+                if sub > 1:
+                    core.unflatten(0, (n, sub)).copy_(part.unflatten(1, (sub, cin)))
+                else:
+                    copy_frames(core, part, 0)
+                part = buf if ctx is None else ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
+            upsample.conv2d_by_phases(part, self.weight, self.bias, halo, phases, out=out[a * sub : (a + n) * sub])
+            del part
+        return out
 
     def _halo_rows(self, ctx) -> int:
         return self.padding[0] if ctx.axis == HEIGHT else self.padding[1]

@@ -501,6 +501,10 @@ class FastUpsample:
             if y is not None:
                 return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
         limit = fast.max_layer_frames()
+        if fast.upsample_by_phases(x):  # from the source by phases (upsample.py): no upsampled frames
+            y = conv.forward_by_phases(x.transpose(1, 2).flatten(0, 1), x.shape[1] // c, limit)
+            if y is not None:
+                return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
         if limit is None or t <= limit:
             buf = _upsample_into_buffer(conv, x, frames, b, t, c, h, w)
             del x, frames

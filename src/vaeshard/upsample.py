@@ -1,0 +1,154 @@
+"""The 3x3 convolution of a nearest 2x upsampling, computed from the source frames by phases.
+
+Each output voxel (2 i + p, 2 j + q) of `conv2d(upsample2x(x), w)` (stride 1, padding 1) reads
+only two source rows and two source columns: on each axis, phase 0 takes the source rows i - 1 and
+i with the weight taps w[0] and w[1] + w[2], phase 1 the rows i and i + 1 with w[0] + w[1] and
+w[2]. So the four phases (p, q) are four 2x2 convolutions of the source, run here as one
+convolution with 4 x Cout output channels (`phase_weight`) and a padding of one row and column a
+side; phase (p, q) is its channel block 2 p + q, rows p ... p + h - 1, columns q ... q + w - 1. It
+computes 16 products per output voxel and input channel instead of 36, the upsampled frames (four
+times the source) are never made, and one pass (`interleave_phases`: a Triton kernel where it runs,
+PyTorch's strided adds elsewhere) puts the phases' voxels in place and adds the bias, rounding
+once, as PyTorch's bias pass after a cuDNN convolution rounds.
+
+The values differ from the convolution of the upsampled frames by the rounding of the summed
+weights to the weight's dtype and by the order of the sums (the fast tier's tolerance; the exact
+tier runs diffusers' own upsampling and convolution). Where a sharded request's source has a halo
+row a side on its sharded axis (the neighbours' rows, zeros at the global edges), that axis takes
+no padding: the halo rows are the rows the padding would have read.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .triton_support import runs_on, tl, triton
+
+_PHASE_WEIGHT = "_vaeshard_phase_weight"
+
+# Per axis: the source taps (rows) of phase 0 and 1, each a sum of the 3x3 kernel's taps there.
+_TAPS = (((0,), (1, 2)), ((0, 1), (2,)))
+
+
+def takes(conv: torch.nn.Conv2d) -> bool:
+    """Whether `conv` is a convolution `conv2d_by_phases` computes for an upsampled input: 3x3,
+    stride 1, padding 1 (zeros), no dilation, one group."""
+    return (
+        tuple(conv.kernel_size) == (3, 3)
+        and tuple(conv.stride) == (1, 1)
+        and tuple(conv.padding) == (1, 1)
+        and tuple(conv.dilation) == (1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+    )
+
+
+def phase_weight(weight: torch.Tensor) -> torch.Tensor:
+    """The (4 Cout, Cin, 2, 2) weight of the four phases of a (Cout, Cin, 3, 3) weight (channel block
+    2 p + q: phase (p, q)), each tap the sum of the 3x3 taps it stands for, summed in fp64 and
+    rounded once to the weight's dtype."""
+    cout, cin = weight.shape[:2]
+    w = weight.detach().to(torch.float64)
+    out = w.new_zeros((2, 2, cout, cin, 2, 2))
+    for p, rows in enumerate(_TAPS):
+        for q, cols in enumerate(_TAPS):
+            for a, row_taps in enumerate(rows):
+                for b, col_taps in enumerate(cols):
+                    out[p, q, :, :, a, b] = w[:, :, list(row_taps)][:, :, :, list(col_taps)].sum(dim=(2, 3))
+    return out.reshape(4 * cout, cin, 2, 2).to(weight.dtype).contiguous(memory_format=torch.channels_last)
+
+
+def cached_phase_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`phase_weight(weight)`, kept on the weight tensor and made again when the weight changes (as
+    conv_kernel.cached_gemm_weight keeps its layouts)."""
+    from .conv_kernel import _cached
+
+    return _cached(weight, _PHASE_WEIGHT, phase_weight)
+
+
+def forget_phase_weights(module: torch.nn.Module) -> None:
+    """Drop the weights `cached_phase_weight` keeps on `module`'s parameters."""
+    for p in module.parameters():
+        p.__dict__.pop(_PHASE_WEIGHT, None)
+
+
+def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     halo: tuple[int, int] = (0, 0), phases: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.conv2d(F.interpolate(src, scale_factor=2, mode="nearest"), weight, bias, padding=1)` for a
+    3x3 `weight` (`takes`), by phases: a channels-last (F, Cout, 2 h, 2 w) tensor, or written into
+    `out` (a tensor of that shape, say frames of a larger one), which is returned.
+
+    `src`: (F, Cin, h + 2 halo[0], w + 2 halo[1]) frames; `halo` (0 or 1 per axis): rows (columns)
+    a side that are the neighbours' source rows (a sharded axis), taken instead of padding.
+    `phases`: `phase_weight(weight)`, if the caller keeps it."""
+    if weight.shape[2:] != (3, 3) or src.dim() != 4 or any(h not in (0, 1) for h in halo):
+        raise ValueError(f"conv2d_by_phases: a 3x3 weight, (F, C, H, W) frames and halos of 0 or 1, got "
+                         f"{tuple(weight.shape)}, {tuple(src.shape)}, {halo}")
+    if phases is None:
+        phases = phase_weight(weight)
+    padding = (1 - halo[0], 1 - halo[1])
+    y = F.conv2d(src.contiguous(memory_format=torch.channels_last), phases, None, 1, padding)
+    f, _, rows, cols = y.shape  # (F, 4 Cout, h + 1, w + 1)
+    shape = (f, weight.shape[0], 2 * (rows - 1), 2 * (cols - 1))
+    if out is None:
+        out = torch.empty(shape, dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
+    elif tuple(out.shape) != shape:
+        raise ValueError(f"conv2d_by_phases: out has the shape {tuple(out.shape)}, {shape} expected")
+    return interleave_phases(y, bias, out)
+
+
+def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+    """out[f, c, 2 i + p, 2 j + q] = y[f, (2 p + q) Cout + c, i + p, j + q] + bias[c], rounded once;
+    returns `out`. One Triton pass where it runs (CUDA, or the interpreter) and both tensors are
+    channels-last with dense channels; else four strided adds (or copies), the same bits."""
+    f, cout, rows2, cols2 = out.shape
+    if (runs_on(out) and out.numel() and y.dtype == out.dtype and out.stride(1) == 1 and y.stride(1) == 1
+            and (bias is None or bias.dtype == out.dtype)):
+        block_c = min(128, triton.next_power_of_2(cout))
+        block_v = max(1, 4096 // block_c)
+        voxels = rows2 * cols2
+        grid = (triton.cdiv(voxels, block_v), triton.cdiv(cout, block_c), f)
+        _interleave_kernel[grid](
+            out, y, bias if bias is not None else y, voxels, cout, cols2, out.stride(0), out.stride(2), out.stride(3),
+            y.stride(0), y.stride(2), y.stride(3), HAS_BIAS=bias is not None, BLOCK_V=block_v, BLOCK_C=block_c,
+            num_warps=4,
+        )
+        return out
+    rows, cols = rows2 // 2, cols2 // 2
+    for p in range(2):
+        for q in range(2):
+            phase = y[:, (2 * p + q) * cout : (2 * p + q + 1) * cout, p : p + rows, q : q + cols]
+            target = out[:, :, p::2, q::2]
+            if bias is None:
+                target.copy_(phase)
+            else:
+                torch.add(phase, bias.reshape(1, -1, 1, 1), out=target)
+    return out
+
+
+if triton is not None:
+
+    @triton.jit
+    def _interleave_kernel(out_ptr, y_ptr, b_ptr, V, C, W2, sof, soh, sow, syf, syh, syw,
+                           HAS_BIAS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
+        # a program takes BLOCK_V output voxels (of frame program_id(2)) and BLOCK_C channels; output
+        # voxel (r, s) = (2 i + p, 2 j + q) is phase 2 p + q's voxel (i + p, j + q), both tensors with
+        # dense channels (stride 1); the bias added in fp32, rounded once
+        dt = out_ptr.dtype.element_ty
+        fr = tl.program_id(2).to(tl.int64)
+        v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        s = v % W2
+        r = v // W2
+        p = r % 2
+        q = s % 2
+        out_at = fr * sof + r * soh + s * sow
+        y_at = fr * syf + (r // 2 + p) * syh + (s // 2 + q) * syw + (2 * p + q) * C
+        mask = (v < V)[:, None] & (c < C)[None, :]
+        x = tl.load(y_ptr + y_at[:, None] + c[None, :], mask=mask, other=0.0)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + c, mask=c < C, other=0.0).to(tl.float32)
+            x = (x.to(tl.float32) + b[None, :]).to(dt)
+        tl.store(out_ptr + out_at[:, None] + c[None, :], x, mask=mask)
