@@ -6,7 +6,6 @@
     python3 benchmarks/conv_kernel.py --only "Wan 2.2" --sweep   # shapes whose name contains this
     python3 benchmarks/conv_kernel.py --residual                 # + bias + a residual, in place
     python3 benchmarks/conv_kernel.py --norm                     # + the next RMS norm + SiLU
-    python3 benchmarks/conv_kernel.py --upsample [--sweep]       # the upsamplers' convolution
     python3 benchmarks/conv_kernel.py --box-sweep                # box_conv's tilings of BOX_SWEEP too
     python3 benchmarks/conv_kernel.py --front [--residual]       # box_conv reading the cache where it lies
 
@@ -35,12 +34,8 @@ cache in front of the new frames, then convolving that buffer, as the fast tier 
 the copied buffer (the same sums in the same order: 0 expected), then the same with a cache of one
 frame and with none (zero frames) against the kernel on a buffer with zero frames in front.
 
-`--upsample`: the upsamplers' nearest 2x + 3x3 convolution (UPSAMPLE_SHAPES: one decoder call's
-source frames, by Wan 2.1 level): the fast tier's path without the kernel (the frames upsampled into
-the convolution's channels-last buffer, with room for the halo rows where sharded, cuDNN, the bias
-pass) against `conv_kernel.upsample_conv2d` reading the source frames (sharded: after copying them
-into a buffer with one halo row a side, as `HaloConv2d.forward_upsampled` does; `kernel only`: the
-kernel alone). No halo exchange in either (zeros stand in). `--sweep`: other row tiles and stages.
+The upsamplers' convolution (computed by phases since the Triton kernel that read the source for all
+nine taps was removed): benchmarks/upsample_phases.py.
 """
 
 from __future__ import annotations
@@ -102,98 +97,6 @@ SWEEP = {
     256: [dict(block_m=128, block_n=128, block_n2=128, block_k=64, stages=s, num_warps=8) for s in (3, 4)]
     + [dict(block_m=128, block_n=256, block_n2=0, block_k=64, stages=3, num_warps=8)],
 }
-
-
-# name: (Cin, Cout, source frames, frames per source frame, rows, columns, sharded axis): one decoder
-# call's upsampler at 720p (up3: the last, 192 -> 96 channels at 360 x 640 -> 720 x 1280; up2: after
-# its time convolution, whose two channel halves are two frames, 384 -> 192 at 180 x 320; up1: the
-# first) and 480p, per rank on 1 GPU and 2 by height and by width
-UPSAMPLE_SHAPES = {
-    "up3 720p, 1 GPU": (192, 96, 4, 1, 360, 640, None),
-    "up3 720p, 2 by height": (192, 96, 4, 1, 180, 640, "height"),
-    "up3 720p, 2 by width": (192, 96, 4, 1, 360, 320, "width"),
-    "up2 720p, 1 GPU": (384, 192, 2, 2, 180, 320, None),
-    "up2 720p, 2 by height": (384, 192, 2, 2, 90, 320, "height"),
-    "up2 720p, 2 by width": (384, 192, 2, 2, 180, 160, "width"),
-    "up1 720p, 1 GPU": (384, 192, 1, 2, 90, 160, None),
-    "up3 480p, 1 GPU": (192, 96, 4, 1, 240, 416, None),
-    "up3 480p, 2 by height": (192, 96, 4, 1, 120, 416, "height"),
-    "up3 480p, 2 by width": (192, 96, 4, 1, 240, 208, "width"),
-}
-
-
-def upsample_rows(args) -> list[dict]:
-    rows = []
-    print(f"{'shape':24} {'plan':10} {'tile':22} {'cuDNN ms':>9} {'kernel ms':>9} {'speed-up':>8} "
-          f"{'only ms':>8} {'TFLOP/s':>8} {'rel. diff':>9}")
-    for name, (cin, cout, frames, sub, h, w, axis) in UPSAMPLE_SHAPES.items():
-        if args.only and args.only not in name:
-            continue
-        torch.manual_seed(0)
-        src = torch.randn(frames, sub * cin, h, w, device="cuda", dtype=torch.bfloat16)
-        src = src.contiguous(memory_format=torch.channels_last)
-        weight = torch.randn(cout, cin, 3, 3, device="cuda", dtype=torch.bfloat16) / (9 * cin) ** 0.5
-        bias = torch.randn(cout, device="cuda", dtype=torch.bfloat16)
-        t = frames * sub
-        fr = src.unflatten(1, (sub, cin))  # (frames, sub, cin, h, w): frame f * sub + j
-        # the path without the kernel: upsampled into a zeroed buffer with the halo rows' room
-        hh, ww = (2, 0) if axis == "height" else (0, 2) if axis == "width" else (0, 0)
-        pad = (1 - hh // 2, 1 - ww // 2)
-        buf = torch.empty(t, cin, 2 * h + hh, 2 * w + ww, device="cuda", dtype=torch.bfloat16,
-                          memory_format=torch.channels_last).zero_()
-        core = buf[:, :, hh // 2 : hh // 2 + 2 * h, ww // 2 : ww // 2 + 2 * w]
-        target = core.unflatten(0, (frames, sub)).unflatten(-1, (w, 2)).unflatten(-3, (h, 2))
-
-        def baseline():
-            target.copy_(fr[..., None, :, None].expand(frames, sub, cin, h, 2, w, 2))
-            return fast.add_bias_(F.conv2d(buf, weight, None, 1, pad), bias)
-
-        want = baseline().clone()
-        halo = torch.empty(frames, sub * cin, h + hh, w + ww, device="cuda", dtype=torch.bfloat16,
-                           memory_format=torch.channels_last).zero_()
-        inner = halo[:, :, hh // 2 : hh // 2 + h, ww // 2 : ww // 2 + w]
-        top, left = hh // 2, ww // 2
-        gemm = conv_kernel.gemm_weight_of(weight)
-        cudnn = median_ms(baseline)
-        chosen = conv_kernel.upsample_plan(src, weight, sub, w)
-        tile = conv_kernel.UPSAMPLE_TILES[cout]
-        tiles = [chosen] if chosen else []
-        if args.sweep or not chosen:
-            tiles += [tile._replace(block_m=bm, stages=st, num_warps=8 if bm >= 128 else 4)
-                      for bm in (256, 128, 64) for st in (3, 4)]
-        flop = 2 * want.numel() * cin * 9
-        seen = set()
-        for how in tiles:
-            if how in seen:
-                continue
-            seen.add(how)
-
-            def run(how=how):
-                if axis is None:
-                    return conv_kernel.upsample_conv2d(src, sub, weight, bias, how, 0, 0, gemm)
-                inner.copy_(src)
-                return conv_kernel.upsample_conv2d(halo, sub, weight, bias, how, top, left, gemm)
-
-            try:
-                got = run()
-            except Exception as e:  # (a tile out of shared memory, say)
-                print(f"{name:24} {'-':10} {how.block_m}x{how.block_n}+{how.block_n2} s{how.stages}: {type(e).__name__}")
-                continue
-            diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
-            ms = median_ms(run)
-            only = median_ms(lambda how=how: conv_kernel.upsample_conv2d(halo if axis else src, sub, weight, bias, how,
-                                                                         top, left, gemm))
-            n = f"{how.block_n}+{how.block_n2}" if how.block_n2 else f"{how.block_n}"
-            label = "rows" + ("" if how == chosen else "*")
-            print(f"{name:24} {label:10} {how.block_m}x{n}x{how.block_k} s{how.stages} w{how.num_warps}".ljust(58)
-                  + f"{cudnn:9.3f} {ms:9.3f} {cudnn / ms:7.2f}x {only:8.3f} {flop / only / 1e9:8.0f} {diff:9.1e}",
-                  flush=True)
-            rows.append(dict(shape=name, cin=cin, cout=cout, frames=frames, sub=sub, h=h, w=w, axis=axis,
-                             planned=how == chosen, how=how._asdict(), cudnn_ms=cudnn, kernel_ms=ms, kernel_only_ms=only,
-                             speedup=cudnn / ms, tflops=flop / only / 1e9, rel_diff=diff))
-        del src, buf, halo, want
-    print("* not what conv_kernel.upsample_plan picks for this shape (it may leave the shape to the copy and cuDNN)")
-    return rows
 
 
 # box_conv tilings to time with --box-sweep, by output channels: 96 as the library runs it and with
@@ -303,7 +206,6 @@ def main() -> None:
     ap.add_argument("--only", help="the shapes whose name contains this text")
     ap.add_argument("--residual", action="store_true", help="add a bias and a residual in the same call")
     ap.add_argument("--norm", action="store_true", help="apply the next RMS norm + SiLU in the same call")
-    ap.add_argument("--upsample", action="store_true", help="the upsamplers' convolution instead (UPSAMPLE_SHAPES)")
     ap.add_argument("--front", action="store_true",
                     help="box_conv reading the causal cache where it lies against copying it in front (conv_kernel.Front)")
     ap.add_argument("--box-sweep", action="store_true",
@@ -312,8 +214,8 @@ def main() -> None:
     if args.residual and args.norm:
         ap.error("--residual or --norm, not both")
     torch.backends.cudnn.benchmark = True
-    if args.upsample or args.front:
-        rows = upsample_rows(args) if args.upsample else front_rows(args)
+    if args.front:
+        rows = front_rows(args)
         env = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, cudnn=torch.backends.cudnn.version())
         if args.json:
             with open(args.json, "w") as f:

@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vaeshard import comm as comm_mod
-from vaeshard import attention, conv_kernel, fast, policy, shard
+from vaeshard import attention, conv_kernel, fast, policy, shard, upsample
 try:
     from vaeshard import box_conv
 except ImportError:  # older trees
@@ -153,9 +153,10 @@ def cuda_kernels(box: bool = True):
     kernel each, which allocate nothing beyond their output (the eager CPU path makes fp32
     temporaries); the Triton convolution where `conv_kernel.plan` takes a convolution on CUDA,
     allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues),
-    and the upsamplers' convolution kernel where `conv_kernel.upsample_plan` takes one (its output
-    only), and the fast tier's attention (its scores buffer and output); its GEMM weights are made at a
-    process's first request and kept, so not counted."""
+    and the fast tier's attention (its scores buffer and output); its GEMM weights are made at a
+    process's first request and kept, so not counted (nor are the upsamplers' phase weights, made
+    before the modelled decode: `_decode`). The upsamplers' interleaving pass (upsample.py) allocates
+    nothing on CUDA or elsewhere."""
 
     def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
         return out if out is not None else torch.empty_like(x)
@@ -165,7 +166,6 @@ def cuda_kernels(box: bool = True):
 
     stand_ins = {"rms_norm": rms_norm, "add_bias_and_residual_": add_bias_and_residual_,
                  "add_bias_": lambda x, bias: x, "fused_bias_add_available": lambda x: True,
-                 "upsample_kernel_available": lambda x: fast.enabled() and fast._triton_convs.get(),
                  "attention_kernel_available": lambda q, k, v: fast.enabled()}
     saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
     for name in saved:
@@ -177,14 +177,8 @@ def cuda_kernels(box: bool = True):
         shape = conv_kernel.out_shape(x, weight, padding, *([front] if front is not None else []))  # (older trees)
         return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
 
-    def upsample_conv2d(src, sub, weight, bias, how, top=0, left=0, gemm_weight=None):
-        f, _, rows, cols = src.shape
-        return torch.empty((f * sub, weight.shape[0], 2 * (rows - 2 * top), 2 * (cols - 2 * left)), dtype=src.dtype,
-                           device=src.device, memory_format=torch.channels_last)
-
     kernel_stand_ins = {"runs_on": lambda x: True, "conv3d": conv3d, "cached_gemm_weight": lambda w: w,
-                        "cached_box_weight": lambda w: w,
-                        "upsample_conv2d": upsample_conv2d}
+                        "cached_box_weight": lambda w: w}
     kernel_saved = {name: getattr(conv_kernel, name) for name in kernel_stand_ins if hasattr(conv_kernel, name)}
     for name in kernel_saved:
         setattr(conv_kernel, name, kernel_stand_ins[name])
@@ -240,9 +234,18 @@ class CopiedBytes(TorchDispatchMode):
         return out
 
 
+def _keep_phase_weights(vae) -> None:
+    """The upsamplers' phase weights (upsample.py), made as a process's first request makes and keeps
+    them, before the modelled decode: not counted in it."""
+    for m in vae.modules():
+        if isinstance(m, torch.nn.Conv2d) and upsample.takes(m):
+            upsample.cached_phase_weight(m.weight)
+
+
 def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1, box: bool = True,
                  max_layer_frames: int | None = None) -> list[tuple[str, int, int]]:
     """(operation and source line, bytes written, calls) of one fast-tier decode on one rank, most bytes first."""
+    _keep_phase_weights(vae)
     with CopiedBytes() as copies:
         _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames, box)
     return sorted(((k, b, copies.calls[k]) for k, b in copies.bytes.items()), key=lambda r: -r[1])
@@ -253,6 +256,7 @@ def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step:
     """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
     what is alive then, by the source line that allocated it."""
     external = [*vae.parameters(), *vae.buffers(), z]
+    _keep_phase_weights(vae)
     with LiveBytes(external) as live:
         _decode(vae, z, ranks, axis, frames_per_step, max_layer_frames, box)
     return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])

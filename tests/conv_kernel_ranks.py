@@ -8,8 +8,8 @@ import torch
 def sharded_through_the_kernel(rank, world, mode, samples=1):
     """One rank of a sharded fp16 decode of the small Wan 2.1 through the Triton kernel, in Triton's
     interpreter (set before this process imported Triton): the kernel calls' (wrapping tiles?,
-    residual added in the epilogue?, next norm computed in the epilogue?), the upsampling kernel's
-    calls' halo (rows, columns), the (query, key) tokens of the fast tier's attention calls, and the
+    residual added in the epilogue?, next norm computed in the epilogue?), the upsamplers' phase
+    convolutions' halo (rows, columns), the (query, key) tokens of the fast tier's attention calls, and the
     max / mean difference to diffusers' fp32 decode; `samples` latents in one request."""
     import vaeshard
     from vaeshard import conv_kernel, triton_support
@@ -18,11 +18,11 @@ def sharded_through_the_kernel(rank, world, mode, samples=1):
 
     assert triton_support.interpreting()
     conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)  # the model's 32 channels
-    # the upsamplers' rows of 8 to 32 source columns per shard, on 16-voxel tiles
-    conv_kernel.UPSAMPLE_ROW_TILES, conv_kernel.UPSAMPLE_SLACK = (16,), 2.0
-    upsampled = []  # (halo rows, halo columns) of each upsampling convolution's source
-    up_kernel = conv_kernel.upsample_conv2d
-    conv_kernel.upsample_conv2d = lambda *a, **k: upsampled.append(a[5:7]) or up_kernel(*a, **k)
+    from vaeshard import upsample
+
+    upsampled = []  # (halo rows, halo columns) of each upsampling convolution's source (by phases)
+    by_phases = upsample.conv2d_by_phases
+    upsample.conv2d_by_phases = lambda *a, **k: upsampled.append(a[3]) or by_phases(*a, **k)
     calls = []
     kernel = conv_kernel.conv3d
     conv_kernel.conv3d = lambda *a, **k: calls.append(

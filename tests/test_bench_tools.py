@@ -219,17 +219,17 @@ def test_run_bench_refuses_bad_options_before_starting(options, match):
 def test_interleaved_ab_patch_sets_an_attribute_and_sets_it_back():
     # `--setting patch`: the attribute takes the expression's value for "on" and the library's for "off"
     ab = _load("interleaved_ab")
-    from vaeshard import conv_kernel
+    from vaeshard import fast
 
-    library = conv_kernel.upsample_plan
-    patch = ab.Patch.parse("vaeshard.conv_kernel:upsample_plan=lambda *a, **k: None")
+    library = fast.upsample_by_phases
+    patch = ab.Patch.parse("vaeshard.fast:upsample_by_phases=lambda x: False")
     try:
         patch.apply(True)
-        assert conv_kernel.upsample_plan is not library and conv_kernel.upsample_plan(0, 0, 1, 1) is None
+        assert fast.upsample_by_phases is not library and fast.upsample_by_phases(None) is False
         patch.apply(False)
-        assert conv_kernel.upsample_plan is library
+        assert fast.upsample_by_phases is library
     finally:
-        conv_kernel.upsample_plan = library
-    for wrong in ("vaeshard.conv_kernel:upsample_plan", "upsample_plan=None", "vaeshard.conv_kernel:=None"):
+        fast.upsample_by_phases = library
+    for wrong in ("vaeshard.fast:upsample_by_phases", "upsample_by_phases=None", "vaeshard.fast:=None"):
         with pytest.raises(ValueError, match="MODULE:ATTR=EXPR"):
             ab.Patch.parse(wrong)

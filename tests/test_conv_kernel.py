@@ -130,44 +130,6 @@ KERNEL_VALUES = textwrap.dedent(
     assert hasattr(conv.weight, "_vaeshard_gemm_weight")
     conv_kernel.forget_gemm_weights(conv)
     assert not hasattr(conv.weight, "_vaeshard_gemm_weight")
-    # the 3x3 convolution of the nearest 2x upsampling of frames, from the source frames: frames
-    # of `src`, or (sub = 2) the two channel halves of each, and halo rows or columns (sharded)
-    def upsampled_frames(src, sub, cin):
-        return src if sub == 1 else src.unflatten(1, (2, cin)).flatten(0, 1)
-
-    up_cases = [  # (frames, sub, Cin, Cout, rows, columns, top, left, plan)
-        (2, 1, 32, 24, 3, 16, 0, 0, ConvPlan(wrap=False, block_m=16, block_n=32)),  # one tile a row, 24 of 32
-        (1, 2, 32, 16, 4, 8, 0, 0, ConvPlan(wrap=False, block_m=16, block_n=16)),  # channel halves, half a tile
-        (2, 1, 32, 48, 3, 20, 1, 0, ConvPlan(wrap=False, block_m=16, block_n=32, block_n2=16)),  # by height
-        (1, 2, 64, 24, 3, 13, 0, 1, ConvPlan(wrap=False, block_m=16, block_n=16, block_n2=8, block_k=64)),  # by width
-    ]
-    for f, sub, cin, cout, rows, cols, top, left, how in up_cases:
-        dtype = torch.float16
-        src = torch.randn(f, sub * cin, rows + 2 * top, cols + 2 * left).to(dtype)
-        src = src.contiguous(memory_format=torch.channels_last)
-        weight = (torch.randn(cout, cin, 3, 3) / (9 * cin) ** 0.5).to(dtype)
-        for b in (None, torch.randn(cout).to(dtype)):
-            up = F.interpolate(upsampled_frames(src, sub, cin).float(), scale_factor=2, mode="nearest")
-            want = F.conv2d(up, weight.float(), None if b is None else b.float(), 1, 1)
-            # the halo rows (columns) are the neighbours': the output covers the rows between them
-            want = want[:, :, 2 * top : want.shape[2] - 2 * top, 2 * left : want.shape[3] - 2 * left]
-            got = conv_kernel.upsample_conv2d(src, sub, weight, b, how, top, left)
-            assert got.shape == want.shape and got.dtype == dtype, (got.shape, want.shape)
-            assert got.is_contiguous(memory_format=torch.channels_last)
-            err = (got.float() - want).abs()
-            assert bool((err <= want.abs() * 2.0 ** -10 + 1e-3).all()), ("upsample", f, sub, cin, cout, how,
-                                                                         err.max().item())
-    try:  # frames it cannot read where they lie
-        conv_kernel.upsample_conv2d(torch.zeros(1, 32, 4, 16, dtype=torch.float16),
-                                    1, torch.zeros(16, 32, 3, 3, dtype=torch.float16), None,
-                                    ConvPlan(wrap=False, block_m=16, block_n=16))
-    except ValueError as e:
-        assert "channels-last" in str(e)
-    else:
-        raise AssertionError("upsample_conv2d took frames that are not channels-last")
-    # its weight layout: taps in (h, w) order, then the input channels
-    w2 = torch.randn(8, 4, 3, 3)
-    assert torch.equal(conv_kernel.gemm_weight_of(w2)[(1 * 3 + 2) * 4 + 3], w2[:, 3, 1, 2])
     # two samples of one frame each, added to (and written into) a tensor laid out as an upsampler
     # leaves its output after one frame: (N, C, H, W) channels-last frames seen as (N, C, 1, H, W),
     # whose one-frame axis has the channels' stride: samples are a sample stride apart
@@ -207,12 +169,15 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     # the test model's 32-channel 3x3x3 convolutions (Wan's 96 / 384 scaled down) on tiles small
     # enough for its rows
     conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)
-    conv_kernel.UPSAMPLE_ROW_TILES = (16,)  # (the model's rows of 16 and 32 source columns)
     calls = []
     kernel = conv_kernel.conv3d
-    upsampled = []  # the upsamplers' convolutions: source frames' channel halves per frame (1 or 2)
-    up_kernel = conv_kernel.upsample_conv2d
-    conv_kernel.upsample_conv2d = lambda *a, **k: upsampled.append(a[1]) or up_kernel(*a, **k)
+    from vaeshard import upsample
+    phased = []  # the upsamplers' convolutions by phases (their interleaving pass on the Triton kernel)
+    by_phases, interleave = upsample.conv2d_by_phases, upsample._interleave_kernel
+    upsample.conv2d_by_phases = lambda *a, **k: phased.append(a[0].shape) or by_phases(*a, **k)
+    interleaved = []
+    upsample._interleave_kernel = type("Recorded", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **k: interleaved.append(grid) or interleave[grid](*a, **k))})()
     added = []  # calls that added their result to a residual (the residual blocks' conv2)
     normed = []  # calls that computed the next norm as they stored (the residual blocks' conv1)
     wraps = []  # whether each call took the wrapping tiles
@@ -256,9 +221,8 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     assert attended, "the attention did not run on the fast tier's own"
     assert any(added) and not all(added), "the residual blocks' conv2 did not add into the residual"
     assert any(normed) and not all(normed), "the residual blocks' conv1 did not compute norm2 in its epilogue"
-    # the 3-D upsamplers on the kernel from their source frames, after the time convolution (2) and
-    # on the first frame (1); the last upsampler's 16 input channels are not a step of 32: cuDNN
-    assert 1 in upsampled and 2 in upsampled, upsampled
+    # every upsampler by phases, their interleaving pass on the Triton kernel
+    assert phased and len(interleaved) == len(phased), (phased, interleaved)
     # max_layer_frames (the setting for the lowest peak): conv1's output is stored and the norm runs
     # after it, so only one convolution input is alive at a time
     vaeshard.parallelize(vae, max_layer_frames=2)
@@ -272,9 +236,9 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     err = (out.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     vaeshard.parallelize(vae, triton_convs=False)
-    taken, taken_up = len(calls), len(upsampled)
+    taken = len(calls)
     cudnn = vae.decode(z).sample
-    assert len(calls) == taken and len(upsampled) == taken_up, "triton_convs=False still ran the Triton kernels"
+    assert len(calls) == taken, "triton_convs=False still ran the Triton convolution kernel"
     err = (cudnn.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     # encoding takes the kernel too (the encoder's 32-channel blocks): against diffusers' fp32 encode
@@ -314,8 +278,8 @@ def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
 def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap, samples):
     # two gloo ranks running the Triton kernel in its interpreter (fp16): width shards take the
     # wrapping tiles, height shards the row tiles, the residual blocks' conv2 adds the residual in
-    # the epilogue, their conv1 computes norm2 in its epilogue, the upsamplers convolve their source
-    # frames with halo rows (columns) from the neighbours, the attention runs on the fast tier's own
+    # the epilogue, their conv1 computes norm2 in its epilogue, the upsamplers compute their phases
+    # from source frames with halo rows (columns) from the neighbours, the attention runs on the fast tier's own
     # (attention.py) with the rank's queries and the whole frame's keys, and the decode is within the
     # half-precision tolerance of diffusers' fp32 decode; with two samples in the request too (the
     # norm then runs after conv1: its epilogue writes one sample's frames), whose second sample the
@@ -330,7 +294,7 @@ def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap, 
         assert calls and all(w == wrap for w, _, _ in calls), calls
         # the mid block's attention: the rank's own query rows against the whole frame's keys
         assert attended and all(lq * 2 == lk for lq, lk in attended), attended
-        # the upsamplers read their source with one halo row (column) a side from the neighbour
+        # the upsamplers' phases read their source with one halo row (column) a side from the neighbour
         assert upsampled and all(halo == ((0, 1) if wrap else (1, 0)) for halo in upsampled), upsampled
         assert any(added for _, added, _ in calls), "no residual added in the kernel's epilogue"
         assert any(normed for _, _, normed in calls) == (samples == 1), "the norm in the kernel's epilogue"
@@ -405,47 +369,6 @@ def test_plan_leaves_the_rest_to_cudnn(monkeypatch, x, w, stride, padding, dilat
     assert conv_kernel.plan(x, w, stride, padding, dilation, groups) is None, why
 
 
-def _shape_src(shape, dtype=torch.bfloat16):
-    return torch.empty(shape, dtype=dtype, device="meta").contiguous(memory_format=torch.channels_last)
-
-
-@pytest.mark.parametrize(
-    "src, w, sub, width, block_m",
-    [
-        # Wan 2.1 720p: the last upsampler (192 -> 96 channels, 640 source columns), one GPU or by height
-        (_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (3, 3)), 1, 640, 256),
-        (_shape_src((4, 192, 182, 640)), _shape_w(96, 192, (3, 3)), 1, 640, 256),
-        (_shape_src((4, 192, 360, 320)), _shape_w(96, 192, (3, 3)), 1, 320, 128),  # by width
-        # the second and first (after their time convolutions: 2 x 384 channels, 320 and 160 columns)
-        (_shape_src((2, 768, 180, 320)), _shape_w(192, 384, (3, 3)), 2, 320, 64),
-        (_shape_src((1, 768, 90, 160)), _shape_w(192, 384, (3, 3)), 2, 160, 64),
-        (_shape_src((4, 192, 240, 416)), _shape_w(96, 192, (3, 3)), 1, 416, 256),  # 480p
-        (_shape_src((4, 192, 240, 208)), _shape_w(96, 192, (3, 3)), 1, 208, 256),  # 480p by width
-    ],
-)
-def test_upsample_plan_takes_the_decoder_shapes(monkeypatch, src, w, sub, width, block_m):
-    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
-    how = conv_kernel.upsample_plan(src, w, sub, width)
-    assert how is not None and how.block_m == block_m
-    assert how.block_n + how.block_n2 == w.shape[0] and w.shape[1] % how.block_k == 0
-    assert -(-width // how.block_m) * how.block_m <= conv_kernel.UPSAMPLE_SLACK * width
-
-
-@pytest.mark.parametrize(
-    "src, w, sub, width, why",
-    [
-        (_shape_src((2, 768, 90, 40)), _shape_w(192, 384, (3, 3)), 2, 40, "40 columns: a 64-voxel tile computes 64"),
-        (_shape_src((4, 192, 360, 640), torch.float32), _shape_w(96, 192, (3, 3), torch.float32), 1, 640, "fp32"),
-        (_shape_src((4, 16, 360, 640)), _shape_w(96, 16, (3, 3)), 1, 640, "16 input channels"),
-        (_shape_src((4, 192, 360, 640)), _shape_w(3, 192, (3, 3)), 1, 640, "3 output channels"),
-        (_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (1, 1)), 1, 640, "1x1 kernel"),
-        (_shape_src((4, 192, 360, 640)), _shape_w(96, 96, (3, 3)), 1, 640, "channels not those of the weight"),
-        (_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (3, 3)), 3, 640, "three frames per source frame"),
-    ],
-)
-def test_upsample_plan_leaves_the_rest_to_the_copy_and_cudnn(monkeypatch, src, w, sub, width, why):
-    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
-    assert conv_kernel.upsample_plan(src, w, sub, width) is None, why
 
 
 @pytest.mark.parametrize(
@@ -471,7 +394,6 @@ def test_zero_columns_where_the_row_tiles_do_not_fit(monkeypatch, cout, width, w
 
 
 def test_plan_needs_cuda_or_the_interpreter():
-    assert conv_kernel.upsample_plan(_shape_src((4, 192, 360, 640)), _shape_w(96, 192, (3, 3)), 1, 640) is None
     assert conv_kernel.plan(_shape_x((1, 96, 6, 720, 642)), _shape_w(96, 96), 1, (0, 1, 0), 1, 1) is None
     assert not conv_kernel.wants_zero_columns(_shape_x((1, 96, 6, 480, 832)), _shape_w(96, 96), 832)
 
@@ -500,30 +422,6 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
         "yd": f"tensordesc<bf16[1, 1, {bm}, {bn}]>", "wd2": f"tensordesc<bf16[{bk}, {bn2 or bn}]>",
         "yd2": f"tensordesc<bf16[1, 1, {bm}, {bn2 or bn}]>", "y_ptr": "*bf16", "b_ptr": "*bf16",
         "g_ptr": "*bf16", "nb_ptr": "*bf16", "p_ptr": "*bf16", "scale": "fp32", "eps": "fp32",
-    }
-    names = kernel.arg_names
-    types = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
-    source = ASTSource(kernel, types, constexprs={(names.index(c),): v for c, v in constants.items()})
-    compiled = triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": how.num_warps})
-    ptx = compiled.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-
-
-@pytest.mark.parametrize("cout, cin, block_m", [(96, 192, 256), (96, 192, 128), (192, 384, 64)])
-def test_upsample_conv_kernel_compiles_for_hopper(cout, cin, block_m):
-    # the upsamplers' kernel with the tiles `upsample_plan` picks for Wan 2.1, compiled for sm_90
-    pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
-
-    how = conv_kernel.UPSAMPLE_TILES[cout]._replace(block_m=block_m, num_warps=8 if block_m >= 128 else 4)
-    bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
-    kernel = conv_kernel._upsample_conv3x3_kernel
-    constants = dict(CIN=cin, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, HAS_BIAS=True, STAGES=how.stages)
-    types = {
-        "xd": f"tensordesc<bf16[1, 1, {bm}, {bk}]>", "wd": f"tensordesc<bf16[{bk}, {bn}]>",
-        "yd": f"tensordesc<bf16[1, 1, {bm}, 1, {bn}]>", "wd2": f"tensordesc<bf16[{bk}, {bn2}]>",
-        "yd2": f"tensordesc<bf16[1, 1, {bm}, 1, {bn2}]>", "b_ptr": "*bf16",
     }
     names = kernel.arg_names
     types = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}

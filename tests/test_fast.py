@@ -262,32 +262,33 @@ def test_hooks_on_a_fast_blocks_layers_still_run(where):
 
 
 def _sharded_block_bits(rank, world, model, shape, mode):
+    from unittest import mock
+
     import vaeshard
-    from vaeshard import shard
+    from vaeshard import fast, shard
+    from vaeshard.comm import Comm
     from vaeshard.families import wan
 
-    from vaeshard.comm import Comm
-
-    from vaeshard import fast
-
-    fast.upsample_by_phases = lambda x: False  # (this rank process only; by phases: test_upsampling_by_phases_sharded)
-    vae = vaeshard.parallelize(build(model), mode=mode)
-    z = latent(shape)
+    # (patched for this call only: the rank processes serve later tests; the upsamplers by phases
+    # compute otherwise: test_upsampling_by_phases_sharded)
     exchanges, fill_halo = [], Comm.fill_halo
-    Comm.fill_halo = lambda self, *a: exchanges.append(1) or fill_halo(self, *a)  # this rank process only
-    one_exchange = vae.decode(z).sample  # residual blocks make one halo exchange each
-    one = len(exchanges)
     possible, real = [], wan._one_exchange
-    wan._one_exchange = lambda block, x: possible.append(real(block, x)) and False
-    with_blocks = vae.decode(z).sample  # two exchanges per block, where diffusers' forward makes them
-    assert any(possible) and len(exchanges) - one == one + sum(possible)  # one exchange fewer per block
-    mixins = (wan.FastUpsample, wan.FastResidualBlock) + ((wan.FastResidualUpBlock,) if model == "wan22" else ())
-    for mixin in mixins:  # one kind of block at a time back to diffusers' forward
-        blocks = [m for m in vae.modules() if isinstance(m, mixin)]
-        assert blocks
-        for block in blocks:
-            shard.unswap(block)
-        assert torch.equal(with_blocks, vae.decode(z).sample), mixin.__name__
+    with mock.patch.object(fast, "upsample_by_phases", lambda x: False), \
+            mock.patch.object(Comm, "fill_halo", lambda self, *a: exchanges.append(1) or fill_halo(self, *a)):
+        vae = vaeshard.parallelize(build(model), mode=mode)
+        z = latent(shape)
+        one_exchange = vae.decode(z).sample  # residual blocks make one halo exchange each
+        one = len(exchanges)
+        with mock.patch.object(wan, "_one_exchange", lambda block, x: possible.append(real(block, x)) and False):
+            with_blocks = vae.decode(z).sample  # two exchanges per block, where diffusers' forward makes them
+            assert any(possible) and len(exchanges) - one == one + sum(possible)  # one exchange fewer per block
+            mixins = (wan.FastUpsample, wan.FastResidualBlock) + ((wan.FastResidualUpBlock,) if model == "wan22" else ())
+            for mixin in mixins:  # one kind of block at a time back to diffusers' forward
+                blocks = [m for m in vae.modules() if isinstance(m, mixin)]
+                assert blocks
+                for block in blocks:
+                    shard.unswap(block)
+                assert torch.equal(with_blocks, vae.decode(z).sample), mixin.__name__
     with torch.no_grad():
         plain = build(model).decode(z).sample
     # computing the rows conv2 needs in conv1 (a convolution over two more rows) may round otherwise

@@ -23,15 +23,18 @@ outside a vaeshard request always sees the original layers. What changes in the 
   (`attention.py`: the scores by one fp32-output matrix product per block of queries, their softmax
   by a Triton kernel, then the product with V) instead of PyTorch's memory-efficient kernel, which
   is the one PyTorch has for its 384-channel head.
-- Nearest 2x upsampling runs in the input dtype (exact: it only copies values) instead of fp32; on
-  CUDA, where `conv_kernel.upsample_plan` takes the 3x3 convolution after it (Wan's upsamplers), one
-  Triton kernel reads the source frames and computes that convolution of their upsampling, which is
-  never stored (`upsample_plan`, `conv_kernel.upsample_conv2d`).
+- The 3x3 convolution after a nearest 2x upsampling (Wan's upsamplers) is computed from the source
+  frames by its four phases (upsample.py: one convolution of 2x2 taps into four times the output
+  channels, then one pass that interleaves them and adds the bias), so the upsampled frames are
+  never made and each output takes 16 products per input channel instead of 36; the phases'
+  weights are sums of the 3x3 taps rounded to the weight's dtype (`upsample_by_phases`). Where it
+  does not apply, the upsampling runs in the input dtype (exact: it only copies values) instead of
+  fp32, written straight into the convolution's input buffer.
 - A residual block's first convolution leaves out its bias and the fused norm after it adds the bias
   as it loads the values, rounding the sum to the tensor dtype as PyTorch's separate bias add does
   (on CUDA, PyTorch adds a cuDNN convolution's bias in a second pass), so one pass over the
   convolution's output is saved.
-- Every other convolution the fast tier runs (upsamplers, shortcuts, the causal convolutions outside
+- Every other convolution the fast tier runs (shortcuts, the causal convolutions outside
   residual blocks) gets its bias from `add_bias_` on CUDA: the same single rounding as PyTorch's own
   bias pass, in one vectorised pass over the channels-last output instead of PyTorch's broadcasting
   kernel.
@@ -380,37 +383,13 @@ def zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> bool:
     return _kernels_on() and conv_kernel.wants_zero_columns(like, weight, width)
 
 
-def upsample_kernel_available(x: torch.Tensor) -> bool:
-    """Whether the upsampling convolution's Triton kernel may run on `x`'s device in this request
-    (fast tier, triton_convs, CUDA or the interpreter): `upsample_plan` then decides per call."""
-    return _kernels_on() and runs_on(x)
-
-
 def upsample_by_phases(x: torch.Tensor) -> bool:
     """Whether, in this request, the 3x3 convolution after a nearest 2x upsampling of `x`'s frames
-    runs by phases from the source (upsample.py, `HaloConv2d.forward_by_phases`) where the Triton
-    kernel does not take it (`upsample_plan`): the fast tier, on every device."""
+    runs by phases from the source (upsample.py, `HaloConv2d.forward_by_phases`): the fast tier, on
+    every device. (Wan 2.1 and 2.2 at 720p on an H200: 1.211 against 1.267 s for the Triton kernel that
+    read the source for all nine taps, 3.090 against 3.339 s for the upsampled copy and cuDNN;
+    BENCHMARKS.md.)"""
     return _fast.get()
-
-
-def upsample_plan(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,
-                  width: int) -> conv_kernel.ConvPlan | None:
-    """The Triton kernel's plan for a 3x3 convolution of the nearest 2x upsampling of `src`'s frames
-    in this request (`conv_kernel.upsample_plan`), or None: not the fast tier, triton_convs off, a
-    bias of another dtype, or a convolution the kernel leaves to the upsampled copy and cuDNN."""
-    if upsample_kernel_available(src) and (bias is None or bias.dtype == src.dtype):
-        return conv_kernel.upsample_plan(src, weight, sub, width)
-    return None
-
-
-def upsample_conv2d(src: torch.Tensor, sub: int, weight: torch.Tensor, bias: torch.Tensor | None,
-                    how: conv_kernel.ConvPlan, top: int = 0, left: int = 0) -> torch.Tensor:
-    """`conv_kernel.upsample_conv2d` for a plan from `upsample_plan`, with the weight's GEMM layout
-    kept on the weight (`conv_kernel.cached_gemm_weight`); frames it cannot read where they lie are
-    copied channels-last first (CUDA convolutions give channels-last frames: not there)."""
-    if not conv_kernel.takes_source(src):
-        src = src.contiguous(memory_format=torch.channels_last)
-    return conv_kernel.upsample_conv2d(src, sub, weight, bias, how, top, left, conv_kernel.cached_gemm_weight(weight))
 
 
 def norm_in_epilogue(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args, front=None):

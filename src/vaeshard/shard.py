@@ -423,33 +423,11 @@ class HaloConv2d:
         return fast_tier.conv_with_bias(F.conv2d, buf, self.weight, self.bias, self.stride, (pad_h, pad_w),
                                         self.dilation, self.groups)
 
-    def forward_upsampled(self, src: torch.Tensor, sub: int) -> torch.Tensor | None:
-        """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds
-        (`conv_kernel.upsample_conv2d`: a channels-last (F, sub * Cin, h, w) tensor whose frame f, or
-        with `sub` = 2 whose channel halves of frame f, are frames f, or 2 f and 2 f + 1), as one
-        Triton kernel that never stores the upsampled frames; None where `fast.upsample_plan` does not
-        take it (the caller upsamples into `input_buffer` then). Sharded, the source gets one halo row
-        a side, received from the neighbours (zeros at the global edges): the upsampled rows the
-        padding covers are the nearest copies of those."""
-        if self.padding != (1, 1) or self.kernel_size != (3, 3) or self.stride != (1, 1) or self.dilation != (1, 1):
-            return None
-        if self.groups != 1 or self.padding_mode != "zeros":
-            return None
-        ctx = current()
-        how = fast_tier.upsample_plan(src, sub, self.weight, self.bias, src.shape[-1])
-        if how is None:
-            return None
-        top = left = 0
-        if ctx is not None:  # the source's halo rows: one a side (this convolution's) covers the upsampled padding row
-            buf, core = self.input_buffer(src)
-            copy_frames(core, src, 0)
-            src = ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
-            top, left = (1, 0) if ctx.axis == HEIGHT else (0, 1)
-        return fast_tier.upsample_conv2d(src, sub, self.weight, self.bias, how, top, left)
-
     def forward_by_phases(self, src: torch.Tensor, sub: int, limit: int | None = None) -> torch.Tensor | None:
-        """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds (as
-        `forward_upsampled`: (F, sub * Cin, h, w), channel halves as frames with `sub` = 2), computed
+        """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds (a
+        channels-last (F, sub * Cin, h, w) tensor whose frame f, or with `sub` = 2 whose channel
+        halves of frame f, are frames f, or 2 f and 2 f + 1: an upsampling time convolution's
+        output), computed
         from the source by its four phases (upsample.py: one convolution of 2x2 taps into 4 x Cout
         channels and one pass that interleaves them and adds the bias), so the upsampled frames are
         never made; a channels-last (F * sub, Cout, 2 h, 2 w) tensor. None where this is no 3x3

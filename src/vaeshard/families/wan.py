@@ -459,16 +459,17 @@ class FastUpsample:
     Fast tier, inference only. diffusers interleaves the time convolution's two channel halves into
     twice the frames (`torch.stack`), lays the frames out as a batch (a second copy), upsamples them
     (a third tensor, 4x the input) and, sharded, copies that into a halo-padded input (a fourth).
-    Here, where the Triton kernel takes the 3x3 convolution (CUDA: `HaloConv2d.forward_upsampled`,
-    conv_kernel.upsample_conv2d), it reads the source frames where they lie (the time convolution's
-    channel halves included) and computes the convolution of their upsampling, which is never
-    stored: the products of the convolution of the upsampled frames, summed in another order (the
-    fast tier's tolerance). Elsewhere the frames are upsampled straight from their (strided) source
-    into the 3x3 convolution's channels-last input buffer, between the halo rows: one copy. That
+    Here the 3x3 convolution is computed from the source frames by its four phases
+    (`HaloConv2d.forward_by_phases`, upsample.py; `fast.upsample_by_phases`): the upsampled frames
+    are never made, the source is copied only to take the time convolution's channel halves apart
+    or, sharded, into a buffer with its halo rows, and each output takes 16 products per input
+    channel instead of 36 (the fast tier's tolerance: the phases' weights are rounded sums of
+    taps). Where that is off, the frames are upsampled straight from their (strided) source into
+    the 3x3 convolution's channels-last input buffer, between the halo rows: one copy; that
     convolution sees the same input, shapes and layout as without this mixin, so the values are the
-    same bits; nearest 2x upsampling only copies values. With `max_layer_frames` set, the frames
-    are then upsampled and convolved one source frame at a time into one output (no cache joins
-    them). The feature-cache
+    same bits (nearest 2x upsampling only copies values). With `max_layer_frames` set, the frames
+    are upsampled and convolved (or their phases computed) one source frame at a time into one
+    output (no cache joins them). The feature-cache
     bookkeeping is diffusers' own (`WanResample.forward`, unchanged from diffusers 0.36 to 0.42),
     the time convolution's cache overwritten in place as in the residual blocks.
     """
@@ -493,16 +494,11 @@ class FastUpsample:
                 t *= 2
             feat_idx[0] += 1
         conv = self.resample[1]
-        # on CUDA (conv_kernel.upsample_plan), one kernel convolves the upsampled frames straight from
-        # x: each frame of x, or after the time convolution each half of its channels, is a frame
-        if fast.upsample_kernel_available(x):
-            src = x.transpose(1, 2).flatten(0, 1)  # (a view of channels-last x, as CUDA convolutions give)
-            y = conv.forward_upsampled(src, x.shape[1] // c)
-            if y is not None:
-                return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
         limit = fast.max_layer_frames()
         if fast.upsample_by_phases(x):  # from the source by phases (upsample.py): no upsampled frames
-            y = conv.forward_by_phases(x.transpose(1, 2).flatten(0, 1), x.shape[1] // c, limit)
+            # each frame of x, or after the time convolution each half of its channels, is a frame
+            src = x.transpose(1, 2).flatten(0, 1)  # (a view of channels-last x, as the convolutions give)
+            y = conv.forward_by_phases(src, x.shape[1] // c, limit)
             if y is not None:
                 return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
         if limit is None or t <= limit:
