@@ -203,6 +203,91 @@ INTERLEAVE_CHECK = textwrap.dedent(
 )
 
 
+ADDEND_CHECK = textwrap.dedent(
+    """
+    import torch
+    from vaeshard import fast, upsample
+    torch.manual_seed(0)
+    # the shortcut added as the phases are interleaved: the bits of the interleave, then
+    # fast.add_duplicated_ (itself checked against diffusers' DupUp3D), at Wan 2.2's two kinds of up
+    # block (time and space, 8 repeats; space only, 2 repeats), two samples, the output's frames
+    # seen from an offset (a part of them, as max_layer_frames gives)
+    for dtype in (torch.float16, torch.float32):
+        for cin, cout, ft, repeats in ((16, 16, 2, 8), (16, 8, 1, 2)):
+            n, t, h, w = 2, 2, 3, 5
+            src = torch.randn(n, cin, t, h, w, dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
+            y = torch.randn(n * t * ft, 4 * cout, h + 1, w + 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+            bias = torch.randn(cout, dtype=dtype)
+            out = torch.empty(n * t * ft, cout, 2 * h, 2 * w, dtype=dtype).contiguous(memory_format=torch.channels_last)
+            upsample.interleave_phases(y, bias, out)
+            want = out.view(n, t * ft, cout, 2 * h, 2 * w).transpose(1, 2)
+            assert fast.add_duplicated_(want, src, ft, 2, repeats)
+            addend = upsample.Addend(src, ft, 2, repeats, frames=t * ft)
+            assert upsample.takes_addend(out, addend)
+            got = upsample.interleave_phases(y, bias, torch.empty_like(out), addend)
+            assert torch.equal(got.view(n, t * ft, cout, 2 * h, 2 * w).transpose(1, 2), want), (dtype, cin, cout)
+            part = torch.empty_like(out)[3:]
+            upsample.interleave_phases(y[3:], bias, part, addend._replace(first=3))
+            assert torch.equal(part, got[3:]), ("part", dtype, cin, cout)
+            wrong = upsample.interleave_phases(y, bias, torch.empty_like(out), addend._replace(repeats=repeats // 2))
+            assert not torch.equal(wrong, got)  # the channel map matters
+    print("addend ok")
+    """
+)
+
+DECODE_WITH_ADDEND = textwrap.dedent(
+    """
+    import torch
+    import vaeshard
+    from tests.models import build, latent
+    from vaeshard import fast, upsample
+    from vaeshard.families import wan
+    added = []
+    interleave = upsample.interleave_phases
+    upsample.interleave_phases = lambda y, b, out, addend=None: added.append(addend is not None) or interleave(y, b, out, addend)
+    vae = build("wan22")
+    z = latent((2, 4, 3, 2, 3))
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    for settings in ({}, {"max_layer_frames": 2}):
+        vaeshard.parallelize(vae, **settings)
+        added.clear()
+        fused = vae.decode(z).sample
+        assert any(added), added  # the up blocks' shortcut, after the first decoder call
+        dup_addend, wan._dup_addend = wan._dup_addend, lambda *a: None
+        added.clear()
+        apart = vae.decode(z).sample
+        wan._dup_addend = dup_addend
+        assert not any(added)
+        assert torch.equal(fused, apart), settings
+        assert (fused - ref).abs().max() <= 1e-5
+    print("decode ok")
+    """
+)
+
+
+def test_interleave_kernel_adds_the_duplicating_shortcut():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", ADDEND_CHECK], capture_output=True, text=True, env=env, timeout=240)
+    assert run.returncode == 0 and "addend ok" in run.stdout, run.stdout + run.stderr
+    run = subprocess.run([sys.executable, "-c", DECODE_WITH_ADDEND], capture_output=True, text=True, env=env,
+                         timeout=280, cwd=root)
+    assert run.returncode == 0 and "decode ok" in run.stdout, run.stdout + run.stderr
+
+
+def test_addend_only_where_the_triton_pass_runs():
+    from vaeshard import upsample
+
+    src = torch.zeros(1, 8, 2, 3, 3).contiguous(memory_format=torch.channels_last_3d)
+    like = torch.zeros(4, 8, 6, 6)
+    addend = upsample.Addend(src, 2, 2, 8, frames=4)
+    assert not upsample.takes_addend(like, addend)  # CPU without the interpreter: the block adds it after
+    with pytest.raises(ValueError, match="addend"):
+        upsample.interleave_phases(torch.zeros(4, 32, 4, 4), None, torch.zeros(4, 8, 6, 6), addend)
+
+
 def test_interleave_kernel_through_the_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
@@ -219,8 +304,8 @@ def test_interleave_kernel_compiles_for_hopper():
 
     kernel = upsample._interleave_kernel
     names = kernel.arg_names
-    for has_bias in (True, False):
-        constants = dict(HAS_BIAS=has_bias, BLOCK_V=32, BLOCK_C=128)
+    for has_bias, add in ((True, False), (False, False), (True, True)):
+        constants = dict(HAS_BIAS=has_bias, ADD=add, FT=2, FS=2, PER=1, REPEATS=8, BLOCK_V=32, BLOCK_C=128)
         types = {n: "*bf16" if n.endswith("_ptr") else "constexpr" if n in constants else "i64" for n in names}
         source = ASTSource(kernel, types, constexprs={(names.index(c),): v for c, v in constants.items()})
         assert len(triton_compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]) > 0

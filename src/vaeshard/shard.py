@@ -423,7 +423,8 @@ class HaloConv2d:
         return fast_tier.conv_with_bias(F.conv2d, buf, self.weight, self.bias, self.stride, (pad_h, pad_w),
                                         self.dilation, self.groups)
 
-    def forward_by_phases(self, src: torch.Tensor, sub: int, limit: int | None = None) -> torch.Tensor | None:
+    def forward_by_phases(self, src: torch.Tensor, sub: int, limit: int | None = None,
+                          addend: upsample.Addend | None = None) -> torch.Tensor | None:
         """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds (a
         channels-last (F, sub * Cin, h, w) tensor whose frame f, or with `sub` = 2 whose channel
         halves of frame f, are frames f, or 2 f and 2 f + 1: an upsampling time convolution's
@@ -435,7 +436,8 @@ class HaloConv2d:
         them out of channel halves, or sharded into a buffer with one halo row a side (received
         from the neighbours, zeros at the global edges), which replaces the padding on that axis.
         `limit` (max_layer_frames): the phases of at most that many output frames at a time (at
-        least one source frame's)."""
+        least one source frame's). `addend` (`upsample.takes_addend`; its `first` is the output's
+        first frame): added as the phases are interleaved."""
         if not upsample.takes(self):
             return None
         ctx = current()
@@ -456,7 +458,8 @@ class HaloConv2d:
                 else:
                     copy_frames(core, part, 0)
                 part = buf if ctx is None else ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
-            upsample.conv2d_by_phases(part, self.weight, self.bias, halo, phases, out=out[a * sub : (a + n) * sub])
+            upsample.conv2d_by_phases(part, self.weight, self.bias, halo, phases, out=out[a * sub : (a + n) * sub],
+                                      addend=None if addend is None else addend._replace(first=addend.first + a * sub))
             del part
         return out
 

@@ -9,7 +9,9 @@ side; phase (p, q) is its channel block 2 p + q, rows p ... p + h - 1, columns q
 computes 16 products per output voxel and input channel instead of 36, the upsampled frames (four
 times the source) are never made, and one pass (`interleave_phases`: a Triton kernel where it runs,
 PyTorch's strided adds elsewhere) puts the phases' voxels in place and adds the bias, rounding
-once, as PyTorch's bias pass after a cuDNN convolution rounds.
+once, as PyTorch's bias pass after a cuDNN convolution rounds; where the upsampled frames get a
+duplicating shortcut added next (Wan 2.2's up blocks), that pass adds it too (`Addend`), rounding as
+the separate add would.
 
 The values differ from the convolution of the upsampled frames by the rounding of the summed
 weights to the weight's dtype and by the order of the sums (the fast tier's tolerance; the exact
@@ -20,6 +22,8 @@ no padding: the halo rows are the rows the padding would have read.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +33,32 @@ _PHASE_WEIGHT = "_vaeshard_phase_weight"
 
 # Per axis: the source taps (rows) of phase 0 and 1, each a sum of the 3x3 kernel's taps there.
 _TAPS = (((0,), (1, 2)), ((0, 1), (2,)))
+
+
+class Addend(NamedTuple):
+    """A duplicating shortcut's source (Wan 2.2's `DupUp3D`) that the interleaving pass adds into the
+    upsampled frames as it stores them: output voxel (sample n, channel c, frame t * factor_t + i, row
+    h * factor_s + j, column w * factor_s + k) gets src[n, c * per + q // repeats, t, h, w], with q = (i
+    * factor_s + j) * factor_s + k and per = factor_t * factor_s^2 / repeats (fast.add_duplicated_'s
+    map), rounded once more after the bias, as the separate add rounds. `frames`: output frames per
+    sample; `first`: the output frame (over samples and frames) the output tensor's first frame is."""
+
+    src: torch.Tensor
+    factor_t: int
+    factor_s: int
+    repeats: int
+    frames: int
+    first: int = 0
+
+
+def takes_addend(like: torch.Tensor, addend: Addend) -> bool:
+    """Whether the interleaving pass for output frames like `like` (channels-last, its dtype) adds
+    `addend` as it stores: where the Triton kernel runs, one dtype, the source 5-D with dense
+    channels, and repeats that divide the sub-voxels."""
+    src = addend.src
+    factor = addend.factor_t * addend.factor_s**2
+    return (runs_on(like) and src.dtype == like.dtype and src.dim() == 5 and src.stride(1) == 1
+            and factor % addend.repeats == 0)
 
 
 def takes(conv: torch.nn.Conv2d) -> bool:
@@ -75,14 +105,15 @@ def forget_phase_weights(module: torch.nn.Module) -> None:
 
 def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      halo: tuple[int, int] = (0, 0), phases: torch.Tensor | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, addend: Addend | None = None) -> torch.Tensor:
     """`F.conv2d(F.interpolate(src, scale_factor=2, mode="nearest"), weight, bias, padding=1)` for a
     3x3 `weight` (`takes`), by phases: a channels-last (F, Cout, 2 h, 2 w) tensor, or written into
     `out` (a tensor of that shape, say frames of a larger one), which is returned.
 
     `src`: (F, Cin, h + 2 halo[0], w + 2 halo[1]) frames; `halo` (0 or 1 per axis): rows (columns)
     a side that are the neighbours' source rows (a sharded axis), taken instead of padding.
-    `phases`: `phase_weight(weight)`, if the caller keeps it."""
+    `phases`: `phase_weight(weight)`, if the caller keeps it. `addend`: added as the phases are
+    interleaved (`interleave_phases`)."""
     if weight.shape[2:] != (3, 3) or src.dim() != 4 or any(h not in (0, 1) for h in halo):
         raise ValueError(f"conv2d_by_phases: a 3x3 weight, (F, C, H, W) frames and halos of 0 or 1, got "
                          f"{tuple(weight.shape)}, {tuple(src.shape)}, {halo}")
@@ -96,26 +127,39 @@ def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
         out = torch.empty(shape, dtype=y.dtype, device=y.device, memory_format=torch.channels_last)
     elif tuple(out.shape) != shape:
         raise ValueError(f"conv2d_by_phases: out has the shape {tuple(out.shape)}, {shape} expected")
-    return interleave_phases(y, bias, out)
+    return interleave_phases(y, bias, out, addend)
 
 
-def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
+                      addend: Addend | None = None) -> torch.Tensor:
     """out[f, c, 2 i + p, 2 j + q] = y[f, (2 p + q) Cout + c, i + p, j + q] + bias[c], rounded once;
     returns `out`. One Triton pass where it runs (CUDA, or the interpreter) and both tensors are
-    channels-last with dense channels; else four strided adds (or copies), the same bits."""
+    channels-last with dense channels; else four strided adds (or copies), the same bits. `addend`
+    (only where `takes_addend`; ValueError otherwise): its source added into each voxel as stored,
+    rounded once more."""
     f, cout, rows2, cols2 = out.shape
+    if addend is not None and not takes_addend(out, addend):
+        raise ValueError("interleave_phases: the interleaving pass cannot add this addend (takes_addend)")
     if (runs_on(out) and out.numel() and y.dtype == out.dtype and out.stride(1) == 1 and y.stride(1) == 1
             and (bias is None or bias.dtype == out.dtype)):
         block_c = min(128, triton.next_power_of_2(cout))
         block_v = max(1, 4096 // block_c)
         voxels = rows2 * cols2
         grid = (triton.cdiv(voxels, block_v), triton.cdiv(cout, block_c), f)
+        a = addend
+        ss = a.src.stride() if a is not None else (0,) * 5
         _interleave_kernel[grid](
-            out, y, bias if bias is not None else y, voxels, cout, cols2, out.stride(0), out.stride(2), out.stride(3),
-            y.stride(0), y.stride(2), y.stride(3), HAS_BIAS=bias is not None, BLOCK_V=block_v, BLOCK_C=block_c,
-            num_warps=4,
+            out, y, bias if bias is not None else y, a.src if a is not None else y, voxels, cout, cols2,
+            out.stride(0), out.stride(2), out.stride(3), y.stride(0), y.stride(2), y.stride(3),
+            a.frames if a is not None else 1, a.first if a is not None else 0, ss[0], ss[2], ss[3], ss[4],
+            HAS_BIAS=bias is not None, ADD=a is not None, FT=a.factor_t if a is not None else 1,
+            FS=a.factor_s if a is not None else 1,
+            PER=(a.factor_t * a.factor_s**2 // a.repeats) if a is not None else 1,
+            REPEATS=a.repeats if a is not None else 1, BLOCK_V=block_v, BLOCK_C=block_c, num_warps=4,
         )
         return out
+    if addend is not None:
+        raise ValueError("interleave_phases: an addend needs the Triton pass (dense channels, one dtype)")
     rows, cols = rows2 // 2, cols2 // 2
     for p in range(2):
         for q in range(2):
@@ -131,11 +175,14 @@ def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
 if triton is not None:
 
     @triton.jit
-    def _interleave_kernel(out_ptr, y_ptr, b_ptr, V, C, W2, sof, soh, sow, syf, syh, syw,
-                           HAS_BIAS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _interleave_kernel(out_ptr, y_ptr, b_ptr, s_ptr, V, C, W2, sof, soh, sow, syf, syh, syw,
+                           T2, FIRST, ssn, sst, ssh, ssw,
+                           HAS_BIAS: tl.constexpr, ADD: tl.constexpr, FT: tl.constexpr, FS: tl.constexpr,
+                           PER: tl.constexpr, REPEATS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
         # a program takes BLOCK_V output voxels (of frame program_id(2)) and BLOCK_C channels; output
         # voxel (r, s) = (2 i + p, 2 j + q) is phase 2 p + q's voxel (i + p, j + q), both tensors with
-        # dense channels (stride 1); the bias added in fp32, rounded once
+        # dense channels (stride 1); the bias added in fp32, rounded once; with ADD, the addend's
+        # source voxel (Addend) added in fp32 and rounded again
         dt = out_ptr.dtype.element_ty
         fr = tl.program_id(2).to(tl.int64)
         v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -151,4 +198,12 @@ if triton is not None:
         if HAS_BIAS:
             b = tl.load(b_ptr + c, mask=c < C, other=0.0).to(tl.float32)
             x = (x.to(tl.float32) + b[None, :]).to(dt)
+        if ADD:
+            g = FIRST + fr  # the output frame over samples and frames
+            n = g // T2
+            t2 = g % T2
+            sv = ((t2 % FT) * FS + r % FS) * FS + s % FS  # the sub-voxel
+            src_at = n * ssn + (t2 // FT) * sst + (r // FS) * ssh + (s // FS) * ssw + sv // REPEATS
+            a = tl.load(s_ptr + src_at[:, None] + (c * PER)[None, :], mask=mask, other=0.0)
+            x = (x.to(tl.float32) + a.to(tl.float32)).to(dt)
         tl.store(out_ptr + out_at[:, None] + c[None, :], x, mask=mask)

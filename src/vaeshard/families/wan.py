@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .. import conv_kernel, fast, graphs, shard
+from .. import conv_kernel, fast, graphs, shard, upsample
 from ..tile import TileGrid, TileOps
 from .base import Family, frames_out, with_tiling_off
 
@@ -477,6 +477,12 @@ class FastUpsample:
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
         if not (self.mode in ("upsample2d", "upsample3d") and _fast_path(self)):
             return super().forward(x, feat_cache, feat_idx)
+        return self.upsample(x, feat_cache, feat_idx)[0]
+
+    def upsample(self, x, feat_cache=None, feat_idx=None, shortcut=None) -> tuple[torch.Tensor, bool]:
+        """The fast forward (the caller has checked `_fast_path` and the mode): (the output, whether
+        `shortcut`, a (DupUp3D, its source) pair, was added into it as the phases were interleaved
+        (`_dup_addend`; else the caller adds it))."""
         b, c, t, h, w = x.shape
         frames = x.permute(0, 2, 1, 3, 4)  # (b, t, c, h, w): diffusers' batch of frames, not copied
         if self.mode == "upsample3d" and feat_cache is not None:
@@ -498,9 +504,10 @@ class FastUpsample:
         if fast.upsample_by_phases(x):  # from the source by phases (upsample.py): no upsampled frames
             # each frame of x, or after the time convolution each half of its channels, is a frame
             src = x.transpose(1, 2).flatten(0, 1)  # (a view of channels-last x, as the convolutions give)
-            y = conv.forward_by_phases(src, x.shape[1] // c, limit)
+            addend = None if shortcut is None else _dup_addend(*shortcut, (b, conv.out_channels, t, 2 * h, 2 * w), x)
+            y = conv.forward_by_phases(src, x.shape[1] // c, limit, addend)
             if y is not None:
-                return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+                return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4), addend is not None
         if limit is None or t <= limit:
             buf = _upsample_into_buffer(conv, x, frames, b, t, c, h, w)
             del x, frames
@@ -516,7 +523,7 @@ class FastUpsample:
                 y.view(b, t, *yp.shape[1:])[:, a * per : (a + 1) * per].copy_(yp.view(b, per, *yp.shape[1:]))
                 del yp
             del x, frames
-        return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+        return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4), False
 
 
 class FastResidualUpBlock:
@@ -547,8 +554,15 @@ class FastResidualUpBlock:
         source = None if shortcut is None else x.clone() if writes_input else x
         for resnet in self.resnets:
             x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else resnet(x)
-        if self.upsampler is not None:
-            x = self.upsampler(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else self.upsampler(x)
+        up = self.upsampler
+        if (up is not None and shortcut is not None and isinstance(up, FastUpsample)
+                and up.mode in ("upsample2d", "upsample3d") and _fast_path(up)):
+            # the shortcut added as the upsampler's phases are interleaved, where that pass can
+            x, added = up.upsample(x, feat_cache, feat_idx, shortcut=(shortcut, source))
+            if added:
+                return x
+        elif up is not None:
+            x = up(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else up(x)
         if shortcut is None:
             return x
         views = _dup_up_views(shortcut, x, source)
@@ -559,6 +573,19 @@ class FastResidualUpBlock:
             target, duplicated = views
             target.add_(duplicated)
         return x
+
+
+def _dup_addend(shortcut: nn.Module, source: torch.Tensor, out_shape: tuple[int, ...], like: torch.Tensor):
+    """An `upsample.Addend` of diffusers' `DupUp3D` (not first_chunk) of `source`, for an upsampler
+    output of `out_shape` ((b, c, t, h, w); its frames laid out like `like`'s dtype and device), where
+    the interleaving pass adds it (`upsample.takes_addend`); else None."""
+    ft, fs, repeats = shortcut.factor_t, shortcut.factor_s, shortcut.repeats
+    b, cin, t, h, w = source.shape
+    if (tuple(out_shape) != (b, shortcut.out_channels, t * ft, h * fs, w * fs)
+            or cin * repeats != shortcut.out_channels * ft * fs * fs):
+        return None
+    addend = upsample.Addend(source, ft, fs, repeats, frames=t * ft)
+    return addend if upsample.takes_addend(like, addend) else None
 
 
 def _dup_up_views(shortcut: nn.Module, out: torch.Tensor, source: torch.Tensor):
