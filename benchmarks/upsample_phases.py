@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The upsamplers' 3x3 convolution three ways, at the Wan decoders' 720p shapes (one GPU, bf16).
+"""The upsamplers' 3x3 convolution two ways, at the Wan decoders' 720p shapes (one GPU, bf16).
 
     python3 benchmarks/upsample_phases.py
 
@@ -9,7 +9,8 @@ time convolution, its two channel halves per frame), then
           (the fast tier's path before upsample.py);
   phases  upsample.py: (the channel halves copied apart,) one cuDNN convolution of 2x2 taps into 4 x Cout
           channels, the interleaving pass with the bias;
-  kernel  conv_kernel.upsample_conv2d (the Triton kernel), where `fast.upsample_plan` takes the shape.
+(The Triton kernel that read the source for all nine taps, removed in commit 23d2308, was a third
+column as this script ran at commit c53220a: `benchmarks/results/2026-12-01/phases/`.)
 The parts of `phases` are timed apart too (halves copy, convolution, interleave), and a grouped
 convolution that would read the halves where they lie (2 groups), for comparison. Medians of CUDA-event
 timings; TFLOP/s of the 36-product convolution each replaces; max |diff| against the copy path.
@@ -23,7 +24,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from vaeshard import conv_kernel, fast, upsample
+from vaeshard import fast, upsample
 
 # (name, source frames, sub, Cin, Cout, source rows, columns)
 SHAPES = [
@@ -56,7 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    print(f"{'upsampler':24} {'copy ms':>8} {'phases':>8} {'kernel':>8} | {'halves':>7} {'conv':>7} {'inter':>7}"
+    print(f"{'upsampler':24} {'copy ms':>8} {'phases':>8} | {'halves':>7} {'conv':>7} {'inter':>7}"
           f" {'grouped':>8} | {'TFLOP/s copy':>12} {'phases':>7} | max|diff|")
     with fast.tier(True):
         for name, f, sub, cin, cout, h, w in SHAPES:
@@ -88,11 +89,9 @@ def main() -> None:
             y = F.conv2d(apart, phases_w, None, 1, 1)
             out = torch.empty((f * sub, cout, 2 * h, 2 * w), device=dev, dtype=dt, memory_format=torch.channels_last)
             grouped_w = torch.cat([phases_w, phases_w])
-            how = fast.upsample_plan(src, sub, weight, bias, w)
             ms = {
                 "copy": timed(copy_path, args.reps),
                 "phases": timed(phases_path, args.reps),
-                "kernel": timed(lambda: fast.upsample_conv2d(src, sub, weight, bias, how), args.reps) if how else None,
                 "halves": timed(halves, args.reps) if sub > 1 else 0.0,
                 "conv": timed(lambda: F.conv2d(apart, phases_w, None, 1, 1), args.reps),
                 "inter": timed(lambda: upsample.interleave_phases(y, bias, out), args.reps),
@@ -101,9 +100,8 @@ def main() -> None:
             flop = 2 * f * sub * cout * cin * 9 * (2 * h) * (2 * w)
             ref = copy_path().float()
             diff = (phases_path().float() - ref).abs().max().item()
-            kernel = f"{ms['kernel']:8.3f}" if ms["kernel"] is not None else f"{'-':>8}"
             grouped = f"{ms['grouped']:8.3f}" if ms["grouped"] is not None else f"{'-':>8}"
-            print(f"{name:24} {ms['copy']:8.3f} {ms['phases']:8.3f} {kernel} | {ms['halves']:7.3f} {ms['conv']:7.3f}"
+            print(f"{name:24} {ms['copy']:8.3f} {ms['phases']:8.3f} | {ms['halves']:7.3f} {ms['conv']:7.3f}"
                   f" {ms['inter']:7.3f} {grouped} | {flop / ms['copy'] / 1e9:12.0f} {flop / ms['phases'] / 1e9:7.0f}"
                   f" | {diff:.2e} (|ref| {ref.abs().max().item():.2f})", flush=True)
             del src, y, out, apart

@@ -43,8 +43,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   that convolution's input buffer holds only the new frames; unsharded, the head reads its input
   where it lies, and sharded, the head's norm writes into its convolution's buffer (`norm_into`).
   Causal convolutions without padding (1x1x1) read their input where it lies. Wan 2.2's up blocks
-  add their duplicating shortcut through views of their input (families/wan.py,
-  `FastResidualUpBlock`). All of these give the same bits as the copies they replace.
+  add their duplicating shortcut read from their input as the upsampler's interleaving pass stores
+  (on CUDA; through views of the input elsewhere: families/wan.py, `FastResidualUpBlock`). All of
+  these give the same bits as the copies they replace.
 - Causal video VAEs (Wan, Qwen-Image) decode through the family's own frame loop: the same decoder
   calls as diffusers by default, each call's output clamped into one preallocated output instead of
   a growing concatenation, and with `frames_per_step` > 1 several latent frames per call. With
