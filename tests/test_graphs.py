@@ -8,6 +8,8 @@ setting's plumbing.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -149,3 +151,24 @@ def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, gr
     vae.decode(latent((1, 4, 3, 4, 3)))
     ratio = vae.spatial_compression_ratio
     assert asked == [(setting, 4 * 3 * ratio * ratio)] and made == [graphed]
+
+
+@pytest.mark.parametrize("free, reserved, allocated, released", [
+    (1 << 30, 100 << 30, 2 << 30, True),  # 98 GiB cached, 1 GiB free: the pool could not reach it
+    (50 << 30, 30 << 30, 2 << 30, False),  # more free than cached: nothing to give back
+    (1 << 30, 2 << 30, 2 << 30, False),  # nothing cached
+])
+def test_cached_memory_goes_back_to_the_driver_before_a_graphed_request(monkeypatch, free, reserved, allocated,
+                                                                        released):
+    # the allocator does not give cached blocks back while allocating to a user memory pool: a graphed
+    # request releases them first where they exceed what the driver has free (graphs.release_if_cached)
+    from vaeshard import graphs
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 141 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    assert graphs.release_if_cached(torch.device("cuda", 0)) == released
+    assert emptied == ([1] if released else [])

@@ -18,7 +18,8 @@ What makes a replay compute what the eager call would:
 - the request runs on one stream, and every allocation of its decoder calls, eager and captured, is
   made in one memory pool of its own, which the capture shares: the graph reuses the memory that the
   eager calls freed instead of adding a second working set, and the pool is given back when the
-  request ends.
+  request ends. Where more memory is held cached than is free, the cache goes back to the driver
+  first (`release_if_cached`: the pool could not reach it otherwise).
 A capture that fails (a path that cannot be captured) runs nothing: the caches are left as they
 were, the call runs eagerly, and so does the rest of the request. Every rank makes the same calls in
 the same order either way (NCCL matches a replayed exchange with an eager one), so a rank that falls
@@ -97,6 +98,7 @@ class DecoderSteps:
 
     def __enter__(self) -> "DecoderSteps":
         if self.enabled:
+            release_if_cached(self.device)
             self.stream = _request_stream(self.device)
             self._user_stream = torch.cuda.current_stream(self.device)
             self.stream.wait_stream(self._user_stream)
@@ -188,6 +190,25 @@ class DecoderSteps:
         self.static_in.copy_(x)
         self.graph.replay()
         return self.static_out
+
+
+def release_if_cached(device: torch.device) -> bool:
+    """Before a request's memory pool takes its first allocation: where PyTorch's caching allocator
+    holds more memory cached (reserved, unused) on `device` than the driver has free, give the cached
+    blocks back to the driver (`torch.cuda.empty_cache`); returns whether it did. While allocations go
+    to a user memory pool the allocator does not do so itself when it runs out (PyTorch issue #175015),
+    so memory other work left cached (a pipeline's transformer, other decodes) would stay out of the
+    request's reach where an eager decode gets it back. Results do not change; the next allocations
+    outside the pool may have to ask the driver again."""
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if cached <= free:
+        return False
+    with torch.cuda.device(device):
+        torch.cuda.empty_cache()
+    log.debug("vaeshard: gave %.2f GiB of cached memory back to the driver before a graphed request (%.2f GiB "
+              "free)", cached / 2**30, free / 2**30)
+    return True
 
 
 def _copy_back(before: list, after: list) -> None:
