@@ -340,12 +340,12 @@ def cached_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     """`gemm_weight_of(weight)`, kept on the weight tensor and made again when the weight changes
     (in-place updates bump its version; a new tensor has no copy). Inference tensors keep no
     version counter, so theirs is made on every call."""
-    return _cached(weight, _GEMM_WEIGHT, gemm_weight_of)
+    return kept_on_weight(weight, _GEMM_WEIGHT, gemm_weight_of)
 
 
 def cached_box_weight(weight: torch.Tensor) -> torch.Tensor:
     """`box_conv.box_weight_of(weight)`, kept as `cached_gemm_weight` keeps its layout."""
-    return _cached(weight, _BOX_WEIGHT, box_conv.box_weight_of)
+    return kept_on_weight(weight, _BOX_WEIGHT, box_conv.box_weight_of)
 
 
 def cached_weight_for(how: ConvPlan, weight: torch.Tensor) -> torch.Tensor:
@@ -354,7 +354,10 @@ def cached_weight_for(how: ConvPlan, weight: torch.Tensor) -> torch.Tensor:
     return cached_box_weight(weight) if how.box else cached_gemm_weight(weight)
 
 
-def _cached(weight: torch.Tensor, attr: str, make) -> torch.Tensor:
+def kept_on_weight(weight: torch.Tensor, attr: str, make) -> torch.Tensor:
+    """`make(weight)`, kept on the weight tensor under `attr` and made again when the weight changes
+    (an in-place update bumps its version; a new tensor has none kept); made on every call for an
+    inference tensor, which keeps no version counter."""
     if weight.is_inference():
         return make(weight)
     key = (weight._version, weight.dtype, weight.device, weight.data_ptr())

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .conv_kernel import kept_on_weight
 from .triton_support import runs_on, tl, triton
 
 _PHASE_WEIGHT = "_vaeshard_phase_weight"
@@ -92,9 +93,7 @@ def phase_weight(weight: torch.Tensor) -> torch.Tensor:
 def cached_phase_weight(weight: torch.Tensor) -> torch.Tensor:
     """`phase_weight(weight)`, kept on the weight tensor and made again when the weight changes (as
     conv_kernel.cached_gemm_weight keeps its layouts)."""
-    from .conv_kernel import _cached
-
-    return _cached(weight, _PHASE_WEIGHT, phase_weight)
+    return kept_on_weight(weight, _PHASE_WEIGHT, phase_weight)
 
 
 def forget_phase_weights(module: torch.nn.Module) -> None:
