@@ -145,16 +145,16 @@ def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
         block_v = max(1, 4096 // block_c)
         voxels = rows2 * cols2
         grid = (triton.cdiv(voxels, block_v), triton.cdiv(cout, block_c), f)
-        a = addend
-        ss = a.src.stride() if a is not None else (0,) * 5
+        # (no addend: a stand-in that adds nothing, ADD=False, whose pointer and strides go unread)
+        a = addend or Addend(y.unsqueeze(2), 1, 1, 1, frames=1)
+        ss = a.src.stride()
         _interleave_kernel[grid](
-            out, y, bias if bias is not None else y, a.src if a is not None else y, voxels, cout, cols2,
+            out, y, bias if bias is not None else y, a.src, voxels, cout, cols2,
             out.stride(0), out.stride(2), out.stride(3), y.stride(0), y.stride(2), y.stride(3),
-            a.frames if a is not None else 1, a.first if a is not None else 0, ss[0], ss[2], ss[3], ss[4],
-            HAS_BIAS=bias is not None, ADD=a is not None, FT=a.factor_t if a is not None else 1,
-            FS=a.factor_s if a is not None else 1,
-            PER=(a.factor_t * a.factor_s**2 // a.repeats) if a is not None else 1,
-            REPEATS=a.repeats if a is not None else 1, BLOCK_V=block_v, BLOCK_C=block_c, num_warps=4,
+            a.frames, a.first, ss[0], ss[2], ss[3], ss[4],
+            HAS_BIAS=bias is not None, ADD=addend is not None, FT=a.factor_t, FS=a.factor_s,
+            PER=a.factor_t * a.factor_s**2 // a.repeats, REPEATS=a.repeats, BLOCK_V=block_v, BLOCK_C=block_c,
+            num_warps=4,
         )
         return out
     if addend is not None:
