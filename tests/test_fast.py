@@ -766,3 +766,43 @@ def test_max_layer_frames_is_validated(value, error):
     with pytest.raises(error, match="max_layer_frames"):
         vaeshard.parallelize(vae, max_layer_frames=value)
     assert not hasattr(vae, "_vaeshard")
+
+
+def test_default_parts_above_the_frame_size():
+    """With max_layer_frames None, the upsamplers whose output frames hold at least
+    fast.PARTS_FROM_PIXELS pixels compute their phases on parts of two output frames; the residual
+    blocks take parts only where box_conv's kernel runs their convolutions (not on the CPU: see
+    test_causal_front), and the levels below the threshold take all their frames. A setting of the
+    request's own (max_layer_frames=4) takes precedence. Values: diffusers' untiled decode within
+    tolerance."""
+    import vaeshard
+    from vaeshard import fast, upsample
+
+    vae = build("wan21")
+    z = latent((1, 4, 3, 4, 8))  # output frames of 32 x 64 = 2048 pixels, 512 the level below
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    phases = []
+    by_phases = upsample.conv2d_by_phases
+
+    def spy(src, weight, bias, halo=(0, 0), phases_weight=None, out=None, addend=None):
+        phases.append((src.shape[0], 4 * src.shape[-2] * src.shape[-1]))
+        return by_phases(src, weight, bias, halo, phases_weight, out, addend)
+
+    saved = fast.PARTS_FROM_PIXELS
+    upsample.conv2d_by_phases, fast.PARTS_FROM_PIXELS = spy, 2048
+    try:
+        for layer_frames in (None, 4):
+            vaeshard.parallelize(vae, max_layer_frames=layer_frames)
+            phases.clear()
+            with _recorded_inputs() as record:
+                out = vae.decode(z).sample
+            top = [n for n, pixels in phases if pixels == 2048]
+            below = [n for n, pixels in phases if pixels == 512]
+            assert top and below and max(below) == 4, phases  # the level below: whole
+            assert max(top) == (2 if layer_frames is None else 4), (layer_frames, phases)
+            assert max(n for kind, n in record if kind == "causal") == 4, record  # the blocks whole on CPU
+            assert (out - ref).abs().max() <= TOL_CPU_FP32, layer_frames
+    finally:
+        upsample.conv2d_by_phases, fast.PARTS_FROM_PIXELS = by_phases, saved
+        vaeshard.unparallelize(vae)

@@ -370,7 +370,10 @@ class FastResidualBlock:
     most that many, each part reusing the block's cache slots, which the part before it has just
     filled with its last frames: what a decoder call of that many frames would compute, with one
     part's activations alive at a time; with an identity shortcut each part's sum goes into its
-    frames of the input, otherwise into one output for the block.
+    frames of the input, otherwise into one output for the block. Without the setting, a block
+    whose convolutions read their caches where they lie (box_conv) takes parts of two frames where
+    its frames are large (fast.frames_for_layer): each part's buffer, two new frames, becomes the
+    convolution's next cache instead of being copied into the old one (`_store_cache`).
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
     instead of replaced (`_store_cache`; the same values) and, sharded, is taken after the halo
@@ -383,6 +386,11 @@ class FastResidualBlock:
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
         if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
+        reads = all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2))
+        with fast.frames_for_layer(x.shape[-2] * x.shape[-1], reads):
+            return self._forward_in_parts(x, feat_cache, feat_idx)
+
+    def _forward_in_parts(self, x, feat_cache, feat_idx):
         limit = fast.max_layer_frames()
         if limit is None or feat_cache is None or x.shape[2] <= limit:
             return self._fast_forward(x, feat_cache, feat_idx)
@@ -482,7 +490,12 @@ class FastUpsample:
     def upsample(self, x, feat_cache=None, feat_idx=None, shortcut=None) -> tuple[torch.Tensor, bool]:
         """The fast forward (the caller has checked `_fast_path` and the mode): (the output, whether
         `shortcut`, a (DupUp3D, its source) pair, was added into it as the phases were interleaved
-        (`_dup_addend`; else the caller adds it))."""
+        (`_dup_addend`; else the caller adds it)). Its output frames (4x the source's pixels) decide
+        the parts (`fast.frames_for_layer`)."""
+        with fast.frames_for_layer(4 * x.shape[-2] * x.shape[-1]):
+            return self._upsample(x, feat_cache, feat_idx, shortcut)
+
+    def _upsample(self, x, feat_cache, feat_idx, shortcut):
         b, c, t, h, w = x.shape
         frames = x.permute(0, 2, 1, 3, 4)  # (b, t, c, h, w): diffusers' batch of frames, not copied
         if self.mode == "upsample3d" and feat_cache is not None:
@@ -721,7 +734,7 @@ class _CausalInput:
         y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width,
                                      self.front)
         if self.feat_cache is not None:  # (stream order: the convolution has read the old cache)
-            _store_cache(self.feat_cache, self.idx, self.old, self.frames)
+            _store_cache(self.feat_cache, self.idx, self.old, self.frames, owned=True)
         self.buf = self.new = self.frames = self.old = self.front = None
         return y
 
@@ -742,11 +755,17 @@ def _cache_in_place(cache, frames: torch.Tensor) -> bool:
     )
 
 
-def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor) -> None:
+def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor, owned: bool = False) -> None:
     """diffusers' cache update after a causal convolution's input `frames`, once the old entry `old`
     has been read: the last CACHE_T frames; with fewer, the old cache's last frame in front (zeros
     after an upsampler's "Rep" mark, nothing before the first call). Written into `old` where
-    `_cache_in_place` allows, else stored as a new tensor."""
+    `_cache_in_place` allows, else stored as a new tensor. `owned`: `frames` is a buffer of the
+    caller's that nothing writes or reads afterwards; where it is exactly CACHE_T frames of its own
+    storage (the box kernel's buffers, which hold only the new frames, at parts of two frames:
+    fast.frames_for_layer), it becomes the cache itself, not copied, and `old` is dropped."""
+    if owned and _cache_in_place(old, frames) and frames.shape[2] == CACHE_T and _whole_storage(frames):
+        feat_cache[idx] = frames
+        return
     if _cache_in_place(old, frames):
         if frames.shape[2] >= CACHE_T:
             old.copy_(frames[:, :, -CACHE_T:])
@@ -759,6 +778,11 @@ def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor) -> None:
         last = torch.zeros_like(cache_x) if isinstance(old, str) else old[:, :, -1:].to(cache_x.device)
         cache_x = torch.cat([last, cache_x], dim=2)
     feat_cache[idx] = cache_x
+
+
+def _whole_storage(t: torch.Tensor) -> bool:
+    """Whether `t` spans its storage exactly (not a view into a larger tensor's)."""
+    return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _upsample_into_buffer(conv, like, frames, b, t, c, h, w):
