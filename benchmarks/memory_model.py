@@ -264,21 +264,26 @@ def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step:
 
 def _decode(vae, z, ranks: int, axis: str, frames_per_step: int, max_layer_frames: int | None, box: bool = True) -> None:
     """One fast-tier decode of `z` on the CUDA code path, as one rank of `ranks` would run it."""
-    family = family_for(vae)
     with torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels(box):
-        if ranks == 1:
-            out = family.untiled_decode(vae, z)
-        else:
-            dim = z.ndim - 1 if axis == shard.WIDTH else z.ndim - 2
-            extents = shard.split_extents(z.shape[dim], ranks)
-            rank = 0 if ranks == 2 else 1
-            local = z.narrow(dim, sum(extents[:rank]), extents[rank])
-            ctx = shard.ShardContext(comm=StandInComm(group=None, rank=rank, world=ranks), axis=axis, extents=extents)
-            with shard.sharding(ctx):
-                out_local = family.untiled_decode(vae, local)
-            out = ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
-            del out_local
+        out = decode_as_rank(vae, z, ranks, axis)
         del out
+
+
+def decode_as_rank(vae, z, ranks: int, axis: str) -> torch.Tensor:
+    """In the caller's tier: the untiled decode of `z` (one rank), or what one rank of `ranks` sharded
+    along `axis` runs (rank 0 of 2, else rank 1, which has two neighbours) with `StandInComm` in place
+    of the communication; the assembled output (whose other ranks' parts are uninitialised)."""
+    family = family_for(vae)
+    if ranks == 1:
+        return family.untiled_decode(vae, z)
+    dim = z.ndim - 1 if axis == shard.WIDTH else z.ndim - 2
+    extents = shard.split_extents(z.shape[dim], ranks)
+    rank = 0 if ranks == 2 else 1
+    local = z.narrow(dim, sum(extents[:rank]), extents[rank])
+    ctx = shard.ShardContext(comm=StandInComm(group=None, rank=rank, world=ranks), axis=axis, extents=extents)
+    with shard.sharding(ctx):
+        out_local = family.untiled_decode(vae, local)
+    return ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
 
 
 def main() -> None:

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""One rank's share of a sharded decode, timed on one GPU with its communication stood in.
+
+    python3 benchmarks/rank_alone.py --preset wan21-720p --ranks 1,2 --reps 3
+
+For a machine with fewer GPUs than the decode is meant for: this process runs, on its one GPU,
+what rank 0 of N runs (rank 1 where N > 2: it has two neighbours) in vaeshard's default fast tier,
+sharded along the axis `auto` picks, with `memory_model.StandInComm` in place of the communication.
+The stand-in allocates what the exchanges and the final gather allocate (send copies, receive
+buffers, gathered keys and values, the assembled output) and sends nothing, so the halo rows hold
+whatever their buffers held: the output is not the decode's, the work is. Prints, per rank count,
+the median wall time of `--reps` decodes after a warm-up one (each between device synchronisations)
+and the peak allocated memory over a decode (`max_memory_allocated` minus what was allocated before).
+
+What this is: a rank's own GPU and host work, without the exchanges' transfers and without waiting
+for its neighbours: a lower bound for an N-GPU decode's time, not a measurement of one; the N-GPU
+decode adds the NCCL kernels and the waits (BENCHMARKS.md, "Why 2 GPUs give 1.8x, not 2x"). The
+peak is a rank's, without NCCL's own buffers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from memory_model import decode_as_rank  # noqa: E402
+
+import vaeshard  # noqa: E402
+from vaeshard import fast, shard  # noqa: E402
+from vaeshard.bench import PRESETS  # noqa: E402
+from vaeshard.io import NAMED_CONFIGS  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
+    ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    from diffusers import AutoencoderKLWan
+
+    device = torch.device("cuda", 0)
+    config, shape, _ = PRESETS[args.preset]
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).eval().to(device, torch.bfloat16)
+    vaeshard.parallelize(vae)
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
+          f"(a lower bound for that many GPUs, not a measurement of it)")
+    first = None
+    for ranks in (int(r) for r in args.ranks.split(",")):
+        strategy = vaeshard.plan(vae, shape, ranks).strategy
+        axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
+
+        def decode():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+            held = torch.cuda.memory_allocated(device)
+            start = time.perf_counter()
+            with torch.no_grad(), fast.tier(True):
+                out = decode_as_rank(vae, z, ranks, axis)
+            torch.cuda.synchronize()
+            took = time.perf_counter() - start
+            del out
+            return took, (torch.cuda.max_memory_allocated(device) - held) / 2**30
+
+        decode()  # warm-up: cuDNN's timing, kernel compiles
+        runs = [decode() for _ in range(args.reps)]
+        median = statistics.median(t for t, _ in runs)
+        peak = max(p for _, p in runs)
+        first = first or median
+        where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
+        print(f"  {ranks} rank(s){where}: median {median:.3f} s ({', '.join(f'{t:.3f}' for t, _ in runs)}), "
+              f"peak {peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first count / this {first / median:.2f}x",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
