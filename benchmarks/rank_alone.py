@@ -8,8 +8,9 @@ what rank 0 of N runs (rank 1 where N > 2: it has two neighbours) in vaeshard's 
 sharded along the axis `auto` picks, with `memory_model.StandInComm` in place of the communication.
 The stand-in allocates what the exchanges and the final gather allocate (send copies, receive
 buffers, gathered keys and values, the assembled output) and sends nothing, so the halo rows hold
-whatever their buffers held: the output is not the decode's, the work is. Prints, per rank count,
-the median wall time of `--reps` decodes after a warm-up one (each between device synchronisations)
+whatever their buffers held: the output is not the decode's, the work is. Prints, per rank count
+(and `--cuda-graphs` and `--parts` value), the median wall time of `--reps` decodes after a warm-up
+one (each between device synchronisations), when the host had issued the decode (its call returned),
 and the peak allocated memory over a decode (`max_memory_allocated` minus what was allocated before).
 
 What this is: a rank's own GPU and host work, without the exchanges' transfers and without waiting
@@ -43,6 +44,9 @@ def main() -> None:
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
     ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--cuda-graphs", default="auto", help="cuda_graphs values to time, e.g. auto,on (default auto)")
+    ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
+                                                   "on,off (default on)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
@@ -56,32 +60,41 @@ def main() -> None:
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
           f"(a lower bound for that many GPUs, not a measurement of it)")
+    graphs_values = {"auto": "auto", "on": True, "off": False}
+    default_parts = fast.PART_FRAMES
     first = None
     for ranks in (int(r) for r in args.ranks.split(",")):
         strategy = vaeshard.plan(vae, shape, ranks).strategy
         axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
+        for graphs in args.cuda_graphs.split(","):
+            for parts in args.parts.split(","):
+                fast.PART_FRAMES = default_parts if parts == "on" else None
 
-        def decode():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
-            held = torch.cuda.memory_allocated(device)
-            start = time.perf_counter()
-            with torch.no_grad(), fast.tier(True):
-                out = decode_as_rank(vae, z, ranks, axis)
-            torch.cuda.synchronize()
-            took = time.perf_counter() - start
-            del out
-            return took, (torch.cuda.max_memory_allocated(device) - held) / 2**30
+                def decode():
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats(device)
+                    held = torch.cuda.memory_allocated(device)
+                    start = time.perf_counter()
+                    with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs]):
+                        out = decode_as_rank(vae, z, ranks, axis)
+                    issued = time.perf_counter() - start
+                    torch.cuda.synchronize()
+                    took = time.perf_counter() - start
+                    del out
+                    return took, issued, (torch.cuda.max_memory_allocated(device) - held) / 2**30
 
-        decode()  # warm-up: cuDNN's timing, kernel compiles
-        runs = [decode() for _ in range(args.reps)]
-        median = statistics.median(t for t, _ in runs)
-        peak = max(p for _, p in runs)
-        first = first or median
-        where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
-        print(f"  {ranks} rank(s){where}: median {median:.3f} s ({', '.join(f'{t:.3f}' for t, _ in runs)}), "
-              f"peak {peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first count / this {first / median:.2f}x",
-              flush=True)
+                decode()  # warm-up: cuDNN's timing, kernel compiles
+                runs = [decode() for _ in range(args.reps)]
+                median = statistics.median(t for t, _, _ in runs)
+                host = statistics.median(h for _, h, _ in runs)
+                peak = max(p for _, _, p in runs)
+                first = first or median
+                where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
+                print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, parts {parts}: median {median:.3f} s "
+                      f"({', '.join(f'{t:.3f}' for t, _, _ in runs)}), host returned at {host:.3f} s, peak "
+                      f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first row / this {first / median:.2f}x",
+                      flush=True)
+    fast.PART_FRAMES = default_parts
 
 
 if __name__ == "__main__":

@@ -126,3 +126,47 @@ def test_default_parts_keep_their_two_frame_buffers_as_the_caches(monkeypatch):
     assert torch.equal(parts, whole), "the parts changed the decode"
     err = (parts.float() - ref).abs()
     assert err.max() <= MAX and err.mean() <= MEAN, (err.max(), err.mean())
+
+
+def _sharded_parts(rank, world):
+    """One rank of a sharded fp16 decode with box_conv's stand-in and every frame size above the
+    default parts' threshold: the most new frames a buffer read with its cache where it lies held."""
+    from unittest import mock
+
+    import vaeshard
+    from vaeshard import fast, shard
+
+    from .models import build, latent
+
+    held = []
+    input_buffer = shard.HaloCausalConv3d.input_buffer
+
+    def spy(self, like, cache_x, halo_rows=None, shape=None):
+        buf, new, ready, front = input_buffer(self, like, cache_x, halo_rows, shape)
+        if front is not None:
+            held.append(new.shape[2])
+        return buf, new, ready, front
+
+    saved = []
+
+    def set_attr(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    try:
+        box_stand_in.install(set_attr, [])
+        with mock.patch.object(fast, "PARTS_FROM_PIXELS", 1), mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy):
+            vae = build("wan21").to(torch.float16)
+            vaeshard.parallelize(vae, mode="spatial_shard_height")
+            vae.decode(latent((1, 4, 3, 4, 8)).to(torch.float16))
+            vaeshard.unparallelize(vae)
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
+    return max(held)
+
+
+def test_sharded_decodes_take_no_default_parts():
+    # sharded, each part would add a halo exchange and host work (a rank's decode became host-bound:
+    # BENCHMARKS.md), so without a max_layer_frames of the request's own the layers take all their frames
+    assert run_ranks(_sharded_parts, 2, timeout=120) == [4, 4]

@@ -51,9 +51,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   a growing concatenation, and with `frames_per_step` > 1 several latent frames per call. With
   `max_layer_frames` set, their residual blocks, upsamplers and causal convolutions run on at most
   that many frames at once, the causal cache handed from part to part (less activation memory).
-  Without it, the layers with the largest frames take parts of two (`frames_for_layer`): the
-  upsamplers, and the residual blocks whose convolutions box_conv runs, whose part buffers then
-  become their caches instead of being copied into them.
+  Without it, an unsharded decode's layers with the largest frames take parts of two
+  (`frames_for_layer`): the upsamplers, and the residual blocks whose convolutions box_conv runs,
+  whose part buffers then become their caches instead of being copied into them.
   Their residual blocks and upsamplers overwrite each causal cache in place once it has its steady
   shape, instead of making a new tensor per decoder call (the same values, less memory reserved).
   On CUDA their steady decoder calls (all but the first two and a shorter last one) are replayed
@@ -96,25 +96,28 @@ def max_layer_frames() -> int | None:
     return _max_layer_frames.get() if _fast.get() else None
 
 
-# Fast tier, max_layer_frames None (the default): where a rank's frames hold at least PARTS_FROM_PIXELS
-# pixels (a 512 x 512 frame), a causal video decoder's upsamplers, and its residual blocks whose causal
-# convolutions read their caches where they lie (box_conv's kernel), run on parts of PART_FRAMES
-# frames (None: never by default). One part's activations are alive at a time where they are
-# largest; such a block's part buffer of two frames becomes its convolution's next cache, so the
-# parts copy no cache (`families/wan.py`, `_store_cache`); two such frames are still hundreds of the
-# kernels' tiles.
+# Fast tier, max_layer_frames None (the default): where one rank decodes the whole frame (no
+# sharding) and its frames hold at least PARTS_FROM_PIXELS pixels (a 512 x 512 frame), a causal video
+# decoder's upsamplers, and its residual blocks whose causal convolutions read their caches where
+# they lie (box_conv's kernel), run on parts of PART_FRAMES frames (None: never by default). One
+# part's activations are alive at a time where they are largest; such a block's part buffer of two
+# frames becomes its convolution's next cache, so the parts copy no cache (`families/wan.py`,
+# `_store_cache`); two such frames are still hundreds of the kernels' tiles. Sharded, each part adds
+# its own halo exchange and host work, and a rank's decode became host-bound (Wan 2.1 720p, rank 0
+# of 2 with the communication stood in: 0.660 against 0.618 s, BENCHMARKS.md): no parts there.
 PARTS_FROM_PIXELS = 1 << 18
 PART_FRAMES: int | None = 2
 
 
 @contextlib.contextmanager
-def frames_for_layer(frame_pixels: int, reads_caches: bool = True):
+def frames_for_layer(frame_pixels: int, sharded: bool, reads_caches: bool = True):
     """Inside: `max_layer_frames()` for a layer (residual block, upsampler) that makes frames of
     `frame_pixels` pixels on this rank: the request's setting where it has one; else, in the fast
-    tier, PART_FRAMES where `frame_pixels` >= PARTS_FROM_PIXELS and `reads_caches` (a residual
-    block: its causal convolutions read their caches where they lie, `causal_front`); else None."""
-    if (not _fast.get() or _max_layer_frames.get() is not None or PART_FRAMES is None or not reads_caches
-            or frame_pixels < PARTS_FROM_PIXELS):
+    tier, PART_FRAMES where the request is not `sharded`, `frame_pixels` >= PARTS_FROM_PIXELS and
+    `reads_caches` (a residual block: its causal convolutions read their caches where they lie,
+    `causal_front`); else None."""
+    if (not _fast.get() or _max_layer_frames.get() is not None or PART_FRAMES is None or sharded
+            or not reads_caches or frame_pixels < PARTS_FROM_PIXELS):
         yield
         return
     token = _max_layer_frames.set(PART_FRAMES)

@@ -370,9 +370,9 @@ class FastResidualBlock:
     most that many, each part reusing the block's cache slots, which the part before it has just
     filled with its last frames: what a decoder call of that many frames would compute, with one
     part's activations alive at a time; with an identity shortcut each part's sum goes into its
-    frames of the input, otherwise into one output for the block. Without the setting, a block
-    whose convolutions read their caches where they lie (box_conv) takes parts of two frames where
-    its frames are large (fast.frames_for_layer): each part's buffer, two new frames, becomes the
+    frames of the input, otherwise into one output for the block. Without the setting, unsharded, a
+    block whose convolutions read their caches where they lie (box_conv) takes parts of two frames
+    where its frames are large (fast.frames_for_layer): each part's buffer, two new frames, becomes the
     convolution's next cache instead of being copied into the old one (`_store_cache`).
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
@@ -387,7 +387,7 @@ class FastResidualBlock:
         if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
         reads = all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2))
-        with fast.frames_for_layer(x.shape[-2] * x.shape[-1], reads):
+        with fast.frames_for_layer(x.shape[-2] * x.shape[-1], shard.current() is not None, reads):
             return self._forward_in_parts(x, feat_cache, feat_idx)
 
     def _forward_in_parts(self, x, feat_cache, feat_idx):
@@ -492,7 +492,7 @@ class FastUpsample:
         `shortcut`, a (DupUp3D, its source) pair, was added into it as the phases were interleaved
         (`_dup_addend`; else the caller adds it)). Its output frames (4x the source's pixels) decide
         the parts (`fast.frames_for_layer`)."""
-        with fast.frames_for_layer(4 * x.shape[-2] * x.shape[-1]):
+        with fast.frames_for_layer(4 * x.shape[-2] * x.shape[-1], shard.current() is not None):
             return self._upsample(x, feat_cache, feat_idx, shortcut)
 
     def _upsample(self, x, feat_cache, feat_idx, shortcut):
