@@ -90,7 +90,7 @@ def main() -> None:
                 peak = max(p for _, _, p in runs)
                 first = first or median
                 where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
-                print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, parts {parts}: median {median:.3f} s "
+                print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
                       f"({', '.join(f'{t:.3f}' for t, _, _ in runs)}), host returned at {host:.3f} s, peak "
                       f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first row / this {first / median:.2f}x",
                       flush=True)

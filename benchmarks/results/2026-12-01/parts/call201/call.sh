@@ -4,7 +4,7 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-(nvidia-smi --query-gpu=name,driver_version --format=csv; date -u; git log --oneline -1; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__)") > $OUT/env.txt 2>&1
+(nvidia-smi --query-gpu=name,driver_version --format=csv; date -u; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__)") > $OUT/env.txt 2>&1
 T="timeout"
 A="--models wan22 --dtypes bf16 --modes auto --frames-per-step 1 --shapes wan22=2,48,5,22,40 --out /tmp/p.jsonl"
 $T 110 torchrun --standalone --nproc_per_node=1 .ab/debug_run.py benchmarks/gpu_parity.py $A > $OUT/oom_rerun.log 2>&1; echo "oom rerun rc=$?"

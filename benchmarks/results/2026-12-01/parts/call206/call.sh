@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# 1 GPU, the final code: rank shares with the communication stood in (no default parts when sharded)
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+(nvidia-smi --query-gpu=name,driver_version --format=csv; date -u; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__)") > $OUT/env.txt 2>&1
+timeout 100 python3 benchmarks/rank_alone.py --preset wan21-720p --ranks 1,2,1,2 --reps 3 > $OUT/rank_alone_wan21-720p.log 2>&1; echo "720p rc=$?"
+timeout 60 python3 benchmarks/rank_alone.py --preset wan21-480p --ranks 1,2 --reps 3 > $OUT/rank_alone_wan21-480p.log 2>&1; echo "480p rc=$?"
+for f in $OUT/rank_alone_*.log; do echo "== $f"; grep -E "rank\(s\)|Error" $f; done
+exit 0
