@@ -386,7 +386,9 @@ class FastResidualBlock:
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
         if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
-        reads = all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2))
+        def reads() -> bool:
+            return all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2))
+
         with fast.frames_for_layer(x.shape[-2] * x.shape[-1], shard.current() is not None, reads):
             return self._forward_in_parts(x, feat_cache, feat_idx)
 
