@@ -60,8 +60,15 @@ def main() -> None:
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
           f"(a lower bound for that many GPUs, not a measurement of it)")
-    graphs_values = {"auto": "auto", "on": True, "off": False}
     default_parts = fast.PART_FRAMES
+    try:
+        _time_shares(args, vae, z, shape, device, default_parts)
+    finally:
+        fast.PART_FRAMES = default_parts
+
+
+def _time_shares(args, vae, z, shape, device, default_parts) -> None:
+    graphs_values = {"auto": "auto", "on": True, "off": False}
     first = None
     for ranks in (int(r) for r in args.ranks.split(",")):
         strategy = vaeshard.plan(vae, shape, ranks).strategy
@@ -94,7 +101,6 @@ def main() -> None:
                       f"({', '.join(f'{t:.3f}' for t, _, _ in runs)}), host returned at {host:.3f} s, peak "
                       f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first row / this {first / median:.2f}x",
                       flush=True)
-    fast.PART_FRAMES = default_parts
 
 
 if __name__ == "__main__":

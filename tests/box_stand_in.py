@@ -10,6 +10,8 @@ In a module of its own: rank processes import it."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +30,23 @@ def install(set_attr, calls: list) -> None:
         return reference_conv3d(x, weight, bias, padding, out, add, norm, causal, cache)
 
     set_attr(box_conv, "conv3d", conv3d)
+
+
+@contextlib.contextmanager
+def installed(calls: list):
+    """`install` for the block's duration, everything set back after (a pooled rank process's own)."""
+    saved = []
+
+    def set_attr(obj, name, value):
+        saved.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    try:
+        install(set_attr, calls)
+        yield
+    finally:
+        for obj, name, value in reversed(saved):
+            setattr(obj, name, value)
 
 
 def reference_conv3d(x, weight, bias, padding, out, add=False, norm=None, causal=False, cache=None):

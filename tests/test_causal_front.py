@@ -147,22 +147,12 @@ def _sharded_parts(rank, world):
             held.append(new.shape[2])
         return buf, new, ready, front
 
-    saved = []
-
-    def set_attr(obj, name, value):
-        saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-
-    try:
-        box_stand_in.install(set_attr, [])
-        with mock.patch.object(fast, "PARTS_FROM_PIXELS", 1), mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy):
-            vae = build("wan21").to(torch.float16)
-            vaeshard.parallelize(vae, mode="spatial_shard_height")
-            vae.decode(latent((1, 4, 3, 4, 8)).to(torch.float16))
-            vaeshard.unparallelize(vae)
-    finally:
-        for obj, name, value in reversed(saved):
-            setattr(obj, name, value)
+    with (box_stand_in.installed([]), mock.patch.object(fast, "PARTS_FROM_PIXELS", 1),
+          mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy)):
+        vae = build("wan21").to(torch.float16)
+        vaeshard.parallelize(vae, mode="spatial_shard_height")
+        vae.decode(latent((1, 4, 3, 4, 8)).to(torch.float16))
+        vaeshard.unparallelize(vae)
     return max(held)
 
 

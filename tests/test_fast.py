@@ -768,7 +768,7 @@ def test_max_layer_frames_is_validated(value, error):
     assert not hasattr(vae, "_vaeshard")
 
 
-def test_default_parts_above_the_frame_size():
+def test_default_parts_above_the_frame_size(monkeypatch):
     """With max_layer_frames None, the upsamplers whose output frames hold at least
     fast.PARTS_FROM_PIXELS pixels compute their phases on parts of two output frames; the residual
     blocks take parts only where box_conv's kernel runs their convolutions (not on the CPU: see
@@ -789,20 +789,17 @@ def test_default_parts_above_the_frame_size():
         phases.append((src.shape[0], 4 * src.shape[-2] * src.shape[-1]))
         return by_phases(src, weight, bias, halo, phases_weight, out, addend)
 
-    saved = fast.PARTS_FROM_PIXELS
-    upsample.conv2d_by_phases, fast.PARTS_FROM_PIXELS = spy, 2048
-    try:
-        for layer_frames in (None, 4):
-            vaeshard.parallelize(vae, max_layer_frames=layer_frames)
-            phases.clear()
-            with _recorded_inputs() as record:
-                out = vae.decode(z).sample
-            top = [n for n, pixels in phases if pixels == 2048]
-            below = [n for n, pixels in phases if pixels == 512]
-            assert top and below and max(below) == 4, phases  # the level below: whole
-            assert max(top) == (2 if layer_frames is None else 4), (layer_frames, phases)
-            assert max(n for kind, n in record if kind == "causal") == 4, record  # the blocks whole on CPU
-            assert (out - ref).abs().max() <= TOL_CPU_FP32, layer_frames
-    finally:
-        upsample.conv2d_by_phases, fast.PARTS_FROM_PIXELS = by_phases, saved
-        vaeshard.unparallelize(vae)
+    monkeypatch.setattr(upsample, "conv2d_by_phases", spy)
+    monkeypatch.setattr(fast, "PARTS_FROM_PIXELS", 2048)
+    for layer_frames in (None, 4):
+        vaeshard.parallelize(vae, max_layer_frames=layer_frames)
+        phases.clear()
+        with _recorded_inputs() as record:
+            out = vae.decode(z).sample
+        top = [n for n, pixels in phases if pixels == 2048]
+        below = [n for n, pixels in phases if pixels == 512]
+        assert top and below and max(below) == 4, phases  # the level below: whole
+        assert max(top) == (2 if layer_frames is None else 4), (layer_frames, phases)
+        assert max(n for kind, n in record if kind == "causal") == 4, record  # the blocks whole on CPU
+        assert (out - ref).abs().max() <= TOL_CPU_FP32, layer_frames
+    vaeshard.unparallelize(vae)
