@@ -113,27 +113,16 @@ def _site() -> str:
 class StandInComm(comm_mod.Comm):
     """`Comm`'s allocations for one rank of a sharded request, without communication."""
 
-    def fill_halo(self, buf, dim, before, after, num_ranks):
-        extent = buf.shape[dim] - before - after
-        core = buf.narrow(dim, before, extent)
+    def neighbour_rows(self, x, dim, before, after, num_ranks):
+        order, extent = comm_mod._exchange_order(x), x.shape[dim]
         sends, received = [], []
-        if self.rank > 0:
-            if before:
-                received.append((0, core.new_empty(comm_mod._with_extent(core.shape, dim, before))))
-            if after:
-                sends.append(core.narrow(dim, 0, after).contiguous())
-        if self.rank < num_ranks - 1:
-            if after:
-                received.append((before + extent, core.new_empty(comm_mod._with_extent(core.shape, dim, after))))
-            if before:
-                sends.append(core.narrow(dim, extent - before, before).contiguous())
-        for at, rows in received:
-            buf.narrow(dim, at, rows.shape[dim]).copy_(rows)
-        if self.rank == 0 and before:
-            buf.narrow(dim, 0, before).zero_()
-        if self.rank == num_ranks - 1 and after:
-            buf.narrow(dim, before + extent, after).zero_()
-        return buf
+        for rows, neighbour, sent, at in ((before, self.rank > 0, after, 0),
+                                          (after, self.rank < num_ranks - 1, before, extent - before)):
+            if neighbour and sent:  # the send copy of this rank's rows
+                sends.append(x.narrow(dim, at, sent).permute(order).contiguous())
+            shape = comm_mod._permuted(comm_mod._with_extent(x.shape, dim, rows), order)
+            received.append(x.new_empty(shape).permute(comm_mod._inverse(order)) if neighbour and rows else None)
+        return tuple(received)
 
     def all_gather_along(self, x, dim, extents):
         parts = [x.new_empty(comm_mod._with_extent(x.shape, dim, max(extents))) for _ in extents]

@@ -45,6 +45,13 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cuda-graphs", default="auto", help="cuda_graphs values to time, e.g. auto,on (default auto)")
+    ap.add_argument("--latent", default=None,
+                    help="the latent's shape, e.g. 1,16,21,8,16 (default: the preset's); a small one with "
+                         "--cuda-graphs off --parts off leaves the GPU idle most of the time, so the decode's "
+                         "time is the host's cost of issuing it")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="also: one decode of each share under cProfile, the functions with the most host time")
+    ap.add_argument("--top", type=int, default=25, help="functions listed by --host-profile (default 25)")
     ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
                                                    "on,off (default on)")
     args = ap.parse_args()
@@ -54,6 +61,8 @@ def main() -> None:
 
     device = torch.device("cuda", 0)
     config, shape, _ = PRESETS[args.preset]
+    if args.latent:
+        shape = tuple(int(n) for n in args.latent.split(","))
     torch.manual_seed(0)
     vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).eval().to(device, torch.bfloat16)
     vaeshard.parallelize(vae)
@@ -101,6 +110,25 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                       f"({', '.join(f'{t:.3f}' for t, _, _ in runs)}), host returned at {host:.3f} s, peak "
                       f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first row / this {first / median:.2f}x",
                       flush=True)
+                if args.host_profile:
+                    _host_profile(decode, args.top)
+
+
+def _host_profile(decode, top: int) -> None:
+    """One more decode under cProfile: the host's own time by function (a device synchronisation
+    shows as time in the function that waited)."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    decode()
+    profiler.disable()
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+        print(f"    host time by function, by {order} (cProfile):\n" + text.getvalue().split("\n\n", 1)[-1], flush=True)
 
 
 if __name__ == "__main__":

@@ -130,16 +130,22 @@ def test_default_parts_keep_their_two_frame_buffers_as_the_caches(monkeypatch):
 
 def _sharded_parts(rank, world):
     """One rank of a sharded fp16 decode with box_conv's stand-in and every frame size above the
-    default parts' threshold: the most new frames a buffer read with its cache where it lies held."""
+    default parts' threshold, then without the default parts (fast.PART_FRAMES None), then diffusers'
+    fp32 decode: (per decode with parts and without: the most new frames a residual block's buffer
+    read with its cache where it lies held, the most frames an upsampler's convolution took at a
+    time, the halo exchanges made), whether the two decodes are equal bit for bit, and the max and
+    mean difference to diffusers'."""
     from unittest import mock
 
     import vaeshard
     from vaeshard import fast, shard
+    from vaeshard.comm import Comm
 
     from .models import build, latent
 
-    held = []
-    input_buffer = shard.HaloCausalConv3d.input_buffer
+    held, upsampled, exchanges = [], [], []
+    input_buffer, neighbour_rows = shard.HaloCausalConv3d.input_buffer, Comm.neighbour_rows
+    by_phases = shard.HaloConv2d.forward_by_phases
 
     def spy(self, like, cache_x, halo_rows=None, shape=None):
         buf, new, ready, front = input_buffer(self, like, cache_x, halo_rows, shape)
@@ -147,16 +153,44 @@ def _sharded_parts(rank, world):
             held.append(new.shape[2])
         return buf, new, ready, front
 
+    def spy_phases(self, src, sub, limit=None, addend=None):
+        upsampled.append(src.shape[0] * sub if limit is None else min(src.shape[0], max(1, limit // sub)) * sub)
+        return by_phases(self, src, sub, limit, addend)
+
+    def spy_exchange(self, *args):
+        exchanges.append(1)
+        return neighbour_rows(self, *args)
+
+    z = latent((1, 4, 3, 4, 8))
+    results = []
     with (box_stand_in.installed([]), mock.patch.object(fast, "PARTS_FROM_PIXELS", 1),
-          mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy)):
+          mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy),
+          mock.patch.object(shard.HaloConv2d, "forward_by_phases", spy_phases),
+          mock.patch.object(Comm, "neighbour_rows", spy_exchange)):
         vae = build("wan21").to(torch.float16)
         vaeshard.parallelize(vae, mode="spatial_shard_height")
-        vae.decode(latent((1, 4, 3, 4, 8)).to(torch.float16))
+        for part_frames in (fast.PART_FRAMES, None):
+            held.clear(), upsampled.clear(), exchanges.clear()
+            with mock.patch.object(fast, "PART_FRAMES", part_frames):
+                out = vae.decode(z.to(torch.float16)).sample
+            results.append((out, (max(held), max(upsampled), len(exchanges))))
         vaeshard.unparallelize(vae)
-    return max(held)
+    with torch.no_grad():
+        ref = build("wan21").decode(z).sample
+    (parts, seen_parts), (whole, seen_whole) = results
+    err = (parts.float() - ref).abs()
+    return seen_parts, seen_whole, torch.equal(parts, whole), err.max().item(), err.mean().item()
 
 
-def test_sharded_decodes_take_no_default_parts():
-    # sharded, each part would add a halo exchange and host work (a rank's decode became host-bound:
-    # BENCHMARKS.md), so without a max_layer_frames of the request's own the layers take all their frames
-    assert run_ranks(_sharded_parts, 2, timeout=120) == [4, 4]
+def test_sharded_decodes_take_default_parts_with_one_exchange():
+    """Sharded, the residual blocks and upsamplers above the threshold take the default parts of two
+    frames and make one halo exchange for all of them: a block receives the raw rows of its input
+    and each part norms its own halo rows from them (wan._edges); an upsampler receives its source's
+    rows once and each part copies its own (HaloConv2d.forward_by_phases). The decode makes as many
+    exchanges as without the parts, is the one without them bit for bit, and is within tolerance of
+    diffusers' fp32 decode."""
+    for seen_parts, seen_whole, same, err_max, err_mean in run_ranks(_sharded_parts, 2, timeout=120):
+        assert seen_parts[:2] == (2, 2) and seen_whole[:2] == (4, 4), (seen_parts, seen_whole)
+        assert seen_parts[2] == seen_whole[2] > 0, (seen_parts, seen_whole)
+        assert same, "the default parts changed the sharded decode"
+        assert err_max <= MAX and err_mean <= MEAN, (err_max, err_mean)

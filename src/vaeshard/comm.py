@@ -151,31 +151,7 @@ class Comm:
         Returns `buf`.
         """
         extent = buf.shape[dim] - before - after
-        core = buf.narrow(dim, before, extent)
-        has_prev = self.rank > 0
-        has_next = self.rank < num_ranks - 1
-        # The rows travel in the buffer's own order of dimensions (channels innermost for the fast
-        # tier's buffers), as plain contiguous tensors of the permuted shape (what every backend
-        # sends): packing and unpacking them copies whole runs of channels, where the default order
-        # would transpose them on the way out and back.
-        order = _exchange_order(buf)
-        ops = []
-        from_prev = from_next = None
-        if has_prev and before > 0:
-            from_prev = buf.new_empty(_permuted(_with_extent(core.shape, dim, before), order))
-            ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
-        if has_next and after > 0:
-            from_next = buf.new_empty(_permuted(_with_extent(core.shape, dim, after), order))
-            ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
-        if has_prev and after > 0:
-            rows = core.narrow(dim, 0, after).permute(order).contiguous()
-            ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank - 1), self.group))
-        if has_next and before > 0:
-            rows = core.narrow(dim, extent - before, before).permute(order).contiguous()
-            ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank + 1), self.group))
-        if ops:
-            for work in dist.batch_isend_irecv(ops):
-                self._wait(work, "halo exchange")
+        from_prev, from_next = self.neighbour_rows(buf.narrow(dim, before, extent), dim, before, after, num_ranks)
         # Received rows arrive in buffers of their own; they are copied into the halo rows of
         # the buffer (a few rows), zeros at the global edges.
         for rows, at, received in ((before, 0, from_prev), (after, before + extent, from_next)):
@@ -185,8 +161,42 @@ class Comm:
             if received is None:
                 target.zero_()
             else:
-                target.copy_(received.permute(_inverse(order)))
+                target.copy_(received)
         return buf
+
+    def neighbour_rows(self, x: torch.Tensor, dim: int, before: int, after: int, num_ranks: int):
+        """(the previous rank's last `before` rows of its `x` along `dim`, the next rank's first
+        `after`): one exchange, in which this rank sends its own to them. None for rows not asked
+        for or beyond a global edge (ranks 0..num_ranks-1 hold consecutive slices). The rows come as
+        views in `x`'s order of dimensions, laid out as `x` is (channels innermost for the fast
+        tier's buffers), of tensors of their own."""
+        extent = x.shape[dim]
+        has_prev = self.rank > 0
+        has_next = self.rank < num_ranks - 1
+        # The rows travel in the tensor's own order of dimensions (channels innermost for the fast
+        # tier's buffers), as plain contiguous tensors of the permuted shape (what every backend
+        # sends): packing and unpacking them copies whole runs of channels, where the default order
+        # would transpose them on the way out and back.
+        order = _exchange_order(x)
+        ops = []
+        from_prev = from_next = None
+        if has_prev and before > 0:
+            from_prev = x.new_empty(_permuted(_with_extent(x.shape, dim, before), order))
+            ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
+        if has_next and after > 0:
+            from_next = x.new_empty(_permuted(_with_extent(x.shape, dim, after), order))
+            ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
+        if has_prev and after > 0:
+            rows = x.narrow(dim, 0, after).permute(order).contiguous()
+            ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank - 1), self.group))
+        if has_next and before > 0:
+            rows = x.narrow(dim, extent - before, before).permute(order).contiguous()
+            ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank + 1), self.group))
+        if ops:
+            for work in dist.batch_isend_irecv(ops):
+                self._wait(work, "halo exchange")
+        back = _inverse(order)
+        return tuple(None if received is None else received.permute(back) for received in (from_prev, from_next))
 
     # -- gathers --------------------------------------------------------------------------------
 

@@ -110,14 +110,15 @@ PART_FRAMES: int | None = 2
 
 
 @contextlib.contextmanager
-def frames_for_layer(frame_pixels: int, sharded: bool, reads_caches=None):
+def frames_for_layer(frame_pixels: int, suits=None):
     """Inside: `max_layer_frames()` for a layer (residual block, upsampler) that makes frames of
     `frame_pixels` pixels on this rank: the request's setting where it has one; else, in the fast
-    tier, PART_FRAMES where the request is not `sharded`, `frame_pixels` >= PARTS_FROM_PIXELS and
-    `reads_caches()` (a residual block's: whether its causal convolutions read their caches where
-    they lie, `causal_front`; asked last, None: yes); else None."""
-    if (not _fast.get() or _max_layer_frames.get() is not None or PART_FRAMES is None or sharded
-            or frame_pixels < PARTS_FROM_PIXELS or (reads_caches is not None and not reads_caches())):
+    tier, PART_FRAMES where `frame_pixels` >= PARTS_FROM_PIXELS and `suits()` (the layer's: whether
+    parts pay there, e.g. a residual block's convolutions read their caches where they lie,
+    `causal_front`, and, sharded, the parts cost no halo exchanges of their own; asked last, None:
+    yes); else None."""
+    if (not _fast.get() or _max_layer_frames.get() is not None or PART_FRAMES is None
+            or frame_pixels < PARTS_FROM_PIXELS or (suits is not None and not suits())):
         yield
         return
     token = _max_layer_frames.set(PART_FRAMES)

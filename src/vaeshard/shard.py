@@ -61,6 +61,10 @@ class ShardContext:
         """Comm.fill_halo over this request's shard ranks."""
         return self.comm.fill_halo(buf, dim, before, after, self.num_ranks)
 
+    def neighbour_rows(self, x: torch.Tensor, dim: int, before: int, after: int):
+        """Comm.neighbour_rows over this request's shard ranks."""
+        return self.comm.neighbour_rows(x, dim, before, after, self.num_ranks)
+
     def zero_edges(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
         """Zero the first `before` rows of `buf` along `dim` on the first shard rank and the last
         `after` on the last one: the zero padding at the global edges, for a buffer whose halo rows
@@ -448,16 +452,25 @@ class HaloConv2d:
         out = torch.empty((f * sub, self.out_channels, 2 * rows, 2 * cols), dtype=src.dtype, device=src.device,
                           memory_format=torch.channels_last)
         step = f if limit is None else max(1, limit // sub)
+        # sharded in parts: the source's halo rows received once for all the parts
+        edges = ctx.neighbour_rows(src, ctx.dim(src), 1, 1) if ctx is not None and step < f else None
         for a in range(0, f, step):
             part = src[a : a + step]
             n = part.shape[0]
             if ctx is not None or sub > 1:
                 buf, core = self.input_buffer(part, (n * sub, cin, rows, cols))
-                if sub > 1:
-                    core.unflatten(0, (n, sub)).copy_(part.unflatten(1, (sub, cin)))
-                else:
-                    copy_frames(core, part, 0)
-                part = buf if ctx is None else ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
+                _place_frames(core, part, sub, cin)
+                if ctx is not None and edges is None:
+                    ctx.fill_halo(buf, ctx.dim(buf), 1, 1)
+                elif ctx is not None:  # this part's rows of the received ones, zeros beyond a global edge
+                    dim = ctx.dim(buf)
+                    for received, at in zip(edges, (0, buf.shape[dim] - 1)):
+                        target = buf.narrow(dim, at, 1)
+                        if received is None:
+                            target.zero_()
+                        else:
+                            _place_frames(target, received[a : a + n], sub, cin, one_copy=True)
+                part = buf
             upsample.conv2d_by_phases(part, self.weight, self.bias, halo, phases, out=out[a * sub : (a + n) * sub],
                                       addend=None if addend is None else addend._replace(first=addend.first + a * sub))
             del part
@@ -465,6 +478,18 @@ class HaloConv2d:
 
     def _halo_rows(self, ctx) -> int:
         return self.padding[0] if ctx.axis == HEIGHT else self.padding[1]
+
+
+def _place_frames(dst: torch.Tensor, src: torch.Tensor, sub: int, cin: int, one_copy: bool = False) -> None:
+    """`src`'s frames (HaloConv2d.forward_by_phases' source layout: with `sub` = 2 each frame's two
+    channel halves of `cin` are two frames) copied into `dst` (frames of `cin` channels);
+    `one_copy`: one copy kernel rather than `copy_frames`' one per frame (a few rows)."""
+    if sub > 1:
+        dst.unflatten(0, (src.shape[0], sub)).copy_(src.unflatten(1, (sub, cin)))
+    elif one_copy:
+        dst.copy_(src)
+    else:
+        copy_frames(dst, src, 0)
 
 
 class HaloZeroPad2d:

@@ -386,10 +386,11 @@ class FastResidualBlock:
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
         if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
-        def reads() -> bool:
-            return all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2))
+        def suits() -> bool:  # sharded, the parts share the block's one halo exchange (`_edges`)
+            return ((shard.current() is None or _one_exchange(self, x))
+                    and all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2)))
 
-        with fast.frames_for_layer(x.shape[-2] * x.shape[-1], shard.current() is not None, reads):
+        with fast.frames_for_layer(x.shape[-2] * x.shape[-1], suits):
             return self._forward_in_parts(x, feat_cache, feat_idx)
 
     def _forward_in_parts(self, x, feat_cache, feat_idx):
@@ -398,11 +399,13 @@ class FastResidualBlock:
             return self._fast_forward(x, feat_cache, feat_idx)
         # max_layer_frames: the block on parts of the frames; each part reuses the block's cache
         # slots, which the part before it has just filled with its own last frames
+        edges = _edges(self, x)
         start, out = feat_idx[0], None
         for a in range(0, x.shape[2], limit):
             part = x[:, :, a : a + limit]
             feat_idx[0] = start
-            y = self._fast_forward(part, feat_cache, feat_idx)
+            part_edges = None if edges is None else tuple(e if e is None else e[:, :, a : a + limit] for e in edges)
+            y = self._fast_forward(part, feat_cache, feat_idx, part_edges)
             if out is None and _same_storage(y, part):
                 continue  # the sum went into the input's frames (identity shortcut): nothing to place
             if out is None:  # an output of its own: place this part and any before it there
@@ -416,16 +419,20 @@ class FastResidualBlock:
             del y
         return x if out is None else out
 
-    def _fast_forward(self, x, feat_cache, feat_idx):
+    def _fast_forward(self, x, feat_cache, feat_idx, edges=None):
+        """The block on `x` (all its frames, or a part); `edges`: a part's rows of `_edges`."""
         h = self.conv_shortcut(x)
         # sharded: conv1 receives two halo rows a side and computes one row more a side, the rows
         # conv2 needs from its neighbours, so a block makes one halo exchange instead of two
-        one_exchange = _one_exchange(self, x)
+        one_exchange = edges is not None or _one_exchange(self, x)
         rows1, rows2 = ((2, 2), (0, 0)) if one_exchange else (None, None)
         # each activation is dropped as soon as the next buffer holds what is needed of it, so a
         # block holds at most its input (the residual), one convolution input and one output (or,
         # where conv1 computes norm2 as it stores, the two convolutions' inputs)
-        pending = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
+        if edges is None:
+            pending = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
+        else:
+            pending = _norm_with_edges_into_causal_conv(self.norm1, self.conv1, x, edges, feat_cache, feat_idx)
         fuse = fast.fused_bias_add_available(x)  # conv2's bias and the residual in one pass (CUDA)
         del x
         pre_bias = self.conv1.bias if fast.bias_moved(self.conv1) else None
@@ -494,7 +501,11 @@ class FastUpsample:
         `shortcut`, a (DupUp3D, its source) pair, was added into it as the phases were interleaved
         (`_dup_addend`; else the caller adds it)). Its output frames (4x the source's pixels) decide
         the parts (`fast.frames_for_layer`)."""
-        with fast.frames_for_layer(4 * x.shape[-2] * x.shape[-1], shard.current() is not None):
+        def suits() -> bool:  # sharded, parts by phases share one halo exchange of their source
+            # (forward_by_phases); a part upsampled into a buffer would make its own
+            return shard.current() is None or (fast.upsample_by_phases(x) and upsample.takes(self.resample[1]))
+
+        with fast.frames_for_layer(4 * x.shape[-2] * x.shape[-1], suits):
             return self._upsample(x, feat_cache, feat_idx, shortcut)
 
     def _upsample(self, x, feat_cache, feat_idx, shortcut):
@@ -677,6 +688,39 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
         if (conv.kernel_size[i], conv.stride[i], conv.dilation[i]) != (3, 1, 1):
             return False
     return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= 2
+
+
+def _edges(block: nn.Module, x: torch.Tensor):
+    """Sharded, where `block` makes one halo exchange (`_one_exchange`): the rows of its input `x`
+    that conv1 needs from the neighbours (two a side), received for all the parts of `x` at once,
+    as (rows before, rows after), None beyond a global edge (Comm.neighbour_rows); else None. The
+    norm before conv1 is computed voxel by voxel, so each part computes its halo rows from these
+    (`_norm_with_edges_into_causal_conv`): the values its neighbours would send, with one exchange
+    for all the parts instead of one per part."""
+    ctx = shard.current()
+    if ctx is None or not _one_exchange(block, x):
+        return None
+    return ctx.neighbour_rows(x, ctx.dim(x), 2, 2)
+
+
+def _norm_with_edges_into_causal_conv(norm, conv, x, edges, feat_cache, feat_idx) -> _CausalInput:
+    """`_norm_into_causal_conv` for a part of a sharded block's frames (`_forward_in_parts`) with
+    conv1's two halo rows a side computed here: silu(norm(x)) between silu(norm(.)) of the part's
+    rows of `edges` (`_edges`), zeros beyond a global edge, all written into conv1's input buffer,
+    which then exchanges nothing (halo rows (0, 0): the buffer holds them)."""
+    ctx = shard.current()
+    dim, extent = ctx.dim(x), x.shape[ctx.dim(x)]
+    shape = list(x.shape)
+    shape[dim] += 4
+    pending = _causal_input(conv, x, feat_cache, feat_idx, (0, 0), tuple(shape))
+    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, out=pending.new.narrow(dim, 2, extent))
+    for rows, at in zip(edges, (0, extent + 2)):
+        target = pending.new.narrow(dim, at, 2)
+        if rows is None:
+            target.zero_()
+        else:
+            fast.rms_norm(rows, norm.gamma, norm.bias, norm.scale, silu=True, out=target)
+    return pending
 
 
 def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None) -> _CausalInput:
