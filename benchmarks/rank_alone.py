@@ -10,8 +10,9 @@ The stand-in allocates what the exchanges and the final gather allocate (send co
 buffers, gathered keys and values, the assembled output) and sends nothing, so the halo rows hold
 whatever their buffers held: the output is not the decode's, the work is. Prints, per rank count
 (and `--cuda-graphs` and `--parts` value), the median wall time of `--reps` decodes after a warm-up
-one (each between device synchronisations), when the host had issued the decode (its call returned),
-and the peak allocated memory over a decode (`max_memory_allocated` minus what was allocated before).
+one (each between device synchronisations), when the host had issued the decode (its call returned)
+and how long its thread ran until then (`time.thread_time`: without the time a busy machine kept it
+waiting; where the GPU is idle most of the time, a small `--latent`, the host's own cost), and the peak allocated memory over a decode (`max_memory_allocated` minus what was allocated before).
 
 What this is: a rank's own GPU and host work, without the exchanges' transfers and without waiting
 for its neighbours: a lower bound for an N-GPU decode's time, not a measurement of one; the N-GPU
@@ -52,6 +53,9 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true",
                     help="also: one decode of each share under cProfile, the functions with the most host time")
     ap.add_argument("--top", type=int, default=25, help="functions listed by --host-profile (default 25)")
+    ap.add_argument("--parts-from-pixels", type=int, default=None,
+                    help="fast.PARTS_FROM_PIXELS for this run (default: the library's), e.g. 1 to time the "
+                         "parts' host cost at a small --latent")
     ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
                                                    "on,off (default on)")
     args = ap.parse_args()
@@ -69,11 +73,13 @@ def main() -> None:
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
           f"(a lower bound for that many GPUs, not a measurement of it)")
-    default_parts = fast.PART_FRAMES
+    default_parts, threshold = fast.PART_FRAMES, fast.PARTS_FROM_PIXELS
+    if args.parts_from_pixels is not None:
+        fast.PARTS_FROM_PIXELS = args.parts_from_pixels
     try:
         _time_shares(args, vae, z, shape, device, default_parts)
     finally:
-        fast.PART_FRAMES = default_parts
+        fast.PART_FRAMES, fast.PARTS_FROM_PIXELS = default_parts, threshold
 
 
 def _time_shares(args, vae, z, shape, device, default_parts) -> None:
@@ -90,24 +96,26 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats(device)
                     held = torch.cuda.memory_allocated(device)
-                    start = time.perf_counter()
+                    start, cpu = time.perf_counter(), time.thread_time()
                     with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs]):
                         out = decode_as_rank(vae, z, ranks, axis)
-                    issued = time.perf_counter() - start
+                    issued, cpu = time.perf_counter() - start, time.thread_time() - cpu
                     torch.cuda.synchronize()
                     took = time.perf_counter() - start
                     del out
-                    return took, issued, (torch.cuda.max_memory_allocated(device) - held) / 2**30
+                    return took, issued, (torch.cuda.max_memory_allocated(device) - held) / 2**30, cpu
 
                 decode()  # warm-up: cuDNN's timing, kernel compiles
                 runs = [decode() for _ in range(args.reps)]
-                median = statistics.median(t for t, _, _ in runs)
-                host = statistics.median(h for _, h, _ in runs)
-                peak = max(p for _, _, p in runs)
+                median = statistics.median(t for t, _, _, _ in runs)
+                host = statistics.median(h for _, h, _, _ in runs)
+                cpu = statistics.median(c for _, _, _, c in runs)
+                peak = max(p for _, _, p, _ in runs)
                 first = first or median
                 where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
                 print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
-                      f"({', '.join(f'{t:.3f}' for t, _, _ in runs)}), host returned at {host:.3f} s, peak "
+                      f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
+                      f"(its thread ran {cpu:.3f} s), peak "
                       f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first row / this {first / median:.2f}x",
                       flush=True)
                 if args.host_profile:

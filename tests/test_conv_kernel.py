@@ -818,7 +818,7 @@ def _recorded_box_launches(monkeypatch) -> list[dict]:
             return lambda *args, **kw: launched.append({**dict(zip(names, args)), **kw})
 
     monkeypatch.setattr(box_conv, "_box_conv_kernel", Kernel())
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"multi_processor_count": 4}))
+    monkeypatch.setattr(box_conv, "_multiprocessors", lambda device: 4)
     return launched
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .triton_support import runs_on, tl, triton
+from .triton_support import launch, runs_on, tl, triton
 
 # the most bytes of fp32 scores one block of query rows holds (its probabilities are written over them)
 SCORES_BYTES = 256 << 20
@@ -74,7 +74,7 @@ def softmax_(s: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     p = s.view(dtype)[:, :lk]  # row i's probabilities over the first half of row i's scores
     single = lk <= ROW_BLOCK
     block = triton.next_power_of_2(lk) if single else ROW_BLOCK
-    _softmax_rows_kernel[(n,)](s, p, lk, s.stride(0), p.stride(0), float(scale), BLOCK=block, SINGLE=single,
+    launch(_softmax_rows_kernel, (n,), s, p, lk, s.stride(0), p.stride(0), float(scale), BLOCK=block, SINGLE=single,
                                BLOCKS=triton.cdiv(lk, block),
                                num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
     return p

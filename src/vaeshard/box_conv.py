@@ -59,7 +59,7 @@ from typing import NamedTuple
 import torch
 
 from . import norm_math
-from .triton_support import frame_stride, triton
+from .triton_support import frame_stride, launch, triton
 
 try:  # Gluon: Triton 3.5 and later
     from triton.experimental import gluon
@@ -460,12 +460,14 @@ def box_weight_of(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().permute(0, 2, 3, 4, 1).reshape(weight.shape[0], -1).contiguous()
 
 
+@functools.lru_cache(maxsize=None)
 def out_layout(channels: int):
     """The shared-memory layout of the TMA boxes of an output patch of `channels` channels (4-D; boxes
     of at most 64 channels, 128 bytes, the widest swizzle)."""
     return gl.NVMMASharedLayout(swizzle_byte_width=min(128, 2 * channels), element_bitwidth=16, rank=4)
 
 
+@functools.lru_cache(maxsize=None)
 def descriptor_layouts(how: BoxPlan = PLAN):
     """The shared-memory layouts of the input boxes (4-D) and weight tiles (2-D): rows of block_k
     channels, swizzled by their width."""
@@ -495,14 +497,13 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     _, ph, pw = padding
     tout, ho, wo = out.shape[2:]
     r, cw, bk = how.rows, how.cols, how.block_k
-    box_layout, w_layout = descriptor_layouts(how)
+    box_layout, _ = descriptor_layouts(how)
     tma_out = how.tma_out and norm is None
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
     shape, strides = [n * tin, h, w, c], [h * w * c, w * c, c, 1]
     xd = GluonDescriptor(xl, shape, strides, [1, r, cw, bk], box_layout)
     xd2 = GluonDescriptor(xl, shape, strides, [1, 2, cw, bk], box_layout)
-    wd = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n, bk], w_layout)
-    wd2 = GluonDescriptor(box_weight, [cout, 27 * c], [27 * c, 1], [how.block_n2 or how.block_n, bk], w_layout)
+    wd, wd2 = _weight_descriptors(box_weight, how)
     cd, cd2, tc = xd, xd2, 0  # (stand-ins for the cache; without one, a causal frame is the zero fill)
     if causal and cache is not None:
         tc = cache.shape[2]
@@ -518,12 +519,12 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     tiles_w = triton.cdiv(wo, cw)
     tiles = triton.cdiv(ho, r) * tiles_w
     total = n * tout * tiles * triton.cdiv(cout, per_tile)
-    programs = min(total, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    programs = min(total, _multiprocessors(x.device))
     unused = box_weight  # a pointer for the arguments a launch does not read
     gamma = unused if norm is None else norm.gamma
     norm_bias = None if norm is None else norm.bias
     pre_bias = None if norm is None else norm.pre_bias
-    _box_conv_kernel[(programs,)](
+    launch(_box_conv_kernel, (programs,),
         xd, xd2, cd, cd2, wd, wd2, od, od2, out, unused if bias is None else bias, gamma,
         unused if norm_bias is None else norm_bias, unused if pre_bias is None else pre_bias,
         float(1.0 if norm is None else norm.scale), float(1e-12 if norm is None else norm.eps), tin, tout, tc, ho, wo, ph,
@@ -535,6 +536,27 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
         A_REGS=how.a_regs, TMA_OUT=tma_out, CAUSAL=causal, num_warps=how.num_warps,
     )
     return out
+
+
+_WEIGHT_DESCRIPTORS = "_vaeshard_box_descriptors"
+
+
+def _weight_descriptors(box_weight: torch.Tensor, how: BoxPlan):
+    """The descriptors of the weight's two channel tiles for the plan `how`, made once per weight
+    layout tensor (kept on it: conv_kernel.cached_box_weight keeps that tensor from call to call)
+    instead of at every launch, which the host pays for at every convolution."""
+    kept = box_weight.__dict__.setdefault(_WEIGHT_DESCRIPTORS, {})
+    if how not in kept:
+        cout, k = box_weight.shape
+        _, w_layout = descriptor_layouts(how)
+        kept[how] = tuple(GluonDescriptor(box_weight, [cout, k], [k, 1], [bn, how.block_k], w_layout)
+                          for bn in (how.block_n, how.block_n2 or how.block_n))
+    return kept[how]
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def compile_for_hopper(how: BoxPlan = PLAN, cin: int = 96, cout: int = 96, add: bool = False, norm: bool = False,

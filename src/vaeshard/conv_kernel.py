@@ -41,7 +41,7 @@ from typing import NamedTuple
 import torch
 
 from . import box_conv, norm_math
-from .triton_support import frame_stride, runs_on, tl, triton
+from .triton_support import frame_stride, launch, runs_on, tl, triton
 
 if triton is not None:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -261,7 +261,7 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     unused = wk  # a pointer for the arguments a launch does not read
     g = norm if norm is not None else NormEpilogue(unused, None, 1.0)
     g = g._replace(bias=g.bias if isinstance(g.bias, torch.Tensor) else None)
-    _conv3x3x3_kernel[(n * tout * tiles,)](
+    launch(_conv3x3x3_kernel, (n * tout * tiles,),
         xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles, sf, sr, sc,
         g.gamma, unused if g.bias is None else g.bias, unused if g.pre_bias is None else g.pre_bias,
         float(g.scale), float(g.eps),

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 
 from . import attention as attention_kernel
 from . import conv_kernel, norm_math
-from .triton_support import runs_on, tl, triton
+from .triton_support import launch, runs_on, tl, triton
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
 _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
@@ -328,7 +328,7 @@ def add_duplicated_(out: torch.Tensor, src: torch.Tensor, factor_t: int, factor_
     block_c = min(128, triton.next_power_of_2(c))
     block_v = max(1, 4096 // block_c)
     grid = (triton.cdiv(t2 * h2 * w2, block_v), triton.cdiv(c, block_c), n)
-    _add_duplicated_kernel[grid](
+    launch(_add_duplicated_kernel, grid,
         out, src, t2 * h2 * w2, c, t2, h2, w2, out.stride(0), out.stride(2), out.stride(3), out.stride(4),
         src.stride(0), src.stride(2), src.stride(3), src.stride(4), FT=factor_t, FS=factor_s, PER=factor // repeats,
         REPEATS=repeats, BLOCK_V=block_v, BLOCK_C=block_c, num_warps=4,
@@ -501,11 +501,11 @@ def _bias_pass(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | Non
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
     shn, shc, sh0, sh1, sh2 = _spatial_strides(residual)[3] if residual is not None else (sxn, sxc, sx0, sx1, sx2)
     s = d0 * d1 * d2
-    block_s, block_c, launch = _tile(c)
-    _bias_residual_kernel[(triton.cdiv(s, block_s), n)](
+    block_s, block_c, options = _tile(c)
+    launch(_bias_residual_kernel, (triton.cdiv(s, block_s), n),
         x, x if residual is None else residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2,
         shn, shc, sh0, sh1, sh2, BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual,
-        RESIDUAL=residual is not None, WIDE=_wide(x) if residual is None else _wide(x, residual), **launch,
+        RESIDUAL=residual is not None, WIDE=_wide(x) if residual is None else _wide(x, residual), **options,
     )
 
 
@@ -578,16 +578,16 @@ def rms_norm(
         raise ValueError(f"rms_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(y.shape)}, {y.dtype}")
     _, _, _, (syn, syc, sy0, sy1, sy2) = _spatial_strides(y)
     s = d0 * d1 * d2
-    block_s, _, launch = _tile(c)
+    block_s, _, options = _tile(c)
     block_c, chunks = _channel_blocks(c)
     has_bias = isinstance(bias, torch.Tensor)
     grid = (triton.cdiv(s, block_s), n)
-    _rms_norm_silu_kernel[grid](
+    launch(_rms_norm_silu_kernel, grid,
         x, y, gamma.reshape(-1), bias.reshape(-1) if has_bias else gamma,
         pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, d1, d2,
         sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2,
         float(scale), float(eps), HAS_BIAS=has_bias, PRE_BIAS=pre_bias is not None, SILU=silu,
-        BLOCK_S=block_s, BLOCK_C=block_c, CHUNKS=chunks, WIDE=_wide(x, y), **launch,
+        BLOCK_S=block_s, BLOCK_C=block_c, CHUNKS=chunks, WIDE=_wide(x, y), **options,
     )
     return y
 

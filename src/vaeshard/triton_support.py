@@ -32,3 +32,66 @@ def frame_stride(t) -> int:
     or with one frame per sample its sample stride, as a size-1 axis's own stride can be anything
     (an upsampler's output after one frame, a view of (N, C, H, W) frames, has the channels')."""
     return t.stride(0) if t.shape[2] == 1 else t.stride(2)
+
+
+# --- launches ----------------------------------------------------------------------------------------
+
+# Each Triton launch through the JIT function binds and classifies every argument again (its
+# specialization: a tensor's dtype and 16-byte alignment, an integer's width and whether it is 1 or a
+# multiple of 16, a descriptor's dtype, block and layout) to find the compiled kernel: about 60 of
+# the 245 us the host spent per box_conv launch, 16 of 73 per norm launch, on an H200's host
+# (BENCHMARKS.md, the host's cost per launch). `launch` keeps the compiled kernel per key of the
+# arguments, a key at least as fine as that classification (every integer by its value), and launches
+# it directly when the key was seen before.
+_COMPILED = "_vaeshard_compiled"
+_KEYS_KEPT = 4096  # per kernel; past it the kept kernels are dropped and found again
+
+
+def launch(kernel, grid: tuple, *args, **kwargs) -> None:
+    """`kernel[grid](*args, **kwargs)` (`args`: the kernel's leading parameters in order, `kwargs`:
+    the rest by name, constexprs and launch options such as num_warps; parameters with defaults are
+    not left out), the same launch, through the compiled kernel kept for these arguments' key where
+    there is one. In Triton's interpreter, or for arguments of a kind `_key` does not classify, the
+    JIT function launches as usual."""
+    key = None if interpreting() else _key(args, kwargs)
+    kept = kernel.__dict__.setdefault(_COMPILED, {})
+    compiled = kept.get(key) if key is not None else None
+    if compiled is None:
+        compiled = kernel[grid](*args, **kwargs)
+        if key is not None and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
+            if len(kept) >= _KEYS_KEPT:
+                kept.clear()
+            kept[key] = compiled
+        return
+    # every parameter in order, as the JIT function hands them to the compiled kernel's launcher
+    # (which skips the constexprs: they are compiled in)
+    compiled[(*grid, *(1,) * (3 - len(grid)))](*args, *(kwargs[name] for name in kernel.arg_names[len(args):]))
+
+
+def _key(args, kwargs):
+    """The arguments' key for `launch` (None: not classified), with the current CUDA device: each
+    tensor by its dtype and 16-byte alignment, each integer by its value, each descriptor by its
+    dtype, block and layout, the rest by name and value."""
+    import torch
+
+    if not torch.cuda.is_initialized():  # (no CUDA kernel has run: a CPU install, or stand-ins in tests)
+        return None
+    parts = [torch.cuda.current_device()]
+    for a in args:
+        kind = type(a)
+        if kind is int or kind is bool or a is None:
+            parts.append((kind, a))
+        elif kind is float:
+            parts.append(kind)
+        elif isinstance(a, torch.Tensor):
+            parts.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a TMA descriptor (Triton's or Gluon's)
+            parts.append((kind, a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None),
+                          getattr(a, "padding", None)))
+        else:
+            return None
+    for name, value in kwargs.items():
+        if not (value is None or type(value) in (int, float, bool, str)):
+            return None
+        parts.append((name, value))
+    return tuple(parts)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .conv_kernel import kept_on_weight
-from .triton_support import runs_on, tl, triton
+from .triton_support import launch, runs_on, tl, triton
 
 _PHASE_WEIGHT = "_vaeshard_phase_weight"
 
@@ -148,7 +148,7 @@ def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
         # (no addend: a stand-in that adds nothing, ADD=False, whose pointer and strides go unread)
         a = addend or Addend(y.unsqueeze(2), 1, 1, 1, frames=1)
         ss = a.src.stride()
-        _interleave_kernel[grid](
+        launch(_interleave_kernel, grid,
             out, y, bias if bias is not None else y, a.src, voxels, cout, cols2,
             out.stride(0), out.stride(2), out.stride(3), y.stride(0), y.stride(2), y.stride(3),
             a.frames, a.first, ss[0], ss[2], ss[3], ss[4],
