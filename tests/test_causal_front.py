@@ -128,7 +128,7 @@ def test_default_parts_keep_their_two_frame_buffers_as_the_caches(monkeypatch):
     assert err.max() <= MAX and err.mean() <= MEAN, (err.max(), err.mean())
 
 
-def _sharded_parts(rank, world):
+def _sharded_parts(rank, world, mode):
     """One rank of a sharded fp16 decode with box_conv's stand-in and every frame size above the
     default parts' threshold, then without the default parts (fast.PART_FRAMES None), then diffusers'
     fp32 decode: (per decode with parts and without: the most new frames a residual block's buffer
@@ -161,14 +161,14 @@ def _sharded_parts(rank, world):
         exchanges.append(1)
         return neighbour_rows(self, *args)
 
-    z = latent((1, 4, 3, 4, 8))
+    z = latent((1, 4, 3, 4, 9))
     results = []
     with (box_stand_in.installed([]), mock.patch.object(fast, "PARTS_FROM_PIXELS", 1),
           mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy),
           mock.patch.object(shard.HaloConv2d, "forward_by_phases", spy_phases),
           mock.patch.object(Comm, "neighbour_rows", spy_exchange)):
         vae = build("wan21").to(torch.float16)
-        vaeshard.parallelize(vae, mode="spatial_shard_height")
+        vaeshard.parallelize(vae, mode=mode)
         for part_frames in (fast.PART_FRAMES, None):
             held.clear(), upsampled.clear(), exchanges.clear()
             with mock.patch.object(fast, "PART_FRAMES", part_frames):
@@ -182,14 +182,15 @@ def _sharded_parts(rank, world):
     return seen_parts, seen_whole, torch.equal(parts, whole), err.max().item(), err.mean().item()
 
 
-def test_sharded_decodes_take_default_parts_with_one_exchange():
+@pytest.mark.parametrize("mode, world", [("spatial_shard_height", 2), ("spatial_shard_width", 3)])
+def test_sharded_decodes_take_default_parts_with_one_exchange(mode, world):
     """Sharded, the residual blocks and upsamplers above the threshold take the default parts of two
     frames and make one halo exchange for all of them: a block receives the raw rows of its input
     and each part norms its own halo rows from them (wan._edges); an upsampler receives its source's
     rows once and each part copies its own (HaloConv2d.forward_by_phases). The decode makes as many
     exchanges as without the parts, is the one without them bit for bit, and is within tolerance of
-    diffusers' fp32 decode."""
-    for seen_parts, seen_whole, same, err_max, err_mean in run_ranks(_sharded_parts, 2, timeout=120):
+    diffusers' fp32 decode. By width on three ranks the middle one receives rows from both sides."""
+    for seen_parts, seen_whole, same, err_max, err_mean in run_ranks(_sharded_parts, world, mode, timeout=120):
         assert seen_parts[:2] == (2, 2) and seen_whole[:2] == (4, 4), (seen_parts, seen_whole)
         assert seen_parts[2] == seen_whole[2] > 0, (seen_parts, seen_whole)
         assert same, "the default parts changed the sharded decode"

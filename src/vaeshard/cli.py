@@ -300,9 +300,8 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                         help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
     parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
-                        help="fast tier: frames a decoder layer takes at once, at least 2 (default: 2 in an unsharded "
-                             "decode's layers of the largest frames where that is cheap, all elsewhere; "
-                             "fewer: less memory)")
+                        help="fast tier: frames a decoder layer takes at once, at least 2 (default: 2 in the layers "
+                             "of the largest frames where that is cheap, all elsewhere; fewer: less memory)")
     parser.add_argument("--no-triton-convs", dest="triton_convs", action="store_false",
                         help="fast tier: run every convolution on cuDNN, none on vaeshard's own Triton kernel")
 

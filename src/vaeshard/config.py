@@ -45,14 +45,16 @@ class VaeParallelConfig:
              the causal cache's length; the encoder's stride-2 time convolutions always run whole). A layer given more (Wan's decoder gives its highest-resolution
              layers 4 frames per latent frame) runs on parts of at most this many, each part's cache
              being the frames before it: the same values, the activations of fewer frames alive at
-             once (less peak memory), more kernel launches and halo exchanges in those layers.
-             None: in an unsharded decode, where the frames hold at least 2^18 pixels
-             (fast.PARTS_FROM_PIXELS), the upsamplers, and the residual blocks whose convolutions
-             box_conv's kernel runs (Wan 2.1's and Qwen-Image's on Hopper GPUs), take parts of 2
-             frames; each such block's part buffer then becomes its convolution's cache, not copied
-             (Wan 2.1 720p on one H200: 1.183 against 1.198 s and 5.81 against 6.47 GiB); other
-             layers, and sharded decodes (where parts made a rank's decode host-bound), take all
-             their frames. A number of 4 or more keeps Wan's layers whole at one latent frame per step.
+             once (less peak memory), more kernel launches in those layers (and, sharded, more halo
+             exchanges where a causal convolution alone runs in parts, as the head's).
+             None: where a rank's frames hold at least 2^18 pixels (fast.PARTS_FROM_PIXELS), the
+             upsamplers, and the residual blocks whose convolutions box_conv's kernel runs (Wan 2.1's
+             and Qwen-Image's on Hopper GPUs), take parts of 2 frames; each such block's part buffer
+             then becomes its convolution's cache, not copied (Wan 2.1 720p on one H200: 1.183
+             against 1.198 s and 5.81 against 6.47 GiB); other layers take all their frames.
+             Sharded, a layer makes one halo exchange for all its parts (with this setting too), and
+             takes no default parts where it could not. A number of 4 or more keeps Wan's layers
+             whole at one latent frame per step.
     triton_convs: fast tier, CUDA: the 3x3x3 convolutions where vaeshard's own Triton kernel measured
              faster than cuDNN (Wan 2.1's and Qwen-Image's 96- and 192-channel layers at 720p, and
              sharded by width; see conv_kernel.py) run as that kernel (True, default); False runs

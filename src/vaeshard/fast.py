@@ -51,9 +51,10 @@ outside a vaeshard request always sees the original layers. What changes in the 
   a growing concatenation, and with `frames_per_step` > 1 several latent frames per call. With
   `max_layer_frames` set, their residual blocks, upsamplers and causal convolutions run on at most
   that many frames at once, the causal cache handed from part to part (less activation memory).
-  Without it, an unsharded decode's layers with the largest frames take parts of two
-  (`frames_for_layer`): the upsamplers, and the residual blocks whose convolutions box_conv runs,
-  whose part buffers then become their caches instead of being copied into them.
+  Without it, the layers with the largest frames take parts of two (`frames_for_layer`): the
+  upsamplers, and the residual blocks whose convolutions box_conv runs, whose part buffers then
+  become their caches instead of being copied into them; sharded, such a layer makes one halo
+  exchange for all its parts.
   Their residual blocks and upsamplers overwrite each causal cache in place once it has its steady
   shape, instead of making a new tensor per decoder call (the same values, less memory reserved).
   On CUDA their steady decoder calls (all but the first two and a shorter last one) are replayed

@@ -440,7 +440,8 @@ class HaloConv2d:
         them out of channel halves, or sharded into a buffer with one halo row a side (received
         from the neighbours, zeros at the global edges), which replaces the padding on that axis.
         `limit` (max_layer_frames): the phases of at most that many output frames at a time (at
-        least one source frame's). `addend` (`upsample.takes_addend`; its `first` is the output's
+        least one source frame's); sharded, the source's halo rows are received once for all the
+        parts and each part copies its own. `addend` (`upsample.takes_addend`; its `first` is the output's
         first frame): added as the phases are interleaved."""
         if not upsample.takes(self):
             return None

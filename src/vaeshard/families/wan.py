@@ -373,7 +373,10 @@ class FastResidualBlock:
     frames of the input, otherwise into one output for the block. Without the setting, unsharded, a
     block whose convolutions read their caches where they lie (box_conv) takes parts of two frames
     where its frames are large (fast.frames_for_layer): each part's buffer, two new frames, becomes the
-    convolution's next cache instead of being copied into the old one (`_store_cache`).
+    convolution's next cache instead of being copied into the old one (`_store_cache`). Sharded, the
+    parts (by default or by the setting) share one halo exchange: the neighbours' raw rows of the
+    block's input that conv1 needs, from which each part computes its own halo rows (`_edges`); a
+    block that makes two exchanges (a shard of fewer than two rows) takes no default parts.
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
     instead of replaced (`_store_cache`; the same values) and, sharded, is taken after the halo
