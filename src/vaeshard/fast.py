@@ -567,7 +567,6 @@ def rms_norm(
     use_triton = runs_on(x) and x.numel() > 0
     geometry = _spatial_strides(x) if use_triton else None
     if geometry is None:  # the same steps in eager PyTorch (CPU, or shapes the kernel does not take)
-        source = x
         if pre_bias is not None:
             x = x + pre_bias.reshape(1, -1, *([1] * (x.ndim - 2)))
         y = F.normalize(x.float(), dim=1, eps=eps).to(x.dtype) * scale * gamma + bias
