@@ -128,58 +128,65 @@ def test_default_parts_keep_their_two_frame_buffers_as_the_caches(monkeypatch):
     assert err.max() <= MAX and err.mean() <= MEAN, (err.max(), err.mean())
 
 
-def _sharded_parts(rank, world, mode):
+def _sharded_parts(rank, world, mode, shape=(1, 4, 3, 4, 9), threshold=1):
     """One rank of a sharded fp16 decode with box_conv's stand-in and every frame size above the
     default parts' threshold, then without the default parts (fast.PART_FRAMES None), then diffusers'
     fp32 decode: (per decode with parts and without: the most new frames a residual block's buffer
-    read with its cache where it lies held, the most frames an upsampler's convolution took at a
-    time, the halo exchanges made), whether the two decodes are equal bit for bit, and the max and
-    mean difference to diffusers'."""
+    read with its cache where it lies held at the largest frames, the most frames an upsampler's
+    convolution took at a time into them, the halo exchanges made), whether the two decodes are
+    equal bit for bit, and the max and mean difference to diffusers'."""
     from unittest import mock
 
     import vaeshard
-    from vaeshard import fast, shard
+    from vaeshard import fast, graphs, shard
     from vaeshard.comm import Comm
 
     from .models import build, latent
 
-    held, upsampled, exchanges = [], [], []
+    held, upsampled, exchanges, graphed = [], [], [], []
     input_buffer, neighbour_rows = shard.HaloCausalConv3d.input_buffer, Comm.neighbour_rows
     by_phases = shard.HaloConv2d.forward_by_phases
 
     def spy(self, like, cache_x, halo_rows=None, shape=None):
         buf, new, ready, front = input_buffer(self, like, cache_x, halo_rows, shape)
         if front is not None:
-            held.append(new.shape[2])
+            held.append((new.shape[-2] * new.shape[-1], new.shape[2]))
         return buf, new, ready, front
 
     def spy_phases(self, src, sub, limit=None, addend=None):
-        upsampled.append(src.shape[0] * sub if limit is None else min(src.shape[0], max(1, limit // sub)) * sub)
+        frames = src.shape[0] * sub if limit is None else min(src.shape[0], max(1, limit // sub)) * sub
+        upsampled.append((src.shape[-2] * src.shape[-1], frames))
         return by_phases(self, src, sub, limit, addend)
+
+    wanted = graphs.wanted
+
+    def spy_wanted(setting, pixels):
+        graphed.append(pixels)
+        return wanted(setting, pixels)
 
     def spy_exchange(self, *args):
         exchanges.append(1)
         return neighbour_rows(self, *args)
 
-    z = latent((1, 4, 3, 4, 9))
+    z = latent(shape)
     results = []
-    with (box_stand_in.installed([]), mock.patch.object(fast, "PARTS_FROM_PIXELS", 1),
+    with (box_stand_in.installed([]), mock.patch.object(fast, "PARTS_FROM_PIXELS", threshold),
           mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy),
           mock.patch.object(shard.HaloConv2d, "forward_by_phases", spy_phases),
-          mock.patch.object(Comm, "neighbour_rows", spy_exchange)):
+          mock.patch.object(Comm, "neighbour_rows", spy_exchange), mock.patch.object(graphs, "wanted", spy_wanted)):
         vae = build("wan21").to(torch.float16)
         vaeshard.parallelize(vae, mode=mode)
         for part_frames in (fast.PART_FRAMES, None):
             held.clear(), upsampled.clear(), exchanges.clear()
             with mock.patch.object(fast, "PART_FRAMES", part_frames):
                 out = vae.decode(z.to(torch.float16)).sample
-            results.append((out, (max(held), max(upsampled), len(exchanges))))
+            results.append((out, (max(held)[1], max(upsampled)[1], len(exchanges))))  # (the largest frames')
         vaeshard.unparallelize(vae)
     with torch.no_grad():
         ref = build("wan21").decode(z).sample
     (parts, seen_parts), (whole, seen_whole) = results
     err = (parts.float() - ref).abs()
-    return seen_parts, seen_whole, torch.equal(parts, whole), err.max().item(), err.mean().item()
+    return seen_parts, seen_whole, torch.equal(parts, whole), err.max().item(), err.mean().item(), graphed
 
 
 @pytest.mark.parametrize("mode, world", [("spatial_shard_height", 2), ("spatial_shard_width", 3)])
@@ -190,8 +197,23 @@ def test_sharded_decodes_take_default_parts_with_one_exchange(mode, world):
     rows once and each part copies its own (HaloConv2d.forward_by_phases). The decode makes as many
     exchanges as without the parts, is the one without them bit for bit, and is within tolerance of
     diffusers' fp32 decode. By width on three ranks the middle one receives rows from both sides."""
-    for seen_parts, seen_whole, same, err_max, err_mean in run_ranks(_sharded_parts, world, mode, timeout=120):
+    for seen_parts, seen_whole, same, err_max, err_mean, _ in run_ranks(_sharded_parts, world, mode, timeout=120):
         assert seen_parts[:2] == (2, 2) and seen_whole[:2] == (4, 4), (seen_parts, seen_whole)
         assert seen_parts[2] == seen_whole[2] > 0, (seen_parts, seen_whole)
         assert same, "the default parts changed the sharded decode"
         assert err_max <= MAX and err_mean <= MEAN, (err_max, err_mean)
+
+
+def test_sharded_ranks_agree_on_the_parts_where_their_frames_differ():
+    """Latent rows 3 and 2 on two ranks: at full resolution 24 x 64 and 16 x 64 pixels, the threshold
+    between them. Every rank decides on the parts by the largest rank's frames, so both take them and
+    their exchanges pair up (a block's exchange sends raw rows in parts, normed rows otherwise): the
+    decode is the one without parts bit for bit. The CUDA graphs' "auto" (graphs.wanted) is asked
+    with the same frame size on both ranks too."""
+    results = run_ranks(_sharded_parts, 2, "spatial_shard_height", (1, 4, 3, 5, 8), 24 * 64, timeout=120)
+    for seen_parts, seen_whole, same, err_max, err_mean, _ in results:
+        assert seen_parts[:2] == (2, 2) and seen_whole[:2] == (4, 4), (seen_parts, seen_whole)
+        assert same, "the ranks' parts disagreed"
+        assert err_max <= MAX and err_mean <= MEAN, (err_max, err_mean)
+    asked = [result[-1] for result in results]
+    assert asked[0] and asked[0] == asked[1] == [24 * 64] * len(asked[0]), asked

@@ -159,8 +159,9 @@ class WanLike:
             return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
 
         # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
-        # (this rank's latent frame, decoded: its output pixels decide cuda_graphs="auto")
-        pixels = z.shape[-2] * z.shape[-1] * vae.spatial_compression_ratio**2
+        # (the largest rank's latent frame, decoded: its output pixels decide cuda_graphs="auto", the
+        # same on every rank)
+        pixels = _frame_pixels(z) * vae.spatial_compression_ratio**2
         with graphs.DecoderSteps(z.device, graphs.wanted(fast.cuda_graphs(), pixels), num_calls) as steps:
             vae.clear_cache()
             try:
@@ -393,7 +394,7 @@ class FastResidualBlock:
             return ((shard.current() is None or _one_exchange(self, x))
                     and all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2)))
 
-        with fast.frames_for_layer(x.shape[-2] * x.shape[-1], suits):
+        with fast.frames_for_layer(_frame_pixels(x), suits):
             return self._forward_in_parts(x, feat_cache, feat_idx)
 
     def _forward_in_parts(self, x, feat_cache, feat_idx):
@@ -508,7 +509,7 @@ class FastUpsample:
             # (forward_by_phases); a part upsampled into a buffer would make its own
             return shard.current() is None or (fast.upsample_by_phases(x) and upsample.takes(self.resample[1]))
 
-        with fast.frames_for_layer(4 * x.shape[-2] * x.shape[-1], suits):
+        with fast.frames_for_layer(4 * _frame_pixels(x), suits):
             return self._upsample(x, feat_cache, feat_idx, shortcut)
 
     def _upsample(self, x, feat_cache, feat_idx, shortcut):
@@ -691,6 +692,18 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
         if (conv.kernel_size[i], conv.stride[i], conv.dilation[i]) != (3, 1, 1):
             return False
     return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= 2
+
+
+def _frame_pixels(x: torch.Tensor) -> int:
+    """The pixels of one of `x`'s frames on the rank that holds the most of them: the same number on
+    every rank of a sharded request, so that all take the same parts (fast.frames_for_layer) and
+    their halo exchanges pair up (a block in parts sends raw rows, one not in parts normed rows)."""
+    ctx = shard.current()
+    pixels = x.shape[-2] * x.shape[-1]
+    if ctx is None:
+        return pixels
+    local = x.shape[ctx.dim(x)]
+    return pixels // local * max(ctx.extents_at(local))
 
 
 def _edges(block: nn.Module, x: torch.Tensor):
