@@ -47,7 +47,7 @@ class VaeParallelConfig:
              being the frames before it: the same values, the activations of fewer frames alive at
              once (less peak memory), more kernel launches in those layers (and, sharded, more halo
              exchanges where a causal convolution alone runs in parts, as the head's).
-             None: where a rank's frames hold at least 2^18 pixels (fast.PARTS_FROM_PIXELS), the
+             None: where the largest rank's frames hold at least 2^18 pixels (fast.PARTS_FROM_PIXELS), the
              upsamplers, and the residual blocks whose convolutions box_conv's kernel runs (Wan 2.1's
              and Qwen-Image's on Hopper GPUs), take parts of 2 frames; each such block's part buffer
              then becomes its convolution's cache, not copied (Wan 2.1 720p on one H200: 1.183
@@ -63,8 +63,8 @@ class VaeParallelConfig:
              one shape (all but the first two and a shorter last one) are captured once as a CUDA
              graph and replayed (graphs.py): the same kernels and values, launched by the host
              once per call instead of a few hundred times, so a decode the host paces (small
-             frames per rank) goes at the GPU's pace. "auto" (default): where a rank's output
-             frame is at most graphs.AUTO_MAX_PIXELS pixels, as measured (a decode the GPU paces
+             frames per rank) goes at the GPU's pace. "auto" (default): where the largest rank's
+             output frame is at most graphs.AUTO_MAX_PIXELS pixels (every rank decides alike), as measured (a decode the GPU paces
              ran slower replayed); True: always; False: every call eagerly.
     """
 

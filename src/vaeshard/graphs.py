@@ -53,7 +53,8 @@ AUTO_MAX_PIXELS = 1 << 18
 
 def wanted(setting, pixels_per_rank: int) -> bool:
     """Whether a request replays its steady decoder calls: `setting` True or False as given; "auto"
-    when a rank's output frame (`pixels_per_rank`) is at most AUTO_MAX_PIXELS."""
+    when a rank's output frame (`pixels_per_rank`; the largest rank's, so that every rank of a
+    sharded request decides alike) is at most AUTO_MAX_PIXELS."""
     if setting == "auto":
         return pixels_per_rank <= AUTO_MAX_PIXELS
     return bool(setting)
