@@ -54,7 +54,8 @@ def main() -> None:
                     help="also: one decode of each share under cProfile, the functions with the most host time")
     ap.add_argument("--top", type=int, default=25, help="functions listed by --host-profile (default 25)")
     ap.add_argument("--parts-from-pixels", type=int, default=None,
-                    help="fast.PARTS_FROM_PIXELS for this run (default: the library's), e.g. 1 to time the "
+                    help="fast.PARTS_FROM_PIXELS and SHARDED_PARTS_FROM_PIXELS for this run (default: the "
+                         "library's), e.g. 1 to time the "
                          "parts' host cost at a small --latent")
     ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
                                                    "on,off (default on)")
@@ -73,13 +74,13 @@ def main() -> None:
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
     print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
           f"(a lower bound for that many GPUs, not a measurement of it)")
-    default_parts, threshold = fast.PART_FRAMES, fast.PARTS_FROM_PIXELS
+    default_parts, thresholds = fast.PART_FRAMES, (fast.PARTS_FROM_PIXELS, fast.SHARDED_PARTS_FROM_PIXELS)
     if args.parts_from_pixels is not None:
-        fast.PARTS_FROM_PIXELS = args.parts_from_pixels
+        fast.PARTS_FROM_PIXELS = fast.SHARDED_PARTS_FROM_PIXELS = args.parts_from_pixels
     try:
         _time_shares(args, vae, z, shape, device, default_parts)
     finally:
-        fast.PART_FRAMES, fast.PARTS_FROM_PIXELS = default_parts, threshold
+        fast.PART_FRAMES, (fast.PARTS_FROM_PIXELS, fast.SHARDED_PARTS_FROM_PIXELS) = default_parts, thresholds
 
 
 def _time_shares(args, vae, z, shape, device, default_parts) -> None:

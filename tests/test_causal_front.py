@@ -128,6 +128,21 @@ def test_default_parts_keep_their_two_frame_buffers_as_the_caches(monkeypatch):
     assert err.max() <= MAX and err.mean() <= MEAN, (err.max(), err.mean())
 
 
+def test_sharded_default_parts_start_at_frames_of_their_own_threshold():
+    # sharded, the parts' extra launches cost a rank's host, which paces it where its GPU work per
+    # frame is small (BENCHMARKS.md: Wan 2.1 720p on 3 ranks): from SHARDED_PARTS_FROM_PIXELS there
+    from vaeshard import fast
+
+    assert fast.SHARDED_PARTS_FROM_PIXELS > fast.PARTS_FROM_PIXELS
+    cases = [(False, fast.PARTS_FROM_PIXELS, fast.PART_FRAMES), (True, fast.PARTS_FROM_PIXELS, None),
+             (True, fast.SHARDED_PARTS_FROM_PIXELS - 1, None), (True, fast.SHARDED_PARTS_FROM_PIXELS, fast.PART_FRAMES),
+             (False, fast.PARTS_FROM_PIXELS - 1, None)]
+    with fast.tier(True):
+        for sharded, pixels, want in cases:
+            with fast.frames_for_layer(pixels, sharded):
+                assert fast.max_layer_frames() == want, (sharded, pixels)
+
+
 def _sharded_parts(rank, world, mode, shape=(1, 4, 3, 4, 9), threshold=1):
     """One rank of a sharded fp16 decode with box_conv's stand-in and every frame size above the
     default parts' threshold, then without the default parts (fast.PART_FRAMES None), then diffusers'
@@ -171,6 +186,7 @@ def _sharded_parts(rank, world, mode, shape=(1, 4, 3, 4, 9), threshold=1):
     z = latent(shape)
     results = []
     with (box_stand_in.installed([]), mock.patch.object(fast, "PARTS_FROM_PIXELS", threshold),
+          mock.patch.object(fast, "SHARDED_PARTS_FROM_PIXELS", threshold),
           mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy),
           mock.patch.object(shard.HaloConv2d, "forward_by_phases", spy_phases),
           mock.patch.object(Comm, "neighbour_rows", spy_exchange), mock.patch.object(graphs, "wanted", spy_wanted)):

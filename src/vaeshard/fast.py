@@ -97,29 +97,36 @@ def max_layer_frames() -> int | None:
     return _max_layer_frames.get() if _fast.get() else None
 
 
-# Fast tier, max_layer_frames None (the default): where one rank decodes the whole frame (no
-# sharding) and its frames hold at least PARTS_FROM_PIXELS pixels (a 512 x 512 frame), a causal video
-# decoder's upsamplers, and its residual blocks whose causal convolutions read their caches where
-# they lie (box_conv's kernel), run on parts of PART_FRAMES frames (None: never by default). One
-# part's activations are alive at a time where they are largest; such a block's part buffer of two
-# frames becomes its convolution's next cache, so the parts copy no cache (`families/wan.py`,
-# `_store_cache`); two such frames are still hundreds of the kernels' tiles. Sharded, each part adds
-# its own halo exchange and host work, and a rank's decode became host-bound (Wan 2.1 720p, rank 0
-# of 2 with the communication stood in: 0.660 against 0.618 s, BENCHMARKS.md): no parts there.
+# Fast tier, max_layer_frames None (the default): where a rank's frames hold at least
+# PARTS_FROM_PIXELS pixels (a 512 x 512 frame; sharded, the largest rank's frames and at least
+# SHARDED_PARTS_FROM_PIXELS), a causal video decoder's upsamplers, and its residual blocks whose
+# causal convolutions read their caches where they lie (box_conv's kernel), run on parts of
+# PART_FRAMES frames (None: never by default). One part's activations are alive at a time where
+# they are largest; such a block's part buffer of two frames becomes its convolution's next cache,
+# so the parts copy no cache (`families/wan.py`, `_store_cache`); two such frames are still hundreds
+# of the kernels' tiles. Sharded, a layer makes one halo exchange for all its parts, but the parts
+# add launches, which a rank's host pays where its GPU work per frame is small: Wan 2.1 720p, a
+# rank's share timed alone with its communication stood in (BENCHMARKS.md), rank 0 of 2 (460,800
+# pixels a frame) ran at its GPU's pace, 0.605-0.607 s with the parts against 0.612-0.613 s without,
+# and rank 1 of 3 (311,040 pixels, the largest rank's) at its host's, 0.440 / 0.615 s with them
+# against 0.438 / 0.575 s without. SHARDED_PARTS_FROM_PIXELS lies between the two.
 PARTS_FROM_PIXELS = 1 << 18
+SHARDED_PARTS_FROM_PIXELS = 3 << 17
 PART_FRAMES: int | None = 2
 
 
 @contextlib.contextmanager
-def frames_for_layer(frame_pixels: int, suits=None):
+def frames_for_layer(frame_pixels: int, sharded: bool, suits=None):
     """Inside: `max_layer_frames()` for a layer (residual block, upsampler) that makes frames of
-    `frame_pixels` pixels on this rank: the request's setting where it has one; else, in the fast
-    tier, PART_FRAMES where `frame_pixels` >= PARTS_FROM_PIXELS and `suits()` (the layer's: whether
-    parts pay there, e.g. a residual block's convolutions read their caches where they lie,
-    `causal_front`, and, sharded, the parts cost no halo exchanges of their own; asked last, None:
-    yes); else None."""
+    `frame_pixels` pixels (`sharded`: on the rank that holds most, the same number on every rank):
+    the request's setting where it has one; else, in the fast tier, PART_FRAMES where
+    `frame_pixels` >= PARTS_FROM_PIXELS (and, `sharded`, >= SHARDED_PARTS_FROM_PIXELS) and `suits()`
+    (the layer's: whether parts pay there, e.g. a residual block's convolutions read their caches
+    where they lie, `causal_front`, and, sharded, the parts cost no halo exchanges of their own;
+    asked last, None: yes); else None."""
+    least = max(PARTS_FROM_PIXELS, SHARDED_PARTS_FROM_PIXELS) if sharded else PARTS_FROM_PIXELS
     if (not _fast.get() or _max_layer_frames.get() is not None or PART_FRAMES is None
-            or frame_pixels < PARTS_FROM_PIXELS or (suits is not None and not suits())):
+            or frame_pixels < least or (suits is not None and not suits())):
         yield
         return
     token = _max_layer_frames.set(PART_FRAMES)

@@ -394,7 +394,7 @@ class FastResidualBlock:
             return ((shard.current() is None or _one_exchange(self, x))
                     and all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2)))
 
-        with fast.frames_for_layer(_frame_pixels(x), suits):
+        with fast.frames_for_layer(_frame_pixels(x), shard.current() is not None, suits):
             return self._forward_in_parts(x, feat_cache, feat_idx)
 
     def _forward_in_parts(self, x, feat_cache, feat_idx):
@@ -509,7 +509,7 @@ class FastUpsample:
             # (forward_by_phases); a part upsampled into a buffer would make its own
             return shard.current() is None or (fast.upsample_by_phases(x) and upsample.takes(self.resample[1]))
 
-        with fast.frames_for_layer(4 * _frame_pixels(x), suits):
+        with fast.frames_for_layer(4 * _frame_pixels(x), shard.current() is not None, suits):
             return self._upsample(x, feat_cache, feat_idx, shortcut)
 
     def _upsample(self, x, feat_cache, feat_idx, shortcut):
