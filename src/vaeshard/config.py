@@ -54,8 +54,8 @@ class VaeParallelConfig:
              against 1.198 s and 5.81 against 6.47 GiB); other layers take all their frames.
              Sharded, a layer makes one halo exchange for all its parts (with this setting too), and
              takes default parts only from 3 x 2^17 pixels (fast.SHARDED_PARTS_FROM_PIXELS: where a
-             rank's GPU work outpaces the parts' launches) and where it can make that one exchange. A number of 4 or more keeps Wan's layers
-             whole at one latent frame per step.
+             rank's GPU work outpaces the parts' launches) and where it can make that one exchange.
+             A number of 4 or more keeps Wan's layers whole at one latent frame per step.
     triton_convs: fast tier, CUDA: the 3x3x3 convolutions where vaeshard's own Triton kernel measured
              faster than cuDNN (Wan 2.1's and Qwen-Image's 96- and 192-channel layers at 720p, and
              sharded by width; see conv_kernel.py) run as that kernel (True, default); False runs
