@@ -429,7 +429,7 @@ class FastResidualBlock:
         # sharded: conv1 receives two halo rows a side and computes one row more a side, the rows
         # conv2 needs from its neighbours, so a block makes one halo exchange instead of two
         one_exchange = edges is not None or _one_exchange(self, x)
-        rows1, rows2 = ((2, 2), (0, 0)) if one_exchange else (None, None)
+        rows1, rows2 = ((CONV1_ROWS, CONV1_ROWS), (0, 0)) if one_exchange else (None, None)
         # each activation is dropped as soon as the next buffer holds what is needed of it, so a
         # block holds at most its input (the residual), one convolution input and one output (or,
         # where conv1 computes norm2 as it stores, the two convolutions' inputs)
@@ -677,6 +677,11 @@ def _hooked(block: nn.Module) -> bool:
     return False
 
 
+# Halo rows a side that conv1 of a block making one halo exchange takes (`_one_exchange`): its own
+# padding row and the row conv2 would otherwise receive.
+CONV1_ROWS = 2
+
+
 def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
     """Whether a sharded residual block can make one halo exchange for its two convolutions: both
     pad one row each side of the sharded axis with a 3-wide kernel there, and every shard holds at
@@ -691,7 +696,7 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
             return False
         if (conv.kernel_size[i], conv.stride[i], conv.dilation[i]) != (3, 1, 1):
             return False
-    return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= 2
+    return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= CONV1_ROWS
 
 
 def _frame_pixels(x: torch.Tensor) -> int:
@@ -716,7 +721,7 @@ def _edges(block: nn.Module, x: torch.Tensor):
     ctx = shard.current()
     if ctx is None or not _one_exchange(block, x):
         return None
-    return ctx.neighbour_rows(x, ctx.dim(x), 2, 2)
+    return ctx.neighbour_rows(x, ctx.dim(x), CONV1_ROWS, CONV1_ROWS)
 
 
 def _norm_with_edges_into_causal_conv(norm, conv, x, edges, feat_cache, feat_idx) -> _CausalInput:
@@ -727,11 +732,11 @@ def _norm_with_edges_into_causal_conv(norm, conv, x, edges, feat_cache, feat_idx
     ctx = shard.current()
     dim, extent = ctx.dim(x), x.shape[ctx.dim(x)]
     shape = list(x.shape)
-    shape[dim] += 4
+    shape[dim] += 2 * CONV1_ROWS
     pending = _causal_input(conv, x, feat_cache, feat_idx, (0, 0), tuple(shape))
-    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, out=pending.new.narrow(dim, 2, extent))
-    for rows, at in zip(edges, (0, extent + 2)):
-        target = pending.new.narrow(dim, at, 2)
+    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, out=pending.new.narrow(dim, CONV1_ROWS, extent))
+    for rows, at in zip(edges, (0, extent + CONV1_ROWS)):
+        target = pending.new.narrow(dim, at, CONV1_ROWS)
         if rows is None:
             target.zero_()
         else:
