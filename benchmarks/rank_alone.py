@@ -52,7 +52,11 @@ def main() -> None:
                          "time is the host's cost of issuing it")
     ap.add_argument("--host-profile", action="store_true",
                     help="also: one decode of each share under cProfile, the functions with the most host time")
-    ap.add_argument("--top", type=int, default=25, help="functions listed by --host-profile (default 25)")
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="also: one decode of each share under torch.profiler, its GPU kernel time by class and the "
+                         "kernels whose time fell least against the first row's (where the share does not scale)")
+    ap.add_argument("--top", type=int, default=25, help="functions or kernels listed by --host-profile and "
+                                                        "--kernel-profile (default 25)")
     ap.add_argument("--parts-from-pixels", type=int, default=None,
                     help="fast.PARTS_FROM_PIXELS and SHARDED_PARTS_FROM_PIXELS for this run (default: the "
                          "library's), e.g. 1 to time the "
@@ -86,6 +90,8 @@ def main() -> None:
 def _time_shares(args, vae, z, shape, device, default_parts) -> None:
     graphs_values = {"auto": "auto", "on": True, "off": False}
     first = None
+    first_kernels: dict[str, float] | None = None
+    first_ranks = None
     for ranks in (int(r) for r in args.ranks.split(",")):
         strategy = vaeshard.plan(vae, shape, ranks).strategy
         axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
@@ -121,6 +127,10 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                       flush=True)
                 if args.host_profile:
                     _host_profile(decode, args.top)
+                if args.kernel_profile:
+                    first_ranks = first_ranks or ranks
+                    kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
+                    first_kernels = first_kernels or kernels
 
 
 def _host_profile(decode, top: int) -> None:
@@ -138,6 +148,40 @@ def _host_profile(decode, top: int) -> None:
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
         print(f"    host time by function, by {order} (cProfile):\n" + text.getvalue().split("\n\n", 1)[-1], flush=True)
+
+
+def _kernel_profile(decode, first: dict[str, float] | None, scale: float, top: int) -> dict[str, float]:
+    """One more decode under torch.profiler: GPU kernel seconds by class and by kernel; against the
+    first profiled row, whose share is `scale` times this one's, the kernels with the most time
+    above their first-row time / `scale` (what did not scale with the rank count)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from profile_decode import _busy_seconds, classify
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        took = decode()[0]
+    kernels: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            kernels[evt.key] = kernels.get(evt.key, 0.0) + evt.device_time_total / 1e6
+    total = sum(kernels.values())
+    print(f"    profiled decode {took:.3f} s: GPU kernel time {total:.3f} s, busy {_busy_seconds(prof):.3f} s", flush=True)
+    classes: dict[str, list[float]] = {}
+    for index, profiled in enumerate((kernels, first or {})):
+        for name, t in profiled.items():
+            classes.setdefault(classify(name), [0.0, 0.0])[index] += t
+    for label, (t, base) in sorted(classes.items(), key=lambda kv: -kv[1][0]):
+        versus = f"  (first row {base:.3f} s, {base / t:.2f}x)" if first and t else ""
+        print(f"    {label:22} {t:7.3f} s{versus}", flush=True)
+    if first:
+        rows = sorted(set(kernels) | set(first), key=lambda k: -(kernels.get(k, 0.0) - first.get(k, 0.0) / scale))
+        print(f"    kernels by their time above the first row's / {scale:g}:", flush=True)
+        for name in rows[:top]:
+            print(f"    {kernels.get(name, 0.0):7.4f} s (first row {first.get(name, 0.0):7.4f} s)  {name[:100]}", flush=True)
+    else:
+        for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"    {t:7.4f} s  {name[:110]}", flush=True)
+    return kernels
 
 
 if __name__ == "__main__":
