@@ -63,7 +63,14 @@ def main() -> None:
                          "parts' host cost at a small --latent")
     ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
                                                    "on,off (default on)")
+    ap.add_argument("--debug-log", action="store_true",
+                    help="also: vaeshard's debug log (e.g. each CUDA graph capture and its host time)")
     args = ap.parse_args()
+    if args.debug_log:
+        import logging
+
+        logging.basicConfig(format="    log: %(message)s")
+        logging.getLogger("vaeshard").setLevel(logging.DEBUG)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     from diffusers import AutoencoderKLWan
@@ -166,6 +173,7 @@ def _kernel_profile(decode, first: dict[str, float] | None, scale: float, top: i
             kernels[evt.key] = kernels.get(evt.key, 0.0) + evt.device_time_total / 1e6
     total = sum(kernels.values())
     print(f"    profiled decode {took:.3f} s: GPU kernel time {total:.3f} s, busy {_busy_seconds(prof):.3f} s", flush=True)
+    _idle_report(prof)
     classes: dict[str, list[float]] = {}
     for index, profiled in enumerate((kernels, first or {})):
         for name, t in profiled.items():
@@ -182,6 +190,29 @@ def _kernel_profile(decode, first: dict[str, float] | None, scale: float, top: i
         for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]:
             print(f"    {t:7.4f} s  {name[:110]}", flush=True)
     return kernels
+
+
+def _idle_report(prof, parts: int = 10, largest: int = 8) -> None:
+    """When the GPU waited inside the profiled decode: its idle time (gaps between kernels of at least
+    20 us) in each tenth of the kernels' span, and the largest gaps with their offsets from the first
+    kernel (a capture, a host-paced stretch, a synchronisation)."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not spans:
+        return
+    origin, end, gaps = spans[0][0], spans[0][1], []
+    for start, stop in spans[1:]:
+        if start - end >= 20:
+            gaps.append((end - origin, start - end))
+        end = max(end, stop)
+    width = (end - origin) / parts
+    tenths = [0.0] * parts
+    for at, length in gaps:
+        tenths[min(int(at // width), parts - 1)] += length / 1e3
+    print(f"    GPU idle {sum(g for _, g in gaps) / 1e6:.3f} s in {len(gaps)} gaps; ms per tenth of the "
+          f"{(end - origin) / 1e6:.3f} s span: {' '.join(f'{t:.1f}' for t in tenths)}", flush=True)
+    print("    largest gaps (ms at offset ms): " + ", ".join(
+        f"{g / 1e3:.1f} at {at / 1e3:.0f}" for at, g in sorted(gaps, key=lambda ag: -ag[1])[:largest]), flush=True)
 
 
 if __name__ == "__main__":
