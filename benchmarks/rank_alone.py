@@ -57,10 +57,10 @@ def main() -> None:
                          "kernels whose time fell least against the first row's (where the share does not scale)")
     ap.add_argument("--top", type=int, default=25, help="functions or kernels listed by --host-profile and "
                                                         "--kernel-profile (default 25)")
-    ap.add_argument("--parts-from-pixels", type=int, default=None,
-                    help="fast.PARTS_FROM_PIXELS and SHARDED_PARTS_FROM_PIXELS for this run (default: the "
-                         "library's), e.g. 1 to time the "
-                         "parts' host cost at a small --latent")
+    ap.add_argument("--parts-from-pixels", default=None,
+                    help="fast.PARTS_FROM_PIXELS and SHARDED_PARTS_FROM_PIXELS, one value or several to time "
+                         "interleaved, e.g. 393216,131072 (default: the library's); 1 times the parts' host cost "
+                         "at a small --latent")
     ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
                                                    "on,off (default on)")
     ap.add_argument("--debug-log", action="store_true",
@@ -86,8 +86,6 @@ def main() -> None:
     print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
           f"(a lower bound for that many GPUs, not a measurement of it)")
     default_parts, thresholds = fast.PART_FRAMES, (fast.PARTS_FROM_PIXELS, fast.SHARDED_PARTS_FROM_PIXELS)
-    if args.parts_from_pixels is not None:
-        fast.PARTS_FROM_PIXELS = fast.SHARDED_PARTS_FROM_PIXELS = args.parts_from_pixels
     try:
         _time_shares(args, vae, z, shape, device, default_parts)
     finally:
@@ -103,8 +101,10 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
         strategy = vaeshard.plan(vae, shape, ranks).strategy
         axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
         for graphs in args.cuda_graphs.split(","):
-            for parts in args.parts.split(","):
+            for parts, threshold in _part_settings(args):
                 fast.PART_FRAMES = default_parts if parts == "on" else None
+                if threshold is not None:
+                    fast.PARTS_FROM_PIXELS = fast.SHARDED_PARTS_FROM_PIXELS = threshold
 
                 def decode():
                     torch.cuda.synchronize()
@@ -127,6 +127,7 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                 peak = max(p for _, _, p, _ in runs)
                 first = first or median
                 where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
+                where += "" if threshold is None else f", parts from {threshold} pixels"
                 print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
                       f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
                       f"(its thread ran {cpu:.3f} s), peak "
@@ -138,6 +139,12 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                     first_ranks = first_ranks or ranks
                     kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
                     first_kernels = first_kernels or kernels
+
+
+def _part_settings(args):
+    """(--parts value, --parts-from-pixels value or None) pairs in the order they are timed."""
+    thresholds = [None] if args.parts_from_pixels is None else [int(v) for v in args.parts_from_pixels.split(",")]
+    return [(parts, threshold) for parts in args.parts.split(",") for threshold in thresholds]
 
 
 def _host_profile(decode, top: int) -> None:
