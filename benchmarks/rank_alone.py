@@ -12,7 +12,13 @@ whatever their buffers held: the output is not the decode's, the work is. Prints
 (and `--cuda-graphs` and `--parts` value), the median wall time of `--reps` decodes after a warm-up
 one (each between device synchronisations), when the host had issued the decode (its call returned)
 and how long its thread ran until then (`time.thread_time`: without the time a busy machine kept it
-waiting; where the GPU is idle most of the time, a small `--latent`, the host's own cost), and the peak allocated memory over a decode (`max_memory_allocated` minus what was allocated before).
+waiting; where the GPU is idle most of the time, a small `--latent`, the host's own cost), the peak
+allocated memory over a decode (`max_memory_allocated` minus what the weights and the latent hold:
+tensors that kept CUDA graphs hold between decodes count), and what stays allocated and reserved
+after the decodes. `--cuda-graphs keep` (or `keep-on`) times `keep_cuda_graphs=True` with
+cuda_graphs "auto" (True): the warm-up and the first timed decode capture, the later ones replay;
+the kept graphs are released after each row. `--kernel-profile` adds a profiled decode: GPU kernel
+time by class, the kernels whose time fell least against the first row, and when the GPU waited.
 
 What this is: a rank's own GPU and host work, without the exchanges' transfers and without waiting
 for its neighbours: a lower bound for an N-GPU decode's time, not a measurement of one; the N-GPU
@@ -45,7 +51,9 @@ def main() -> None:
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
     ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--cuda-graphs", default="auto", help="cuda_graphs values to time, e.g. auto,on (default auto)")
+    ap.add_argument("--cuda-graphs", default="auto",
+                    help="cuda_graphs values to time, e.g. auto,on (default auto); keep, keep-on: auto, on with "
+                         "keep_cuda_graphs")
     ap.add_argument("--latent", default=None,
                     help="the latent's shape, e.g. 1,16,21,8,16 (default: the preset's); a small one with "
                          "--cuda-graphs off --parts off leaves the GPU idle most of the time, so the decode's "
@@ -93,7 +101,8 @@ def main() -> None:
 
 
 def _time_shares(args, vae, z, shape, device, default_parts) -> None:
-    graphs_values = {"auto": "auto", "on": True, "off": False}
+    graphs_values = {"auto": "auto", "on": True, "off": False, "keep": "auto", "keep-on": True}
+    baseline = torch.cuda.memory_allocated(device)  # the weights and the latent
     first = None
     first_kernels: dict[str, float] | None = None
     first_ranks = None
@@ -109,9 +118,10 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                 def decode():
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats(device)
-                    held = torch.cuda.memory_allocated(device)
+                    held = baseline  # (kept graphs' tensors count in the peak: they are this decode's)
                     start, cpu = time.perf_counter(), time.thread_time()
-                    with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs]):
+                    with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs],
+                                                    keep_cuda_graphs=graphs.startswith("keep")):
                         out = decode_as_rank(vae, z, ranks, axis)
                     issued, cpu = time.perf_counter() - start, time.thread_time() - cpu
                     torch.cuda.synchronize()
@@ -128,10 +138,14 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                 first = first or median
                 where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
                 where += "" if threshold is None else f", parts from {threshold} pixels"
+                kept = (torch.cuda.memory_allocated(device) - baseline) / 2**30
+                reserved = torch.cuda.memory_reserved(device) / 2**30
                 print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
                       f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
                       f"(its thread ran {cpu:.3f} s), peak "
-                      f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB); first row / this {first / median:.2f}x",
+                      f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
+                      f"first row / this {first / median:.2f}x; "
+                      f"held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all",
                       flush=True)
                 if args.host_profile:
                     _host_profile(decode, args.top)
@@ -139,6 +153,9 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                     first_ranks = first_ranks or ranks
                     kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
                     first_kernels = first_kernels or kernels
+                if vaeshard.release_cuda_graphs(vae):  # (after the profiles: with kept graphs they replay)
+                    print(f"    after release_cuda_graphs: {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved "
+                          f"in all", flush=True)
 
 
 def _part_settings(args):

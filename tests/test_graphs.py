@@ -72,8 +72,8 @@ def test_wan_loop_marks_the_calls_of_one_shape_steady(monkeypatch, num_frames, p
     made = []
 
     class Recorder(graphs.DecoderSteps):
-        def __init__(self, device, enabled, num_calls):
-            super().__init__(device, enabled, num_calls)
+        def __init__(self, device, enabled, num_calls, keep=None):
+            super().__init__(device, enabled, num_calls, keep)
             self.flags, self.shapes = [], []
             made.append(self)
 
@@ -139,8 +139,8 @@ def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, gr
     made = []
 
     class Recorder(graphs.DecoderSteps):
-        def __init__(self, device, enabled, num_calls):
-            super().__init__(device, enabled, num_calls)
+        def __init__(self, device, enabled, num_calls, keep=None):
+            super().__init__(device, enabled, num_calls, keep)
             made.append(enabled)
 
     monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
@@ -172,3 +172,129 @@ def test_cached_memory_goes_back_to_the_driver_before_a_graphed_request(monkeypa
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     assert graphs.release_if_cached(torch.device("cuda", 0)) == released
     assert emptied == ([1] if released else [])
+
+
+def test_keep_cuda_graphs_is_checked_and_reaches_the_request():
+    import vaeshard
+    from vaeshard import fast
+
+    for wrong in (1, "yes", None):
+        with pytest.raises(TypeError, match="keep_cuda_graphs must be True or False"):
+            vaeshard.parallelize(build("wan21"), keep_cuda_graphs=wrong)
+    with pytest.raises(ValueError, match="cuda_graphs=False replays none"):
+        vaeshard.parallelize(build("wan21"), cuda_graphs=False, keep_cuda_graphs=True)
+    for exact, seen in ((False, True), (True, False)):
+        vae = vaeshard.parallelize(build("wan21"), exact=exact, keep_cuda_graphs=True)
+        values = []
+        handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: values.append(fast.keep_cuda_graphs()))
+        try:
+            vae.decode(latent((1, 4, 2, 3, 3)))
+        finally:
+            handle.remove()
+        assert values and set(values) == {seen}
+    assert fast.keep_cuda_graphs() is False  # outside a request
+
+
+def _keeps_asked(monkeypatch, vae, latents, between=None):
+    """The `keep` argument the Wan loop gave DecoderSteps for each of `latents` decoded in turn
+    (`between(i)` runs before decode i)."""
+    from vaeshard import graphs
+
+    kept = []
+
+    class Recorder(graphs.DecoderSteps):
+        def __init__(self, device, enabled, num_calls, keep=None):
+            super().__init__(device, enabled, num_calls, keep)
+            kept.append(keep)
+
+    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    for i, z in enumerate(latents):
+        if between is not None:
+            between(i)
+        vae.decode(z)
+    return kept
+
+
+def test_the_wan_loop_keeps_graphs_under_a_signature_of_shapes_settings_and_weights(monkeypatch):
+    import vaeshard
+
+    vae = vaeshard.parallelize(build("wan21"), cuda_graphs=True, keep_cuda_graphs=True)
+    z, taller = latent((1, 4, 5, 4, 3)), latent((1, 4, 5, 5, 3))
+    weight = vae.decoder.conv_in.weight
+
+    def between(i):
+        if i == 3:
+            with torch.no_grad():
+                weight.mul_(1.0)  # in place: the same address, a new version
+
+    keeps = _keeps_asked(monkeypatch, vae, [z, latent((1, 4, 7, 4, 3)), taller, z, z], between)
+    assert all(k is not None and k[0] is vae for k in keeps)
+    signatures = [k[1] for k in keeps]
+    assert signatures[0] == signatures[1]  # more frames: the same calls
+    assert signatures[2] != signatures[0]  # other frame sizes
+    assert signatures[3] != signatures[0]  # the weights changed in place
+    assert signatures[4] == signatures[3]
+    off = vaeshard.parallelize(build("wan21"), cuda_graphs=True)
+    assert _keeps_asked(monkeypatch, off, [z]) == [None]
+
+
+def test_the_keep_signature_names_the_shard_and_holds_its_group():
+    import vaeshard
+    from vaeshard import comm as comm_mod
+    from vaeshard import fast, shard
+    from vaeshard.families import wan
+
+    vae = vaeshard.parallelize(build("wan21"))
+    z = latent((1, 4, 5, 4, 3))
+    group = object()
+
+    def keep(rank, extents, axis=shard.HEIGHT, g=group):
+        ctx = shard.ShardContext(comm=comm_mod.Comm(group=g, rank=rank, world=len(extents)), axis=axis,
+                                 extents=extents)
+        with fast.tier(True), shard.sharding(ctx):
+            return wan._keep_graphs(vae, z, 1)
+
+    first = keep(0, [4, 4])
+    assert first[2] == (group,) and first[1] == keep(0, [4, 4])[1]
+    for other in (keep(1, [4, 4]), keep(0, [4, 3]), keep(0, [4, 4], shard.WIDTH), keep(0, [4, 4], g=object())):
+        assert other[1] != first[1]
+    with fast.tier(True):
+        assert wan._keep_graphs(vae, z, 1)[1] != first[1]  # unsharded
+        assert wan._keep_graphs(vae, z, 2)[1] != wan._keep_graphs(vae, z, 1)[1]  # frames per call
+
+
+def test_kept_graphs_are_released_on_request_and_with_the_settings():
+    import vaeshard
+    from vaeshard import graphs
+
+    vae = vaeshard.parallelize(build("wan21"), keep_cuda_graphs=True)
+
+    freed = []
+
+    class Kept:  # what a graphed request leaves (it needs CUDA to make one)
+        def free(self):
+            freed.append(self)
+
+    def keep_some():  # on two devices
+        graphs._kept.setdefault(vae, {}).update({0: Kept(), 1: Kept()})
+
+    keep_some()
+    assert vaeshard.release_cuda_graphs(vae) == 2 and vaeshard.release_cuda_graphs(vae) == 0
+    assert len(freed) == 2
+    keep_some()
+    vaeshard.parallelize(vae, keep_cuda_graphs=True, frames_per_step=2)  # new settings: captured under the old
+    assert graphs._kept.get(vae) is None and len(freed) == 4
+    keep_some()
+    vaeshard.unparallelize(vae)
+    assert graphs._kept.get(vae) is None and len(freed) == 6
+    assert vaeshard.release_cuda_graphs(build("wan21")) == 0
+
+
+def test_decoder_steps_off_the_gpu_keep_nothing():
+    from vaeshard import graphs
+
+    owner = build("wan21")
+    with graphs.DecoderSteps(torch.device("cpu"), graphs=True, num_calls=21, keep=(owner, ("sig",), ())) as steps:
+        assert not steps.enabled and steps.keep is None
+        steps.call(lambda x: x, torch.zeros(1), [], steady=False)
+    assert graphs._kept.get(owner) is None

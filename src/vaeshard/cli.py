@@ -297,6 +297,9 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cuda-graphs", type=_graphs_setting, default="auto", metavar="{auto,on,off}",
                         help="fast tier, CUDA: replay a video decode's steady decoder calls as a CUDA graph (default "
                              "auto: where each rank's frames are small enough for the host to pace the decode)")
+    parser.add_argument("--keep-cuda-graphs", action="store_true",
+                        help="fast tier, CUDA: keep a request's CUDA graphs (and their memory) for the next request of "
+                             "the same shapes, which then replays every decoder call instead of capturing")
     parser.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
                         help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
     parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",

@@ -11,7 +11,7 @@ SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
 # The fast tier's settings (VaeParallelConfig fields, `fast.tier` arguments, `parallelize` keywords and
 # the command line's option destinations all carry these names).
 FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames", "triton_convs",
-                                       "cuda_graphs")
+                                       "cuda_graphs", "keep_cuda_graphs")
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,15 @@ class VaeParallelConfig:
              frames per rank) goes at the GPU's pace. "auto" (default): where the largest rank's
              output frame is at most graphs.AUTO_MAX_PIXELS pixels (every rank decides alike), as measured (a decode the GPU paces
              ran slower replayed); True: always; False: every call eagerly.
+    keep_cuda_graphs: fast tier, with `cuda_graphs`: False (default): a request's graphs and their
+             memory are freed when it ends. True: they are kept on the VAE, and the next request of
+             the same shapes, settings, process group and weights (a move, a reload or an in-place
+             update of the weights starts again) replays them instead of capturing, captures its
+             first two decoder calls too, and the requests after it replay every call: no capture
+             and almost no host time per request. The cost: the graphs' memory stays held between
+             requests, out of reach of other work in the process (the caches and the working set
+             of one decoder call; BENCHMARKS.md gives the figures). `vaeshard.release_cuda_graphs(vae)`
+             gives it back; so do `unparallelize` and a new `parallelize` call.
     """
 
     size: int | None = None
@@ -79,6 +88,7 @@ class VaeParallelConfig:
     max_layer_frames: int | None = None
     triton_convs: bool = True
     cuda_graphs: bool | str = "auto"
+    keep_cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, str) or self.mode not in MODES:
@@ -94,6 +104,11 @@ class VaeParallelConfig:
             raise TypeError(f"exact must be True or False, got {self.exact!r}")
         if not (isinstance(self.cuda_graphs, bool) or self.cuda_graphs == "auto"):
             raise TypeError(f"cuda_graphs must be True, False or 'auto', got {self.cuda_graphs!r}")
+        if not isinstance(self.keep_cuda_graphs, bool):
+            raise TypeError(f"keep_cuda_graphs must be True or False, got {self.keep_cuda_graphs!r}")
+        if self.keep_cuda_graphs and self.cuda_graphs is False:
+            raise ValueError("keep_cuda_graphs=True keeps the CUDA graphs a request replays, and cuda_graphs=False "
+                             "replays none: pass cuda_graphs=True or 'auto'")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if not isinstance(self.triton_convs, bool):

@@ -59,7 +59,9 @@ outside a vaeshard request always sees the original layers. What changes in the 
   shape, instead of making a new tensor per decoder call (the same values, less memory reserved).
   On CUDA their steady decoder calls (all but the first two and a shorter last one) are replayed
   as one CUDA graph per request where a rank's frames are small (`cuda_graphs="auto"`; True: always,
-  False: never; graphs.py: the same kernels, one launch from the host instead of hundreds).
+  False: never; graphs.py: the same kernels, one launch from the host instead of hundreds), and
+  with `keep_cuda_graphs=True` kept for the next request of the same shapes, which then replays
+  its first two calls too and captures nothing.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ _frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard
 _max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
 _triton_convs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_triton_convs", default=True)
 _cuda_graphs: contextvars.ContextVar[bool | str] = contextvars.ContextVar("vaeshard_cuda_graphs", default=False)
+_keep_cuda_graphs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_keep_cuda_graphs", default=False)
 
 
 def enabled() -> bool:
@@ -142,9 +145,22 @@ def cuda_graphs() -> bool | str:
     return _cuda_graphs.get() if _fast.get() else False
 
 
+def keep_cuda_graphs() -> bool:
+    """Whether a request that replays CUDA graphs keeps them for the next request of the same shapes
+    (False outside the fast tier; graphs.KeptCalls)."""
+    return _keep_cuda_graphs.get() if _fast.get() else False
+
+
+def settings_signature() -> tuple:
+    """This request's fast-tier settings and the module's thresholds that choose a decoder's path: a
+    kept CUDA graph serves only a request that would take the same path."""
+    return (_fast.get(), _frames_per_step.get(), _max_layer_frames.get(), _triton_convs.get(),
+            torch.backends.cudnn.benchmark, PART_FRAMES, PARTS_FROM_PIXELS, SHARDED_PARTS_FROM_PIXELS)
+
+
 @contextlib.contextmanager
 def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None,
-         triton_convs: bool = True, cuda_graphs: bool | str = "auto"):
+         triton_convs: bool = True, cuda_graphs: bool | str = "auto", keep_cuda_graphs: bool = False):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting
@@ -152,13 +168,15 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
     per process and later ones reuse the fastest. The exact tier leaves cuDNN as the caller set it.
     `frames_per_step`, `max_layer_frames` (fast tier only): see the functions of those names and
     VaeParallelConfig.
-    `cuda_graphs` (fast tier only): see the function of that name and VaeParallelConfig.
+    `cuda_graphs`, `keep_cuda_graphs` (fast tier only): see the functions of those names and
+    VaeParallelConfig.
     `triton_convs` (fast tier only): the convolutions `conv_kernel.plan` takes run as that module's
     Triton kernel instead of cuDNN (False: cuDNN everywhere).
     """
     token = _fast.set(fast)
     convs = _triton_convs.set(triton_convs)
     graphed = _cuda_graphs.set(cuda_graphs)
+    kept = _keep_cuda_graphs.set(keep_cuda_graphs)
     steps = _frames_per_step.set(frames_per_step)
     parts = _max_layer_frames.set(max_layer_frames)
     benchmark = torch.backends.cudnn.benchmark
@@ -168,6 +186,7 @@ def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max
         yield
     finally:
         torch.backends.cudnn.benchmark = benchmark
+        _keep_cuda_graphs.reset(kept)
         _cuda_graphs.reset(graphed)
         _max_layer_frames.reset(parts)
         _frames_per_step.reset(steps)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -77,19 +79,112 @@ class CaptureFailed(RuntimeError):
     """The call could not be captured; nothing of it ran."""
 
 
+@dataclass
+class _Graph:
+    """One captured decoder call: a replay reads `static_in` and the cache tensors the call read
+    when it was captured, and writes `static_out`."""
+
+    graph: torch.cuda.CUDAGraph
+    static_in: torch.Tensor
+    static_out: torch.Tensor
+
+    def replay(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape != self.static_in.shape:
+            raise RuntimeError(f"vaeshard: a decoder call got shape {tuple(x.shape)}, its graph "
+                               f"{tuple(self.static_in.shape)}")
+        self.static_in.copy_(x)
+        self.graph.replay()
+        return self.static_out
+
+
+@dataclass
+class KeptCalls:
+    """A request's captured decoder calls, kept for the next request with the same `signature`
+    (`keep_cuda_graphs`). `steady`: the steady call's graph, which reads and writes the cache
+    tensors `state`. `first`, `second`: the first two calls' graphs, captured by the next request
+    (the first request runs them eagerly: cuDNN times its algorithms and Triton compiles there);
+    `after_first` is the cache list as the first call leaves it, which the second reads; the
+    second copies its caches into `state`. `eager_first_calls`: their capture failed once, they
+    run eagerly (their caches are then copied into `state` before the first replay). Every graph's
+    memory is in `pool`; `anchors` keeps alive what the signature names by identity."""
+
+    signature: tuple
+    pool: object
+    steady: _Graph
+    state: list
+    anchors: tuple = ()
+    first: _Graph | None = None
+    after_first: list | None = None
+    second: _Graph | None = None
+    eager_first_calls: bool = False
+
+    def free(self) -> None:
+        """Frees the graphs, then their tensors, then the pool. In that order the pool, freed when
+        nothing uses it, gives its memory back to the driver; a pool dropped while a graph still
+        holds it would keep its memory reserved until `torch.cuda.empty_cache()`."""
+        for held in (self.first, self.second, self.steady):
+            if held is not None:
+                held.graph.reset()
+        self.first = self.second = self.steady = None
+        self.state = self.after_first = None
+        self.anchors = ()
+        self.pool = None
+
+
+# the kept calls of each owner (a VAE) per device index
+_kept: "weakref.WeakKeyDictionary[object, dict[int, KeptCalls]]" = weakref.WeakKeyDictionary()
+
+
+def kept_calls(owner, device: torch.device) -> KeptCalls | None:
+    """The calls kept for `owner` on `device`, if any."""
+    return _kept.get(owner, {}).get(_index(device))
+
+
+def release(owner) -> int:
+    """Frees every graph kept for `owner` (`keep_cuda_graphs`) and the memory they hold (given back
+    to the driver, `KeptCalls.free`). Returns how many sets were kept."""
+    entries = _kept.pop(owner, {})
+    for kept in entries.values():
+        kept.free()
+    return len(entries)
+
+
+def _drop(owner, device: torch.device) -> None:
+    entries = _kept.get(owner)
+    kept = None if entries is None else entries.pop(_index(device), None)
+    if kept is not None:
+        kept.free()
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def tensors_signature(module: torch.nn.Module) -> tuple:
+    """Where `module`'s parameters and buffers lie and their versions: a graph reads them by address,
+    and vaeshard's weights made from them (kept on them, made again when they change) too, so a kept
+    graph serves only while this is unchanged (a move, a reload or an in-place update changes it)."""
+    return tuple((t.data_ptr(), -1 if t.is_inference() else t._version)
+                 for t in (*module.parameters(), *module.buffers()))
+
+
 class DecoderSteps:
     """Runs a request's decoder calls: eagerly, or (`graphs=True` on CUDA) the steady ones through
-    one CUDA graph. Use as a context manager around the request's loop; `call` for each call."""
+    one CUDA graph. Use as a context manager around the request's loop; `call` for each call.
 
-    def __init__(self, device: torch.device, graphs: bool, num_calls: int):
+    `keep` = (owner, signature, anchors): the graphs stay with `owner` after the request
+    (`KeptCalls`), and a later request with the same signature replays them instead of capturing;
+    it captures the first two calls too, and the requests after it replay every call."""
+
+    def __init__(self, device: torch.device, graphs: bool, num_calls: int, keep: tuple | None = None):
         self.device = device
         self.enabled = bool(graphs) and device.type == "cuda" and num_calls >= WARMUP_CALLS + 1 + MIN_REPLAYS
         self.num_calls = num_calls
+        self.keep = keep if self.enabled else None
+        self.kept: KeptCalls | None = None
         self.calls = 0
-        self.graph = None
-        self.static_in = self.static_out = None
-        self.state: list | None = None  # the cache list, and the tensors the graph reads and writes
-        self.state_tensors: list = []
+        self.steady: _Graph | None = None
+        self.state: list | None = None  # the cache tensors the steady graph reads and writes
         self.pool = None
         self.stream = None
         self._user_stream = None
@@ -100,11 +195,17 @@ class DecoderSteps:
 
     def __enter__(self) -> "DecoderSteps":
         if self.enabled:
+            if self.keep is not None:
+                owner, signature, _ = self.keep
+                self.kept = kept_calls(owner, self.device)
+                if self.kept is not None and self.kept.signature != signature:
+                    _drop(owner, self.device)  # before this request allocates: its memory is free again
+                    self.kept = None
             release_if_cached(self.device)
             self.stream = _request_stream(self.device)
             self._user_stream = torch.cuda.current_stream(self.device)
             self.stream.wait_stream(self._user_stream)
-            self.pool = torch.cuda.MemPool()
+            self.pool = self.kept.pool if self.kept is not None else torch.cuda.MemPool()
             self._stream_ctx = torch.cuda.stream(self.stream)
             self._stream_ctx.__enter__()
         return self
@@ -112,10 +213,14 @@ class DecoderSteps:
     def __exit__(self, *exc) -> None:
         if not self.enabled:
             return
-        self.graph = None
-        self.static_in = self.static_out = None
-        self.state = None
-        self.state_tensors = []
+        if self.keep is not None:
+            owner, signature, anchors = self.keep
+            if exc[0] is not None or self.failed:
+                _drop(owner, self.device)  # a request that failed may have left them half-updated
+            elif self.kept is None and self.steady is not None:
+                _kept.setdefault(owner, {})[_index(self.device)] = KeptCalls(
+                    signature=signature, pool=self.pool, steady=self.steady, state=self.state, anchors=anchors)
+        self.kept = self.steady = self.state = None
         self._stream_ctx.__exit__(*exc)
         self._user_stream.wait_stream(self.stream)
         self.pool = None  # the pool's memory goes back once nothing allocated in it is alive
@@ -135,6 +240,10 @@ class DecoderSteps:
         with torch.cuda.use_mem_pool(self.pool, self.device):
             yield
 
+    def _eager(self, step, x):
+        with self._in_pool():
+            return step(x)
+
     # -- calls -----------------------------------------------------------------------------------
 
     def call(self, step: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, state: list,
@@ -143,25 +252,80 @@ class DecoderSteps:
         steady calls' shapes (the caller knows: all but the first and a shorter last one)."""
         index = self.calls
         self.calls += 1
-        if not self.enabled or self.failed or not steady:
-            with self._in_pool():
-                return step(x)
-        if self.graph is not None:
-            return self._replay(x)
+        if not self.enabled or self.failed:
+            return self._eager(step, x)
+        if self.kept is not None:
+            return self._call_kept(index, step, x, state, steady)
+        if not steady:
+            return self._eager(step, x)
+        if self.steady is not None:
+            return self.steady.replay(x)
         if index < WARMUP_CALLS or self.num_calls - index - 1 < MIN_REPLAYS:
-            with self._in_pool():
-                return step(x)
+            return self._eager(step, x)
         try:
-            self._capture(step, x, state)
+            before = list(state)
+            self.steady, _ = self._capture(step, x, state, copy_into=before)
         except CaptureFailed as exc:
             self.failed = True
             log.warning("vaeshard: the steady decoder call could not be captured as a CUDA graph, the request "
                         "runs eagerly (the same values, more host time): %s", exc)
-            with self._in_pool():
-                return step(x)
-        return self._replay(x)
+            return self._eager(step, x)
+        self.state = before
+        self.captured = True
+        return self.steady.replay(x)
 
-    def _capture(self, step, x, state: list) -> None:
+    def _call_kept(self, index: int, step, x, state: list, steady: bool) -> torch.Tensor:
+        """A call of a request whose graphs were kept: the first two replayed (captured the first
+        time), the steady ones replayed, a shorter last one eagerly."""
+        kept = self.kept
+        if index == 0 and not kept.eager_first_calls:
+            if kept.first is None:
+                if any(entry is not None for entry in state):  # not a fresh request's caches
+                    return self._first_calls_eager(CaptureFailed("the caches were not empty"), step, x)
+                try:
+                    kept.first, kept.after_first = self._capture(step, x, state, copy_into=None)
+                except CaptureFailed as exc:
+                    return self._first_calls_eager(exc, step, x)
+            y = kept.first.replay(x)
+            state[:] = kept.after_first
+            return y
+        if index == 1 and not kept.eager_first_calls:
+            if kept.second is None:
+                try:
+                    kept.second, _ = self._capture(step, x, state, copy_into=kept.state)
+                except CaptureFailed as exc:
+                    return self._first_calls_eager(exc, step, x)
+            y = kept.second.replay(x)
+            state[:] = kept.state
+            self.steady = kept.steady
+            return y
+        if index < WARMUP_CALLS or not steady:  # (WARMUP_CALLS: the first two calls, above)
+            return self._eager(step, x)
+        if self.steady is None:  # the first two calls ran eagerly: their caches into the graph's
+            try:
+                _copy_back(kept.state, state)
+            except CaptureFailed as exc:
+                self.failed = True
+                log.warning("vaeshard: the kept CUDA graph does not fit this request's caches, the request "
+                            "runs eagerly and the graph is dropped: %s", exc)
+                return self._eager(step, x)
+            state[:] = kept.state
+            self.steady = kept.steady
+        return self.steady.replay(x)
+
+    def _first_calls_eager(self, exc: CaptureFailed, step, x) -> torch.Tensor:
+        log.info("vaeshard: the first decoder calls could not be captured as CUDA graphs, they run eagerly "
+                 "in this request and the next ones: %s", exc)
+        kept = self.kept
+        kept.eager_first_calls = True
+        kept.first = kept.after_first = kept.second = None  # (this request's caches hold what they need)
+        return self._eager(step, x)
+
+    def _capture(self, step, x, state: list, copy_into: list | None) -> tuple[_Graph, list]:
+        """Captures `step(x)` as a graph (not run). `copy_into`: a list of cache tensors the call's
+        new cache entries are copied into inside the graph (`_copy_back`), so a replay leaves them
+        there. Returns the graph and the cache list as the captured call left it; `state` is left
+        as it was."""
         before = list(state)
         began = time.perf_counter()
         graph = torch.cuda.CUDAGraph()
@@ -171,7 +335,8 @@ class DecoderSteps:
             graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
             try:
                 out = step(static_in)
-                _copy_back(before, state)
+                if copy_into is not None:
+                    _copy_back(copy_into, state)
             finally:
                 graph.capture_end()
         except Exception as exc:  # nothing captured ran: the caches hold what they held
@@ -179,21 +344,11 @@ class DecoderSteps:
             with contextlib.suppress(Exception):
                 graph.reset()  # its hold on the pool
             raise CaptureFailed(f"{type(exc).__name__}: {exc}") from None
+        after = list(state)
         state[:] = before
-        self.graph, self.static_in, self.static_out = graph, static_in, out
-        self.state = state
-        self.state_tensors = [t for t in before if isinstance(t, torch.Tensor)]  # read by every replay
-        self.captured = True
-        log.debug("vaeshard: captured a steady decoder call as a CUDA graph (input %s) in %.1f ms of host time, "
+        log.debug("vaeshard: captured a decoder call as a CUDA graph (input %s) in %.1f ms of host time, "
                   "instantiation included", tuple(x.shape), 1e3 * (time.perf_counter() - began))
-
-    def _replay(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape != self.static_in.shape:
-            raise RuntimeError(f"vaeshard: a steady decoder call got shape {tuple(x.shape)}, the graph "
-                               f"{tuple(self.static_in.shape)}")
-        self.static_in.copy_(x)
-        self.graph.replay()
-        return self.static_out
+        return _Graph(graph, static_in, out), after
 
 
 def release_if_cached(device: torch.device) -> bool:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from . import comm as comm_mod
-from . import conv_kernel, fast, shard, upsample
+from . import conv_kernel, fast, graphs, shard, upsample
 from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
 from .families import family_for
 from .families.base import Family
@@ -55,6 +55,7 @@ def parallelize(
     max_layer_frames: int | None = None,
     triton_convs: bool = True,
     cuda_graphs: bool | str = "auto",
+    keep_cuda_graphs: bool = False,
     verify: bool = False,
 ):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
@@ -74,7 +75,7 @@ def parallelize(
     config = VaeParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
                                cudnn_benchmark=cudnn_benchmark, frames_per_step=frames_per_step,
                                max_layer_frames=max_layer_frames, triton_convs=triton_convs,
-                               cuda_graphs=cuda_graphs)
+                               cuda_graphs=cuda_graphs, keep_cuda_graphs=keep_cuda_graphs)
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be True or False, got {verify!r}")
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
@@ -85,6 +86,7 @@ def parallelize(
     _check_size(config, group)
     state: _State | None = getattr(vae, "_vaeshard", None)
     if state is not None:
+        graphs.release(vae)  # captured under the old settings (and perhaps group)
         state.config, state.group = config, group
         state.verify_pending = state.verify_pending or verify
         return vae
@@ -138,6 +140,7 @@ def unparallelize(vae):
         return vae
     if state.layers_installed:
         state.family.uninstall_layers(vae)
+    graphs.release(vae)
     conv_kernel.forget_gemm_weights(vae)
     upsample.forget_phase_weights(vae)
     for name, original in (("decode", state.original_decode), ("encode", state.original_encode)):
@@ -147,6 +150,14 @@ def unparallelize(vae):
             object.__setattr__(vae, name, original)
     vae.__dict__.pop("_vaeshard", None)
     return vae
+
+
+def release_cuda_graphs(vae) -> int:
+    """Free the CUDA graphs `keep_cuda_graphs=True` kept on `vae` (on this process's devices) and
+    the memory they hold; the next request captures again. Returns how many sets were kept (0 for a
+    VAE that kept none or is not parallelized). Call it on every rank: a rank's graphs are its own,
+    and the ranks need not agree (a request makes the same communication either way)."""
+    return graphs.release(vae)
 
 
 def config_of(vae) -> VaeParallelConfig | None:
@@ -417,4 +428,4 @@ def _spatial(vae, family: Family, comm, op: str, x, strategy: str, to_all: bool)
     return comm.assemble_along(out_local, dim, out_extents, to_all)
 
 
-__all__ = ["parallelize", "unparallelize", "config_of"]
+__all__ = ["parallelize", "unparallelize", "release_cuda_graphs", "config_of"]

@@ -162,7 +162,8 @@ class WanLike:
         # (the largest rank's latent frame, decoded: its output pixels decide cuda_graphs="auto", the
         # same on every rank)
         pixels = _frame_pixels(z) * vae.spatial_compression_ratio**2
-        with graphs.DecoderSteps(z.device, graphs.wanted(fast.cuda_graphs(), pixels), num_calls) as steps:
+        keep = _keep_graphs(vae, z, per_step) if fast.keep_cuda_graphs() else None
+        with graphs.DecoderSteps(z.device, graphs.wanted(fast.cuda_graphs(), pixels), num_calls, keep) as steps:
             vae.clear_cache()
             try:
                 x = vae.post_quant_conv(z)
@@ -697,6 +698,20 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
         if (conv.kernel_size[i], conv.stride[i], conv.dilation[i]) != (3, 1, 1):
             return False
     return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= CONV1_ROWS
+
+
+def _keep_graphs(vae, z: torch.Tensor, per_step: int) -> tuple:
+    """(owner, signature, anchors) for graphs.DecoderSteps' `keep`: a kept graph serves a later
+    request only with the same signature: the decoder calls' input shapes, dtype and device, the
+    frames per call, the tier's settings, the shard (axis, extents, this rank, the process group)
+    and where the decoder's weights lie and their versions. The group is held in `anchors`, so its
+    identity stays its own while the graphs are kept."""
+    ctx = shard.current()
+    group = None if ctx is None else ctx.comm.group
+    where = None if ctx is None else (ctx.axis, tuple(ctx.extents), ctx.comm.rank, ctx.comm.world, id(group))
+    signature = ((*z.shape[:2], *z.shape[3:]), z.dtype, z.device, per_step, torch.is_grad_enabled(), where,
+                 fast.settings_signature(), graphs.tensors_signature(vae.decoder))
+    return vae, signature, (group,)
 
 
 def _frame_pixels(x: torch.Tensor) -> int:

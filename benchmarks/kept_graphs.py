@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""`keep_cuda_graphs=True` on one GPU: every request's output against the eager decode, bit for bit.
+
+    python3 benchmarks/kept_graphs.py [--models wan21,wan22]
+
+CUDA graphs replay the kernels the eager calls launch, so a replayed decode equals the eager one
+(`cuda_graphs=False`) bit for bit. With kept graphs a request may replay graphs another request
+captured; this runs, per model (real config, random weights, bf16), a sequence of requests that
+exercises every way a kept graph is reused or refused, each compared with the eager decode of the
+same latent and weights:
+
+  1. a first request (captures the steady call), 2. the same shapes again (replays it, captures the
+  first two calls), 3. again (replays every call), 4. new latent values, 5. other frame sizes (the
+  kept graphs are dropped), 6. the first shapes again, 7. after an in-place update of a weight,
+  8. after the VAE went to the CPU and back (new weight addresses), 9. more frames per call with a
+  shorter last call (10 latent frames: 1 + 4 x 2 + 1; a new parallelize call drops the kept
+  graphs), 10. the same again,
+  11. after `release_cuda_graphs`.
+
+It also prints each request's time, how many graph captures it made (vaeshard's debug log) and the
+memory the kept graphs hold between requests. Exits 1 if any output differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import sys
+import time
+
+import torch
+
+import vaeshard
+from vaeshard.io import NAMED_CONFIGS
+
+
+class _Captures(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record):
+        if "captured a decoder call" in record.getMessage():
+            self.count += 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="wan21,wan22")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    from diffusers import AutoencoderKLWan
+
+    captures = _Captures()
+    logger = logging.getLogger("vaeshard")
+    logger.addHandler(captures)
+    logger.setLevel(logging.DEBUG)
+    device = torch.device("cuda", 0)
+    failures = 0
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        vae = AutoencoderKLWan(**NAMED_CONFIGS[name][1]).eval().to(device, torch.bfloat16)
+        channels = vae.config.z_dim
+        small, other = (30, 52), (26, 40)  # latent frames (240 x 416 and 208 x 320 decoded, x8)
+        if name == "wan22":
+            small, other = (15, 26), (13, 20)  # x16
+
+        def latent(frames, hw, seed):
+            g = torch.Generator().manual_seed(seed)
+            return torch.randn(1, channels, frames, *hw, generator=g).to(device, torch.bfloat16)
+
+        # the reference: the same weights, decoded eagerly (its own object: a parallelize call on
+        # `vae` would drop the kept graphs)
+        reference_vae = copy.deepcopy(vae)
+        vaeshard.parallelize(reference_vae, cuda_graphs=False)
+
+        def reference(z, frames_per_step):
+            vaeshard.parallelize(reference_vae, cuda_graphs=False, frames_per_step=frames_per_step)
+            with torch.no_grad():
+                return reference_vae.decode(z).sample
+
+        z1, z2, z3, z4 = latent(9, small, 1), latent(9, small, 2), latent(9, other, 3), latent(10, small, 4)
+
+        def bump():
+            for model in (vae, reference_vae):
+                with torch.no_grad():
+                    model.decoder.up_blocks[0].resnets[0].conv1.weight.mul_(1.5)
+
+        def move():
+            vae.to("cpu")
+            vae.to(device)
+
+        def fewer_calls():
+            vaeshard.parallelize(vae, keep_cuda_graphs=True, frames_per_step=2)
+
+        steps = [
+            ("1 first request", z1, None),
+            ("2 same shapes", z1, None),
+            ("3 same shapes", z1, None),
+            ("4 new latent values", z2, None),
+            ("5 other frame sizes", z3, None),
+            ("6 first shapes again", z1, None),
+            ("7 a weight updated in place", z1, bump),
+            ("8 to the CPU and back", z2, move),
+            ("9 frames_per_step=2, a shorter last call", z4, fewer_calls),
+            ("10 the same again", z4, None),
+            ("11 after release_cuda_graphs", z1, lambda: vaeshard.release_cuda_graphs(vae)),
+        ]
+        vaeshard.parallelize(vae, keep_cuda_graphs=True)  # cuda_graphs "auto": these frames are small
+        baseline = torch.cuda.memory_allocated(device)
+        print(f"{name}: keep_cuda_graphs=True, each request against the eager decode (cuda_graphs=False) of "
+              f"the same weights", flush=True)
+        for label, z, before in steps:
+            if before is not None:
+                before()
+            expected = reference(z, vaeshard.parallel.config_of(vae).frames_per_step)
+            torch.cuda.synchronize()
+            made, start = captures.count, time.perf_counter()
+            with torch.no_grad():
+                out = vae.decode(z).sample
+            torch.cuda.synchronize()
+            took, made = time.perf_counter() - start, captures.count - made
+            held = (torch.cuda.memory_allocated(device) - baseline) / 2**30
+            same = torch.equal(out, expected)
+            failures += not same
+            print(f"  {label:42} {'equal' if same else 'DIFFERENT'}  {took:.3f} s  {made} capture(s)  "
+                  f"held after it {held:.2f} GiB", flush=True)
+            del out, expected
+        vaeshard.release_cuda_graphs(vae)
+        del vae, reference_vae
+        torch.cuda.empty_cache()
+    print("kept graphs:", "every output equal to the eager decode" if not failures else f"{failures} DIFFERENT")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
