@@ -298,3 +298,30 @@ def test_decoder_steps_off_the_gpu_keep_nothing():
         assert not steps.enabled and steps.keep is None
         steps.call(lambda x: x, torch.zeros(1), [], steady=False)
     assert graphs._kept.get(owner) is None
+
+
+@pytest.mark.parametrize("old_frames,new_frames", [(1, 4), (1, 2), (1, 1), ("Rep", 1), ("Rep", 2), (None, 4), (2, 1)])
+def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_frames, new_frames):
+    # capturing a request's second call with kept graphs, the call writes each new cache entry into
+    # the tensor the steady graph reads (graphs.cache_target): the same values as without a target
+    from vaeshard import graphs
+    from vaeshard.families.wan import _store_cache
+
+    g = torch.Generator().manual_seed(0)
+    if isinstance(old_frames, int):
+        old = torch.randn(1, 3, old_frames, 4, 5, generator=g)
+    else:
+        old = old_frames
+    frames = torch.randn(1, 3, new_frames, 4, 5, generator=g)
+    plain = [None, old.clone() if isinstance(old, torch.Tensor) else old]
+    _store_cache(plain, 1, plain[1], frames)
+    target = torch.full((1, 3, 2, 4, 5), float("nan"))
+    targeted = [None, old]
+    token = graphs._cache_targets.set([None, target])
+    try:
+        _store_cache(targeted, 1, old, frames)
+    finally:
+        graphs._cache_targets.reset(token)
+    assert plain[1].shape == (1, 3, 2, 4, 5)
+    assert torch.equal(targeted[1], plain[1]) and targeted[1] is target
+    assert graphs.cache_target(1) is None  # outside that capture

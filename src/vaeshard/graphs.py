@@ -29,6 +29,7 @@ back does not desynchronise the others.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import time
 import weakref
@@ -64,6 +65,21 @@ def wanted(setting, pixels_per_rank: int) -> bool:
 
 
 _streams: dict[int, torch.cuda.Stream] = {}
+
+# while the second call of a request with kept graphs is captured: the cache tensors the steady graph
+# reads (KeptCalls.state), into which the call writes its new caches (`cache_target`)
+_cache_targets: contextvars.ContextVar[list | None] = contextvars.ContextVar("vaeshard_cache_targets", default=None)
+
+
+def cache_target(idx: int) -> torch.Tensor | None:
+    """The tensor a decoder call should write its new cache entry `idx` into, where it fits, instead
+    of making a new one: inside the capture of a request's second call with kept graphs, the entry
+    the steady graph reads (so the call leaves its caches where the steady graph reads them, with no
+    second set of caches to copy from); else None."""
+    targets = _cache_targets.get()
+    if targets is None or idx >= len(targets) or not isinstance(targets[idx], torch.Tensor):
+        return None
+    return targets[idx]
 
 
 def _request_stream(device: torch.device) -> torch.cuda.Stream:
@@ -291,10 +307,13 @@ class DecoderSteps:
             return y
         if index == 1 and not kept.eager_first_calls:
             if kept.second is None:
+                token = _cache_targets.set(kept.state)  # its caches straight into the steady graph's
                 try:
                     kept.second, _ = self._capture(step, x, state, copy_into=kept.state)
                 except CaptureFailed as exc:
                     return self._first_calls_eager(exc, step, x)
+                finally:
+                    _cache_targets.reset(token)
             y = kept.second.replay(x)
             state[:] = kept.state
             self.steady = kept.steady
