@@ -297,7 +297,7 @@ def run_bench(
     `on_point(result)`, when given, is called after the reference and after each point with the
     result so far, so a run cut short still leaves what it measured. `options`: more keyword
     arguments of `vaeshard.parallelize` for the timed runs (exact, cudnn_benchmark, frames_per_step,
-    max_layer_frames, cuda_graphs), checked here before anything runs.
+    max_layer_frames, cuda_graphs, keep_cuda_graphs), checked here before anything runs.
     """
     options = dict(options or {})
     unknown = sorted(set(options) - {"exact", *_FAST_DEFAULTS})

@@ -24,6 +24,14 @@ A capture that fails (a path that cannot be captured) runs nothing: the caches a
 were, the call runs eagerly, and so does the rest of the request. Every rank makes the same calls in
 the same order either way (NCCL matches a replayed exchange with an eager one), so a rank that falls
 back does not desynchronise the others.
+
+Kept graphs (`keep_cuda_graphs`, `KeptCalls`): the pool, the steady graph and its cache tensors stay
+with the VAE after the request. The next request with the same signature replays the steady graph
+and captures its first two calls into the same pool (the second writing its caches into the steady
+graph's, `cache_target`); the requests after it replay every call. Their order is always the first
+call's graph, the second's, then the steady one's, and between requests nothing else allocates in
+the pool while a graph's tensors must survive, so the graphs may share its memory. The signature
+names the weights' addresses and versions, so a graph never reads weights that moved or changed.
 """
 
 from __future__ import annotations
