@@ -106,14 +106,20 @@ def test_cuda_graphs_setting_reaches_the_request(exact, cuda_graphs, seen):
         with pytest.raises(TypeError, match="cuda_graphs must be True, False or 'auto'"):
             vaeshard.parallelize(build("wan21"), cuda_graphs=wrong)
     vae = vaeshard.parallelize(build("wan21"), exact=exact, cuda_graphs=cuda_graphs)
+    assert _seen_in_a_request(vae, fast.cuda_graphs) == {seen}
+    assert fast.cuda_graphs() is False  # outside a request
+
+
+def _seen_in_a_request(vae, setting) -> set:
+    """What `setting()` answers inside a decode of `vae` (read as its decoder starts)."""
     values = []
-    handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: values.append(fast.cuda_graphs()))
+    handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: values.append(setting()))
     try:
         vae.decode(latent((1, 4, 2, 3, 3)))
     finally:
         handle.remove()
-    assert values and set(values) == {seen}
-    assert fast.cuda_graphs() is False  # outside a request
+    assert values
+    return set(values)
 
 
 def test_auto_replays_where_a_rank_s_frames_are_small():
@@ -185,13 +191,7 @@ def test_keep_cuda_graphs_is_checked_and_reaches_the_request():
         vaeshard.parallelize(build("wan21"), cuda_graphs=False, keep_cuda_graphs=True)
     for exact, seen in ((False, True), (True, False)):
         vae = vaeshard.parallelize(build("wan21"), exact=exact, keep_cuda_graphs=True)
-        values = []
-        handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: values.append(fast.keep_cuda_graphs()))
-        try:
-            vae.decode(latent((1, 4, 2, 3, 3)))
-        finally:
-            handle.remove()
-        assert values and set(values) == {seen}
+        assert _seen_in_a_request(vae, fast.keep_cuda_graphs) == {seen}
     assert fast.keep_cuda_graphs() is False  # outside a request
 
 
@@ -300,28 +300,37 @@ def test_decoder_steps_off_the_gpu_keep_nothing():
     assert graphs._kept.get(owner) is None
 
 
-@pytest.mark.parametrize("old_frames,new_frames", [(1, 4), (1, 2), (1, 1), ("Rep", 1), ("Rep", 2), (None, 4), (2, 1)])
+@pytest.mark.parametrize("old_frames,new_frames",
+                         [(1, 4), (1, 2), (1, 1), ("Rep", 1), ("Rep", 2), (None, 4), (2, 1), (None, 1), ("last", 1),
+                          ("last", 4)])
 def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_frames, new_frames):
     # capturing a request's second call with kept graphs, the call writes each new cache entry into
     # the tensor the steady graph reads (graphs.cache_target): the same values as without a target
     from vaeshard import graphs
     from vaeshard.families.wan import _store_cache
 
+    # ("last": the old entry is the first call's one-frame cache kept in the target's last frame)
     g = torch.Generator().manual_seed(0)
+    target = torch.full((1, 3, 2, 4, 5), float("nan"))
     if isinstance(old_frames, int):
         old = torch.randn(1, 3, old_frames, 4, 5, generator=g)
+    elif old_frames == "last":
+        old = target[:, :, -1:]
+        old.copy_(torch.randn(1, 3, 1, 4, 5, generator=g))
     else:
         old = old_frames
     frames = torch.randn(1, 3, new_frames, 4, 5, generator=g)
     plain = [None, old.clone() if isinstance(old, torch.Tensor) else old]
     _store_cache(plain, 1, plain[1], frames)
-    target = torch.full((1, 3, 2, 4, 5), float("nan"))
     targeted = [None, old]
     token = graphs._cache_targets.set([None, target])
     try:
         _store_cache(targeted, 1, old, frames)
     finally:
         graphs._cache_targets.reset(token)
-    assert plain[1].shape == (1, 3, 2, 4, 5)
-    assert torch.equal(targeted[1], plain[1]) and targeted[1] is target
+    assert torch.equal(targeted[1], plain[1])
+    if old_frames is None and new_frames == 1:  # the first call: one frame, in the target's last
+        assert targeted[1].shape == (1, 3, 1, 4, 5) and targeted[1].data_ptr() == target[:, :, -1:].data_ptr()
+    else:
+        assert plain[1].shape == (1, 3, 2, 4, 5) and targeted[1] is target
     assert graphs.cache_target(1) is None  # outside that capture

@@ -27,8 +27,8 @@ back does not desynchronise the others.
 
 Kept graphs (`keep_cuda_graphs`, `KeptCalls`): the pool, the steady graph and its cache tensors stay
 with the VAE after the request. The next request with the same signature replays the steady graph
-and captures its first two calls into the same pool (the second writing its caches into the steady
-graph's, `cache_target`); the requests after it replay every call. Their order is always the first
+and captures its first two calls into the same pool, both writing their caches into the steady
+graph's (`cache_target`); the requests after it replay every call. Their order is always the first
 call's graph, the second's, then the steady one's, and between requests nothing else allocates in
 the pool while a graph's tensors must survive, so the graphs may share its memory. The signature
 names the weights' addresses and versions, so a graph never reads weights that moved or changed.
@@ -74,16 +74,17 @@ def wanted(setting, pixels_per_rank: int) -> bool:
 
 _streams: dict[int, torch.cuda.Stream] = {}
 
-# while the second call of a request with kept graphs is captured: the cache tensors the steady graph
-# reads (KeptCalls.state), into which the call writes its new caches (`cache_target`)
+# while the first or second call of a request with kept graphs is captured: the cache tensors the
+# steady graph reads (KeptCalls.state), into which the call writes its new caches (`cache_target`)
 _cache_targets: contextvars.ContextVar[list | None] = contextvars.ContextVar("vaeshard_cache_targets", default=None)
 
 
 def cache_target(idx: int) -> torch.Tensor | None:
     """The tensor a decoder call should write its new cache entry `idx` into, where it fits, instead
-    of making a new one: inside the capture of a request's second call with kept graphs, the entry
-    the steady graph reads (so the call leaves its caches where the steady graph reads them, with no
-    second set of caches to copy from); else None."""
+    of making a new one: inside the capture of a request's first or second call with kept graphs,
+    the entry the steady graph reads (the first call's one-frame caches go in its last frame, which
+    the second call reads before it overwrites the entry; the second call leaves its caches where
+    the steady graph reads them). No second set of caches is kept or copied. Else None."""
     targets = _cache_targets.get()
     if targets is None or idx >= len(targets) or not isinstance(targets[idx], torch.Tensor):
         return None
@@ -127,8 +128,8 @@ class KeptCalls:
     (`keep_cuda_graphs`). `steady`: the steady call's graph, which reads and writes the cache
     tensors `state`. `first`, `second`: the first two calls' graphs, captured by the next request
     (the first request runs them eagerly: cuDNN times its algorithms and Triton compiles there);
-    `after_first` is the cache list as the first call leaves it, which the second reads; the
-    second copies its caches into `state`. `eager_first_calls`: their capture failed once, they
+    `after_first` is the cache list as the first call leaves it, which the second reads (mostly
+    views of `state`'s last frames: `cache_target`); the second leaves its caches in `state`. `eager_first_calls`: their capture failed once, they
     run eagerly (their caches are then copied into `state` before the first replay). Every graph's
     memory is in `pool`; `anchors` keeps alive what the signature names by identity."""
 
@@ -306,10 +307,13 @@ class DecoderSteps:
             if kept.first is None:
                 if any(entry is not None for entry in state):  # not a fresh request's caches
                     return self._first_calls_eager(CaptureFailed("the caches were not empty"), step, x)
+                token = _cache_targets.set(kept.state)  # its one-frame caches in the steady graph's
                 try:
                     kept.first, kept.after_first = self._capture(step, x, state, copy_into=None)
                 except CaptureFailed as exc:
                     return self._first_calls_eager(exc, step, x)
+                finally:
+                    _cache_targets.reset(token)
             y = kept.first.replay(x)
             state[:] = kept.after_first
             return y

@@ -849,17 +849,20 @@ def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor, owned: b
         feat_cache[idx] = frames
         return
     target = graphs.cache_target(idx)
-    if (target is not None and target is not old and _cache_in_place(target, frames)
-            and (frames.shape[2] >= CACHE_T or old is not None)):
-        # a request with kept CUDA graphs, capturing its second call: the new cache goes where the
-        # steady graph reads it (the same values as below)
+    if target is not None and target is not old and _cache_in_place(target, frames):
+        # a request with kept CUDA graphs capturing its first or second call: the new cache goes
+        # where the steady graph reads it (the same values as below)
         if frames.shape[2] >= CACHE_T:
             target.copy_(frames[:, :, -CACHE_T:])
+        elif old is None:  # the first call's one frame: a one-frame cache, the target's last frame
+            feat_cache[idx] = target[:, :, -1:]
+            feat_cache[idx].copy_(frames)
+            return
         else:  # one new frame after the first call's (or, after an upsampler's "Rep", zeros)
             if isinstance(old, str):
                 target[:, :, :1].zero_()
             else:
-                target[:, :, :1].copy_(old[:, :, -1:])
+                target[:, :, :1].copy_(old[:, :, -1:])  # (where old is that last frame: the convolution has read it)
             target[:, :, 1:].copy_(frames)
         feat_cache[idx] = target
         return
