@@ -129,9 +129,10 @@ class KeptCalls:
     tensors `state`. `first`, `second`: the first two calls' graphs, captured by the next request
     (the first request runs them eagerly: cuDNN times its algorithms and Triton compiles there);
     `after_first` is the cache list as the first call leaves it, which the second reads (mostly
-    views of `state`'s last frames: `cache_target`); the second leaves its caches in `state`. `eager_first_calls`: their capture failed once, they
-    run eagerly (their caches are then copied into `state` before the first replay). Every graph's
-    memory is in `pool`; `anchors` keeps alive what the signature names by identity."""
+    views of `state`'s last frames: `cache_target`); the second leaves its caches in `state`.
+    `eager_first_calls`: their capture failed once, they run eagerly (their caches are then copied
+    into `state` before the first replay). Every graph's memory is in `pool`; `anchors` keeps alive
+    what the signature names by identity."""
 
     signature: tuple
     pool: object
