@@ -233,3 +233,40 @@ def test_interleaved_ab_patch_sets_an_attribute_and_sets_it_back():
     for wrong in ("vaeshard.fast:upsample_by_phases", "upsample_by_phases=None", "vaeshard.fast:=None"):
         with pytest.raises(ValueError, match="MODULE:ATTR=EXPR"):
             ab.Patch.parse(wrong)
+
+
+@pytest.mark.parametrize("settings,kept", [({}, False), ({"keep_cuda_graphs": True}, True),
+                                           ({"keep_cuda_graphs": True, "mode": "tile"}, False)])
+def test_the_bench_warms_kept_graphs_up_and_counts_what_they_keep(settings, kept):
+    # with kept CUDA graphs the warm-up is two whole requests (the timed decodes then replay every
+    # call, as a serving loop's after its first two requests of a size) and the peak counts from
+    # before it, so what the graphs keep is in the figure; otherwise a short clip, counted from after
+    import torch
+
+    import vaeshard
+    from vaeshard import bench
+
+    from .models import build, latent
+
+    vae = vaeshard.parallelize(build("wan21"), **settings)
+    seen = []
+    real = vae.decode
+    vae.decode = lambda z, **kw: seen.append(tuple(z.shape)) or real(z, **kw)
+
+    class Memory:
+        def __getattr__(self, name):
+            return lambda: seen.append(name)
+
+    class Ctx:
+        def synchronize(self):
+            pass
+
+        def barrier(self):
+            pass
+
+    z = latent((1, 4, 5, 3, 3))
+    with torch.no_grad():
+        bench._timed_runs(Ctx(), vae, z, 1, Memory(), together=False)
+    warm = ["reset", "mark_base", tuple(z.shape), tuple(z.shape), "reset_peak"] if kept else [
+        "reset", (1, 4, 2, 3, 3), "mark_base"]
+    assert seen == warm + [tuple(z.shape)]
