@@ -261,6 +261,13 @@ def test_the_keep_signature_names_the_shard_and_holds_its_group():
     with fast.tier(True):
         assert wan._keep_graphs(vae, z, 1)[1] != first[1]  # unsharded
         assert wan._keep_graphs(vae, z, 2)[1] != wan._keep_graphs(vae, z, 1)[1]  # frames per call
+        tf32 = torch.backends.cudnn.allow_tf32
+        before = wan._keep_graphs(vae, z, 1)[1]
+        try:
+            torch.backends.cudnn.allow_tf32 = not tf32  # other convolution kernels
+            assert wan._keep_graphs(vae, z, 1)[1] != before
+        finally:
+            torch.backends.cudnn.allow_tf32 = tf32
 
 
 def test_kept_graphs_are_released_on_request_and_with_the_settings():

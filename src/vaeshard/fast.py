@@ -152,10 +152,12 @@ def keep_cuda_graphs() -> bool:
 
 
 def settings_signature() -> tuple:
-    """This request's fast-tier settings and the module's thresholds that choose a decoder's path: a
-    kept CUDA graph serves only a request that would take the same path."""
+    """This request's fast-tier settings, the module's thresholds that choose a decoder's path and
+    PyTorch's switches that choose its kernels (cuDNN's benchmark mode, TF32): a kept CUDA graph
+    serves only a request that would run the same kernels."""
     return (_fast.get(), _frames_per_step.get(), _max_layer_frames.get(), _triton_convs.get(),
-            torch.backends.cudnn.benchmark, PART_FRAMES, PARTS_FROM_PIXELS, SHARDED_PARTS_FROM_PIXELS)
+            torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+            PART_FRAMES, PARTS_FROM_PIXELS, SHARDED_PARTS_FROM_PIXELS)
 
 
 @contextlib.contextmanager
