@@ -341,3 +341,32 @@ def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_fra
     else:
         assert plain[1].shape == (1, 3, 2, 4, 5) and targeted[1] is target
     assert graphs.cache_target(1) is None  # outside that capture
+
+
+def test_a_failed_capture_of_the_first_calls_runs_them_eagerly_without_cache_targets():
+    # (the capture itself needs CUDA: here it fails as an uncapturable call's would) the call then
+    # runs eagerly, writing its caches as any eager call does, and the next request will not try again
+    from vaeshard import graphs
+
+    kept_state = [torch.zeros(1, 2, 2, 3)]
+    steps = graphs.DecoderSteps(torch.device("cpu"), graphs=False, num_calls=21)
+    steps.enabled = True  # as on CUDA
+    steps.kept = graphs.KeptCalls(signature=("sig",), pool=None, steady=None, state=kept_state)
+    targets_seen = []
+
+    def capture(step, x, state, copy_into):
+        targets_seen.append(graphs.cache_target(0))
+        raise graphs.CaptureFailed("RuntimeError: not capturable")
+
+    steps._capture = capture
+
+    def step(x):
+        targets_seen.append(graphs.cache_target(0))
+        return x + 1
+
+    state = [None]
+    assert torch.equal(steps._call_kept(0, step, torch.zeros(1), state, steady=False), torch.ones(1))
+    assert targets_seen == [kept_state[0], None]  # the targets during the capture only
+    assert steps.kept.eager_first_calls and steps.kept.first is None
+    assert torch.equal(steps._call_kept(1, step, torch.zeros(1), state, steady=True), torch.ones(1))
+    assert targets_seen[2:] == [None]  # the second call eagerly too, no capture tried

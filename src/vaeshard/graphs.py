@@ -308,25 +308,19 @@ class DecoderSteps:
             if kept.first is None:
                 if any(entry is not None for entry in state):  # not a fresh request's caches
                     return self._first_calls_eager(CaptureFailed("the caches were not empty"), step, x)
-                token = _cache_targets.set(kept.state)  # its one-frame caches in the steady graph's
                 try:
-                    kept.first, kept.after_first = self._capture(step, x, state, copy_into=None)
+                    kept.first, kept.after_first = self._capture_kept(step, x, state, copy_into=None)
                 except CaptureFailed as exc:
                     return self._first_calls_eager(exc, step, x)
-                finally:
-                    _cache_targets.reset(token)
             y = kept.first.replay(x)
             state[:] = kept.after_first
             return y
         if index == 1 and not kept.eager_first_calls:
             if kept.second is None:
-                token = _cache_targets.set(kept.state)  # its caches straight into the steady graph's
                 try:
-                    kept.second, _ = self._capture(step, x, state, copy_into=kept.state)
+                    kept.second, _ = self._capture_kept(step, x, state, copy_into=kept.state)
                 except CaptureFailed as exc:
                     return self._first_calls_eager(exc, step, x)
-                finally:
-                    _cache_targets.reset(token)
             y = kept.second.replay(x)
             state[:] = kept.state
             self.steady = kept.steady
@@ -344,6 +338,15 @@ class DecoderSteps:
             state[:] = kept.state
             self.steady = kept.steady
         return self.steady.replay(x)
+
+    def _capture_kept(self, step, x, state: list, copy_into: list | None) -> tuple[_Graph, list]:
+        """`_capture` of the first or second call of a request with kept graphs: the call writes its
+        new caches into the tensors the steady graph reads (`cache_target`)."""
+        token = _cache_targets.set(self.kept.state)
+        try:
+            return self._capture(step, x, state, copy_into)
+        finally:
+            _cache_targets.reset(token)
 
     def _first_calls_eager(self, exc: CaptureFailed, step, x) -> torch.Tensor:
         log.info("vaeshard: the first decoder calls could not be captured as CUDA graphs, they run eagerly "
