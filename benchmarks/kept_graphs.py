@@ -2,6 +2,10 @@
 """`keep_cuda_graphs=True` on one GPU: every request's output against the eager decode, bit for bit.
 
     python3 benchmarks/kept_graphs.py [--models wan21,wan22]
+    torchrun --standalone --nproc_per_node=2 benchmarks/kept_graphs.py --mode spatial_shard_height
+
+Under torchrun (NCCL) every rank decodes its share in `--mode` and the kept graphs hold the halo
+exchanges; the reference is the same mode's eager decode.
 
 CUDA graphs replay the kernels the eager calls launch, so a replayed decode equals the eager one
 (`cuda_graphs=False`) bit for bit. With kept graphs a request may replay graphs another request
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import copy
 import logging
+import os
 import sys
 import time
 
@@ -48,16 +53,26 @@ class _Captures(logging.Handler):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="wan21,wan22")
+    ap.add_argument("--mode", default="auto", help="vaeshard mode (under torchrun: e.g. spatial_shard_height)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     from diffusers import AutoencoderKLWan
 
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl", device_id=device)
+    main_rank = world == 1 or dist.get_rank() == 0
+    say = print if main_rank else (lambda *a, **k: None)
+
     captures = _Captures()
     logger = logging.getLogger("vaeshard")
     logger.addHandler(captures)
     logger.setLevel(logging.DEBUG)
-    device = torch.device("cuda", 0)
     failures = 0
     for name in args.models.split(","):
         torch.manual_seed(0)
@@ -74,10 +89,10 @@ def main() -> int:
         # the reference: the same weights, decoded eagerly (its own object: a parallelize call on
         # `vae` would drop the kept graphs)
         reference_vae = copy.deepcopy(vae)
-        vaeshard.parallelize(reference_vae, cuda_graphs=False)
+        vaeshard.parallelize(reference_vae, mode=args.mode, cuda_graphs=False)
 
         def reference(z, frames_per_step):
-            vaeshard.parallelize(reference_vae, cuda_graphs=False, frames_per_step=frames_per_step)
+            vaeshard.parallelize(reference_vae, mode=args.mode, cuda_graphs=False, frames_per_step=frames_per_step)
             with torch.no_grad():
                 return reference_vae.decode(z).sample
 
@@ -93,7 +108,7 @@ def main() -> int:
             vae.to(device)
 
         def fewer_calls():
-            vaeshard.parallelize(vae, keep_cuda_graphs=True, frames_per_step=2)
+            vaeshard.parallelize(vae, mode=args.mode, keep_cuda_graphs=True, frames_per_step=2)
 
         steps = [
             ("1 first request", z1, None),
@@ -108,10 +123,10 @@ def main() -> int:
             ("10 the same again", z4, None),
             ("11 after release_cuda_graphs", z1, lambda: vaeshard.release_cuda_graphs(vae)),
         ]
-        vaeshard.parallelize(vae, keep_cuda_graphs=True)  # cuda_graphs "auto": these frames are small
+        vaeshard.parallelize(vae, mode=args.mode, keep_cuda_graphs=True)  # cuda_graphs "auto": small frames
         baseline = torch.cuda.memory_allocated(device)
-        print(f"{name}: keep_cuda_graphs=True, each request against the eager decode (cuda_graphs=False) of "
-              f"the same weights", flush=True)
+        say(f"{name}, {world} rank(s), mode {args.mode}: keep_cuda_graphs=True, each request against the eager "
+            f"decode (cuda_graphs=False) of the same weights (rank 0's figures)", flush=True)
         for label, z, before in steps:
             if before is not None:
                 before()
@@ -125,13 +140,18 @@ def main() -> int:
             held = (torch.cuda.memory_allocated(device) - baseline) / 2**30
             same = torch.equal(out, expected)
             failures += not same
-            print(f"  {label:42} {'equal' if same else 'DIFFERENT'}  {took:.3f} s  {made} capture(s)  "
-                  f"held after it {held:.2f} GiB", flush=True)
+            say(f"  {label:42} {'equal' if same else 'DIFFERENT'}  {took:.3f} s  {made} capture(s)  "
+                f"held after it {held:.2f} GiB", flush=True)
             del out, expected
         vaeshard.release_cuda_graphs(vae)
         del vae, reference_vae
         torch.cuda.empty_cache()
-    print("kept graphs:", "every output equal to the eager decode" if not failures else f"{failures} DIFFERENT")
+    if world > 1:  # every rank's outputs
+        counted = torch.tensor([failures], device=device)
+        dist.all_reduce(counted)
+        failures = int(counted.item())
+        dist.destroy_process_group()
+    say("kept graphs:", "every output equal to the eager decode" if not failures else f"{failures} DIFFERENT")
     return 1 if failures else 0
 
 
