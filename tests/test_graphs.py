@@ -142,21 +142,29 @@ def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, gr
     asked = []
     real = graphs.wanted
     monkeypatch.setattr(graphs, "wanted", lambda setting, pixels: asked.append((setting, pixels)) or real(setting, pixels))
-    made = []
-
-    class Recorder(graphs.DecoderSteps):
-        def __init__(self, device, enabled, num_calls, keep=None):
-            super().__init__(device, enabled, num_calls, keep)
-            made.append(enabled)
-
-    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    made = _record_decoder_steps(monkeypatch)
     setting = cli._graphs_setting(mode)
     with pytest.raises(Exception, match="expected auto, on or off"):
         cli._graphs_setting("yes")
     vae = vaeshard.parallelize(build("wan21"), cuda_graphs=setting)
     vae.decode(latent((1, 4, 3, 4, 3)))
     ratio = vae.spatial_compression_ratio
-    assert asked == [(setting, 4 * 3 * ratio * ratio)] and made == [graphed]
+    assert asked == [(setting, 4 * 3 * ratio * ratio)] and [enabled for enabled, _ in made] == [graphed]
+
+
+def _record_decoder_steps(monkeypatch) -> list:
+    """(graphs wanted, keep) of each graphs.DecoderSteps the Wan loop makes from now on."""
+    from vaeshard import graphs
+
+    made = []
+
+    class Recorder(graphs.DecoderSteps):
+        def __init__(self, device, enabled, num_calls, keep=None):
+            super().__init__(device, enabled, num_calls, keep)
+            made.append((enabled, keep))
+
+    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    return made
 
 
 @pytest.mark.parametrize("free, reserved, allocated, released", [
@@ -198,21 +206,12 @@ def test_keep_cuda_graphs_is_checked_and_reaches_the_request():
 def _keeps_asked(monkeypatch, vae, latents, between=None):
     """The `keep` argument the Wan loop gave DecoderSteps for each of `latents` decoded in turn
     (`between(i)` runs before decode i)."""
-    from vaeshard import graphs
-
-    kept = []
-
-    class Recorder(graphs.DecoderSteps):
-        def __init__(self, device, enabled, num_calls, keep=None):
-            super().__init__(device, enabled, num_calls, keep)
-            kept.append(keep)
-
-    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    made = _record_decoder_steps(monkeypatch)
     for i, z in enumerate(latents):
         if between is not None:
             between(i)
         vae.decode(z)
-    return kept
+    return [keep for _, keep in made]
 
 
 def test_the_wan_loop_keeps_graphs_under_a_signature_of_shapes_settings_and_weights(monkeypatch):
