@@ -71,15 +71,16 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
     """One rank of a fp16 decode (then an encode) of the small Wan 2.1 in the fast tier with the
     stand-in installed (this process's own: a fresh rank process, or the caller's with everything
     set back after): twice, the causal convolutions reading their time padding where it lies
-    (fast.causal_front) and the head's norm writing into its convolution's buffer (sharded,
-    HaloCausalConv3d.reserve), then both declining (the frames copied into the buffers). Returns
+    (fast.causal_front) and the head's norm writing into its convolution's buffer
+    (wan.FastCoderHead), then both declining (the frames copied into the buffers; diffusers' own
+    head: the norm's output cloned for the cache, then copied into the buffer). Returns
     (the stand-in's calls and the input buffers made in the first decode, the stand-in's calls in
     the second, whether the two ways' decodes and encodes are equal bit for bit, and the larger of
     the first way's max / mean differences to diffusers' fp32 decode and encode). A buffer: (the
-    convolution's output channels and time padding, new frames, buffer frames, read where it lies?),
-    or (..., new frames, None, "reserved") made by `reserve` for the layer before to write into.""" 
+    convolution's output channels and time padding, new frames, buffer frames, read where it lies?).""" 
     import vaeshard
     from vaeshard import fast, shard
+    from vaeshard.families import wan
 
     from .models import build, latent
 
@@ -100,15 +101,6 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
             return buf, new, ready, front
 
         set_attr(shard.HaloCausalConv3d, "input_buffer", spy)
-        reserve = shard.HaloCausalConv3d.reserve
-
-        def reserving(self, like):  # (the head's norm writing into its convolution's buffer: a buffer too)
-            new = reserve(self, like)
-            if new is not None:
-                buffers.append((self.out_channels, self._padding[4], new.shape[2], None, "reserved"))
-            return new
-
-        set_attr(shard.HaloCausalConv3d, "reserve", reserving)
         vae = build("wan21")
         z = latent((samples, 4, 3, 4, 8))  # three decoder calls: caches of none, one and two frames
         torch.manual_seed(1)
@@ -122,7 +114,7 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
         encoded = vae.encode(video.to(torch.float16)).latent_dist.mean
         calls.clear()
         set_attr(fast, "causal_front", lambda like, weight, cache: None)
-        set_attr(shard.HaloCausalConv3d, "reserve", lambda self, like: None)
+        set_attr(wan, "_head_fast_path", lambda part: False)
         copied = vae.decode(z.to(torch.float16)).sample
         encoded_copied = vae.encode(video.to(torch.float16)).latent_dist.mean
         vaeshard.unparallelize(vae)

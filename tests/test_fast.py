@@ -548,9 +548,9 @@ def _decoder_calls(vae):
 
 @pytest.mark.parametrize("per_step", [1, 2])
 def test_causal_caches_are_overwritten_in_place(per_step):
-    """From the third decoder call on, the fast residual blocks and upsamplers write their causal
-    caches into the tensors of the call before (diffusers makes a new tensor each call); only the
-    entries diffusers' own code updates (the decoder's first and last convolutions) are new."""
+    """From the third decoder call on, every causal cache is written into the tensor of the call
+    before (diffusers makes a new tensor each call): the fast residual blocks' and upsamplers', and
+    the decoder's first and last convolutions' (wan.FastCoderHead)."""
     import vaeshard
 
     vae = vaeshard.parallelize(build("wan21"), frames_per_step=per_step)
@@ -568,7 +568,7 @@ def test_causal_caches_are_overwritten_in_place(per_step):
     for before, after in zip(states[1:], states[2:]):
         renewed = [i for i, (a, b) in enumerate(zip(before, after)) if a is not b]
         cached = [i for i, entry in enumerate(after) if isinstance(entry, torch.Tensor)]
-        assert renewed == [cached[0], cached[-1]], renewed  # conv_in's and conv_out's entries
+        assert renewed == [], renewed
         assert len(cached) > 10
 
 

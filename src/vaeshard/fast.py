@@ -40,8 +40,10 @@ outside a vaeshard request always sees the original layers. What changes in the 
   kernel.
 - Where box_conv runs a causal convolution (Wan 2.1's 96- and 192-channel layers and its head), it
   reads the two cached frames from the cache where it lies (`causal_front`, conv_kernel.Front), so
-  that convolution's input buffer holds only the new frames; unsharded, the head reads its input
-  where it lies, and sharded, the head's norm writes into its convolution's buffer (`norm_into`).
+  that convolution's input buffer holds only the new frames. A causal VAE's head (its output norm
+  and `conv_out`) is run as a residual block's convolutions are: the norm writes into the
+  convolution's input buffer, whose new frames, sharded with their halo rows, become the next
+  call's cache (families/wan.py, `FastCoderHead`).
   Causal convolutions without padding (1x1x1) read their input where it lies. Wan 2.2's up blocks
   add their duplicating shortcut read from their input as the upsampler's interleaving pass stores
   (on CUDA; through views of the input elsewhere: families/wan.py, `FastResidualUpBlock`). All of
@@ -635,20 +637,7 @@ class FusedRMSNormSiLU:
             return super().forward(x)
         conv = self.__dict__.get(_BIAS_FROM)
         pre_bias = conv.bias if conv is not None else None
-        into = self.__dict__.get(_INTO)  # the convolution this norm's output goes to (`norm_into`)
-        out = into.reserve(x) if into is not None else None
-        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias, out=out)
-
-
-_INTO = "_vaeshard_into"  # on a norm: the causal convolution (shard.HaloCausalConv3d) its output goes to
-
-
-def norm_into(norm, conv) -> None:
-    """In the fast tier, `norm` (a FusedRMSNormSiLU whose output only `conv`, a causal convolution
-    after the SiLU that passes through, reads: a VAE's head) writes into `conv`'s input buffer where
-    `conv.reserve` makes one (sharded), so the frames are not copied into it. Stored outside
-    nn.Module's registries, as `move_bias_into_norm`."""
-    norm.__dict__[_INTO] = conv
+        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias)
 
 
 # --- a convolution's bias moved into the norm after it ------------------------------------------------
@@ -676,7 +665,6 @@ def bias_moved(conv) -> bool:
 def forget_moved_bias(module) -> None:
     module.__dict__.pop(_BIAS_TO_NEXT, None)
     module.__dict__.pop(_BIAS_FROM, None)
-    module.__dict__.pop(_INTO, None)
 
 
 class PassThroughSiLU:

@@ -100,9 +100,6 @@ def sharding(ctx: ShardContext):
 # --- halo-aware layers ------------------------------------------------------------------------------
 
 
-_RESERVED = "_vaeshard_reserved"  # HaloCausalConv3d.reserve's buffer, until forward takes it
-
-
 def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
     """A causal convolution's input buffer's shape for `new` frames behind `tpad` ones, with the halo
     rows `rows` ((sharded dim or None, before, after)) and `columns` zero columns a side."""
@@ -131,12 +128,6 @@ class HaloCausalConv3d:
         if ctx is None and not fast:
             return super().forward(x, cache_x)
         cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
-        reserved = self.__dict__.pop(_RESERVED, None)
-        if fast and reserved is not None and reserved[2] is x:  # x was written into this buffer (`reserve`)
-            buf, core, _ = reserved
-            whole = cached is None or tuple(cached.shape[3:]) == tuple(buf.shape[3:])
-            ready = self._fill_front(buf, core, cached, whole)
-            return self.forward_buffer(buf, ready=ready, width=x.shape[-1])
         if fast:  # one buffer: causal zero frames, cached frames, this chunk, halo rows
             limit = fast_tier.max_layer_frames()
             if limit is not None and x.shape[2] > limit and self._causal_in_time():
@@ -194,25 +185,6 @@ class HaloCausalConv3d:
         if reads is not None:
             return buf, core, 0, reads
         return buf, core[:, :, tpad:], self._fill_front(buf, core, cache_x, whole), None
-
-    def reserve(self, like: torch.Tensor):
-        """Fast tier, sharded: this convolution's input buffer for new frames like `like`, made before
-        they exist, and its new-frames view returned for the layer before it to write into (the
-        head's norm, `fast.FusedRMSNormSiLU`); `forward` given that view then puts the cached frames
-        in front and convolves the buffer, so the frames are never copied into it. None where
-        `forward` would not take them so: unsharded (box_conv's kernel reads them where they lie,
-        or they are copied), no time padding, or `max_layer_frames` parts."""
-        ctx = current()
-        limit = fast_tier.max_layer_frames()
-        self.__dict__.pop(_RESERVED, None)
-        if (ctx is None or not fast_tier.enabled() or not self._padding[4]
-                or (limit is not None and like.shape[2] > limit and self._causal_in_time())):
-            return None
-        rows, columns = self._geometry(ctx, like, tuple(like.shape), None)
-        buf, core = self._allocate(like, tuple(like.shape), rows, columns, self._padding[4])
-        new = core[:, :, self._padding[4]:]
-        self.__dict__[_RESERVED] = (buf, core, new)
-        return new
 
     def _geometry(self, ctx, like, new, halo_rows):
         """((sharded dim or None, halo rows before, after), zero columns a side) of a buffer for `new`."""
@@ -597,7 +569,6 @@ def swap(module: nn.Module, mixin: type) -> None:
 
 
 def unswap(module: nn.Module) -> None:
-    module.__dict__.pop(_RESERVED, None)
     base = getattr(type(module), "_vaeshard_base", None)
     if base is not None:
         module.__class__ = base

@@ -290,8 +290,8 @@ class WanLike:
                     fast.move_bias_into_norm(block.conv1, block.norm2)
                 if block is not part and all(hasattr(c, "input_buffer") for c in (block.conv1, block.conv2)):
                     shard.swap(block, FastResidualBlock)
-                if block is part and hasattr(part.conv_out, "reserve"):  # the head: its norm into conv_out's buffer
-                    fast.norm_into(part.norm_out, part.conv_out)
+            if hasattr(part.conv_out, "input_buffer"):  # the head: its norm into conv_out's buffer
+                shard.swap(part, FastCoderHead)
             for module in part.modules():
                 if isinstance(module, self.resample_cls) and _upsamples_into_conv(module, self.upsample_cls):
                     shard.swap(module, FastUpsample)
@@ -472,6 +472,70 @@ class FastResidualBlock:
         del pending
         into = shard.same_layout(h, y) and not self._forward_hooks
         return fast.add_bias_and_residual_(y, self.conv2.bias if fuse else None, h, into_residual=into)
+
+
+class FastCoderHead:
+    """Mixin for a Wan-style decoder or encoder (diffusers' `WanDecoder3d`, `WanEncoder3d` and Qwen-Image's):
+    its forward, step for step, with the head (`norm_out`, the SiLU, `conv_out`) run as a residual
+    block's norm and convolution are (`FastResidualBlock`).
+
+    Fast tier, inference only, with diffusers' feature cache: the fused norm writes straight into
+    conv_out's input buffer (`_norm_into_causal_conv`), behind the cached frames or, where box_conv
+    runs conv_out, with those read where they lie (fast.causal_front), and the next call's cache is
+    taken from that buffer after the convolution: sharded, with its halo rows, so the next call
+    neither exchanges the cached frames again nor copies them strided. diffusers' forward clones
+    the norm's output for the cache before the convolution and copies that clone into the next
+    call's buffer; sharded, both copies are strided (a shard's rows between halo rows): about 7 GB
+    of each 2-GPU rank's copies at Wan 2.1 720p (benchmarks/memory_model.py --copies). The same
+    values: a cached frame's halo rows are the ones the exchange would bring again. With
+    `max_layer_frames` below the call's frames, conv_out takes its frames in parts from the norm's
+    output as diffusers' head does (HaloCausalConv3d). Everything before the head is diffusers'
+    forward (0.36 to 0.42, the same in Wan's and Qwen-Image's classes). Otherwise (exact tier,
+    training, autograd, no feature cache, a forward hook on a layer of the head, which this path
+    would not call) diffusers' forward runs.
+    """
+
+    def forward(self, x, feat_cache=None, feat_idx=[0], **kwargs):  # noqa: B006 - diffusers' signature
+        if feat_cache is None or not _head_fast_path(self):
+            return super().forward(x, feat_cache=feat_cache, feat_idx=feat_idx, **kwargs)
+        idx = feat_idx[0]
+        feat_idx[0] += 1
+        old = feat_cache[idx]
+        x_in, x = x, self.conv_in(x, old)
+        _store_cache(feat_cache, idx, old, x_in)  # (diffusers' conv_in cache: the input's last frames)
+        del x_in, old
+        if hasattr(self, "up_blocks"):  # a decoder: middle, then upsamples (Wan's take `first_chunk`)
+            x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
+            for block in self.up_blocks:
+                x = block(x, feat_cache=feat_cache, feat_idx=feat_idx, **kwargs)
+        else:  # an encoder: downsamples, then middle
+            for block in self.down_blocks:
+                x = block(x, feat_cache=feat_cache, feat_idx=feat_idx)
+            x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
+        limit = fast.max_layer_frames()
+        if limit is not None and x.shape[2] > limit:  # conv_out in parts of the norm's output
+            x = self.nonlinearity(self.norm_out(x))
+            idx = feat_idx[0]
+            feat_idx[0] += 1
+            old = feat_cache[idx]
+            y = self.conv_out(x, old)
+            _store_cache(feat_cache, idx, old, x)
+            return y
+        pending = _norm_into_causal_conv(self.norm_out, None, self.conv_out, x, feat_cache, feat_idx)
+        del x  # (as diffusers' head drops the norm's input before its convolution)
+        return pending.convolve()
+
+
+def _head_fast_path(part: nn.Module) -> bool:
+    """Whether a decoder's or encoder's head may run `FastCoderHead`'s way: fast tier, inference, no
+    autograd, and no hook on the layers it does not call (the norm, the SiLU, conv_out)."""
+    from torch.nn.modules import module as torch_module
+
+    if not fast.enabled() or part.training or torch.is_grad_enabled():
+        return False
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in (part.norm_out, part.nonlinearity, part.conv_out))
 
 
 class FastUpsample:
