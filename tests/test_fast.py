@@ -237,7 +237,7 @@ def test_residual_block_output_takes_its_inputs_storage():
     assert seen == [False, False]
 
 
-@pytest.mark.parametrize("where", ["residual block", "upsample"])
+@pytest.mark.parametrize("where", ["residual block", "upsample", "head"])
 def test_hooks_on_a_fast_blocks_layers_still_run(where):
     # offloading and debugging hooks sit on leaf layers: the block then runs diffusers' own forward
     import vaeshard
@@ -249,9 +249,11 @@ def test_hooks_on_a_fast_blocks_layers_still_run(where):
     if where == "residual block":
         block = vae.decoder.up_blocks[0].resnets[0]
         first, second = block.conv1, block.norm2
-    else:
+    elif where == "upsample":
         block = next(m for m in vae.decoder.modules() if getattr(m, "mode", None) == "upsample3d")
         first, second = block.time_conv, block.resample[1]
+    else:  # the decoder's head (wan.FastCoderHead): diffusers' forward, the same bits
+        first, second = vae.decoder.norm_out, vae.decoder.conv_out
     handles = [first.register_forward_pre_hook(lambda m, a: seen.append("first")),
                second.register_forward_hook(lambda m, a, o: seen.append("second"))]
     hooked = vae.decode(z).sample
@@ -259,6 +261,8 @@ def test_hooks_on_a_fast_blocks_layers_still_run(where):
         handle.remove()
     assert "first" in seen and "second" in seen
     assert (hooked - plain).abs().max() <= TOL_CPU_FP32
+    if where == "head":
+        assert seen.count("second") == 2 and torch.equal(hooked, plain)  # (one call per latent frame)
 
 
 def _sharded_block_bits(rank, world, model, shape, mode):
