@@ -37,13 +37,13 @@ class _Captures(logging.Handler):
         self.count += "captured a steady decoder call" in record.getMessage()
 
 
-SHAPES = {"wan21": (1, 16, 5, 30, 52), "wan22": (1, 48, 5, 22, 40)}
+SHAPES = {"wan21": (1, 16, 5, 30, 52), "wan22": (1, 48, 5, 22, 40), "qwenimage": (1, 16, 3, 30, 52)}
 TOL = {"fp32": dict(max=1e-4, mean=None), "bf16": dict(max=5e-2, mean=2e-3)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="wan21,wan22")
+    ap.add_argument("--models", default="wan21,wan22", help="named configs (vaeshard.io): wan21, wan22, qwenimage")
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--modes", default=",".join(vaeshard.MODES))
     ap.add_argument("--out", default=None)
@@ -63,7 +63,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    from diffusers import AutoencoderKLWan
+    import diffusers
 
     shapes = dict(SHAPES)
     for item in filter(None, (args.shapes or "").split(";")):
@@ -96,7 +96,8 @@ def main() -> int:
 
     for model in args.models.split(","):
         torch.manual_seed(0)
-        base = AutoencoderKLWan(**NAMED_CONFIGS[model][1]).eval()
+        class_name, config = NAMED_CONFIGS[model]
+        base = getattr(diffusers, class_name)(**config).eval()
         base.enable_tiling(tile_sample_min_height=128, tile_sample_min_width=128,
                            tile_sample_stride_height=96, tile_sample_stride_width=96)
         base.use_tiling = False

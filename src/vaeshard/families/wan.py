@@ -490,7 +490,8 @@ class FastCoderHead:
     values: a cached frame's halo rows are the ones the exchange would bring again. With
     `max_layer_frames` below the call's frames, conv_out takes its frames in parts from the norm's
     output as diffusers' head does (HaloCausalConv3d). Everything before the head is diffusers'
-    forward (0.36 to 0.42, the same in Wan's and Qwen-Image's classes). Otherwise (exact tier,
+    forward (the same computation from 0.36 to 0.42 in Wan's and Qwen-Image's classes; Qwen-Image's
+    slices its caches' frames as `-min(CACHE_T, t):`, the same frames). Otherwise (exact tier,
     training, autograd, no feature cache, a forward hook on a layer of the head, which this path
     would not call) diffusers' forward runs.
     """
