@@ -263,7 +263,8 @@ class WanLike:
         blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
         block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block's norms
         write straight into the convolutions' input buffers (`FastResidualBlock`; norm2 computed by
-        conv1's Triton kernel where it runs conv1); the nearest
+        conv1's Triton kernel where it runs conv1), and so does the head's norm, into conv_out's
+        (`FastCoderHead`, on the decoder and the encoder themselves); the nearest
         upsamplers skip their fp32 round trip, and an upsampling resample writes each upsampled
         frame straight into its 3x3 convolution's input buffer or, where the Triton kernel takes
         that convolution, has it read the source frames, never upsampled in memory (`FastUpsample`).
