@@ -155,3 +155,101 @@ def test_interior_rank_sends_two_and_receives_two_per_conv(world):
     edge, interior = {"send": 1, "recv": 1, "batches": 1}, {"send": 2, "recv": 2, "batches": 1}
     assert counts[0] == edge and counts[-1] == edge
     assert all(c == interior for c in counts[1:-1])
+
+
+def _hooked_decodes(rank, world):
+    """Layers whose forward a hook replaced (diffusers' layerwise casting: weights stored in float8,
+    cast up by the hook before each layer runs): the sharded layers and the fast tier's blocks would
+    bypass the hook, so vaeshard decodes such a VAE with diffusers' own layers and never shards it.
+    Returns (strategy, fallback, equal to diffusers' tiled decode, warnings logged) per mode."""
+    import logging
+
+    import vaeshard
+
+    def casting(vae):
+        vae.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+        return vae
+
+    vae, plain = casting(build("wan21", (32, 24))), casting(build("wan21", (32, 24)))
+    z = latent((1, 4, 2, 6, 8))  # six tiles of the small tile size
+    with torch.no_grad():
+        tiled = plain.tiled_decode(z).sample
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("vaeshard").addHandler(handler)
+    results = []
+    try:
+        for mode, exact in (("spatial_shard_height", False), ("auto", False), ("auto", False),
+                            ("spatial_shard_height", True)):
+            vaeshard.parallelize(vae, mode=mode, exact=exact)
+            warnings.clear()
+            chosen = vaeshard.plan(vae, z.shape, world, mode)
+            out = vae.decode(z).sample
+            assert "replaced by a hook" in chosen.reason, chosen.reason
+            results.append((chosen.strategy, chosen.fallback, torch.equal(out, tiled), list(warnings)))
+    finally:
+        logging.getLogger("vaeshard").removeHandler(handler)
+    return results
+
+
+def test_hooked_layers_are_never_sharded():
+    # before: the fast tier raised from a float8 weight, and the exact tier's sharded decode ran
+    # diffusers' layers through the hooks without the halo exchanges, silently (1.26 off diffusers'
+    # decode at the shards' edges)
+    for results in run_ranks(_hooked_decodes, 2, timeout=120, fresh=True):
+        (forced, fell_back, forced_equal, forced_warnings), (auto, auto_fallback, auto_equal, _), third, exact = results
+        assert (forced, fell_back, forced_equal) == ("tile", True, True), results[0]
+        assert any("cannot run" in w and "hook" in w for w in forced_warnings), forced_warnings
+        assert (auto, auto_fallback, auto_equal) == ("tile", False, True), results[1]
+        assert third[3] == [], third  # (the exact tier's note is given once per VAE; auto falls back quietly)
+        assert exact[:3] == ("tile", True, True), exact
+
+
+def test_hooked_layers_decode_with_diffusers_layers_on_one_rank():
+    """One process: the request runs directly, in the exact tier, so the result is diffusers' decode
+    bit for bit (the fast tier would call the layers' computations without their casting hook), and
+    a warning says so once."""
+    import logging
+
+    import vaeshard
+
+    def casting(vae):
+        vae.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+        return vae
+
+    vae, plain = casting(build("wan21")), casting(build("wan21"))
+    z = latent((1, 4, 3, 4, 8))
+    with torch.no_grad():
+        ref = plain.decode(z).sample
+    vaeshard.parallelize(vae)
+    logger = logging.getLogger("vaeshard")
+    warnings = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        first, second = vae.decode(z).sample, vae.decode(z).sample
+    finally:
+        logger.removeHandler(handler)
+    assert torch.equal(first, ref) and torch.equal(second, ref)  # (before: a RuntimeError from a float8 weight)
+    assert len(warnings) == 1 and "exact tier" in warnings[0] and "replaced by a hook" in warnings[0], warnings
+
+
+def _hooks_differ(rank, world):
+    import vaeshard
+
+    vae = vaeshard.parallelize(build("wan21", (32, 24)), mode="auto")
+    good = latent((1, 4, 2, 6, 8))
+    if rank == 1:  # a wrapper of one's own around one layer, on one rank only
+        conv = vae.decoder.conv_out
+        conv.forward = conv.forward
+    with pytest.raises(ValueError, match="layers hooked"):
+        vae.decode(good)
+    if rank == 1:
+        del vae.decoder.conv_out.forward
+    assert vae.decode(good).sample.shape == (1, 3, 5, 48, 64)  # the group is still usable
+
+
+def test_ranks_hooked_differently_fail_on_every_rank():
+    run_ranks(_hooks_differ, 2, timeout=120)

@@ -21,7 +21,7 @@ from . import conv_kernel, fast, graphs, shard, upsample
 from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
 from .families import family_for
 from .families.base import Family
-from .policy import plan
+from .policy import hooks_reason, plan
 from .tile import run_tiled
 
 log = logging.getLogger("vaeshard")
@@ -39,6 +39,7 @@ class _State:
     original_encode: object
     layers_installed: bool = False
     verify_pending: bool = False  # compare parameter checksums across ranks at the next request
+    hooks_noted: bool = False  # the warning that hooked layers keep this VAE on diffusers' own layers was given
 
 
 def parallelize(
@@ -205,7 +206,7 @@ def _layout(family: Family) -> str:
     return "(B, C, T, H, W)" if family.latent_ndim == 5 else "(B, C, H, W)"
 
 
-def _describe(op: str, x, config: VaeParallelConfig, verify_count: int) -> list[int]:
+def _describe(op: str, x, config: VaeParallelConfig, verify_count: int, hooked: bool) -> list[int]:
     """A fixed-length integer description of this rank's request, compared across ranks."""
     if isinstance(x, torch.Tensor):
         shape = list(x.shape)[:6]
@@ -214,19 +215,21 @@ def _describe(op: str, x, config: VaeParallelConfig, verify_count: int) -> list[
     else:
         shape, dtype, ndim = [], -1, -1
     size = -1 if config.size is None else config.size
-    head = [_OPS.index(op), MODES.index(config.mode), OUTPUTS.index(config.output), size, verify_count, ndim, dtype]
+    head = [_OPS.index(op), MODES.index(config.mode), OUTPUTS.index(config.output), size, verify_count, int(hooked),
+            ndim, dtype]
     return head + shape + [-1] * (6 - len(shape))
 
 
 def _explain(desc: list[int]) -> str:
-    op, mode, output, size, verify_count, ndim, dtype = desc[:7]
+    op, mode, output, size, verify_count, hooked, ndim, dtype = desc[:8]
     if ndim < 0:
         what = "not a tensor"
     else:
         dt = str(_DTYPES[dtype]).replace("torch.", "") if 0 <= dtype < len(_DTYPES) else "unsupported dtype"
-        what = f"shape {tuple(desc[7 : 7 + min(ndim, 6)])} {dt}"
+        what = f"shape {tuple(desc[8 : 8 + min(ndim, 6)])} {dt}"
     extra = "" if size < 0 else f", size {size}"
     extra += f", verify {verify_count} parameters" if verify_count else ""
+    extra += ", layers hooked" if hooked else ""
     return f"{_OPS[op]} {what}, mode {MODES[mode]}, output {OUTPUTS[output]}{extra}"
 
 
@@ -299,16 +302,18 @@ def _run(vae, op: str, x):
     else:
         code, error = _validate(family, vae, op, x)
     verify_count = len(list(vae.parameters())) if state.verify_pending else 0
+    hooked = shard.replaced_forwards(vae)
 
     # One small collective: every rank learns every rank's request, so a request that is invalid or
     # different anywhere fails everywhere, before any decode work.
     if comm.world > 1:
-        descs = comm.all_gather_ints(_describe(op, x, config, verify_count) + [code])
+        descs = comm.all_gather_ints(_describe(op, x, config, verify_count, bool(hooked)) + [code])
         if any(d[:-1] != descs[0][:-1] for d in descs):
             lines = "; ".join(f"rank {r}: {_explain(d)}" for r, d in enumerate(descs))
             raise ValueError(
                 f"ranks disagree on the {op} request ({lines}): every rank of the group must call "
-                f"{op} with the same shape, dtype, mode, output, size and verify setting"
+                f"{op} with the same shape, dtype, mode, output, size and verify setting, on a VAE hooked alike "
+                "(hooks that replace its layers' forwards on every rank or none)"
             )
         bad = [r for r, d in enumerate(descs) if d[-1]]
         if bad and error is None:
@@ -324,12 +329,18 @@ def _run(vae, op: str, x):
             _verify_weights(vae, comm)
         state.verify_pending = False
 
+    if hooked and not state.hooks_noted and not config.exact and config.mode != "tile":
+        log.warning("vaeshard: %s: this VAE decodes and encodes with diffusers' own layers (the exact tier), "
+                    "without spatial sharding; remove those hooks for the fast tier and sharding",
+                    hooks_reason(hooked))
+        state.hooks_noted = True
     x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
     workers = comm.world if config.size is None else min(config.size, comm.world)
+    fast_ok = not hooked  # (the fast tier's blocks call their layers' computations, not their hooks)
     if vae.use_slicing and x.shape[0] > 1:
-        parts = [_run_one(vae, state, family, config, comm, workers, op, part) for part in x.split(1)]
+        parts = [_run_one(vae, state, family, config, comm, workers, op, part, fast_ok) for part in x.split(1)]
         return torch.cat(parts) if parts[0].numel() else parts[0]
-    return _run_one(vae, state, family, config, comm, workers, op, x)
+    return _run_one(vae, state, family, config, comm, workers, op, x, fast_ok)
 
 
 _CHECKSUM_MODULUS = 2**31 - 1  # a prime: every product and sum below stays exact in int64
@@ -374,7 +385,7 @@ def _verify_weights(vae, comm) -> None:
         )
 
 
-def _run_one(vae, state, family, config, comm, workers, op, x):
+def _run_one(vae, state, family, config, comm, workers, op, x, fast_ok: bool = True):
     chosen = plan(vae, x.shape, comm.world, config.mode, op=op, size=workers)
     if chosen.fallback:
         log.warning("vaeshard: %s", chosen.reason)
@@ -383,7 +394,7 @@ def _run_one(vae, state, family, config, comm, workers, op, x):
     to_all = config.output == "all"
     receives = to_all or comm.rank == 0
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
-    fast_tier = not config.exact and config.mode != "tile" and chosen.strategy != "tile"
+    fast_tier = fast_ok and not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
         settings = {name: getattr(config, name) for name in FAST_TIER_SETTINGS}
         with torch.no_grad(), fast.tier(fast_tier, **settings):

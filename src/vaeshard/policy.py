@@ -1,5 +1,5 @@
-"""Which strategy a request takes: `plan()` answers from shapes, counts and the VAE's device alone (no
-collectives)."""
+"""Which strategy a request takes: `plan()` answers from shapes, counts, the VAE's device and whether
+hooks replace its layers' forwards, alone (no collectives)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 from typing import NamedTuple
 
 from .config import MODES, SPATIAL_MODES
+from .shard import replaced_forwards
 
 log = logging.getLogger("vaeshard")
 
@@ -40,6 +41,13 @@ def _axis_extents(shape, op: str, vae) -> tuple[int, int]:
         ratio = vae.spatial_compression_ratio
         return (h // ratio if h % ratio == 0 else 0), (w // ratio if w % ratio == 0 else 0)
     return h, w
+
+
+def hooks_reason(hooked: list[str]) -> str:
+    """Why a VAE with hooked layers (shard.replaced_forwards) is not sharded, in one line."""
+    return (f"{len(hooked)} of its layers have their forward replaced by a hook (the first: {hooked[0]}; "
+            "diffusers' layerwise casting or group offloading, accelerate's offloading), which the "
+            "sharded layers would bypass")
 
 
 def _device_of(vae):
@@ -89,6 +97,9 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
         reasons.append(f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {layout} layout of {family.name}")
     if not spatial_ok:
         reasons.append(f"{family.name} has no spatial-shard {op}")
+    hooked = replaced_forwards(vae)
+    if hooked:
+        reasons.append(hooks_reason(hooked))
 
     if mode in SPATIAL_MODES:
         axis = "height" if mode == "spatial_shard_height" else "width"

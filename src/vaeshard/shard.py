@@ -578,6 +578,16 @@ def is_swapped(module: nn.Module) -> bool:
     return getattr(type(module), "_vaeshard_base", None) is not None
 
 
+def replaced_forwards(vae: nn.Module) -> list[str]:
+    """The names of the modules inside `vae` whose `forward` a hook has replaced on the instance
+    (diffusers' layerwise casting and group offloading, accelerate's offloading hooks, a wrapper of
+    one's own). Such a hook calls the forward it found when it was added, so a layer's halo
+    behaviour, swapped in by class, may never run, and the fast tier's blocks, which call their
+    layers' computations directly, would skip the hook (its casting, its weight loading). The VAE
+    itself is not counted: vaeshard's decode and encode do not go through its forward."""
+    return [name for name, m in vae.named_modules() if m is not vae and "forward" in m.__dict__]
+
+
 def split_extents(extent: int, num_ranks: int) -> list[int]:
     """Consecutive near-equal slices: 90 over 4 -> [23, 23, 22, 22]."""
     base, extra = divmod(extent, num_ranks)
