@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import pytest
 import torch
 
@@ -157,29 +160,38 @@ def test_interior_rank_sends_two_and_receives_two_per_conv(world):
     assert all(c == interior for c in counts[1:-1])
 
 
+def _layerwise_cast(vae):
+    """diffusers' layerwise casting: weights stored in float8, cast up by a hook before each layer runs."""
+    vae.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    return vae
+
+
+@contextlib.contextmanager
+def _warnings_logged():
+    """The messages of the warnings vaeshard logs inside the block."""
+    logger, warnings = logging.getLogger("vaeshard"), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+        yield warnings
+    finally:
+        logger.removeHandler(handler)
+
+
 def _hooked_decodes(rank, world):
     """Layers whose forward a hook replaced (diffusers' layerwise casting: weights stored in float8,
     cast up by the hook before each layer runs): the sharded layers and the fast tier's blocks would
     bypass the hook, so vaeshard decodes such a VAE with diffusers' own layers and never shards it.
     Returns (strategy, fallback, equal to diffusers' tiled decode, warnings logged) per mode."""
-    import logging
-
     import vaeshard
 
-    def casting(vae):
-        vae.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
-        return vae
-
-    vae, plain = casting(build("wan21", (32, 24))), casting(build("wan21", (32, 24)))
+    vae, plain = _layerwise_cast(build("wan21", (32, 24))), _layerwise_cast(build("wan21", (32, 24)))
     z = latent((1, 4, 2, 6, 8))  # six tiles of the small tile size
     with torch.no_grad():
         tiled = plain.tiled_decode(z).sample
-    warnings = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logging.getLogger("vaeshard").addHandler(handler)
     results = []
-    try:
+    with _warnings_logged() as warnings:
         for mode, exact in (("spatial_shard_height", False), ("auto", False), ("auto", False),
                             ("spatial_shard_height", True)):
             vaeshard.parallelize(vae, mode=mode, exact=exact)
@@ -188,8 +200,6 @@ def _hooked_decodes(rank, world):
             out = vae.decode(z).sample
             assert "replaced by a hook" in chosen.reason, chosen.reason
             results.append((chosen.strategy, chosen.fallback, torch.equal(out, tiled), list(warnings)))
-    finally:
-        logging.getLogger("vaeshard").removeHandler(handler)
     return results
 
 
@@ -210,28 +220,15 @@ def test_hooked_layers_decode_with_diffusers_layers_on_one_rank():
     """One process: the request runs directly, in the exact tier, so the result is diffusers' decode
     bit for bit (the fast tier would call the layers' computations without their casting hook), and
     a warning says so once."""
-    import logging
-
     import vaeshard
 
-    def casting(vae):
-        vae.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
-        return vae
-
-    vae, plain = casting(build("wan21")), casting(build("wan21"))
+    vae, plain = _layerwise_cast(build("wan21")), _layerwise_cast(build("wan21"))
     z = latent((1, 4, 3, 4, 8))
     with torch.no_grad():
         ref = plain.decode(z).sample
     vaeshard.parallelize(vae)
-    logger = logging.getLogger("vaeshard")
-    warnings = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: warnings.append(record.getMessage())
-    logger.addHandler(handler)
-    try:
+    with _warnings_logged() as warnings:
         first, second = vae.decode(z).sample, vae.decode(z).sample
-    finally:
-        logger.removeHandler(handler)
     assert torch.equal(first, ref) and torch.equal(second, ref)  # (before: a RuntimeError from a float8 weight)
     assert len(warnings) == 1 and "exact tier" in warnings[0] and "replaced by a hook" in warnings[0], warnings
 
