@@ -23,18 +23,19 @@ import torch
 import torch.distributed as dist
 
 import vaeshard
+from vaeshard.graphs import CAPTURED
 from vaeshard.io import NAMED_CONFIGS
 
 
-class _Captures(logging.Handler):
-    """Counts the CUDA graph captures vaeshard logs (graphs.py), so a row says whether it replayed."""
+class CaptureCounter(logging.Handler):
+    """Counts the CUDA graph captures vaeshard logs (graphs.CAPTURED), so a row says whether it replayed."""
 
     def __init__(self):
         super().__init__(logging.DEBUG)
         self.count = 0
 
     def emit(self, record):
-        self.count += "captured a steady decoder call" in record.getMessage()
+        self.count += record.getMessage().startswith(CAPTURED)
 
 
 SHAPES = {"wan21": (1, 16, 5, 30, 52), "wan22": (1, 48, 5, 22, 40), "qwenimage": (1, 16, 3, 30, 52)}
@@ -70,7 +71,7 @@ def main() -> int:
         name, dims = item.split("=")
         shapes[name] = tuple(int(v) for v in dims.split(","))
     rows, ok_all = [], True
-    captures = _Captures()
+    captures = CaptureCounter()
     logging.getLogger("vaeshard").addHandler(captures)
     logging.getLogger("vaeshard").setLevel(logging.DEBUG)
     if rank == 0:

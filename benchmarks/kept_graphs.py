@@ -39,15 +39,8 @@ import torch
 import vaeshard
 from vaeshard.io import NAMED_CONFIGS
 
-
-class _Captures(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.count = 0
-
-    def emit(self, record):
-        if "captured a decoder call" in record.getMessage():
-            self.count += 1
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_parity import CaptureCounter  # noqa: E402
 
 
 def main() -> int:
@@ -69,7 +62,7 @@ def main() -> int:
     main_rank = world == 1 or dist.get_rank() == 0
     say = print if main_rank else (lambda *a, **k: None)
 
-    captures = _Captures()
+    captures = CaptureCounter()
     logger = logging.getLogger("vaeshard")
     logger.addHandler(captures)
     logger.setLevel(logging.DEBUG)

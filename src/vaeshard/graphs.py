@@ -74,6 +74,9 @@ def wanted(setting, pixels_per_rank: int) -> bool:
 
 _streams: dict[int, torch.cuda.Stream] = {}
 
+# how each capture's debug line begins (benchmarks/gpu_parity.py and kept_graphs.py count captures by it)
+CAPTURED = "vaeshard: captured a decoder call as a CUDA graph"
+
 # while the first or second call of a request with kept graphs is captured: the cache tensors the
 # steady graph reads (KeptCalls.state), into which the call writes its new caches (`cache_target`)
 _cache_targets: contextvars.ContextVar[list | None] = contextvars.ContextVar("vaeshard_cache_targets", default=None)
@@ -381,8 +384,8 @@ class DecoderSteps:
             raise CaptureFailed(f"{type(exc).__name__}: {exc}") from None
         after = list(state)
         state[:] = before
-        log.debug("vaeshard: captured a decoder call as a CUDA graph (input %s) in %.1f ms of host time, "
-                  "instantiation included", tuple(x.shape), 1e3 * (time.perf_counter() - began))
+        log.debug(CAPTURED + " (input %s) in %.1f ms of host time, instantiation included", tuple(x.shape),
+                  1e3 * (time.perf_counter() - began))
         return _Graph(graph, static_in, out), after
 
 

@@ -500,12 +500,7 @@ class FastCoderHead:
     def forward(self, x, feat_cache=None, feat_idx=[0], **kwargs):  # noqa: B006 - diffusers' signature
         if feat_cache is None or not _head_fast_path(self):
             return super().forward(x, feat_cache=feat_cache, feat_idx=feat_idx, **kwargs)
-        idx = feat_idx[0]
-        feat_idx[0] += 1
-        old = feat_cache[idx]
-        x_in, x = x, self.conv_in(x, old)
-        _store_cache(feat_cache, idx, old, x_in)  # (diffusers' conv_in cache: the input's last frames)
-        del x_in, old
+        x = _causal_conv_step(self.conv_in, x, feat_cache, feat_idx)
         if hasattr(self, "up_blocks"):  # a decoder: middle, then upsamples (Wan's take `first_chunk`)
             x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
             for block in self.up_blocks:
@@ -516,28 +511,28 @@ class FastCoderHead:
             x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
         limit = fast.max_layer_frames()
         if limit is not None and x.shape[2] > limit:  # conv_out in parts of the norm's output
-            x = self.nonlinearity(self.norm_out(x))
-            idx = feat_idx[0]
-            feat_idx[0] += 1
-            old = feat_cache[idx]
-            y = self.conv_out(x, old)
-            _store_cache(feat_cache, idx, old, x)
-            return y
+            return _causal_conv_step(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
         pending = _norm_into_causal_conv(self.norm_out, None, self.conv_out, x, feat_cache, feat_idx)
         del x  # (as diffusers' head drops the norm's input before its convolution)
         return pending.convolve()
 
 
 def _head_fast_path(part: nn.Module) -> bool:
-    """Whether a decoder's or encoder's head may run `FastCoderHead`'s way: fast tier, inference, no
-    autograd, and no hook on the layers it does not call (the norm, the SiLU, conv_out)."""
-    from torch.nn.modules import module as torch_module
+    """Whether a decoder's or encoder's head may run `FastCoderHead`'s way: `_fast_path`, with only
+    the layers it does not call through their modules looked at for hooks (the norm, the SiLU,
+    conv_out)."""
+    return _fast_path(part, (part.norm_out, part.nonlinearity, part.conv_out))
 
-    if not fast.enabled() or part.training or torch.is_grad_enabled():
-        return False
-    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
-        return False
-    return not any(m._forward_hooks or m._forward_pre_hooks for m in (part.norm_out, part.nonlinearity, part.conv_out))
+
+def _causal_conv_step(conv: nn.Module, x: torch.Tensor, feat_cache: list, feat_idx: list) -> torch.Tensor:
+    """diffusers' step for a causal convolution with a feature cache: `conv(x, cache)`, then the
+    cache entry updated with x's last frames (`_store_cache`: in place where it can be)."""
+    idx = feat_idx[0]
+    feat_idx[0] += 1
+    old = feat_cache[idx]
+    y = conv(x, old)
+    _store_cache(feat_cache, idx, old, x)
+    return y
 
 
 class FastUpsample:
@@ -721,20 +716,22 @@ def _same_storage(y: torch.Tensor, x: torch.Tensor) -> bool:
     return y.data_ptr() == x.data_ptr() and shard.same_layout(y, x)
 
 
-def _fast_path(block: nn.Module) -> bool:
+def _fast_path(block: nn.Module, layers=None) -> bool:
     """Whether `block` may run its fast-tier forward: fast tier, inference, no autograd, and no hook
-    on a layer inside it (the fast forward calls those layers' computations directly)."""
-    return fast.enabled() and not block.training and not torch.is_grad_enabled() and not _hooked(block)
+    on a layer inside it (the fast forward calls those layers' computations directly; `layers`:
+    only these and what they hold, where the fast forward calls the others as modules)."""
+    return fast.enabled() and not block.training and not torch.is_grad_enabled() and not _hooked(block, layers)
 
 
-def _hooked(block: nn.Module) -> bool:
-    """Whether a forward hook would see a layer inside the block (the fast forwards call none)."""
+def _hooked(block: nn.Module, layers=None) -> bool:
+    """Whether a forward hook would see a layer inside the block (`layers`: among these and what
+    they hold), which the fast forwards do not call."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
     # runs on every block call: a plain walk of the submodules (a third of `modules()`'s cost)
-    pending = list(block._modules.values())
+    pending = list(block._modules.values() if layers is None else layers)
     while pending:
         m = pending.pop()
         if m is not None:
