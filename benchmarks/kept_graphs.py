@@ -17,8 +17,9 @@ same latent and weights:
   first two calls), 3. again (replays every call), 4. new latent values, 5. other frame sizes (the
   kept graphs are dropped), 6. the first shapes again, 7. after an in-place update of a weight,
   8. after the VAE went to the CPU and back (new weight addresses), 9. more frames per call with a
-  shorter last call (10 latent frames: 1 + 4 x 2 + 1; a new parallelize call drops the kept
-  graphs), 10. the same again,
+  shorter last call (12 latent frames: 1 + 3 x 3 + 2; a new parallelize call drops the kept
+  graphs; the requests before take frames_per_step "auto", 2 at these frame sizes on CUDA), 10. the
+  same again,
   11. after `release_cuda_graphs`.
 
 It also prints each request's time, how many graph captures it made (vaeshard's debug log) and the
@@ -89,7 +90,7 @@ def main() -> int:
             with torch.no_grad():
                 return reference_vae.decode(z).sample
 
-        z1, z2, z3, z4 = latent(9, small, 1), latent(9, small, 2), latent(9, other, 3), latent(10, small, 4)
+        z1, z2, z3, z4 = latent(9, small, 1), latent(9, small, 2), latent(9, other, 3), latent(12, small, 4)
 
         def bump():
             for model in (vae, reference_vae):
@@ -101,7 +102,7 @@ def main() -> int:
             vae.to(device)
 
         def fewer_calls():
-            vaeshard.parallelize(vae, mode=args.mode, keep_cuda_graphs=True, frames_per_step=2)
+            vaeshard.parallelize(vae, mode=args.mode, keep_cuda_graphs=True, frames_per_step=3)
 
         steps = [
             ("1 first request", z1, None),
@@ -112,7 +113,7 @@ def main() -> int:
             ("6 first shapes again", z1, None),
             ("7 a weight updated in place", z1, bump),
             ("8 to the CPU and back", z2, move),
-            ("9 frames_per_step=2, a shorter last call", z4, fewer_calls),
+            ("9 frames_per_step=3, a shorter last call", z4, fewer_calls),
             ("10 the same again", z4, None),
             ("11 after release_cuda_graphs", z1, lambda: vaeshard.release_cuda_graphs(vae)),
         ]

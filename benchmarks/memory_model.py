@@ -189,9 +189,15 @@ def cuda_kernels(box: bool = True):
 
     sdpa_original = torch.nn.functional.scaled_dot_product_attention
     torch.nn.functional.scaled_dot_product_attention = sdpa
+    # frames_per_step="auto" decides as on CUDA for the modelled decode's tensors on meta (older trees lack it)
+    steps_saved = getattr(fast, "AUTO_STEP_DEVICES", None)
+    if steps_saved is not None:
+        fast.AUTO_STEP_DEVICES = (*steps_saved, "meta")
     try:
         yield
     finally:
+        if steps_saved is not None:
+            fast.AUTO_STEP_DEVICES = steps_saved
         torch.nn.functional.scaled_dot_product_attention = sdpa_original
         for name, original in saved.items():
             setattr(fast, name, original)
@@ -231,7 +237,7 @@ def _keep_phase_weights(vae) -> None:
             upsample.cached_phase_weight(m.weight)
 
 
-def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1, box: bool = True,
+def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int | str = "auto", box: bool = True,
                  max_layer_frames: int | None = None) -> list[tuple[str, int, int]]:
     """(operation and source line, bytes written, calls) of one fast-tier decode on one rank, most bytes first."""
     _keep_phase_weights(vae)
@@ -240,7 +246,7 @@ def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: i
     return sorted(((k, b, copies.calls[k]) for k, b in copies.bytes.items()), key=lambda r: -r[1])
 
 
-def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int = 1, box: bool = True,
+def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int | str = "auto", box: bool = True,
                    max_layer_frames: int | None = None) -> tuple[int, list[tuple[str, int]]]:
     """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
     what is alive then, by the source line that allocated it."""
@@ -251,11 +257,16 @@ def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step:
     return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])
 
 
-def _decode(vae, z, ranks: int, axis: str, frames_per_step: int, max_layer_frames: int | None, box: bool = True) -> None:
+def _decode(vae, z, ranks: int, axis: str, frames_per_step: int | str, max_layer_frames: int | None, box: bool = True) -> None:
     """One fast-tier decode of `z` on the CUDA code path, as one rank of `ranks` would run it."""
     with torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels(box):
         out = decode_as_rank(vae, z, ranks, axis)
         del out
+
+
+def steps_setting(text: str) -> int | str:
+    """A frames_per_step value given on a command line: auto or a number."""
+    return "auto" if text == "auto" else int(text)
 
 
 def decode_as_rank(vae, z, ranks: int, axis: str) -> torch.Tensor:
@@ -281,7 +292,8 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2", help="rank counts to model (default 1,2)")
     ap.add_argument("--frames", type=int, default=None, help="latent frames (default: the preset's)")
     ap.add_argument("--top", type=int, default=8, help="allocation sites listed at the peak (default 8)")
-    ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (default 1)")
+    ap.add_argument("--frames-per-step", type=steps_setting, default="auto",
+                    help="vaeshard's frames_per_step: auto (default, decided as on CUDA) or a number")
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
     ap.add_argument("--copies", action="store_true", help="also: bytes written by copies, by source line")
     ap.add_argument("--no-box", action="store_true",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 import time
 from collections import defaultdict
 
@@ -27,6 +28,9 @@ from torch.profiler import ProfilerActivity, profile
 
 from vaeshard.bench import PRESETS
 from vaeshard.io import NAMED_CONFIGS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory_model import steps_setting  # noqa: E402
 
 CLASSES = [
     ("layout transpose", r"nchwToNhwc|nhwcToNchw|transpose|permute"),
@@ -57,7 +61,8 @@ def main() -> None:
     ap.add_argument("--vaeshard", action="store_true", help="profile vaeshard's 1-rank path instead")
     ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
     ap.add_argument("--exact", action="store_true", help="vaeshard's exact tier")
-    ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step (fast tier)")
+    ap.add_argument("--frames-per-step", type=steps_setting, default="auto",
+                    help="vaeshard's frames_per_step (fast tier): auto (default) or a number")
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (fast tier)")
     ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
     ap.add_argument("--cold", action="store_true",

@@ -29,6 +29,7 @@ peak is a rank's, without NCCL's own buffers.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -38,7 +39,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from memory_model import decode_as_rank  # noqa: E402
+from memory_model import decode_as_rank, steps_setting  # noqa: E402
 
 import vaeshard  # noqa: E402
 from vaeshard import fast, shard  # noqa: E402
@@ -71,6 +72,8 @@ def main() -> None:
                          "at a small --latent")
     ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
                                                    "on,off (default on)")
+    ap.add_argument("--frames-per-step", default="auto",
+                    help="frames_per_step values to time, one or several interleaved, e.g. auto,1,2 (default auto)")
     ap.add_argument("--debug-log", action="store_true",
                     help="also: vaeshard's debug log (e.g. each CUDA graph capture and its host time)")
     args = ap.parse_args()
@@ -109,53 +112,54 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
     for ranks in (int(r) for r in args.ranks.split(",")):
         strategy = vaeshard.plan(vae, shape, ranks).strategy
         axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
-        for graphs in args.cuda_graphs.split(","):
-            for parts, threshold in _part_settings(args):
-                fast.PART_FRAMES = default_parts if parts == "on" else None
-                if threshold is not None:
-                    fast.PARTS_FROM_PIXELS = fast.SHARDED_PARTS_FROM_PIXELS = threshold
+        for graphs, steps, (parts, threshold) in itertools.product(
+                args.cuda_graphs.split(","), (steps_setting(k) for k in args.frames_per_step.split(",")), _part_settings(args)):
+            fast.PART_FRAMES = default_parts if parts == "on" else None
+            if threshold is not None:
+                fast.PARTS_FROM_PIXELS = fast.SHARDED_PARTS_FROM_PIXELS = threshold
 
-                def decode():
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats(device)
-                    held = baseline  # (kept graphs' tensors count in the peak: they are this decode's)
-                    start, cpu = time.perf_counter(), time.thread_time()
-                    with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs],
-                                                    keep_cuda_graphs=graphs.startswith("keep")):
-                        out = decode_as_rank(vae, z, ranks, axis)
-                    issued, cpu = time.perf_counter() - start, time.thread_time() - cpu
-                    torch.cuda.synchronize()
-                    took = time.perf_counter() - start
-                    del out
-                    return took, issued, (torch.cuda.max_memory_allocated(device) - held) / 2**30, cpu
+            def decode():
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(device)
+                held = baseline  # (kept graphs' tensors count in the peak: they are this decode's)
+                start, cpu = time.perf_counter(), time.thread_time()
+                with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs], frames_per_step=steps,
+                                                keep_cuda_graphs=graphs.startswith("keep")):
+                    out = decode_as_rank(vae, z, ranks, axis)
+                issued, cpu = time.perf_counter() - start, time.thread_time() - cpu
+                torch.cuda.synchronize()
+                took = time.perf_counter() - start
+                del out
+                return took, issued, (torch.cuda.max_memory_allocated(device) - held) / 2**30, cpu
 
-                decode()  # warm-up: cuDNN's timing, kernel compiles
-                runs = [decode() for _ in range(args.reps)]
-                median = statistics.median(t for t, _, _, _ in runs)
-                host = statistics.median(h for _, h, _, _ in runs)
-                cpu = statistics.median(c for _, _, _, c in runs)
-                peak = max(p for _, _, p, _ in runs)
-                first = first or median
-                where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
-                where += "" if threshold is None else f", parts from {threshold} pixels"
-                kept = (torch.cuda.memory_allocated(device) - baseline) / 2**30
-                reserved = torch.cuda.memory_reserved(device) / 2**30
-                print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
-                      f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
-                      f"(its thread ran {cpu:.3f} s), peak "
-                      f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
-                      f"first row / this {first / median:.2f}x; "
-                      f"held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all",
-                      flush=True)
-                if args.host_profile:
-                    _host_profile(decode, args.top)
-                if args.kernel_profile:
-                    first_ranks = first_ranks or ranks
-                    kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
-                    first_kernels = first_kernels or kernels
-                if vaeshard.release_cuda_graphs(vae):  # (after the profiles: with kept graphs they replay)
-                    print(f"    after release_cuda_graphs: {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved "
-                          f"in all", flush=True)
+            decode()  # warm-up: cuDNN's timing, kernel compiles
+            runs = [decode() for _ in range(args.reps)]
+            median = statistics.median(t for t, _, _, _ in runs)
+            host = statistics.median(h for _, h, _, _ in runs)
+            cpu = statistics.median(c for _, _, _, c in runs)
+            peak = max(p for _, _, p, _ in runs)
+            first = first or median
+            where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
+            where += "" if threshold is None else f", parts from {threshold} pixels"
+            where += "" if steps == "auto" else f", frames_per_step {steps}"
+            kept = (torch.cuda.memory_allocated(device) - baseline) / 2**30
+            reserved = torch.cuda.memory_reserved(device) / 2**30
+            print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
+                  f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
+                  f"(its thread ran {cpu:.3f} s), peak "
+                  f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
+                  f"first row / this {first / median:.2f}x; "
+                  f"held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all",
+                  flush=True)
+            if args.host_profile:
+                _host_profile(decode, args.top)
+            if args.kernel_profile:
+                first_ranks = first_ranks or ranks
+                kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
+                first_kernels = first_kernels or kernels
+            if vaeshard.release_cuda_graphs(vae):  # (after the profiles: with kept graphs they replay)
+                print(f"    after release_cuda_graphs: {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved "
+                      f"in all", flush=True)
 
 
 def _part_settings(args):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU performance targets' 2-GPU measurements, in three stages that each fit one 10-minute device
+# The GPU performance targets' 2-GPU measurements, in four stages that each fit one 10-minute device
 # command on a machine with 2 GPUs (wheels in .whl/, the anchors in .anchors/: BENCHMARKS.md, Commands):
 #   bash benchmarks/two_gpus.sh headline "$OUT"   # Wan 2.1 720p on 1 and 2 GPUs with diffusers and the
 #                                                 # anchors; 480p on 1 and 2, by default and with kept graphs
@@ -8,7 +8,8 @@
 #                                                 # the eager decode; GPU parity of every mode, Wan 2.1
 #   bash benchmarks/two_gpus.sh parity "$OUT"     # GPU parity of every mode, Wan 2.2 and Qwen-Image
 # Each stage packs what it wrote into OUT/<stage>.tar.gz (the logs, JSON and plots; a device command
-# returns only a few files) and prints a short table last.
+# returns only a few files) and prints a short table last. GPUS=1 runs a stage's steps on one GPU
+# only (a check of the script itself on a machine with one GPU; its figures are not the 2-GPU ones).
 set -uo pipefail
 STAGE=${1:?usage: $0 headline|wan22|kept|parity OUTDIR}
 OUT=${2:?usage: $0 STAGE OUTDIR}
@@ -25,25 +26,28 @@ step() {  # step NAME SECONDS COMMAND...: the command's output in NAME.log, its 
   shift 2
   local start=$SECONDS
   timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
-  echo "$name rc=$? ${SECONDS}s (took $((SECONDS - start)) s)" | tee -a "$WORK/steps.txt"
+  echo "$name rc=$? ${SECONDS}s (took $((SECONDS - start)) s)" >> "$WORK/steps.txt"
 }
-R="torchrun --standalone --nproc_per_node=2"
+G=${GPUS:-2}
+R="torchrun --standalone --nproc_per_node=$G"
+COUNTS=$([ "$G" = 1 ] && echo 1 || echo "1,$G")  # the GPU counts each scaling run times
 case "$STAGE" in
   headline)
-    step wan21-720p 300 env ANCHORS=1 MODES=auto bash "$HERE/gpu_scaling.sh" wan21-720p "$WORK" 1,2
-    step wan21-480p 120 env MODES=auto bash "$HERE/gpu_scaling.sh" wan21-480p "$WORK" 1,2
+    step wan21-720p 300 env ANCHORS=1 MODES=auto bash "$HERE/gpu_scaling.sh" wan21-720p "$WORK" "$COUNTS"
+    step wan21-480p 120 env MODES=auto bash "$HERE/gpu_scaling.sh" wan21-480p "$WORK" "$COUNTS"
     step wan21-480p-keep 90 env MODES=auto TAG=keep EXTRA="--keep-cuda-graphs --reps 5 --no-ref" \
-      bash "$HERE/gpu_scaling.sh" wan21-480p "$WORK" 2
+      bash "$HERE/gpu_scaling.sh" wan21-480p "$WORK" "$G"
     ;;
   wan22)
-    step wan22-720p 500 env ANCHORS=1 MODES=auto bash "$HERE/gpu_scaling.sh" wan22-720p "$WORK" 1,2
+    step wan22-720p 500 env ANCHORS=1 MODES=auto bash "$HERE/gpu_scaling.sh" wan22-720p "$WORK" "$COUNTS"
     ;;
   kept)
     step kept_graphs 200 $R "$HERE/kept_graphs.py" --mode spatial_shard_height
     step parity 300 $R "$HERE/gpu_parity.py" --models wan21 --out "$WORK/parity.jsonl"
     ;;
   parity)
-    step parity 500 $R "$HERE/gpu_parity.py" --models wan22,qwenimage --out "$WORK/parity.jsonl"
+    step parity_wan22 380 $R "$HERE/gpu_parity.py" --models wan22 --out "$WORK/parity_wan22.jsonl"
+    step parity_qwen 150 $R "$HERE/gpu_parity.py" --models qwenimage --out "$WORK/parity_qwen.jsonl"
     ;;
   *)
     echo "unknown stage $STAGE (headline, wan22, kept, parity)" >&2
@@ -63,6 +67,6 @@ if [ "$STAGE" = kept ]; then
   tar -xzOf "$OUT/$STAGE.tar.gz" "$STAGE/kept_graphs.log" | grep -vE "Warning|_warn_once|should be kept" | tail -4 | cut -c1-200
 fi
 if [ "$STAGE" = kept ] || [ "$STAGE" = parity ]; then
-  tar -xzOf "$OUT/$STAGE.tar.gz" "$STAGE/parity.log" | grep -E "^(wan2|qwen)" | cut -c1-160
+  tar -xzOf "$OUT/$STAGE.tar.gz" --wildcards "$STAGE/parity*.log" | grep -E "^(wan2|qwen)" | cut -c1-160
 fi
 exit 0

@@ -681,7 +681,8 @@ def test_frame_settings_sharded(model, shape, mode, world):
     run_ranks(_sharded_frame_settings, world, model, shape, mode)
 
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (True, TypeError), ("2", TypeError), (1.5, TypeError)])
+@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (True, TypeError), ("2", TypeError), (1.5, TypeError),
+                                         ("Auto", TypeError), (None, TypeError)])
 def test_frames_per_step_is_validated(value, error):
     import vaeshard
 
@@ -689,6 +690,63 @@ def test_frames_per_step_is_validated(value, error):
     with pytest.raises(error, match="frames_per_step"):
         vaeshard.parallelize(vae, frames_per_step=value)
     assert not hasattr(vae, "_vaeshard")
+
+
+def test_frames_per_step_auto_rule():
+    """frames_per_step="auto" (the default): AUTO_STEP_FRAMES on CUDA for frames up to
+    AUTO_STEP_MAX_PIXELS, else 1; 1 with max_layer_frames, on the CPU and outside the fast tier; a
+    number is taken as it is."""
+    from vaeshard import fast
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    small, large = fast.AUTO_STEP_MAX_PIXELS, fast.AUTO_STEP_MAX_PIXELS + 1
+    assert fast.AUTO_STEP_FRAMES > 1
+    with fast.tier(True):
+        assert fast.frames_per_step(small, cuda) == fast.AUTO_STEP_FRAMES
+        assert fast.frames_per_step(832 * 240, cuda) == fast.AUTO_STEP_FRAMES  # Wan 2.1 480p, a rank of 2
+        assert [fast.frames_per_step(n, cuda) for n in (large, 1280 * 360, 832 * 480)] == [1, 1, 1]
+        assert fast.frames_per_step(small, cpu) == 1
+    with fast.tier(True, max_layer_frames=2):
+        assert fast.frames_per_step(small, cuda) == 1
+    with fast.tier(True, frames_per_step=3):
+        assert fast.frames_per_step(large, cpu) == 3 and fast.frames_per_step(small, cuda) == 3
+    with fast.tier(False):
+        assert fast.frames_per_step(small, cuda) == 1
+    assert fast.frames_per_step(small, cuda) == 1  # no request: diffusers' one frame per call
+
+
+def _auto_steps_sharded(rank, world):
+    """frames_per_step="auto" on sharded ranks of unequal rows: every rank takes the frames per step
+    that the largest rank's output frames decide (the rule made to hold on the CPU here), so the
+    ranks' decoder calls and halo exchanges pair up; the result is diffusers' decode within
+    tolerance either way."""
+    import vaeshard
+    from vaeshard import fast
+
+    vae = build("wan21", (32, 24))
+    z = latent((1, 4, 5, 7, 6))  # 7 latent rows: 4 on rank 0, 3 on rank 1
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    largest = 4 * 6 * vae.spatial_compression_ratio**2
+    devices, limit = fast.AUTO_STEP_DEVICES, fast.AUTO_STEP_MAX_PIXELS
+    calls = []
+    try:
+        fast.AUTO_STEP_DEVICES = ("cpu",)
+        for threshold in (largest, largest - 1):  # the smaller rank's frames are below both
+            fast.AUTO_STEP_MAX_PIXELS = threshold
+            vaeshard.parallelize(vae, mode="spatial_shard_height")
+            with _decoder_calls(vae) as frames:
+                out = vae.decode(z).sample
+            assert (out - ref).abs().max() <= TOL_CPU_FP32, threshold
+            calls.append(frames)
+    finally:
+        fast.AUTO_STEP_DEVICES, fast.AUTO_STEP_MAX_PIXELS = devices, limit  # (the rank processes serve later tests)
+    return fast.AUTO_STEP_FRAMES, calls
+
+
+def test_frames_per_step_auto_sharded():
+    for steps, calls in run_ranks(_auto_steps_sharded, 2):
+        assert steps == 2 and calls == [[1, 2, 2], [1, 1, 1, 1, 1]], calls
 
 
 # --- frames per layer ----------------------------------------------------------------------------------

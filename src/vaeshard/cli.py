@@ -36,6 +36,11 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _frames_per_step(text: str):
+    """--frames-per-step: auto or a whole number of at least 1."""
+    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
+
+
 def _layer_frames(text: str) -> int:
     value = _positive_int(text)
     if value < 2:
@@ -300,8 +305,9 @@ def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-cuda-graphs", action="store_true",
                         help="fast tier, CUDA: keep a request's CUDA graphs (and their memory) for the next request of "
                              "the same shapes, which then replays every decoder call instead of capturing")
-    parser.add_argument("--frames-per-step", type=_positive_int, default=1, metavar="N",
-                        help="fast tier: latent frames per decoder call after the first (default 1; more: faster, more memory)")
+    parser.add_argument("--frames-per-step", type=_frames_per_step, default="auto", metavar="{auto,N}",
+                        help="fast tier: latent frames per decoder call after the first (default auto: 2 on CUDA where "
+                             "each rank's frames are small, else 1; more: faster, more memory)")
     parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
                         help="fast tier: frames a decoder layer takes at once, at least 2 (default: 2 in the layers "
                              "of the largest frames where that is cheap, all elsewhere; fewer: less memory)")

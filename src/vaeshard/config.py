@@ -38,7 +38,10 @@ class VaeParallelConfig:
              feature caches make every split of the frames compute the same values; more frames per
              call launch fewer, larger kernels, copy the caches less often per frame and, sharded,
              make fewer halo exchanges per frame (faster), and hold that many frames' activations
-             at once (more memory). See docs/strategies.md for measured figures. The exact tier
+             at once (more memory). "auto" (default): 2 on CUDA where the output frames hold at most
+             2^18 pixels (sharded: the largest rank's; fast.AUTO_STEP_MAX_PIXELS), the host-paced
+             regime where a rank's memory is small, and 1 otherwise (and always 1 with
+             `max_layer_frames` set). See docs/strategies.md for measured figures. The exact tier
              and `tile` decode one frame per call, as diffusers; AutoencoderKL (no frames) ignores it.
     max_layer_frames: fast tier, causal video VAEs: None (default), or the most frames a residual
              block, upsampler or causal convolution takes at once, decoding or encoding (at least 2,
@@ -84,7 +87,7 @@ class VaeParallelConfig:
     timeout: float | timedelta | None = None
     exact: bool = False
     cudnn_benchmark: bool = True
-    frames_per_step: int = 1
+    frames_per_step: int | str = "auto"
     max_layer_frames: int | None = None
     triton_convs: bool = True
     cuda_graphs: bool | str = "auto"
@@ -113,9 +116,10 @@ class VaeParallelConfig:
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if not isinstance(self.triton_convs, bool):
             raise TypeError(f"triton_convs must be True or False, got {self.triton_convs!r}")
-        if isinstance(self.frames_per_step, bool) or not isinstance(self.frames_per_step, int):
-            raise TypeError(f"frames_per_step must be an int, got {type(self.frames_per_step).__name__}")
-        if self.frames_per_step < 1:
+        if self.frames_per_step != "auto" and (isinstance(self.frames_per_step, bool)
+                                               or not isinstance(self.frames_per_step, int)):
+            raise TypeError(f"frames_per_step must be an int or 'auto', got {self.frames_per_step!r}")
+        if self.frames_per_step != "auto" and self.frames_per_step < 1:
             raise ValueError(f"frames_per_step must be at least 1, got {self.frames_per_step}")
         if self.max_layer_frames is not None:
             if isinstance(self.max_layer_frames, bool) or not isinstance(self.max_layer_frames, int):

@@ -79,7 +79,7 @@ from . import conv_kernel, norm_math
 from .triton_support import launch, runs_on, tl, triton
 
 _fast: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_fast", default=False)
-_frames_per_step: contextvars.ContextVar[int] = contextvars.ContextVar("vaeshard_frames_per_step", default=1)
+_frames_per_step: contextvars.ContextVar[int | str] = contextvars.ContextVar("vaeshard_frames_per_step", default="auto")
 _max_layer_frames: contextvars.ContextVar[int | None] = contextvars.ContextVar("vaeshard_max_layer_frames", default=None)
 _triton_convs: contextvars.ContextVar[bool] = contextvars.ContextVar("vaeshard_triton_convs", default=True)
 _cuda_graphs: contextvars.ContextVar[bool | str] = contextvars.ContextVar("vaeshard_cuda_graphs", default=False)
@@ -90,10 +90,35 @@ def enabled() -> bool:
     return _fast.get()
 
 
-def frames_per_step() -> int:
+# frames_per_step="auto" (the default) takes AUTO_STEP_FRAMES latent frames per decoder call where a
+# decode runs on CUDA with output frames of at most AUTO_STEP_MAX_PIXELS pixels (sharded: the largest
+# rank's), else 1. There a call's fixed costs (the host's launches, and sharded its halo exchanges,
+# once per call whatever its frames) weigh most against its GPU work. Measured on one H200, a rank's
+# share timed alone with its communication stood in, 1 against 2 frames interleaved in each process
+# (BENCHMARKS.md): Wan 2.1 480p rank 0 of 2 (832 x 240 pixels) 0.309 / 0.332 s against 0.291 / 0.319
+# s, peak 1.48 against 1.91 GiB; 720p rank 1 of 4 (1280 x 180) 0.402 / 0.381 against 0.348 / 0.324 s,
+# 1.69 against 2.19 GiB; rank 1 of 8 0.232 / 0.237 against 0.206 / 0.194 s, 0.89 against 1.14 GiB.
+# Larger frames keep 1: their memory is what runs out first (Wan 2.1 720p on 2 GPUs, 460,800 pixels a
+# rank: 2 frames per step took 3.62 -> 5.97 GiB per rank for 6% of time). On the CPU a call's work
+# dwarfs its fixed costs: 1. With max_layer_frames set (a setting for a low peak): 1.
+AUTO_STEP_FRAMES = 2
+AUTO_STEP_MAX_PIXELS = 1 << 18
+AUTO_STEP_DEVICES: tuple[str, ...] = ("cuda",)
+
+
+def frames_per_step(frame_pixels: int, device: torch.device) -> int:
     """Latent frames a causal video decoder takes per call after the first, in this request (1
-    outside the fast tier)."""
-    return _frames_per_step.get() if _fast.get() else 1
+    outside the fast tier): the setting where it is a number; for "auto", AUTO_STEP_FRAMES where
+    `device`'s type is in AUTO_STEP_DEVICES, the output frames hold at most AUTO_STEP_MAX_PIXELS
+    pixels (`frame_pixels`: on the rank that holds the most, so every rank of a sharded request
+    decides alike) and max_layer_frames is None, else 1."""
+    if not _fast.get():
+        return 1
+    setting = _frames_per_step.get()
+    if setting != "auto":
+        return setting
+    small = device.type in AUTO_STEP_DEVICES and frame_pixels <= AUTO_STEP_MAX_PIXELS
+    return AUTO_STEP_FRAMES if small and _max_layer_frames.get() is None else 1
 
 
 def max_layer_frames() -> int | None:
@@ -159,12 +184,14 @@ def settings_signature() -> tuple:
     serves only a request that would run the same kernels."""
     return (_fast.get(), _frames_per_step.get(), _max_layer_frames.get(), _triton_convs.get(),
             torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-            PART_FRAMES, PARTS_FROM_PIXELS, SHARDED_PARTS_FROM_PIXELS)
+            PART_FRAMES, PARTS_FROM_PIXELS, SHARDED_PARTS_FROM_PIXELS, AUTO_STEP_FRAMES, AUTO_STEP_MAX_PIXELS,
+            AUTO_STEP_DEVICES)
 
 
 @contextlib.contextmanager
-def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int = 1, max_layer_frames: int | None = None,
-         triton_convs: bool = True, cuda_graphs: bool | str = "auto", keep_cuda_graphs: bool = False):
+def tier(fast: bool, cudnn_benchmark: bool = True, frames_per_step: int | str = "auto",
+         max_layer_frames: int | None = None, triton_convs: bool = True, cuda_graphs: bool | str = "auto",
+         keep_cuda_graphs: bool = False):
     """Run a request in the fast tier (`fast=True`) or exactly as diffusers computes (`fast=False`).
 
     `cudnn_benchmark` (fast tier only): cuDNN's benchmark mode for the request, the caller's setting

@@ -52,7 +52,7 @@ def parallelize(
     timeout=None,
     exact: bool = False,
     cudnn_benchmark: bool = True,
-    frames_per_step: int = 1,
+    frames_per_step: int | str = "auto",
     max_layer_frames: int | None = None,
     triton_convs: bool = True,
     cuda_graphs: bool | str = "auto",

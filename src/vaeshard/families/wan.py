@@ -122,7 +122,8 @@ class WanLike:
 
     def untiled_decode(self, vae, z):
         if fast.enabled():
-            return with_tiling_off(vae, self._decode_in_steps, vae, z, fast.frames_per_step())
+            per_step = fast.frames_per_step(_frame_pixels(z) * vae.spatial_compression_ratio**2, z.device)
+            return with_tiling_off(vae, self._decode_in_steps, vae, z, per_step)
         # contiguous: a sharded request computes channels-last; callers get diffusers' layout back
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
 
