@@ -18,7 +18,7 @@ WORK="$OUT/$STAGE"
 mkdir -p "$WORK"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-(nvidia-smi --query-gpu=name,driver_version --format=csv; nvidia-smi topo -m; date -u; git rev-parse HEAD 2>/dev/null
+(nvidia-smi --query-gpu=name,driver_version --format=csv; nvidia-smi topo -m; date -u
  python3 -c "import torch, triton, diffusers; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), triton.__version__, diffusers.__version__)") \
   > "$WORK/env.txt" 2>&1
 step() {  # step NAME SECONDS COMMAND...: the command's output in NAME.log, its exit status and time printed

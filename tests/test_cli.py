@@ -268,7 +268,7 @@ def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(asse
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("frames_per_step,max_layer_frames", [(1, None), (2, None), (2, 2)])
+@pytest.mark.parametrize("frames_per_step,max_layer_frames", [(1, None), (2, None), (2, 2), ("auto", None)])
 def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, frames_per_step, max_layer_frames):
     from safetensors.torch import load_file
 
