@@ -21,7 +21,7 @@ from . import conv_kernel, fast, graphs, shard, upsample
 from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
 from .families import family_for
 from .families.base import Family
-from .policy import hooks_reason, plan
+from .policy import hooks_reason, plan_for
 from .tile import run_tiled
 
 log = logging.getLogger("vaeshard")
@@ -336,11 +336,10 @@ def _run(vae, op: str, x):
         state.hooks_noted = True
     x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
     workers = comm.world if config.size is None else min(config.size, comm.world)
-    fast_ok = not hooked  # (the fast tier's blocks call their layers' computations, not their hooks)
     if vae.use_slicing and x.shape[0] > 1:
-        parts = [_run_one(vae, state, family, config, comm, workers, op, part, fast_ok) for part in x.split(1)]
+        parts = [_run_one(vae, state, family, config, comm, workers, op, part, hooked) for part in x.split(1)]
         return torch.cat(parts) if parts[0].numel() else parts[0]
-    return _run_one(vae, state, family, config, comm, workers, op, x, fast_ok)
+    return _run_one(vae, state, family, config, comm, workers, op, x, hooked)
 
 
 _CHECKSUM_MODULUS = 2**31 - 1  # a prime: every product and sum below stays exact in int64
@@ -385,8 +384,11 @@ def _verify_weights(vae, comm) -> None:
         )
 
 
-def _run_one(vae, state, family, config, comm, workers, op, x, fast_ok: bool = True):
-    chosen = plan(vae, x.shape, comm.world, config.mode, op=op, size=workers)
+def _run_one(vae, state, family, config, comm, workers, op, x, hooked: list[str]):
+    """One sample (or batch) of a request; `hooked`: the VAE's hooked layers (shard.replaced_forwards),
+    which keep it unsharded and, as the fast tier's blocks call their layers' computations rather
+    than their hooks, in the exact tier."""
+    chosen = plan_for(vae, x.shape, comm.world, config.mode, op=op, size=workers, hooked=hooked)
     if chosen.fallback:
         log.warning("vaeshard: %s", chosen.reason)
     else:
@@ -394,7 +396,7 @@ def _run_one(vae, state, family, config, comm, workers, op, x, fast_ok: bool = T
     to_all = config.output == "all"
     receives = to_all or comm.rank == 0
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
-    fast_tier = fast_ok and not config.exact and config.mode != "tile" and chosen.strategy != "tile"
+    fast_tier = not hooked and not config.exact and config.mode != "tile" and chosen.strategy != "tile"
     try:
         settings = {name: getattr(config, name) for name in FAST_TIER_SETTINGS}
         with torch.no_grad(), fast.tier(fast_tier, **settings):

@@ -65,6 +65,12 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
     `size` is the number of ranks doing work (None = world_size); fewer than world_size is a
     partial group, which never shards spatially.
     """
+    return plan_for(vae, latent_shape, world_size, mode, op=op, size=size, hooked=replaced_forwards(vae))
+
+
+def plan_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None, hooked: list[str]) -> Plan:
+    """`plan`, given the VAE's hooked layers (shard.replaced_forwards), which a request has looked
+    for already."""
     from .families import family_for
 
     if mode not in MODES:
@@ -97,7 +103,6 @@ def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "d
         reasons.append(f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {layout} layout of {family.name}")
     if not spatial_ok:
         reasons.append(f"{family.name} has no spatial-shard {op}")
-    hooked = replaced_forwards(vae)
     if hooked:
         reasons.append(hooks_reason(hooked))
 

@@ -122,8 +122,7 @@ class WanLike:
 
     def untiled_decode(self, vae, z):
         if fast.enabled():
-            per_step = fast.frames_per_step(_frame_pixels(z) * vae.spatial_compression_ratio**2, z.device)
-            return with_tiling_off(vae, self._decode_in_steps, vae, z, per_step)
+            return with_tiling_off(vae, self._decode_in_steps, vae, z)
         # contiguous: a sharded request computes channels-last; callers get diffusers' layout back
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
 
@@ -136,21 +135,25 @@ class WanLike:
             return self.untiled_decode(vae, z)
         return type(vae).decode(vae, z, return_dict=False)[0]
 
-    def _decode_in_steps(self, vae, z, per_step: int):
+    def _decode_in_steps(self, vae, z):
         """diffusers' untiled `_decode` with two changes, fast tier: after the first latent frame
-        (always decoded alone, as `first_chunk`), the decoder takes `per_step` frames per call instead
-        of one, and each call's output is clamped straight into one preallocated output instead of
+        (always decoded alone, as `first_chunk`), the decoder takes `fast.frames_per_step` frames per
+        call instead of one, and each call's output is clamped straight into one preallocated output instead of
         growing a `torch.cat` (which copies everything decoded so far at every frame).
 
         Code, not a hook, because diffusers' loop slices one frame per call and concatenates as it
         goes. Every split of the frames gives the same values: each causal convolution sees the
         same input frames, its cached ones in front (diffusers' feature-cache bookkeeping keeps the
-        last two input frames whatever the call's length). With `per_step=1` the decoder calls are
+        last two input frames whatever the call's length). With one frame per call the decoder calls are
         diffusers' own, and so are the bits. On CUDA the steady calls may be replayed as one CUDA
         graph (graphs.py, `cuda_graphs`): the same kernels, the same bits.
         """
         _, _, num_frames, _, _ = z.shape
         total = frames_out(num_frames, self.temporal_factor(vae))
+        # the largest rank's latent frame, decoded: its output pixels decide frames_per_step="auto"
+        # and cuda_graphs="auto", the same on every rank
+        pixels = _frame_pixels(z) * vae.spatial_compression_ratio**2
+        per_step = fast.frames_per_step(pixels, z.device)
         num_calls = 1 + -(-(num_frames - 1) // per_step)
 
         def step(chunk, first: bool):
@@ -160,9 +163,6 @@ class WanLike:
             return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
 
         # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
-        # (the largest rank's latent frame, decoded: its output pixels decide cuda_graphs="auto", the
-        # same on every rank)
-        pixels = _frame_pixels(z) * vae.spatial_compression_ratio**2
         keep = _keep_graphs(vae, z, per_step) if fast.keep_cuda_graphs() else None
         with graphs.DecoderSteps(z.device, graphs.wanted(fast.cuda_graphs(), pixels), num_calls, keep) as steps:
             vae.clear_cache()
