@@ -62,6 +62,17 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ("scratch after the failure (surviving ranks)", "scratch"),
         ],
     ),
+    "arrival": (
+        "Ranks that do not arrive, arrive late or stop: the request agreement and after",
+        [
+            ("id", "id"),
+            ("scenario (2 processes)", "what"),
+            ("bound", "bound"),
+            ("outcome per rank", "outcome"),
+            ("time to raise", "time"),
+            ("process exit", "exit"),
+        ],
+    ),
     "soak": (
         "Long-lived workers",
         [
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, **{ENV: directory})
         started = time.monotonic()
         cmd = [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_reliability.py",
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_reliability.py", "tests/test_agreement.py",
             # the check that this document has every row: it holds once the document is rewritten below
             "--deselect", "tests/test_reliability.py::test_reliability_doc_has_a_row_for_every_case",
         ]

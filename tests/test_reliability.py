@@ -26,6 +26,7 @@ import torch
 
 from . import reliability_report as report
 from .dist_harness import run_ranks
+from .test_agreement import REPORT_IDS as ARRIVAL_IDS
 from .models import build, latent
 
 SOAK_REQUESTS = int(os.environ.get("VAESHARD_SOAK", "60"))
@@ -55,33 +56,33 @@ BAD_INPUTS: list[tuple[str, str, str, str, object]] = [
      "parallelize", "ValueError", r"needs spatial sharding, which .* does not support: use mode='tile'"),
     ("install-refused", "a Wan VAE with a strided, padded Conv2d in its decoder (cannot be halo-sharded)",
      "parallelize (VAE left unchanged)", "ValueError", r"cannot shard .*use mode='tile'"),
-    ("latent-ndim", "4-D latent to AutoencoderKLWan", "first collective", "ValueError",
+    ("latent-ndim", "4-D latent to AutoencoderKLWan", "request agreement", "ValueError",
      r"expects a 5-D latent in layout \(B, C, T, H, W\), got 4-D"),
-    ("latent-ndim-image", "5-D latent to AutoencoderKL", "first collective", "ValueError",
+    ("latent-ndim-image", "5-D latent to AutoencoderKL", "request agreement", "ValueError",
      r"expects a 4-D latent in layout \(B, C, H, W\), got 5-D"),
-    ("latent-channels", "3-channel latent to a 4-channel Wan VAE", "first collective", "ValueError",
+    ("latent-channels", "3-channel latent to a 4-channel Wan VAE", "request agreement", "ValueError",
      r"expects a latent with 4 channels \(its latent channels, C in \(B, C, T, H, W\)\), got 3"),
-    ("latent-channels-image", "3-channel latent to a 4-channel AutoencoderKL", "first collective", "ValueError",
+    ("latent-channels-image", "3-channel latent to a 4-channel AutoencoderKL", "request agreement", "ValueError",
      r"expects a latent with 4 channels \(its latent channels, C in \(B, C, H, W\)\), got 3"),
-    ("not-a-tensor", "a nested list instead of a tensor", "first collective", "TypeError",
+    ("not-a-tensor", "a nested list instead of a tensor", "request agreement", "TypeError",
      r"expects the latent as a torch.Tensor, got list"),
-    ("integer-dtype", "an int64 latent", "first collective", "TypeError", r"expects a floating-point latent, got torch.int64"),
-    ("dtype-vs-vae", "a float64 latent to a float32 VAE (on every rank)", "first collective", "ValueError",
+    ("integer-dtype", "an int64 latent", "request agreement", "TypeError", r"expects a floating-point latent, got torch.int64"),
+    ("dtype-vs-vae", "a float64 latent to a float32 VAE (on every rank)", "request agreement", "ValueError",
      r"got a float64 latent, but the VAE's parameters are float32: cast it with .to\(torch.float32\)"),
-    ("device-vs-vae", "a latent on the meta device to a VAE on cpu", "first collective", "ValueError",
+    ("device-vs-vae", "a latent on the meta device to a VAE on cpu", "request agreement", "ValueError",
      r"got a latent on meta, but the VAE's parameters are on cpu: move it with .to\('cpu'\)"),
-    ("zero-sized-axis", "latent of shape (1, 4, 0, 6, 8)", "first collective", "ValueError", r"an axis of size 0"),
-    ("nan-on-one-rank", "one NaN in rank 1's latent only", "first collective", "ValueError",
+    ("zero-sized-axis", "latent of shape (1, 4, 0, 6, 8)", "request agreement", "ValueError", r"an axis of size 0"),
+    ("nan-on-one-rank", "one NaN in rank 1's latent only", "request agreement", "ValueError",
      {0: r"decode input is invalid on rank\(s\) \[1\] \(NaN or Inf values", 1: r"with 1 NaN and 0 Inf values"}),
-    ("inf-every-rank", "+Inf in the latent on every rank", "first collective", "ValueError", r"with 0 NaN and 2 Inf values"),
-    ("encode-nan", "NaN in the sample to encode", "first collective", "ValueError", r"encode got a sample with 3 NaN"),
-    ("shapes-differ", "latent width 8 on rank 0, 9 on rank 1", "first collective", "ValueError",
+    ("inf-every-rank", "+Inf in the latent on every rank", "request agreement", "ValueError", r"with 0 NaN and 2 Inf values"),
+    ("encode-nan", "NaN in the sample to encode", "request agreement", "ValueError", r"encode got a sample with 3 NaN"),
+    ("shapes-differ", "latent width 8 on rank 0, 9 on rank 1", "request agreement", "ValueError",
      r"ranks disagree on the decode request .*\(1, 4, 2, 6, 8\).*\(1, 4, 2, 6, 9\)"),
-    ("dtypes-differ", "float64 latent on rank 0, float32 on rank 1", "first collective", "ValueError",
+    ("dtypes-differ", "float64 latent on rank 0, float32 on rank 1", "request agreement", "ValueError",
      r"ranks disagree on the decode request .*float64.*float32"),
-    ("modes-differ", "mode tile on rank 0, auto on rank 1", "first collective", "ValueError",
+    ("modes-differ", "mode tile on rank 0, auto on rank 1", "request agreement", "ValueError",
      r"ranks disagree on the decode request .*mode tile.*mode auto"),
-    ("outputs-differ", "output all on rank 0, rank0 on rank 1", "first collective", "ValueError",
+    ("outputs-differ", "output all on rank 0, rank0 on rank 1", "request agreement", "ValueError",
      r"ranks disagree on the decode request .*output all.*output rank0"),
     ("weights-differ", "verify=True, one weight of decoder.conv_in changed on rank 1", "first request, verify",
      "ValueError", r"verify: parameter 'decoder.conv_in.weight' differs between ranks \(rank\(s\) \[1\] differ"),
@@ -568,7 +569,9 @@ def _check_and_record_fault(case, what, per_rank: dict, fault_at: float | None, 
             times.append(f"rank {r}: {seconds:.2f} s")
             if seconds > FAULT_TIMEOUT_S + FAULT_SLACK_S:
                 problems.append(f"{case}: rank {r} raised {seconds:.1f} s after the fault")
-        if r == 0 and "another rank failed or is gone" not in o["message"]:
+        # rank 0 names what it waited for: the rank that never arrived, or the failed exchange
+        expected = "rank(s) [1] did not call decode" if case == "rank-skips-request" else "another rank failed or is gone"
+        if r == 0 and expected not in o["message"]:
             problems.append(f"{case}: rank 0 raised {o['type']}: {o['message']!r}")
         # a rank that timed out leaves one collective pending in gloo, holding that collective's
         # buffers (at most world + 1 tensors) until the group's own timeout; nothing else may stay
@@ -826,6 +829,7 @@ def report_ids() -> list[str]:
         + [c[0] for c in MUST_WORK]
         + [c[0] for c in FAULTS]
         + ["two-groups"]
+        + ARRIVAL_IDS
     )
 
 

@@ -1,23 +1,31 @@
 """Every torch.distributed call vaeshard makes lives in this module.
 
-`Comm` wraps one process group (and the subset of its ranks that does work). Collectives are issued
-asynchronously and waited on with the configured timeout, so a rank that failed or died makes the
-others raise instead of waiting forever. Buffers created here are scoped to the call that made them.
+`Comm` wraps one process group (and the subset of its ranks that does work). A request begins with
+its agreement (`Comm.agree`), made through the process group's store rather than a collective, so a
+rank that never arrives costs a bounded store wait and leaves nothing pending in the group. Every
+collective after it is waited on with a bound (gloo: the request's timeout, else the group's own,
+applied to the operation itself so that nothing stays pending when it expires; NCCL: the group's
+own, enforced by NCCL's watchdog), so a rank that failed or died makes the others raise instead of
+waiting forever. Buffers created here are scoped to the call that made them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 
 class CommTimeout(RuntimeError):
-    """A collective did not complete within the configured timeout, or its peer closed the connection
-    (a peer failed or is gone). The group is left mid-collective: destroy it rather than reuse it."""
+    """A rank of the group did not take part in time: the request agreement timed out (a rank never
+    called decode or encode, or arrived too late), or a collective of a request did not complete
+    within its bound or its peer closed the connection (a peer failed or is gone). The message says
+    which, and whether the group can still be used."""
 
 
 def is_initialized() -> bool:
@@ -49,8 +57,31 @@ def group_size(group) -> int:
 
 
 @dataclass
+class _GroupState:
+    """What this process knows of a group across requests: the number of its next request agreement
+    (every rank of the group counts the same requests, so equal numbers name the same request), and
+    why the group can no longer be used, once a collective of a request failed on it."""
+
+    next_request: int = 0
+    broken: str | None = None
+
+
+_groups: dict[str, _GroupState] = {}
+
+
+def _state_of(group) -> _GroupState:
+    return _groups.setdefault(group.group_name, _GroupState())
+
+
+_AGREE = "vaeshard/agree"
+
+
+@dataclass
 class Comm:
-    """The communication a single request needs, over the first `size` ranks of `group`."""
+    """The communication a single request needs, over the first `size` ranks of `group`.
+
+    `timeout`: the bound of every wait on a gloo group (the request's timeout, or the group's own);
+    None on NCCL, whose waits are bounded by the group's own timeout through NCCL's watchdog."""
 
     group: object
     rank: int
@@ -65,9 +96,28 @@ class Comm:
         device = None
         if group is not None and dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
+        elif group is not None and timeout is None:
+            timeout = _own_timeout(group)
         return cls(group=group, rank=rank, world=world, timeout=timeout, device=device)
 
     # -- plumbing -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def bounded(self):
+        """The request's scope on a gloo group: its operations time out after `timeout` in gloo itself
+        (the group's own timeout restored afterwards), so a collective that expires is ended, not left
+        pending in the group, where it would keep the process from exiting."""
+        backend = _gloo_backend(self.group) if self.device is None and self.world > 1 else None
+        own = None if backend is None else backend.options._timeout
+        bound = None if self.timeout is None else timedelta(seconds=self.timeout)
+        if own is None or bound is None or bound == own:
+            yield self
+            return
+        backend.set_timeout(bound)
+        try:
+            yield self
+        finally:
+            backend.set_timeout(own)
 
     def _wait(self, work, what: str) -> None:
         if work is None:
@@ -82,16 +132,93 @@ class Comm:
         try:
             ok = work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as exc:  # gloo reports a timeout, and a peer that closed its connection, this way
-            waited = time.monotonic() - started
-            raise CommTimeout(
-                f"{what} on rank {self.rank} failed after {waited:.1f} s (limit {self.timeout:g} s): another "
-                f"rank failed or is gone, see its error; this group can no longer be used ({exc})"
-            ) from exc
+            self._broken(f"{what} on rank {self.rank} failed after {time.monotonic() - started:.1f} s (limit "
+                         f"{self.timeout:g} s): another rank failed or is gone, see its error", exc)
         if ok is False:
+            self._broken(f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: another rank failed "
+                         "or is gone, see its error", None)
+
+    def _broken(self, what: str, exc: BaseException | None):
+        """Raise CommTimeout for a collective that failed mid-request, and remember that the group can
+        no longer be used by vaeshard: its ranks stopped at different exchanges."""
+        message = (f"{what}; this group can no longer be used (its ranks stopped at different exchanges): "
+                   "destroy it (torch.distributed.destroy_process_group) and start a new one")
+        if self.group is not None:
+            _state_of(self.group).broken = message
+        if exc is not None:
+            message += f" ({exc})"
+        raise CommTimeout(message) from exc
+
+    # -- agreement ------------------------------------------------------------------------------
+
+    def agree(self, values: list[int], timeout: float, op: str, bound: str) -> list[list[int]]:
+        """Every rank's `values` (lists of ints) for one request, through the process group's store:
+        each rank posts its own under the request's number and waits, up to `timeout` seconds, for
+        the others'. A rank that does not arrive costs that wait and nothing else: no collective is
+        left pending, so the group stays usable and the process can exit. The outcome is decided
+        once per request, atomically in the store (`compare_set`), so a rank that gives up and a
+        rank that sees every rank arrive at that moment cannot act differently. CommTimeout on every
+        rank that arrived, naming the ranks that did not; `op` and `bound` (where the timeout comes
+        from) are for its message."""
+        if self.world == 1:
+            return [list(values)]
+        state = _state_of(self.group)
+        if state.broken is not None:
+            raise CommTimeout(f"{op} on rank {self.rank}: an earlier request failed on this process group, which "
+                              f"vaeshard can no longer use: {state.broken}")
+        store = c10d._get_process_group_store(self.group)
+        number = state.next_request
+        state.next_request += 1
+        prefix = f"{_AGREE}/{number}"
+        keys = [f"{prefix}/{r}" for r in range(self.world)]
+        started = time.monotonic()
+        try:
+            store.set(keys[self.rank], ",".join(str(int(v)) for v in values))
+            try:
+                store.wait(keys, timedelta(seconds=timeout))
+                arrived = True
+            except dist.DistNetworkError:
+                raise
+            except RuntimeError:  # the deadline passed (DistStoreError from a TCPStore, RuntimeError from a FileStore)
+                arrived = False
+            verdict = store.compare_set(f"{prefix}/verdict", "", "go" if arrived else f"gave up:{self.rank}")
+            verdict = verdict.decode()
+            rows = store.multi_get(keys) if verdict == "go" else None
+            missing = [] if rows is not None else [r for r in range(self.world) if not store.check([keys[r]])]
+        except RuntimeError as exc:
             raise CommTimeout(
-                f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: another rank failed "
-                "or is gone, see its error; this group can no longer be used"
-            )
+                f"{op} on rank {self.rank}: the process group's store could not be reached ({exc}): the process "
+                "that hosts it (global rank 0, or torchrun's agent) has probably exited; see its error"
+            ) from None
+        if rows is None:
+            raise CommTimeout(self._agreement_failed(op, verdict, missing, timeout, time.monotonic() - started, bound))
+        if number:  # every rank posted this request, so every rank is done with the one before it
+            self._forget(store, number - 1)
+        return [[int(v) for v in row.decode().split(",")] for row in rows]
+
+    def _agreement_failed(self, op, verdict: str, missing: list[int], timeout: float, waited: float,
+                          bound: str) -> str:
+        gave_up = int(verdict.rsplit(":", 1)[1])
+        if gave_up == self.rank:
+            head = (f"{op} on rank {self.rank} waited {waited:.1f} s (limit {timeout:g} s, {bound}) for the other "
+                    f"ranks of its group: rank(s) {missing} did not call {op}")
+        else:
+            head = (f"{op} on rank {self.rank}: rank {gave_up} had already given up waiting for this request (it "
+                    f"waited its timeout before every rank arrived; still missing when it gave up: see its error)")
+        return (
+            f"{head}. Every rank of the group must call {op} with the same request: output='rank0' still needs "
+            "every rank (it only chooses who receives the result). To decode on one rank only, call a VAE that is "
+            "not parallelized there (vaeshard.unparallelize(vae), or a second copy of the model). Nothing is "
+            "left pending in the process group: it stays usable, and the process can exit"
+        )
+
+    def _forget(self, store, number: int) -> None:
+        """Delete this rank's entries of request `number` from the store (rank 0 its verdict too)."""
+        prefix = f"{_AGREE}/{number}"
+        with contextlib.suppress(RuntimeError):  # a store that cannot delete keeps a few bytes per request
+            store.delete_key(f"{prefix}/{self.rank}")
+            if self.rank == 0:
+                store.delete_key(f"{prefix}/verdict")
 
     def _global(self, group_rank_: int) -> int:
         if self.group is None or self.group is dist.group.WORLD:
@@ -103,13 +230,14 @@ class Comm:
 
     # -- agreement ------------------------------------------------------------------------------
 
-    def all_gather_ints(self, values: list[int]) -> list[list[int]]:
-        """Every rank's list of ints (all lists the same length): one small collective."""
+    def all_gather_ints(self, values: list[int], what: str = "all-gather") -> list[list[int]]:
+        """Every rank's list of ints (all lists the same length): one small collective (`what` names
+        it in a timeout's message)."""
         mine = torch.tensor(values, dtype=torch.int64, device=self._small_device())
         if self.world == 1:
             return [values]
         out = [torch.empty_like(mine) for _ in range(self.world)]
-        self._wait(dist.all_gather(out, mine, group=self.group, async_op=True), "request agreement")
+        self._wait(dist.all_gather(out, mine, group=self.group, async_op=True), what)
         return [t.tolist() for t in out]
 
     def all_reduce_max(self, value: float) -> float:
@@ -311,6 +439,22 @@ def _inverse(order) -> tuple[int, ...]:
 
 def _zeros_like_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
     return x.new_zeros(_with_extent(x.shape, dim, rows))
+
+
+def _gloo_backend(group):
+    """The gloo backend of `group`, or None (another backend, or a torch without this interface)."""
+    try:
+        backend = group._get_backend(torch.device("cpu"))
+    except (AttributeError, RuntimeError):
+        return None
+    return backend if hasattr(backend, "options") and hasattr(backend, "set_timeout") else None
+
+
+def _own_timeout(group) -> float | None:
+    """The group's own timeout in seconds (gloo), or None where it cannot be read."""
+    backend = _gloo_backend(group)
+    own = None if backend is None else getattr(backend.options, "_timeout", None)
+    return None if own is None else own.total_seconds()
 
 
 __all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,6 +14,31 @@ SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
 FAST_TIER_SETTINGS: tuple[str, ...] = ("cudnn_benchmark", "frames_per_step", "max_layer_frames", "triton_convs",
                                        "cuda_graphs", "keep_cuda_graphs")
 
+# How long a request's agreement waits for every rank of the group to call decode (or encode) when
+# `parallelize` was given no `timeout`: far longer than ranks that reach a decode from the same
+# pipeline ever skew (they arrive within milliseconds, or the seconds a rank spends writing the last
+# output), far shorter than gloo's 30 minutes or NCCL's 10. VAESHARD_AGREEMENT_TIMEOUT (seconds)
+# replaces it for a process.
+DEFAULT_AGREEMENT_TIMEOUT_S = 120.0
+AGREEMENT_TIMEOUT_ENV = "VAESHARD_AGREEMENT_TIMEOUT"
+
+
+def agreement_timeout(timeout: float | None) -> tuple[float, str]:
+    """(seconds, where they come from) for a request's agreement: `timeout` (parallelize's), else the
+    environment's VAESHARD_AGREEMENT_TIMEOUT, else DEFAULT_AGREEMENT_TIMEOUT_S."""
+    if timeout is not None:
+        return timeout, "parallelize(timeout=...)"
+    text = os.environ.get(AGREEMENT_TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_AGREEMENT_TIMEOUT_S, f"the default; set parallelize(timeout=...) or {AGREEMENT_TIMEOUT_ENV}"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{AGREEMENT_TIMEOUT_ENV}={text!r} is not a positive number of seconds")
+    return seconds, f"{AGREEMENT_TIMEOUT_ENV}"
+
 
 @dataclass(frozen=True)
 class VaeParallelConfig:
@@ -23,10 +49,13 @@ class VaeParallelConfig:
     mode:    one of MODES; `auto` picks per request (see `vaeshard.plan`).
     output:  `all` gives every rank the full result; `rank0` gives it to group rank 0 only and an
              empty tensor to the others.
-    timeout: upper bound for every collective a request makes on a gloo (CPU) group, or None to use
-             the group's own timeout. A rank that fails or dies makes the others raise within this
-             bound. NCCL groups are bounded by their own timeout (init_process_group(timeout=...)),
-             which NCCL's watchdog enforces without stalling the GPU queue.
+    timeout: seconds a request's agreement waits for every rank to call decode (or encode), and on a
+             gloo (CPU) group every collective of the request; None: the agreement waits
+             DEFAULT_AGREEMENT_TIMEOUT_S (VAESHARD_AGREEMENT_TIMEOUT) and gloo's collectives the
+             group's own timeout. A rank that fails, dies or never arrives makes the others raise
+             CommTimeout within this bound. NCCL's collectives are bounded by the group's own timeout
+             (init_process_group(timeout=...)), which NCCL's watchdog enforces without stalling the
+             GPU queue.
     exact:   True runs every layer as diffusers computes it (direct and spatial results then differ
              from diffusers only by how the work is split); False (default) runs the fast tier
              (fast.py), within DESIGN.md's tolerances. `tile` is always exact.

@@ -18,7 +18,7 @@ import torch
 
 from . import comm as comm_mod
 from . import conv_kernel, fast, graphs, shard, upsample
-from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig
+from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig, agreement_timeout
 from .families import family_for
 from .families.base import Family
 from .policy import hooks_reason, plan_for
@@ -304,10 +304,12 @@ def _run(vae, op: str, x):
     verify_count = len(list(vae.parameters())) if state.verify_pending else 0
     hooked = shard.replaced_forwards(vae)
 
-    # One small collective: every rank learns every rank's request, so a request that is invalid or
-    # different anywhere fails everywhere, before any decode work.
+    # The agreement, through the group's store: every rank learns every rank's request, so a request
+    # that is invalid or different anywhere fails everywhere, before any decode work, and a rank that
+    # never arrives makes the others raise within the agreement's timeout, leaving nothing pending.
     if comm.world > 1:
-        descs = comm.all_gather_ints(_describe(op, x, config, verify_count, bool(hooked)) + [code])
+        seconds, bound = agreement_timeout(config.timeout_seconds)
+        descs = comm.agree(_describe(op, x, config, verify_count, bool(hooked)) + [code], seconds, op, bound)
         if any(d[:-1] != descs[0][:-1] for d in descs):
             lines = "; ".join(f"rank {r}: {_explain(d)}" for r, d in enumerate(descs))
             raise ValueError(
@@ -324,6 +326,12 @@ def _run(vae, op: str, x):
             )
     if error is not None:
         raise _PROBLEMS[code][0](error)
+    with comm.bounded():
+        return _run_agreed(vae, state, config, family, comm, op, x, hooked)
+
+
+def _run_agreed(vae, state, config, family, comm, op: str, x, hooked: list[str]):
+    """A request every rank has agreed on, inside its communication bound (`Comm.bounded`)."""
     if state.verify_pending:
         if comm.world > 1:
             _verify_weights(vae, comm)
@@ -372,7 +380,7 @@ def _checksums(vae) -> tuple[list[str], list[int]]:
 def _verify_weights(vae, comm) -> None:
     """ValueError on every rank, naming the first parameter whose checksum is not the same everywhere."""
     names, sums = _checksums(vae)
-    table = comm.all_gather_ints(sums)
+    table = comm.all_gather_ints(sums, "all-gather of the weights' checksums")
     differing = [i for i in range(len(names)) if len({row[i] for row in table}) > 1]
     if differing:
         first = differing[0]
