@@ -7,7 +7,7 @@ import logging
 from typing import NamedTuple
 
 from .config import MODES, SPATIAL_MODES
-from .shard import replaced_forwards
+from .runtime.swap import replaced_forwards
 
 log = logging.getLogger("vaeshard")
 

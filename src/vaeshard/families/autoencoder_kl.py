@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .. import shard
-from ..tile import TileGrid, TileOps
+from ..layers.attention import WholeImageAttention
+from ..layers.convs import HaloConv2d
+from ..layers.norms import GlobalGroupNorm
+from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.tile import TileGrid, TileOps
 from .base import Family, with_tiling_off
 
 # Leaf or container classes of the decoder whose forward is local to a slice of rows, or whose
@@ -175,11 +178,11 @@ def install_layers(vae) -> None:
         if type(module) is nn.Conv2d:
             if any(module.padding):
                 _check_halo_conv2d(name, module)
-                swaps.append((module, shard.HaloConv2d))
+                swaps.append((module, HaloConv2d))
             elif module.kernel_size != (1, 1):
                 raise _refuse(name, module, "an unpadded convolution wider than 1x1")
         elif type(module) is nn.GroupNorm:
-            swaps.append((module, shard.GlobalGroupNorm))
+            swaps.append((module, GlobalGroupNorm))
         elif isinstance(module, Attention):
             if (
                 getattr(module, "spatial_norm", None) is not None
@@ -187,7 +190,7 @@ def install_layers(vae) -> None:
                 or getattr(module, "added_kv_proj_dim", None) is not None
             ):
                 raise _refuse(name, module, "attention with a spatial norm or cross/added keys")
-            swaps.append((module, shard.WholeImageAttention))
+            swaps.append((module, WholeImageAttention))
         elif isinstance(module, Upsample2D):
             if (
                 getattr(module, "use_conv_transpose", False)
@@ -195,10 +198,10 @@ def install_layers(vae) -> None:
                 or getattr(module, "norm", None) is not None
             ):
                 raise _refuse(name, module, "an upsampler other than nearest 2x then conv")
-        elif type(module).__name__ not in _LOCAL and not shard.is_swapped(module):
+        elif type(module).__name__ not in _LOCAL and not is_swapped(module):
             raise _refuse(name, module, "a layer vaeshard does not know")
     for module, mixin in swaps:  # only after the whole decoder was accepted
-        shard.swap(module, mixin)
+        swap(module, mixin)
 
 
 def _check_halo_conv2d(name: str, conv: nn.Conv2d) -> None:
@@ -216,7 +219,7 @@ def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
 
 def uninstall_layers(vae) -> None:
     for module in vae.decoder.modules():
-        shard.unswap(module)
+        unswap(module)
 
 
 def release(vae) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..tile import TileOps
+from ..runtime.tile import TileOps
 
 
 @dataclass(frozen=True)

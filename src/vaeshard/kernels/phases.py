@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .conv_kernel import kept_on_weight
+from .conv3d import kept_on_weight
 from .triton_support import launch, runs_on, tl, triton
 
 _PHASE_WEIGHT = "_vaeshard_phase_weight"

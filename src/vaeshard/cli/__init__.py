@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from .config import FAST_TIER_SETTINGS, MODES
+from ..config import FAST_TIER_SETTINGS, MODES
 from .io import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

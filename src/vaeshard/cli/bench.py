@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from .config import FAST_TIER_SETTINGS, MODES, VaeParallelConfig
+from ..config import FAST_TIER_SETTINGS, MODES, VaeParallelConfig
 from .io import ModelSource, named_model
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -214,7 +214,7 @@ def _warm_up(vae, z):
 
 
 def _keeps_graphs(vae) -> bool:
-    from .parallel import config_of
+    from ..api import config_of
 
     config = config_of(vae)
     return config is not None and config.keep_cuda_graphs and not config.exact and config.mode != "tile"
@@ -441,7 +441,7 @@ def environment(device: str) -> dict:
     import diffusers
     import torch
 
-    from . import __version__
+    from .. import __version__
 
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

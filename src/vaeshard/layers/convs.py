@@ -1,115 +1,22 @@
-"""Halo-aware layers and the request-scoped shard context for spatial-shard decode.
+"""Halo-aware convolution layers (mixins swapped onto diffusers' own modules, runtime/swap.py).
 
-Installed once per VAE by swapping the class of selected leaf modules for a subclass defined here.
-The subclasses keep their parameters, names and state_dict; every forward first asks the current
-`ShardContext`: outside a sharded request there is none and the exact original computation runs,
-so direct and tile requests are unaffected by the installation.
+Every forward first asks the current shard context (runtime/spatial.py): outside a sharded request
+there is none and, outside the fast tier, the exact original computation runs, so direct and tile
+requests are unaffected by the installation.
 """
 
 from __future__ import annotations
-
-import contextlib
-import contextvars
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import fast as fast_tier
-from . import upsample
-from .comm import Comm, all_reduce_sum
-from .conv_kernel import dense_channels_last
-
-HEIGHT, WIDTH = "height", "width"
-
-
-@dataclass
-class ShardContext:
-    """One spatially sharded request: ranks 0..num_ranks-1 each hold consecutive latent rows (or columns)."""
-
-    comm: Comm
-    axis: str  # HEIGHT or WIDTH
-    extents: list[int]  # latent rows (or columns) held by each rank
-
-    @property
-    def num_ranks(self) -> int:
-        return len(self.extents)
-
-    def dim(self, x: torch.Tensor | torch.Size | list) -> int:
-        """The dim of the sharded axis in a tensor (or a shape): H and W are the last two dims of 4-D
-        and 5-D maps."""
-        ndim = x.ndim if isinstance(x, torch.Tensor) else len(x)
-        return ndim - 2 if self.axis == HEIGHT else ndim - 1
-
-    def extents_at(self, local_extent: int) -> list[int]:
-        """Every rank's extent at a feature level whose local extent is `local_extent`.
-
-        Decoder levels are integer multiples of the latent grid, so each rank's extent scales alike.
-        """
-        mine = self.extents[self.comm.rank]
-        if local_extent % mine:
-            raise RuntimeError(f"feature extent {local_extent} is not a multiple of the shard's latent extent {mine}")
-        scale = local_extent // mine
-        return [e * scale for e in self.extents]
-
-    def halo_pad(self, x: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
-        """Comm.halo_pad over this request's shard ranks."""
-        return self.comm.halo_pad(x, dim, before, after, self.num_ranks)
-
-    def fill_halo(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
-        """Comm.fill_halo over this request's shard ranks."""
-        return self.comm.fill_halo(buf, dim, before, after, self.num_ranks)
-
-    def neighbour_rows(self, x: torch.Tensor, dim: int, before: int, after: int):
-        """Comm.neighbour_rows over this request's shard ranks."""
-        return self.comm.neighbour_rows(x, dim, before, after, self.num_ranks)
-
-    def zero_edges(self, buf: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
-        """Zero the first `before` rows of `buf` along `dim` on the first shard rank and the last
-        `after` on the last one: the zero padding at the global edges, for a buffer whose halo rows
-        were computed rather than received. Returns `buf`."""
-        if self.comm.rank == 0 and before:
-            buf.narrow(dim, 0, before).zero_()
-        if self.comm.rank == self.num_ranks - 1 and after:
-            buf.narrow(dim, buf.shape[dim] - after, after).zero_()
-        return buf
-
-    def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        """The whole extent of the sharded axis, assembled in global order on every shard rank."""
-        return self.comm.all_gather_along(x, dim, self.extents_at(x.shape[dim]))
-
-
-_current: contextvars.ContextVar[ShardContext | None] = contextvars.ContextVar("vaeshard_shard", default=None)
-
-
-def current() -> ShardContext | None:
-    return _current.get()
-
-
-@contextlib.contextmanager
-def sharding(ctx: ShardContext):
-    """Make `ctx` the shard context of this request; always reset, also when the decode raises."""
-    token = _current.set(ctx)
-    try:
-        yield ctx
-    finally:
-        _current.reset(token)
-
-
-# --- halo-aware layers ------------------------------------------------------------------------------
-
-
-def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
-    """A causal convolution's input buffer's shape for `new` frames behind `tpad` ones, with the halo
-    rows `rows` ((sharded dim or None, before, after)) and `columns` zero columns a side."""
-    dim, before, after = rows
-    shape = list(new)
-    shape[2] += tpad
-    if dim is not None:
-        shape[dim] += before + after
-    shape[-1] += 2 * columns
-    return tuple(shape)
+from ..kernels import phases as upsample
+from ..kernels.conv3d import dense_channels_last
+from ..runtime.spatial import HEIGHT, WIDTH, current
+from . import tier as fast_tier
+from .buffers import _buffer_shape, copy_frames
+from .norms import bias_moved
 
 
 class HaloCausalConv3d:
@@ -253,7 +160,7 @@ class HaloCausalConv3d:
                 ctx.fill_halo(buf[:, :, ready:], ctx.dim(buf), before, after)
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
-        bias = None if fast_tier.bias_moved(self) or not with_bias else self.bias
+        bias = None if bias_moved(self) or not with_bias else self.bias
         return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride,
                                         self._buffer_padding(ctx, buf, width), self.dilation, self.groups,
                                         add_to=add_to, norm=norm, out=out, front=front)
@@ -263,7 +170,7 @@ class HaloCausalConv3d:
         epilogue when `out` is the new frames of another causal convolution's input buffer (a single
         sample's: with more, their frames do not follow each other there), else the norm kernel
         runs after the convolution (fast.conv_with_bias)."""
-        bias = None if fast_tier.bias_moved(self) else self.bias
+        bias = None if bias_moved(self) else self.bias
         return buf.shape[0] == 1 and fast_tier.norm_in_epilogue(
             F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(current(), buf, width), self.dilation,
             self.groups, front=front)
@@ -483,215 +390,3 @@ class HaloZeroPad2d:
             return F.pad(x, (left, right, 0, 0))
         x = ctx.halo_pad(x, ctx.dim(x), left, right)
         return F.pad(x, (0, 0, top, bottom))
-
-
-class WholeFrameAttention:
-    """Mixin for the Wan-style single-head spatial attention block (norm, to_qkv, sdpa, proj).
-
-    Queries stay local; keys and values are gathered from every shard in global order, so each local
-    query attends over the whole frame exactly as unsharded. In the fast tier, sharded or not, the
-    attention itself is `fast.attention` (vaeshard's own on CUDA).
-    """
-
-    def forward(self, x):
-        ctx = current()
-        if ctx is None and not fast_tier.enabled():
-            return super().forward(x)
-        identity = x
-        b, c, t, h, w = x.shape
-        x_nchw = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        qkv = self.to_qkv(self.norm(x_nchw))  # (b*t, 3c, h, w), per pixel: local
-        q, k, v = qkv.chunk(3, dim=1)
-        if ctx is not None:
-            k, v = ctx.gather(k, ctx.dim(k)), ctx.gather(v, ctx.dim(v))  # whole frame, global order
-
-        def tokens(m):  # (b*t, c, h, w) -> (b*t, 1, h*w, c), the contiguous layout diffusers feeds sdpa
-            return m.reshape(b * t, 1, c, -1).permute(0, 1, 3, 2).contiguous()
-
-        out = fast_tier.attention(tokens(q), tokens(k), tokens(v))
-        out = out.squeeze(1).permute(0, 2, 1).reshape(b * t, c, h, w)
-        out = self.proj(out)
-        return out.view(b, t, c, h, w).permute(0, 2, 1, 3, 4) + identity
-
-
-_SUBCLASS_CACHE: dict[tuple[type, type], type] = {}
-
-
-# Frames copied one at a time at most this many (more: one strided copy).
-COPY_FRAMES_MAX = 32
-
-
-def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
-    """`dst.copy_(src)`; one frame (index of `dim`) at a time where `dst` is not one dense block but
-    each of its frames is, laid out as `src`'s: a buffer's frames between its halo rows (sharded by
-    height, channels-last), each a plain memory copy where one copy of the whole would be a strided
-    copy kernel (Wan 2.1 720p on 2 H200s: 0.798 against 0.809 s, BENCHMARKS.md). The same values
-    either way."""
-    frames = dst.shape[dim]
-    if 1 < frames <= COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
-        d, s = dst.select(dim, 0), src.select(dim, 0)
-        if same_layout(d, s) and _dense(d):
-            for i in range(frames):
-                dst.select(dim, i).copy_(src.select(dim, i))
-            return
-    dst.copy_(src)
-
-
-def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, and the same strides wherever an axis has more than one element (a part of a
-    tensor's frames has its strides, though it spans fewer frames)."""
-    return a.shape == b.shape and all(sa == sb for sa, sb, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
-
-
-def _dense(t: torch.Tensor) -> bool:
-    """Whether `t`'s elements fill one block of memory without gaps (in some order of its dims)."""
-    expected = 1
-    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz > 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def _halo_subclass(mixin: type, base: type) -> type:
-    key = (mixin, base)
-    if key not in _SUBCLASS_CACHE:
-        _SUBCLASS_CACHE[key] = type(base.__name__, (mixin, base), {"__module__": base.__module__, "_vaeshard_base": base})
-    return _SUBCLASS_CACHE[key]
-
-
-def swap(module: nn.Module, mixin: type) -> None:
-    """Give `module` the halo-aware behaviour of `mixin`; parameters and names are untouched."""
-    base = type(module)
-    if getattr(base, "_vaeshard_base", None) is not None:
-        return
-    module.__class__ = _halo_subclass(mixin, base)
-
-
-def unswap(module: nn.Module) -> None:
-    base = getattr(type(module), "_vaeshard_base", None)
-    if base is not None:
-        module.__class__ = base
-
-
-def is_swapped(module: nn.Module) -> bool:
-    return getattr(type(module), "_vaeshard_base", None) is not None
-
-
-def replaced_forwards(vae: nn.Module) -> list[str]:
-    """The names of the modules inside `vae` whose `forward` a hook has replaced on the instance
-    (diffusers' layerwise casting and group offloading, accelerate's offloading hooks, a wrapper of
-    one's own). Such a hook calls the forward it found when it was added, so a layer's halo
-    behaviour, swapped in by class, may never run, and the fast tier's blocks, which call their
-    layers' computations directly, would skip the hook (its casting, its weight loading). The VAE
-    itself is not counted: vaeshard's decode and encode do not go through its forward."""
-    return [name for name, m in vae.named_modules() if m is not vae and "forward" in m.__dict__]
-
-
-def split_extents(extent: int, num_ranks: int) -> list[int]:
-    """Consecutive near-equal slices: 90 over 4 -> [23, 23, 22, 22]."""
-    base, extra = divmod(extent, num_ranks)
-    return [base + (1 if r < extra else 0) for r in range(num_ranks)]
-
-
-# --- whole-map statistics and whole-image attention (2-D image VAEs such as AutoencoderKL) ---------
-
-
-def global_group_norm(ctx: ShardContext, x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.Tensor:
-    """GroupNorm of this rank's slice `x` (B, C, ...) with the statistics of the whole, unsharded map.
-
-    Corrected two-pass over the shard ranks: a first all-reduce of per-(sample, group) sums and the
-    element count gives a global mean estimate `shift`; a second one of the sums of d = x - shift and
-    of d^2 gives the residual mean and the variance. The deviations are small next to the spread, so
-    nothing cancels even where the mean is far larger than the spread (the naive E[x^2] - E[x]^2 loses
-    every digit there). Statistics are combined in float64; the map is normalized in float32 (or in
-    the input dtype if wider) and returned in the input dtype, as torch's group_norm does.
-    """
-    b, c = x.shape[0], x.shape[1]
-    groups = num_groups
-    compute = torch.promote_types(x.dtype, torch.float32)
-    x_bgn = x.reshape(b, groups, -1)
-    first = torch.empty(b * groups + 1, dtype=torch.float64, device=x.device)
-    first[:-1] = x_bgn.sum(dim=-1, dtype=compute).flatten()
-    first[-1] = x_bgn.shape[-1]
-    all_reduce_sum(ctx.comm, first)
-    count = first[-1]
-    shift_bg1 = (first[:-1] / count).to(compute).view(b, groups, 1)
-
-    d_bgn = x_bgn.to(compute) - shift_bg1  # a new tensor: it becomes the output
-    second = torch.cat(
-        [d_bgn.sum(dim=-1).flatten(), torch.linalg.vector_norm(d_bgn, dim=-1).flatten()]
-    ).to(torch.float64)
-    second[b * groups :] = second[b * groups :].square()
-    all_reduce_sum(ctx.comm, second)
-    mean_d = second[: b * groups] / count
-    var = (second[b * groups :] / count - mean_d.square()).clamp_min(0)
-    rstd_bg1 = (var + eps).rsqrt().view(b, groups, 1)
-
-    # y = (d - mean_d) * rstd * weight + bias = d * scale + offset, per (sample, channel)
-    per_group = c // groups
-    scale_bgc = rstd_bg1.expand(b, groups, per_group)
-    if weight is not None:
-        scale_bgc = scale_bgc * weight.to(torch.float64).view(1, groups, per_group)
-    offset_bgc = -mean_d.view(b, groups, 1) * scale_bgc
-    if bias is not None:
-        offset_bgc = offset_bgc + bias.to(torch.float64).view(1, groups, per_group)
-    y = d_bgn.view(b, groups, per_group, -1)
-    y.mul_(scale_bgc.to(compute).unsqueeze(-1)).add_(offset_bgc.to(compute).unsqueeze(-1))
-    return y.view(x.shape).to(x.dtype)
-
-
-class GlobalGroupNorm:
-    """Mixin for nn.GroupNorm: sharded, the statistics are those of the whole map (two small all-reduces).
-
-    A GroupNorm couples every pixel of a group, so per-slice statistics would differ from the
-    unsharded decode; the normalization itself stays local.
-    """
-
-    def forward(self, x):
-        ctx = current()
-        if ctx is None:
-            return super().forward(x)
-        return global_group_norm(ctx, x, self.num_groups, self.weight, self.bias, self.eps)
-
-
-# Processors known to compute keys and values from `encoder_hidden_states` when it is given and
-# to apply the module's `group_norm` to the query side only.
-_WHOLE_IMAGE_PROCESSORS = ("AttnProcessor2_0", "AttnProcessor")
-
-
-class WholeImageAttention:
-    """Mixin for diffusers' `Attention` used as self-attention over a 4-D map (the VAE mid-block).
-
-    Sharded: the normed slice (GroupNorm with whole-map statistics) is gathered from every rank in
-    global order and handed to diffusers' own processor as `encoder_hidden_states`, so keys and values
-    cover the whole image while queries, the output projection and the residual stay local. The
-    processor normalizes the query side again itself; that second GroupNorm is the price of running
-    diffusers' processor unchanged.
-    """
-
-    def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
-        ctx = current()
-        if ctx is None:
-            return super().forward(hidden_states, encoder_hidden_states, attention_mask, **kwargs)
-        processor = type(self.processor).__name__
-        if (
-            hidden_states.ndim != 4
-            or encoder_hidden_states is not None
-            or attention_mask is not None
-            or getattr(self, "spatial_norm", None) is not None
-            or getattr(self, "norm_cross", None)
-            or processor not in _WHOLE_IMAGE_PROCESSORS
-        ):
-            raise ValueError(
-                f"vaeshard shards only plain spatial self-attention (4-D input, no mask, no spatial norm, "
-                f"processor one of {', '.join(_WHOLE_IMAGE_PROCESSORS)}); this one has processor {processor}. "
-                "Call vae.set_default_attn_processor() or use mode='tile'"
-            )
-        b, c, h, w = hidden_states.shape
-        tokens_bcn = hidden_states.reshape(b, c, h * w)
-        if self.group_norm is not None:
-            tokens_bcn = self.group_norm(tokens_bcn)
-        whole_bchw = ctx.gather(tokens_bcn.reshape(b, c, h, w), ctx.dim(hidden_states))
-        context_bnc = whole_bchw.flatten(2).transpose(1, 2)
-        return super().forward(hidden_states, encoder_hidden_states=context_bnc, **kwargs)

@@ -16,13 +16,18 @@ from dataclasses import dataclass
 
 import torch
 
-from . import comm as comm_mod
-from . import conv_kernel, fast, graphs, shard, upsample
+from .kernels import conv3d as conv_kernel
+from .kernels import phases as upsample
+from .layers import tier as fast
+from .runtime import comm as comm_mod
+from .runtime import graphs
+from .runtime import spatial as shard
+from .runtime.swap import replaced_forwards
 from .config import FAST_TIER_SETTINGS, MODES, OUTPUTS, SPATIAL_MODES, VaeParallelConfig, agreement_timeout
 from .families import family_for
 from .families.base import Family
 from .policy import hooks_reason, plan_for
-from .tile import run_tiled
+from .runtime.tile import run_tiled
 
 log = logging.getLogger("vaeshard")
 
@@ -302,7 +307,7 @@ def _run(vae, op: str, x):
     else:
         code, error = _validate(family, vae, op, x)
     verify_count = len(list(vae.parameters())) if state.verify_pending else 0
-    hooked = shard.replaced_forwards(vae)
+    hooked = replaced_forwards(vae)
 
     # The agreement, through the group's store: every rank learns every rank's request, so a request
     # that is invalid or different anywhere fails everywhere, before any decode work, and a rank that

@@ -1,0 +1,431 @@
+"""Wan 2.1 / 2.2 (diffusers AutoencoderKLWan), and the causal-video-VAE machinery it shares with
+Qwen-Image, whose VAE is the Wan 2.1 architecture under other class names.
+
+Declared: which leaf classes get which halo treatment (causal 3x3x3 convs, the upsamplers' 3x3
+Conv2d, the single-head mid-block attention). Code, because it cannot be data: diffusers' per-tile
+loop (the decoder is run frame by frame with its causal feature cache threaded through), and the
+tile grid arithmetic, both kept line for line with diffusers' `tiled_decode`/`tiled_encode` so the
+tile strategy stays bit-identical to them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ...layers import tier as fast
+from ...layers.attention import WholeFrameAttention
+from ...layers.convs import HaloCausalConv3d, HaloConv2d, HaloZeroPad2d
+from ...layers.norms import FusedRMSNormSiLU, NearestUpsample, PassThroughSiLU, forget_moved_bias, move_bias_into_norm
+from ...runtime import graphs
+from ...runtime import spatial as shard
+from ...runtime.swap import is_swapped, swap, unswap
+from ...runtime.tile import TileGrid, TileOps
+from ..base import Family, frames_out, with_tiling_off
+from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample, _frame_pixels
+
+
+class WanLike:
+    """Tile and shard behaviour of a Wan-architecture VAE; subclass attributes name the differences."""
+
+    causal_conv_cls: type
+    attention_cls: type
+    residual_block_cls: type
+    resample_cls: type
+    upsample_cls: type
+    up_block_cls: type | None = None  # an up block with a duplicating shortcut (Wan 2.2's), if the family has one
+    decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
+    clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
+
+    # -- shapes ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def patch(vae) -> int:
+        return getattr(vae.config, "patch_size", None) or 1
+
+    @staticmethod
+    def num_spatial_stages(vae) -> int:
+        return len(vae.config.dim_mult) - 1
+
+    def temporal_factor(self, vae) -> int:
+        ups = list(vae.temperal_upsample)[: self.num_spatial_stages(vae)]
+        return 2 ** sum(bool(u) for u in ups)
+
+    def latent_channels(self, vae) -> int:
+        return vae.config.z_dim
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _exceeds_one_tile(vae, z) -> bool:
+        """diffusers' test in `_decode`: the latent is larger than one tile, so a tiled decode tiles."""
+        _, _, _, height, width = z.shape
+        ratio = vae.spatial_compression_ratio
+        return width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
+
+    def decode_tile_ops(self, vae, z):
+        _, _, _, height, width = z.shape
+        ratio, patch = vae.spatial_compression_ratio, self.patch(vae)
+        tile_h = vae.tile_sample_min_height // ratio
+        tile_w = vae.tile_sample_min_width // ratio
+        if not self._exceeds_one_tile(vae, z):
+            return None  # one tile: diffusers decodes it directly
+        keep_h = vae.tile_sample_stride_height // patch
+        keep_w = vae.tile_sample_stride_width // patch
+        grid = TileGrid.regular(
+            height,
+            width,
+            tile_h,
+            tile_w,
+            vae.tile_sample_stride_height // ratio,
+            vae.tile_sample_stride_width // ratio,
+            blend_rows=vae.tile_sample_min_height // patch - keep_h,
+            blend_cols=vae.tile_sample_min_width // patch - keep_w,
+            keep_rows=keep_h,
+            keep_cols=keep_w,
+            out_rows=height * ratio // patch,
+            out_cols=width * ratio // patch,
+        )
+        up = 2 ** self.num_spatial_stages(vae)
+        channels = vae.decoder.conv_out.out_channels
+        tf = self.temporal_factor(vae)
+        return TileOps(
+            grid=grid,
+            source=z,
+            run=lambda tile: self._decode_tile(vae, tile),
+            blend_v=vae.blend_v,
+            blend_h=vae.blend_h,
+            finish=lambda merged: self._finish_tiled_decode(vae, merged),
+            out_shape=lambda s: (s[0], channels, frames_out(s[2], tf), s[3] * up, s[4] * up),
+            out_dtype=z.dtype,
+        )
+
+    def _decode_tile(self, vae, tile):
+        vae.clear_cache()
+        frames = []
+        for k in range(tile.shape[2]):
+            vae._conv_idx = [0]
+            x = vae.post_quant_conv(tile[:, :, k : k + 1])
+            if self.decoder_takes_first_chunk:
+                frames.append(vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=(k == 0)))
+            else:
+                frames.append(vae.decoder(x, feat_cache=vae._feat_map, feat_idx=vae._conv_idx))
+        vae.clear_cache()
+        return torch.cat(frames, dim=2)
+
+    def _finish_tiled_decode(self, vae, merged):
+        merged = self._unpatchify(vae, merged)
+        return torch.clamp(merged, min=-1.0, max=1.0) if self.clamp_tiled_decode else merged
+
+    def _unpatchify(self, vae, x):
+        """diffusers' unpatchify where the VAE patchifies (Wan 2.2), else `x` itself."""
+        if self.patch(vae) == 1:
+            return x
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        return unpatchify(x, patch_size=self.patch(vae))
+
+    def untiled_decode(self, vae, z):
+        if fast.enabled():
+            return with_tiling_off(vae, self._decode_in_steps, vae, z)
+        # contiguous: a sharded request computes channels-last; callers get diffusers' layout back
+        return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+    def direct_decode(self, vae, z):
+        """One rank's whole decode: the fast tier's stepping loop where it gives what the VAE's own
+        `decode` would (no tiling of this latent, no accelerate hook around `decode`), otherwise the
+        VAE's own `decode`. (A sliced batch arrives here one sample at a time: vaeshard splits it.)"""
+        tiles = vae.use_tiling and self._exceeds_one_tile(vae, z)
+        if fast.enabled() and not (tiles or hasattr(vae, "_hf_hook")):
+            return self.untiled_decode(vae, z)
+        return type(vae).decode(vae, z, return_dict=False)[0]
+
+    def _decode_in_steps(self, vae, z):
+        """diffusers' untiled `_decode` with two changes, fast tier: after the first latent frame
+        (always decoded alone, as `first_chunk`), the decoder takes `fast.frames_per_step` frames per
+        call instead of one, and each call's output is clamped straight into one preallocated output instead of
+        growing a `torch.cat` (which copies everything decoded so far at every frame).
+
+        Code, not a hook, because diffusers' loop slices one frame per call and concatenates as it
+        goes. Every split of the frames gives the same values: each causal convolution sees the
+        same input frames, its cached ones in front (diffusers' feature-cache bookkeeping keeps the
+        last two input frames whatever the call's length). With one frame per call the decoder calls are
+        diffusers' own, and so are the bits. On CUDA the steady calls may be replayed as one CUDA
+        graph (graphs.py, `cuda_graphs`): the same kernels, the same bits.
+        """
+        _, _, num_frames, _, _ = z.shape
+        total = frames_out(num_frames, self.temporal_factor(vae))
+        # the largest rank's latent frame, decoded: its output pixels decide frames_per_step="auto"
+        # and cuda_graphs="auto", the same on every rank
+        pixels = _frame_pixels(z) * vae.spatial_compression_ratio**2
+        per_step = fast.frames_per_step(pixels, z.device)
+        num_calls = 1 + -(-(num_frames - 1) // per_step)
+
+        def step(chunk, first: bool):
+            vae._conv_idx = [0]
+            if first and self.decoder_takes_first_chunk:
+                return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
+            return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
+
+        # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
+        keep = _keep_graphs(vae, z, per_step) if fast.keep_cuda_graphs() else None
+        with graphs.DecoderSteps(z.device, graphs.wanted(fast.cuda_graphs(), pixels), num_calls, keep) as steps:
+            vae.clear_cache()
+            try:
+                x = vae.post_quant_conv(z)
+                out, filled, start = None, 0, 0
+                while start < num_frames:
+                    stop = 1 if start == 0 else min(start + per_step, num_frames)
+                    y = steps.call(lambda c, first=(start == 0): step(c, first), x[:, :, start:stop],
+                                   vae._feat_map, steady=start > 0 and stop - start == per_step)
+                    if out is None:  # contiguous, as diffusers'
+                        out = steps.hand_over(y.new_empty((*y.shape[:2], total, *y.shape[3:])))
+                    if filled + y.shape[2] > total:
+                        raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
+                    torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
+                    filled += y.shape[2]
+                    start = stop
+                    del y
+                del x
+            finally:
+                vae.clear_cache()
+        if filled != total:
+            raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
+        return self._unpatchify(vae, out)  # a permutation: clamping before it gives diffusers' values
+
+    def untiled_encode(self, vae, x):
+        """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
+        return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
+
+    # -- encode ---------------------------------------------------------------------------------
+
+    def encode_prepare(self, vae, x):
+        if self.patch(vae) > 1:
+            from diffusers.models.autoencoders.autoencoder_kl_wan import patchify
+
+            return patchify(x, patch_size=self.patch(vae))
+        return x
+
+    def encode_tile_ops(self, vae, x):
+        """`x` in sample coordinates (before patchify), as diffusers' `_encode` tests the tile size on."""
+        _, _, _, height, width = x.shape
+        if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+            return None
+        xp = self.encode_prepare(vae, x)
+        _, _, _, rows, cols = xp.shape
+        ratio = vae.spatial_compression_ratio // self.patch(vae)
+        tile_lh, tile_lw = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+        keep_h, keep_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        grid = TileGrid.regular(
+            rows,
+            cols,
+            vae.tile_sample_min_height,
+            vae.tile_sample_min_width,
+            vae.tile_sample_stride_height,
+            vae.tile_sample_stride_width,
+            blend_rows=tile_lh - keep_h,
+            blend_cols=tile_lw - keep_w,
+            keep_rows=keep_h,
+            keep_cols=keep_w,
+            out_rows=rows // ratio,
+            out_cols=cols // ratio,
+        )
+        stages = self.num_spatial_stages(vae)
+        channels = vae.quant_conv.out_channels
+        return TileOps(
+            grid=grid,
+            source=xp,
+            run=lambda tile: self._encode_tile(vae, tile),
+            blend_v=vae.blend_v,
+            blend_h=vae.blend_h,
+            finish=lambda merged: merged,
+            out_shape=lambda s: (s[0], channels, 1 + (s[2] - 1) // 4, s[3] >> stages, s[4] >> stages),
+            out_dtype=x.dtype,
+        )
+
+    def _encode_tile(self, vae, tile):
+        vae.clear_cache()
+        chunks = []
+        for k in range(1 + (tile.shape[2] - 1) // 4):
+            vae._enc_conv_idx = [0]
+            part = tile[:, :, :1] if k == 0 else tile[:, :, 1 + 4 * (k - 1) : 1 + 4 * k]
+            part = vae.encoder(part, feat_cache=vae._enc_feat_map, feat_idx=vae._enc_conv_idx)
+            chunks.append(vae.quant_conv(part))
+        vae.clear_cache()
+        return torch.cat(chunks, dim=2)
+
+    # -- spatial shard --------------------------------------------------------------------------
+
+    def install_layers(self, vae) -> None:
+        """Request-aware layers, by leaf class, in the decoder and the encoder.
+
+        Halo treatment (spatial shard): causal conv -> halo rows replace its spatial zero padding
+        (none for the temporal-only ones, which the fast tier still gives one input buffer); 2-D
+        conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv without padding (the
+        downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes the halo; single-head
+        attention -> whole-frame keys and values. Everything else is per voxel, or a local pixel
+        (un)shuffle, and stays as diffusers wrote it.
+        Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
+        blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
+        block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block's norms
+        write straight into the convolutions' input buffers (`FastResidualBlock`; norm2 computed by
+        conv1's Triton kernel where it runs conv1), and so does the head's norm, into conv_out's
+        (`FastCoderHead`, on the decoder and the encoder themselves); the nearest
+        upsamplers skip their fp32 round trip, and an upsampling resample writes each upsampled
+        frame straight into its 3x3 convolution's input buffer or, where the Triton kernel takes
+        that convolution, has it read the source frames, never upsampled in memory (`FastUpsample`).
+        """
+        for part in (vae.decoder, vae.encoder):
+            for module in part.modules():
+                if isinstance(module, self.causal_conv_cls):
+                    swap(module, HaloCausalConv3d)
+                elif type(module) is nn.Conv2d and any(module.padding):
+                    _check_halo_conv2d(module)
+                    swap(module, HaloConv2d)
+                elif type(module) is nn.ZeroPad2d:
+                    swap(module, HaloZeroPad2d)
+                elif isinstance(module, self.attention_cls):
+                    swap(module, WholeFrameAttention)
+                elif isinstance(module, self.upsample_cls):
+                    swap(module, NearestUpsample)
+            for block in [part, *(m for m in part.modules() if isinstance(m, self.residual_block_cls))]:
+                norms = [block.norm_out] if block is part else [block.norm1, block.norm2]
+                for norm in norms:
+                    swap(norm, FusedRMSNormSiLU)
+                swap(block.nonlinearity, PassThroughSiLU)
+                if block is not part and is_swapped(block.conv1):
+                    move_bias_into_norm(block.conv1, block.norm2)
+                if block is not part and all(hasattr(c, "input_buffer") for c in (block.conv1, block.conv2)):
+                    swap(block, FastResidualBlock)
+            if hasattr(part.conv_out, "input_buffer"):  # the head: its norm into conv_out's buffer
+                swap(part, FastCoderHead)
+            for module in part.modules():
+                if isinstance(module, self.resample_cls) and _upsamples_into_conv(module, self.upsample_cls):
+                    swap(module, FastUpsample)
+                elif self.up_block_cls is not None and isinstance(module, self.up_block_cls):
+                    swap(module, FastResidualUpBlock)
+
+    def uninstall_layers(self, vae) -> None:
+        for module in vae.modules():
+            unswap(module)
+            forget_moved_bias(module)
+
+    def release(self, vae) -> None:
+        vae.clear_cache()
+
+    def family(self, name: str, classes: tuple[str, ...], tile_encode: bool = True) -> Family:
+        return Family(
+            name=name,
+            classes=classes,
+            latent_ndim=5,
+            tile_decode=True,
+            tile_encode=tile_encode,
+            spatial_decode=True,
+            spatial_encode=True,
+            latent_channels=self.latent_channels,
+            decode_tile_ops=self.decode_tile_ops,
+            encode_tile_ops=self.encode_tile_ops,
+            encode_prepare=self.encode_prepare,
+            untiled_decode=self.untiled_decode,
+            direct_decode=self.direct_decode,
+            untiled_encode=self.untiled_encode,
+            install_layers=self.install_layers,
+            uninstall_layers=self.uninstall_layers,
+            release=self.release,
+            decode_axis=self.decode_axis,
+        )
+
+    @staticmethod
+    def decode_axis(vae, ranks: int, device: torch.device) -> str | None:
+        """`auto`'s measured refinement (Family.decode_axis): a CUDA decode over 2 ranks of a VAE with
+        Wan 2.1's layers (96 channels at full resolution: Wan 2.1, and Qwen-Image, its architecture)
+        by height. Measured in the same processes on 2 H200s (BENCHMARKS.md, "Which axis"): Wan 2.1
+        720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; its channels-last
+        halo rows are contiguous, and the Triton kernel's row tiles add the residual and compute the
+        norm as they store. Wan 2.2 (256 channels there, on cuDNN) measured within 1% either way
+        (2.030 against 2.015 s); other rank counts and CPU decodes were not measured: the baseline."""
+        base = getattr(vae.config, "decoder_base_dim", None) or getattr(vae.config, "base_dim", None)
+        return "height" if device.type == "cuda" and ranks == 2 and base == 96 else None
+
+
+def _keep_graphs(vae, z: torch.Tensor, per_step: int) -> tuple:
+    """(owner, signature, anchors) for graphs.DecoderSteps' `keep`: a kept graph serves a later
+    request only with the same signature: the decoder calls' input shapes, dtype and device, the
+    frames per call, the tier's settings, the shard (axis, extents, this rank, the process group)
+    and where the decoder's weights lie and their versions. The group is held in `anchors`, so its
+    identity stays its own while the graphs are kept."""
+    ctx = shard.current()
+    group = None if ctx is None else ctx.comm.group
+    where = None if ctx is None else (ctx.axis, tuple(ctx.extents), ctx.comm.rank, ctx.comm.world, id(group))
+    signature = ((*z.shape[:2], *z.shape[3:]), z.dtype, z.device, per_step, torch.is_grad_enabled(), where,
+                 fast.settings_signature(), graphs.tensors_signature(vae.decoder))
+    return vae, signature, (group,)
+
+
+def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
+    """A Wan upsampling resample whose layers FastUpsample knows: nearest 2x, then a halo 3x3 conv."""
+    if resample.mode not in ("upsample2d", "upsample3d"):
+        return False
+    layers = list(resample.resample)
+    if len(layers) != 2 or not isinstance(layers[0], upsample_cls):
+        return False
+    scale = layers[0].scale_factor
+    return (
+        layers[0].mode in ("nearest", "nearest-exact")
+        and layers[0].size is None
+        and tuple(scale if isinstance(scale, (tuple, list)) else (scale, scale)) == (2.0, 2.0)
+        and hasattr(layers[1], "input_buffer")
+        and (resample.mode == "upsample2d" or hasattr(resample.time_conv, "input_buffer"))
+    )
+
+
+def _check_halo_conv2d(conv: nn.Conv2d) -> None:
+    if conv.stride != (1, 1) or conv.padding_mode != "zeros" or conv.dilation != (1, 1):
+        raise ValueError(
+            f"vaeshard cannot shard {conv!r}: the halo exchange supports stride-1, zero-padded, "
+            "undilated 2-D convolutions in the decoder; use mode='tile'"
+        )
+
+
+class _Wan(WanLike):
+    decoder_takes_first_chunk = True
+    clamp_tiled_decode = True
+
+    @property
+    def causal_conv_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+        return WanCausalConv3d
+
+    @property
+    def attention_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
+
+        return WanAttentionBlock
+
+    @property
+    def residual_block_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
+
+        return WanResidualBlock
+
+    @property
+    def resample_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
+
+        return WanResample
+
+    @property
+    def upsample_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
+
+        return WanUpsample
+
+    @property
+    def up_block_cls(self):
+        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
+
+        return WanResidualUpBlock
+
+
+FAMILY = _Wan().family("wan", ("AutoencoderKLWan",))

@@ -1,0 +1,137 @@
+"""Norm layers of the fast tier and of sharded requests.
+
+Fast tier: Wan's RMS norm fused with the SiLU after it (and the bias of the convolution before it);
+the SiLU module then passes its input on; Wan's nearest upsampler runs in the input dtype. Sharded:
+GroupNorm with the statistics of the whole, unsharded map (image VAEs such as AutoencoderKL).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.norm import rms_norm
+from ..runtime.comm import all_reduce_sum
+from ..runtime.spatial import ShardContext, current
+from .tier import _fast
+
+
+class FusedRMSNormSiLU:
+    """Mixin for a Wan RMS norm that is always followed by SiLU (residual blocks, output head).
+
+    Fast tier: norm and SiLU in one pass; the SiLU module after it (`PassThroughSiLU`) then passes
+    its input on. Exact tier: diffusers' norm, and the SiLU module applies SiLU as usual.
+    """
+
+    def forward(self, x):
+        if not _fast.get():
+            return super().forward(x)
+        conv = self.__dict__.get(_BIAS_FROM)
+        pre_bias = conv.bias if conv is not None else None
+        return rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias)
+
+
+_BIAS_TO_NEXT = "_vaeshard_bias_to_next"  # on the convolution: leave the bias out in the fast tier
+
+
+_BIAS_FROM = "_vaeshard_bias_from"  # on the norm: the convolution whose bias it adds first
+
+
+def move_bias_into_norm(conv, norm) -> None:
+    """In the fast tier, `conv` (whose output only `norm` reads) leaves out its bias and `norm` adds it.
+
+    Stored outside nn.Module's registries (no new parameters, submodules or state_dict entries).
+    """
+    if getattr(conv, "bias", None) is None:
+        return
+    conv.__dict__[_BIAS_TO_NEXT] = True
+    norm.__dict__[_BIAS_FROM] = conv
+
+
+def bias_moved(conv) -> bool:
+    """Whether `conv` leaves its bias to the norm after it (in the fast tier)."""
+    return conv.__dict__.get(_BIAS_TO_NEXT, False)
+
+
+def forget_moved_bias(module) -> None:
+    module.__dict__.pop(_BIAS_TO_NEXT, None)
+    module.__dict__.pop(_BIAS_FROM, None)
+
+
+class PassThroughSiLU:
+    """Mixin for the SiLU that follows a `FusedRMSNormSiLU`: identity in the fast tier."""
+
+    def forward(self, x):
+        if not _fast.get():
+            return super().forward(x)
+        return x
+
+
+class NearestUpsample:
+    """Mixin for Wan's nearest-exact 2x upsample: in the input dtype and memory format in the fast tier.
+
+    Nearest upsampling only copies values, so skipping diffusers' fp32 round trip is exact.
+    """
+
+    def forward(self, x):
+        if not _fast.get():
+            return super().forward(x)
+        return F.interpolate(x, scale_factor=self.scale_factor, mode=self.mode)
+
+
+def global_group_norm(ctx: ShardContext, x: torch.Tensor, num_groups: int, weight, bias, eps: float) -> torch.Tensor:
+    """GroupNorm of this rank's slice `x` (B, C, ...) with the statistics of the whole, unsharded map.
+
+    Corrected two-pass over the shard ranks: a first all-reduce of per-(sample, group) sums and the
+    element count gives a global mean estimate `shift`; a second one of the sums of d = x - shift and
+    of d^2 gives the residual mean and the variance. The deviations are small next to the spread, so
+    nothing cancels even where the mean is far larger than the spread (the naive E[x^2] - E[x]^2 loses
+    every digit there). Statistics are combined in float64; the map is normalized in float32 (or in
+    the input dtype if wider) and returned in the input dtype, as torch's group_norm does.
+    """
+    b, c = x.shape[0], x.shape[1]
+    groups = num_groups
+    compute = torch.promote_types(x.dtype, torch.float32)
+    x_bgn = x.reshape(b, groups, -1)
+    first = torch.empty(b * groups + 1, dtype=torch.float64, device=x.device)
+    first[:-1] = x_bgn.sum(dim=-1, dtype=compute).flatten()
+    first[-1] = x_bgn.shape[-1]
+    all_reduce_sum(ctx.comm, first)
+    count = first[-1]
+    shift_bg1 = (first[:-1] / count).to(compute).view(b, groups, 1)
+
+    d_bgn = x_bgn.to(compute) - shift_bg1  # a new tensor: it becomes the output
+    second = torch.cat(
+        [d_bgn.sum(dim=-1).flatten(), torch.linalg.vector_norm(d_bgn, dim=-1).flatten()]
+    ).to(torch.float64)
+    second[b * groups :] = second[b * groups :].square()
+    all_reduce_sum(ctx.comm, second)
+    mean_d = second[: b * groups] / count
+    var = (second[b * groups :] / count - mean_d.square()).clamp_min(0)
+    rstd_bg1 = (var + eps).rsqrt().view(b, groups, 1)
+
+    # y = (d - mean_d) * rstd * weight + bias = d * scale + offset, per (sample, channel)
+    per_group = c // groups
+    scale_bgc = rstd_bg1.expand(b, groups, per_group)
+    if weight is not None:
+        scale_bgc = scale_bgc * weight.to(torch.float64).view(1, groups, per_group)
+    offset_bgc = -mean_d.view(b, groups, 1) * scale_bgc
+    if bias is not None:
+        offset_bgc = offset_bgc + bias.to(torch.float64).view(1, groups, per_group)
+    y = d_bgn.view(b, groups, per_group, -1)
+    y.mul_(scale_bgc.to(compute).unsqueeze(-1)).add_(offset_bgc.to(compute).unsqueeze(-1))
+    return y.view(x.shape).to(x.dtype)
+
+
+class GlobalGroupNorm:
+    """Mixin for nn.GroupNorm: sharded, the statistics are those of the whole map (two small all-reduces).
+
+    A GroupNorm couples every pixel of a group, so per-slice statistics would differ from the
+    unsharded decode; the normalization itself stays local.
+    """
+
+    def forward(self, x):
+        ctx = current()
+        if ctx is None:
+            return super().forward(x)
+        return global_group_norm(ctx, x, self.num_groups, self.weight, self.bias, self.eps)

@@ -1,0 +1,4 @@
+"""The machinery of a request, with no model knowledge: communication (comm.py, the only module that
+calls torch.distributed), the request agreement (requests.py), the tile executor (tile.py), the
+spatial executor and its shard context (spatial.py), layer swapping (swap.py) and CUDA graphs
+(graphs.py)."""
