@@ -1,3 +1,0 @@
-#!/usr/bin/env bash
-# (the command as run, on the machine of wan22-upblock/'s call, right after it)
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1; (nvidia-smi --query-gpu=name,driver_version --format=csv; python3 -c "import torch, triton, diffusers;print(torch.__version__, torch.backends.cudnn.version(), 'triton', triton.__version__, 'diffusers', diffusers.__version__)"; date -u) > $OUT/env.txt 2>&1; timeout 150 python3 benchmarks/profile_decode.py --preset wan22-720p --frames 31 --vaeshard --memory --top 16 > $OUT/profile1_wan22.log 2>&1; echo rc=$?; grep -E "wall|peak|GiB|^  [a-z]|^ +[0-9]" $OUT/profile1_wan22.log | cut -c1-150 | head -40
