@@ -1,9 +1,27 @@
-"""vaeshard: exact multi-GPU decode and encode for the VAEs of video and image diffusion models."""
+"""vaeshard: exact multi-GPU decode and encode for the VAEs of video and image diffusion models.
 
-from .config import MODES, VaeParallelConfig
-from .api import parallelize, release_cuda_graphs, unparallelize
+    vae = vaeshard.parallelize(vae)          # every rank of the default process group
+    video = vae.decode(latents).sample       # the same call as before, spread over the ranks
+"""
+
+from .api import parallelize, release, unparallelize, verify_weights
+from .config import MODES, FastOptions
+from .families import supported_classes
 from .policy import Plan, plan
+from .runtime.comm import CommTimeout
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["MODES", "Plan", "VaeParallelConfig", "parallelize", "plan", "release_cuda_graphs", "unparallelize", "__version__"]
+__all__ = [
+    "MODES",
+    "CommTimeout",
+    "FastOptions",
+    "Plan",
+    "parallelize",
+    "plan",
+    "release",
+    "supported_classes",
+    "unparallelize",
+    "verify_weights",
+    "__version__",
+]

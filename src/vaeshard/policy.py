@@ -1,12 +1,23 @@
-"""Which strategy a request takes: `plan()` answers from shapes, counts, the VAE's device and whether
-hooks replace its layers' forwards, alone (no collectives)."""
+"""What a request does, decided once before any work: `plan()` returns its strategy and, for the fast
+tier, its resolved choices (frames per decoder call, CUDA graphs, layers in parts, the largest rank's
+frame), each with its reason. Everything comes from numbers every rank shares (shapes, the group's
+size, the VAE's device, the settings, tuning.py's thresholds), so every rank decides alike, and
+nothing here communicates or allocates real tensors.
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import NamedTuple
 
-from .config import MODES, SPATIAL_MODES
+import torch
+
+from . import tuning
+from .config import MODES, SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
+from .layers.tier import FastPlan
+from .runtime import comm as comm_mod
+from .runtime import graphs
+from .runtime.spatial import split_extents
 from .runtime.swap import replaced_forwards
 
 log = logging.getLogger("vaeshard")
@@ -18,33 +29,74 @@ class Plan(NamedTuple):
     strategy: str  # one of STRATEGIES
     reason: str  # one line, shown by the debug log and `vaeshard bench`
     fallback: bool = False  # a forced mode could not run and `tile` (or `direct`) runs instead
+    fast: FastPlan | None = None  # the fast tier's choices; None: the exact tier (diffusers' own layers)
+
+    def explain(self) -> str:
+        """The strategy and every choice with its reason, one per line."""
+        tier = "the fast tier" if self.fast is not None else "the exact tier (diffusers' own layers)"
+        lines = [f"strategy: {self.strategy} ({self.reason})", f"tier: {tier}"]
+        if self.fast is not None:
+            lines += [f"  {name}: {why}" for name, why in self.fast.reasons]
+        return "\n".join(lines)
+
+
+def plan(vae, latent_shape, world_size: int | None = None, mode: str | None = None, *, op: str = "decode",
+         size: int | None = None, fast: FastOptions | None = None, exact: bool | None = None) -> Plan:
+    """The plan of a `decode` (or `encode`) of `latent_shape` over `world_size` ranks.
+
+    Every argument left out is the VAE's own: a parallelized VAE's mode, size, fast options and
+    exactness, and its group's size (the default group's, or 1 without a distributed job); a plain
+    VAE gets `parallelize`'s defaults. Deterministic and free of side effects: no collectives, no
+    allocation of real tensors. `size` is the number of ranks doing work (fewer than world_size is a
+    partial group, which never shards spatially)."""
+    state = getattr(vae, STATE_ATTR, None)
+    config = state.config if state is not None else ParallelConfig()
+    if world_size is None:
+        group = comm_mod.default_group_if_any(state.group if state is not None else None)
+        world_size = comm_mod.group_size(group)
+    config = ParallelConfig(
+        size=config.size if size is None else size,
+        mode=config.mode if mode is None else mode,
+        output=config.output,
+        timeout=config.timeout,
+        exact=config.exact if exact is None else exact,
+        fast=config.fast if fast is None else fast,
+    )
+    return plan_for(vae, latent_shape, world_size, config, op=op, hooked=replaced_forwards(vae))
+
+
+def plan_for(vae, latent_shape, world_size: int, config: ParallelConfig, *, op: str, hooked: list[str]) -> Plan:
+    """`plan` of a request whose settings are `config`, given the VAE's hooked layers
+    (runtime.swap.replaced_forwards), which a request has looked for already."""
+    chosen = strategy_for(vae, latent_shape, world_size, config.mode, op=op, size=config.size, hooked=hooked)
+    # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
+    if hooked or config.exact or config.mode == "tile" or chosen.strategy == "tile":
+        return chosen
+    return chosen._replace(fast=resolve_fast(vae, latent_shape, world_size, chosen.strategy, config.fast, op=op))
 
 
 def _fits_one_tile(family, vae, op: str, shape) -> bool:
     """True when the request is a single tile, so tiling would decode it directly anyway."""
     if len(shape) != family.latent_ndim:
         return True
-    import torch
-
     probe = torch.empty(shape, device="meta")
     if op == "decode":
         return family.decode_tile_ops(vae, probe) is None
     return family.encode_tile_ops(vae, probe) is None
 
 
-def _axis_extents(shape, op: str, vae) -> tuple[int, int]:
+def _axis_extents(shape, op: str, ratio: int) -> tuple[int, int]:
     """The (height, width) extents that decide sharding, in latent rows: the latent's own for decode;
     for encode the sample extent over the compression ratio, or 0 when the sample extent is not a
     multiple of it (shards are whole latent rows, so every downsampling stays on the global lattice)."""
     h, w = shape[-2], shape[-1]
     if op == "encode":
-        ratio = vae.spatial_compression_ratio
         return (h // ratio if h % ratio == 0 else 0), (w // ratio if w % ratio == 0 else 0)
     return h, w
 
 
 def hooks_reason(hooked: list[str]) -> str:
-    """Why a VAE with hooked layers (shard.replaced_forwards) is not sharded, in one line."""
+    """Why a VAE with hooked layers (runtime.swap.replaced_forwards) is not sharded, in one line."""
     return (f"{len(hooked)} of its layers have their forward replaced by a hook (the first: {hooked[0]}; "
             "diffusers' layerwise casting or group offloading, accelerate's offloading), which the "
             "sharded layers would bypass")
@@ -52,25 +104,15 @@ def hooks_reason(hooked: list[str]) -> str:
 
 def _device_of(vae):
     """The device the VAE's weights are on (where its decode runs); CPU for a VAE without any."""
-    import torch
-
     first = next(vae.parameters(), None)
     return first.device if first is not None else torch.device("cpu")
 
 
-def plan(vae, latent_shape, world_size: int, mode: str = "auto", *, op: str = "decode", size: int | None = None) -> Plan:
-    """The strategy a `decode` (or `encode`) of `latent_shape` over `world_size` ranks would take.
-
-    Deterministic and free of side effects: no collectives, no allocation of real tensors.
-    `size` is the number of ranks doing work (None = world_size); fewer than world_size is a
-    partial group, which never shards spatially.
-    """
-    return plan_for(vae, latent_shape, world_size, mode, op=op, size=size, hooked=replaced_forwards(vae))
-
-
-def plan_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None, hooked: list[str]) -> Plan:
-    """`plan`, given the VAE's hooked layers (shard.replaced_forwards), which a request has looked
-    for already."""
+def strategy_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None,
+                 hooked: list[str]) -> Plan:
+    """The strategy of a request and its reason (DESIGN's rules: a forced mode that cannot run falls
+    back to `tile` with a warning; `auto` shards the longer axis that covers the group, width on
+    ties, unless the family measured another axis faster there)."""
     from .families import family_for
 
     if mode not in MODES:
@@ -86,7 +128,7 @@ def plan_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: in
             return Plan("direct", f"{why}; one rank decodes directly", forced)
         if one_tile or not has_tile:
             what = "the request is a single tile" if one_tile else f"{family.name} has no tiled {op}"
-            return Plan("direct", f"{why}; {what}, so it runs directly on every rank", forced)
+            return Plan("direct", f"{why}; {what}, so group rank 0 runs it directly and shares the result", forced)
         return Plan("tile", f"{why}; tiles are spread over {workers} ranks", forced)
 
     if mode == "tile":
@@ -99,8 +141,8 @@ def plan_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: in
     if workers < world_size:
         reasons.append(f"partial group ({workers} of {world_size} ranks)")
     if len(shape) != family.latent_ndim:
-        layout = "(B, C, T, H, W)" if family.latent_ndim == 5 else "(B, C, H, W)"
-        reasons.append(f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {layout} layout of {family.name}")
+        reasons.append(f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {family.layout} layout of "
+                       f"{family.name}")
     if not spatial_ok:
         reasons.append(f"{family.name} has no spatial-shard {op}")
     if hooked:
@@ -109,12 +151,12 @@ def plan_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: in
     if mode in SPATIAL_MODES:
         axis = "height" if mode == "spatial_shard_height" else "width"
         if not reasons:
-            extent = _axis_extents(shape, op, vae)[0 if axis == "height" else 1]
+            extent = _axis_extents(shape, op, family.spatial_ratio(vae))[0 if axis == "height" else 1]
             if extent < world_size:
                 reasons.append(
                     f"latent {axis} {extent} is shorter than the group ({world_size} ranks)"
                     if extent or op == "decode"
-                    else f"sample {axis} is not a multiple of {vae.spatial_compression_ratio}"
+                    else f"sample {axis} is not a multiple of {family.spatial_ratio(vae)}"
                 )
         if reasons:
             return not_spatial(f"{mode} cannot run: " + ", ".join(reasons), True)
@@ -123,16 +165,92 @@ def plan_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: in
     # auto
     if reasons:
         return not_spatial(", ".join(reasons), False)
-    h, w = _axis_extents(shape, op, vae)
+    h, w = _axis_extents(shape, op, family.spatial_ratio(vae))
     candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size]
     if not candidates:
         return not_spatial(f"neither latent height {h} nor width {w} covers {world_size} ranks", False)
     device = _device_of(vae)
-    measured = family.decode_axis(vae, world_size, device) if op == "decode" and family.decode_axis else None
+    measured = family.decode_axis(vae, world_size, device) if op == "decode" else None
     for extent, axis in candidates:
-        if axis == measured:  # the family's measured refinement (DESIGN.md: only where BENCHMARKS.md shows it)
+        if axis == measured:  # the family's measured refinement (only where BENCHMARKS.md shows it)
             return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} covers {world_size} ranks, and {family.name} "
-                        f"decodes over {world_size} ranks on {device.type} measured faster by {axis} (BENCHMARKS.md)")
+                        f"decodes over {world_size} ranks on {device.type} measured faster by {axis} (docs/tuning.md)")
     # the longer axis; width wins ties (rows of a wide frame stay contiguous and halos stay short)
     extent, axis = max(candidates, key=lambda c: (c[0], c[1] == "width"))
     return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} is the longer axis covering {world_size} ranks")
+
+
+def resolve_fast(vae, latent_shape, world_size: int, strategy: str, options: FastOptions, *, op: str = "decode",
+                 device: torch.device | None = None) -> FastPlan:
+    """The fast tier's choices for a request of `latent_shape` run by `strategy` over `world_size`
+    ranks with `options`: the largest rank's frame, frames per decoder call, CUDA graphs and layers in
+    parts, each with its reason (FastPlan.reasons), by tuning.py's thresholds."""
+    from .families import family_for
+
+    family = family_for(vae)
+    device = _device_of(vae) if device is None else device
+    shape = tuple(int(s) for s in latent_shape)
+    ratio = family.spatial_ratio(vae)
+    sharded = strategy in SPATIAL_MODES
+    h, w = shape[-2], shape[-1]
+    if sharded:  # the largest rank's rows (whole latent rows; an encode's sample has `ratio` per row)
+        scale = 1 if op == "decode" else ratio
+        if strategy == "spatial_shard_height":
+            h = max(split_extents(h // scale, world_size)) * scale
+        else:
+            w = max(split_extents(w // scale, world_size)) * scale
+    pixels = h * w * (ratio**2 if op == "decode" else 1)
+    where = "the largest rank's" if sharded else "the"
+    reasons = [("frame", f"{where} {'output' if op == 'decode' else 'input'} frame holds {pixels:,} pixels")]
+
+    steps, graphed = 1, False
+    if op == "decode" and family.frame_loop:
+        if options.frames_per_step != "auto":
+            steps, why = options.frames_per_step, "set"
+        elif options.max_layer_frames is not None:
+            why = "auto: 1 with max_layer_frames set (a setting for a low peak)"
+        elif device.type not in tuning.AUTO_STEP_DEVICES:
+            why = f"auto: 1 on {device.type} (tuning.AUTO_STEP_DEVICES)"
+        elif pixels > tuning.AUTO_STEP_MAX_PIXELS:
+            why = f"auto: 1, the frame exceeds tuning.AUTO_STEP_MAX_PIXELS ({tuning.AUTO_STEP_MAX_PIXELS:,})"
+        else:
+            steps = tuning.AUTO_STEP_FRAMES
+            why = f"auto: {steps}, the frame is at most tuning.AUTO_STEP_MAX_PIXELS ({tuning.AUTO_STEP_MAX_PIXELS:,})"
+        reasons.append(("frames_per_step", f"{steps} ({why})"))
+        num_frames = shape[2] if len(shape) == 5 else 1
+        num_calls = 1 + -(-(num_frames - 1) // steps)
+        if options.cuda_graphs == "auto":
+            wanted = pixels <= tuning.GRAPHS_MAX_PIXELS
+            why = (f"auto: the frame is {'at most' if wanted else 'above'} tuning.GRAPHS_MAX_PIXELS "
+                   f"({tuning.GRAPHS_MAX_PIXELS:,})")
+        else:
+            wanted, why = bool(options.cuda_graphs), "set"
+        replays = graphs.replays(device, num_calls)
+        graphed = wanted and replays
+        if wanted and not replays:
+            why += f", but {num_calls} decoder call(s) on {device.type} replay none"
+        reasons.append(("cuda_graphs", f"{'on' if graphed else 'off'} ({why})"))
+    else:
+        reasons.append(("frames_per_step", "1 (no frame loop)"))
+
+    part_frames, least = None, 0
+    if options.max_layer_frames is not None:
+        reasons.append(("layer frames", f"at most {options.max_layer_frames} (max_layer_frames)"))
+    elif tuning.PART_FRAMES is not None:
+        part_frames = tuning.PART_FRAMES
+        least = (max(tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS) if sharded
+                 else tuning.PARTS_FROM_PIXELS)
+        reasons.append(("layer frames", f"parts of {part_frames} in the layers whose frames hold at least {least:,} "
+                        f"pixels, where they suit (tuning.{'SHARDED_' if sharded else ''}PARTS_FROM_PIXELS)"))
+    return FastPlan(
+        frames_per_step=steps,
+        cuda_graphs=graphed,
+        keep_cuda_graphs=options.keep_cuda_graphs,
+        max_layer_frames=options.max_layer_frames,
+        part_frames=part_frames,
+        parts_from_pixels=least,
+        frame_pixels=pixels,
+        cudnn_benchmark=options.cudnn_benchmark,
+        triton_convs=options.triton_convs,
+        reasons=tuple(reasons),
+    )

@@ -1,9 +1,9 @@
 """`vaeshard` command line: demo, decode, bench.
 
 Thin: arguments are checked here (before any process starts, so a mistake costs no model load),
-the work goes through the public API on ranks started by `vaeshard.launch`, and the measuring lives
-in `vaeshard.bench`. A mistake in what was asked for prints one line, `vaeshard: error: ...`, and
-exits with 2; a failure while running exits with 1.
+the work goes through the public API (`import vaeshard`) on ranks started by cli/launch.py, and the
+measuring lives in cli/bench.py. A mistake in what was asked for prints one line,
+`vaeshard: error: ...`, and exits with 2; a failure while running exits with 1.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ..config import FAST_TIER_SETTINGS, MODES
+import vaeshard
+from vaeshard import MODES, FastOptions
+
 from .io import InputError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -33,18 +35,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
-
-
-def _frames_per_step(text: str):
-    """--frames-per-step: auto or a whole number of at least 1."""
-    return "auto" if text.strip().lower() == "auto" else _positive_int(text)
-
-
-def _layer_frames(text: str) -> int:
-    value = _positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected at least 2 (a causal convolution's cache spans two frames), got {value}")
     return value
 
 
@@ -70,8 +60,8 @@ def _int_list(text: str) -> list[int]:
 
 def _shape(text: str) -> tuple[int, ...]:
     values = tuple(_int_list(text))
-    if len(values) != 5:
-        raise argparse.ArgumentTypeError(f"expected B,C,T,H,W (five numbers), got {text!r}")
+    if len(values) not in (4, 5):
+        raise argparse.ArgumentTypeError(f"expected B,C,T,H,W (five numbers; B,C,H,W for an image VAE), got {text!r}")
     return values
 
 
@@ -90,10 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vaeshard",
         description=(
-            "Spread the decode of diffusers video VAEs (AutoencoderKLWan, AutoencoderKLQwenImage) over "
-            f"processes. Modes: {', '.join(MODES)}."
+            f"Spread the decode of diffusers VAEs ({', '.join(vaeshard.supported_classes())}) over processes. "
+            f"Modes: {', '.join(MODES)}."
         ),
-        epilog="Run under torchrun to use its ranks instead of processes vaeshard starts itself.",
+        epilog="Each command's options: vaeshard COMMAND --help. Run under torchrun to use its ranks instead of "
+        "processes vaeshard starts itself.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -111,15 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     dec = sub.add_parser(
         "decode",
         help="decode a latent file to a video, frames or a tensor",
-        description="Decode LATENTS (.safetensors, .pt or .npy; layout B,C,T,H,W) with a diffusers VAE over "
-        "--nproc ranks and write OUT: .mp4 (H.264), .png (one frame), a folder of PNG frames, or the raw "
-        "tensor as .safetensors (key 'sample') / .pt.",
+        description="Decode LATENTS (.safetensors, .pt or .npy; layout B,C,T,H,W for video VAEs, B,C,H,W for "
+        "image VAEs) with a diffusers VAE over --nproc ranks and write OUT: .mp4 (H.264), .png (one frame or "
+        "image), a folder of PNG frames, or the raw tensor as .safetensors (key 'sample') / .pt.",
     )
     dec.add_argument("latents", metavar="LATENTS", help="latent file: .safetensors, .pt/.pth or .npy")
     dec.add_argument("--model", required=True, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id")
     dec.add_argument("--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)")
     dec.add_argument("--key", default="latents", help="tensor name in a .safetensors or dict .pt file (default: latents)")
-    dec.add_argument("--denormalize", action="store_true", help="apply the VAE's latents_mean/latents_std first, as WanPipeline does")
+    dec.add_argument("--denormalize", action="store_true",
+                     help="undo the pipeline's latent normalisation first: latents_mean/latents_std (Wan, Qwen-Image) "
+                     "or scaling_factor/shift_factor (AutoencoderKL), as the diffusers pipelines do")
     dec.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
     dec.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
     dec.add_argument("--nproc", type=_positive_int, default=None, help="ranks to start (default 1; under torchrun: its world size)")
@@ -130,14 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
     dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     _add_tier_arguments(dec)
-    dec.add_argument("--quiet", action="store_true", help="no progress bar or summary")
-    dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
+    dec.add_argument("--quiet", action="store_true", help="no progress bar; only the line naming what was written")
+    dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)")
 
     ben = sub.add_parser(
         "bench",
         help="measure latency, memory and exactness of every mode against diffusers",
         description="Time vaeshard's decode for each mode and rank count against diffusers' single-process "
-        "untiled decode of the same weights and latent, as BENCHMARKING.md describes.",
+        "untiled decode of the same weights and latent, by the protocol of BENCHMARKS.md.",
     )
     what = ben.add_mutually_exclusive_group()
     what.add_argument("--config", choices=tuple(NAMED_CONFIGS), default=None, help="real VAE config with random weights")
@@ -145,8 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)")
     ben.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     size = ben.add_mutually_exclusive_group()
-    size.add_argument("--shape", type=_shape, default=None, metavar="B,C,T,H,W", help="latent shape")
-    size.add_argument("--preset", choices=tuple(PRESETS), default=None, help="BENCHMARKING.md subject (sets config and shape)")
+    size.add_argument("--shape", type=_shape, default=None, metavar="B,C,T,H,W", help="latent shape (B,C,H,W for image VAEs)")
+    size.add_argument("--preset", choices=tuple(PRESETS), default=None, help="a BENCHMARKS.md subject (sets config and shape)")
     ben.add_argument("--modes", type=_mode_list, default=list(MODES), metavar="M1,M2", help=f"modes to measure (default: {','.join(MODES)})")
     ben.add_argument("--nproc", type=_int_list, default=None, metavar="N1,N2", help="rank counts to measure (default: 1,2; under torchrun: its world size)")
     ben.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
@@ -158,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
     _add_tier_arguments(ben)
-    ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="bound on every collective, seconds (default 600)")
+    ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)")
     return parser
 
 
@@ -260,7 +253,7 @@ def _process_count(requested: int | None, default: int = 1) -> int:
 
 
 def _demo(args) -> int:
-    from .bench import run_demo
+    from .demo import run_demo
     from .launch import torchrun_world
 
     nproc = torchrun_world() or args.nproc
@@ -291,46 +284,42 @@ class DecodeJob:
     fps: int
     progress: bool
     timeout: float
-    options: dict = field(default_factory=dict)  # vaeshard.parallelize's tier arguments (see _tier_options)
+    options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast (see _tier_options)
 
 
 def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
-    """The tier's options, the same on `decode` and `bench` (read back by `_tier_options`)."""
+    """--exact and one option per FastOptions knob (its flag and one-line doc), the same on `decode`
+    and `bench`; `_tier_options` reads them back."""
     parser.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
-    parser.add_argument("--no-cudnn-benchmark", dest="cudnn_benchmark", action="store_false",
-                        help="fast tier: keep cuDNN's heuristic algorithm pick instead of timing each convolution shape once")
-    parser.add_argument("--cuda-graphs", type=_graphs_setting, default="auto", metavar="{auto,on,off}",
-                        help="fast tier, CUDA: replay a video decode's steady decoder calls as a CUDA graph (default "
-                             "auto: where each rank's frames are small enough for the host to pace the decode)")
-    parser.add_argument("--keep-cuda-graphs", action="store_true",
-                        help="fast tier, CUDA: keep a request's CUDA graphs (and their memory) for the next request of "
-                             "the same shapes, which then replays every decoder call instead of capturing")
-    parser.add_argument("--frames-per-step", type=_frames_per_step, default="auto", metavar="{auto,N}",
-                        help="fast tier: latent frames per decoder call after the first (default auto: 2 on CUDA where "
-                             "each rank's frames are small, else 1; more: faster, more memory)")
-    parser.add_argument("--max-layer-frames", type=_layer_frames, default=None, metavar="N",
-                        help="fast tier: frames a decoder layer takes at once, at least 2 (default: 2 in the layers "
-                             "of the largest frames where that is cheap, all elsewhere; fewer: less memory)")
-    parser.add_argument("--no-triton-convs", dest="triton_convs", action="store_false",
-                        help="fast tier: run every convolution on cuDNN, none on vaeshard's own Triton kernel")
+    for name, default, doc, flag, parse, metavar in FastOptions.knobs():
+        if parse is None:  # a switch: --no-X turns a default True off, --X a default False on
+            parser.add_argument(flag, dest=name, action="store_false" if default else "store_true",
+                                help=f"fast tier: {'turn off ' + name + ' (' + doc + ')' if default else doc}")
+        else:
+            parser.add_argument(flag, dest=name, type=_argument(parse), default=default, metavar=metavar,
+                                help=f"fast tier: {doc} (default: {default})")
 
 
-def _graphs_setting(text: str):
-    """--cuda-graphs: auto, on or off -> VaeParallelConfig.cuda_graphs ("auto", True, False)."""
-    value = {"auto": "auto", "on": True, "off": False}.get(text.strip().lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected auto, on or off, got {text!r}")
-    return value
+def _argument(parse):
+    """An argparse type from a FastOptions parser (its ValueError becomes argparse's message)."""
+
+    def typed(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    typed.__name__ = getattr(parse, "__name__", "value")
+    return typed
 
 
 def _tier_options(args) -> dict:
-    """The vaeshard.parallelize arguments of the tier that `decode` and `bench` take from their options
-    (each option's destination is the setting's name)."""
-    return {"exact": args.exact, **{name: getattr(args, name) for name in FAST_TIER_SETTINGS}}
+    """`parallelize`'s `exact` and `fast` from the options `_add_tier_arguments` made."""
+    return {"exact": args.exact, "fast": FastOptions(**{name: getattr(args, name) for name, *_ in FastOptions.knobs()})}
 
 
 def _decode(args) -> int:
-    from . import io
+    from . import io, launch
 
     nproc = _process_count(args.nproc)
     device = _pick_device(args.device, nproc)
@@ -338,14 +327,11 @@ def _decode(args) -> int:
     out_kind = io.output_kind(args.out)
     z = io.load_latents(args.latents, args.key)
     model = io.resolve_model(args.model, args.subfolder, args.offline)
-    io.check_latents(z, model.z_dim(), source=f"latents in {args.latents!r}")
+    io.check_latents(z, model, source=f"latents in {args.latents!r}")
     if args.denormalize:
-        for name in ("latents_mean", "latents_std"):
-            values = model.config.get(name)
-            if not isinstance(values, list) or len(values) != z.shape[1]:
-                raise InputError(f"--denormalize needs {name} with {z.shape[1]} entries in the model's config; it has {values!r}")
+        io.check_denormalize(model.config, z.shape[1])
     _check_tiles(args.tile_size, args.tile_stride, model)
-    frames = _frames_out(model, z.shape[2])
+    frames = model.frames_out(z.shape[2]) if z.dim() == 5 else 1
     io.check_output(args.out, out_kind, z.shape[0], frames, model.sample_channels())
     job = DecodeJob(
         latents=args.latents,
@@ -362,24 +348,14 @@ def _decode(args) -> int:
         timeout=args.timeout,
         options=_tier_options(args),
     )
-    from . import launch
-
     if nproc == 1 and not launch.torchrun_env():
         summary = _decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
     else:
         summary = launch.run(_decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
-    if not args.quiet:
-        _main_print(
-            f"wrote {args.out}: {summary['frames']} frame(s) {summary['width']}x{summary['height']}, "
-            f"{summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s"
-        )
+    what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"
+    _main_print(f"wrote {args.out}: {what} {summary['width']}x{summary['height']}"
+                + ("" if args.quiet else f", {summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s"))
     return EXIT_OK
-
-
-def _frames_out(model, latent_frames: int) -> int:
-    """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
-    factor = 2 ** sum(bool(d) for d in model.config.get("temperal_downsample", [False, True, True]))
-    return 1 + (latent_frames - 1) * factor
 
 
 def _check_tiles(size: int | None, stride: int | None, model) -> None:
@@ -387,11 +363,22 @@ def _check_tiles(size: int | None, stride: int | None, model) -> None:
         return
     if size is None or stride is None:
         raise InputError("--tile-size and --tile-stride go together: give both (e.g. --tile-size 256 --tile-stride 192)")
-    ratio = int(model.config.get("scale_factor_spatial") or 8)
+    ratio = model.spatial_ratio()
     if size % ratio or stride % ratio:
         raise InputError(f"--tile-size {size} and --tile-stride {stride} must be multiples of this VAE's spatial factor {ratio}")
     if stride > size:
         raise InputError(f"--tile-stride {stride} is larger than --tile-size {size}: tiles must overlap or touch")
+
+
+def _set_tiles(vae, size: int, stride: int, ratio: int) -> None:
+    """diffusers' tile size and stride in sample pixels: a video VAE's own attributes, an image VAE's
+    square tile and overlap."""
+    if hasattr(vae, "tile_sample_min_height"):
+        vae.tile_sample_min_height = vae.tile_sample_min_width = size
+        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+        return
+    vae.tile_sample_min_size, vae.tile_latent_min_size = size, size // ratio
+    vae.tile_overlap_factor = 1 - stride / size
 
 
 def _decode_worker(ctx, job: DecodeJob) -> dict:
@@ -399,8 +386,6 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     import warnings
 
     import torch
-
-    import vaeshard
 
     from . import io
     from .bench import torch_dtype
@@ -412,20 +397,16 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     vae = job.model.load(dtype=dtype, device=ctx.device)
     size, stride = job.tile
     if size is not None:
-        vae.tile_sample_min_height = vae.tile_sample_min_width = size
-        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+        _set_tiles(vae, size, stride, job.model.spatial_ratio())
     z = io.load_latents(job.latents, job.key).to(ctx.device)
-    if job.denormalize:
-        z = io.denormalize(z, vae.config.latents_mean, vae.config.latents_std, vae.dtype)
-    else:
-        z = z.to(vae.dtype)
-    chosen = vaeshard.plan(vae, z.shape, ctx.world, job.mode)
-    vaeshard.parallelize(vae, mode=job.mode, output="rank0", timeout=job.timeout, **job.options)
+    z = io.denormalize(z, dict(vae.config), vae.dtype) if job.denormalize else z.to(vae.dtype)
+    vaeshard.parallelize(vae, job.mode, output="rank0", timeout=job.timeout, **job.options)
+    chosen = vaeshard.plan(vae, z.shape)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     try:
         t0 = time.perf_counter()
         with torch.no_grad():
-            video = vae.decode(z).sample
+            sample = vae.decode(z).sample
         ctx.synchronize()
         seconds = time.perf_counter() - t0
     finally:
@@ -433,9 +414,11 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
             bar.finish()
     if not ctx.is_main:
         return {}
+    video = sample if sample.dim() == 5 else sample.unsqueeze(2)  # an image: one frame
     io.write_output(video, job.out, job.out_kind, job.fps)
     b, c, t, h, w = video.shape
-    return {"strategy": chosen.strategy, "reason": chosen.reason, "seconds": seconds, "frames": t, "height": h, "width": w}
+    return {"strategy": chosen.strategy, "reason": chosen.reason, "seconds": seconds, "frames": t, "batch": b,
+            "height": h, "width": w}
 
 
 class _Progress:
@@ -459,9 +442,12 @@ class _Progress:
 
 
 def _progress(vae, z, strategy: str, ctx):
+    """A progress bar over a video's latent frames (none for an image: it is one decoder call)."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
+        return None
+    if z.dim() != 5:
         return None
     calls_per_frame = 1
     if strategy == "tile":
@@ -479,7 +465,7 @@ def _progress(vae, z, strategy: str, ctx):
 
 
 def _bench(args) -> int:
-    from . import bench, io, launch
+    from . import bench, io, launch, report
 
     world = launch.torchrun_world()
     nprocs = [world] if world else (args.nproc or [1, 2])
@@ -502,7 +488,7 @@ def _bench(args) -> int:
             raise InputError("--shape B,C,T,H,W is needed with --config or --model (or use --preset)")
         shape = args.shape
         model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
-    io.check_latent_shape(shape, model.z_dim(), source=f"latent shape {tuple(shape)}")
+    io.check_latent_shape(shape, model, source=f"latent shape {tuple(shape)}")
     for path in (args.json, args.plot):
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise InputError(f"cannot write {path!r}: its folder does not exist")
@@ -529,19 +515,19 @@ def _bench(args) -> int:
     )
     if not _is_main_rank():
         return EXIT_OK
-    print(bench.bench_table(result), flush=True)
+    print(report.bench_table(result), flush=True)
     if args.json:
-        bench.write_json(result, args.json)
+        report.write_json(result, args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        bench.plot(result, args.plot)
+        report.plot(result, args.plot)
         print(f"wrote {args.plot}")
     return EXIT_OK
 
 
 def _bench_point(json_path, result) -> None:
     """After each measured point: one line on stderr, and the JSON so far (a cut-short run keeps it)."""
-    from . import bench
+    from . import report
 
     if not _is_main_rank():
         return
@@ -551,7 +537,7 @@ def _bench_point(json_path, result) -> None:
     elif result.reference is not None:
         _bench_log(f"diffusers x1: {result.reference['seconds']:.3f} s")
     if json_path:
-        bench.write_json(result, json_path)
+        report.write_json(result, json_path)
 
 
 def _bench_log(message: str) -> None:

@@ -1,31 +1,31 @@
-"""Measurements behind `vaeshard demo` and `vaeshard bench`, following BENCHMARKING.md.
+"""The measurements behind `vaeshard bench`, by the protocol of BENCHMARKS.md.
 
 Every run goes through the public API (`vaeshard.parallelize`, `vaeshard.plan`) on ranks started
-by `vaeshard.launch`. Each (mode, ranks) point runs in fresh processes, so one point's peak memory
+by cli/launch.py. Each (mode, ranks) point runs in fresh processes, so one point's peak memory
 never includes another's. The reference is diffusers' own single-process decode of the same
-weights and latent, measured in the same run.
+weights and latent, measured in the same run. cli/report.py shows the results.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
-from ..config import FAST_TIER_SETTINGS, MODES, VaeParallelConfig
-from .io import ModelSource, named_model
+from vaeshard import MODES, FastOptions
+
+from .io import ModelSource
 
 DTYPES = ("bf16", "fp16", "fp32")
 MIB = 1024**2
 GIB = 1024**3
 
-# BENCHMARKING.md subjects: name -> (named config, latent shape, FLOPs of one decode).
+# BENCHMARKS.md's subjects: name -> (named config, latent shape, FLOPs of one decode).
 PRESETS = {
     "wan21-480p": ("wan21", (1, 16, 21, 60, 104), 275e12),
     "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 639e12),
@@ -33,12 +33,10 @@ PRESETS = {
 }
 H200_BF16_PEAK_TFLOPS = 790.0
 
-# Exactness tolerances of DESIGN.md section 3 for a spatial-shard result vs the untiled decode.
-TOLERANCES = {  # (device, dtype) -> (max |diff|, mean |diff| or None)
-    ("cpu", "fp32"): (1e-5, None),
-    ("cuda", "fp32"): (1e-4, None),
-    ("cuda", "bf16"): (5e-2, 2e-3),
-}
+# The demo's exactness check of a spatial-shard result against diffusers' untiled decode in the
+# same dtype (README, "Exactness"): max |diff|. In bf16 that is one part of the bf16 rule (within
+# 5e-2 of diffusers' bf16 output); its other parts compare with an fp32 decode (benchmarks/gpu_parity.py).
+TOLERANCES = {("cpu", "fp32"): 1e-5, ("cuda", "fp32"): 1e-4, ("cuda", "bf16"): 5e-2}
 
 
 def torch_dtype(name: str):
@@ -143,7 +141,7 @@ def _timed_runs(ctx, vae, z, reps: int, memory: "PeakMemory", together: bool):
     starts at once.
     """
     memory.reset()
-    kept = _keeps_graphs(vae)
+    kept = _keeps_graphs(vae, z)
     if kept:
         memory.mark_base()
     _warm_up(vae, z)
@@ -187,7 +185,7 @@ class BenchSpec:
     ref_path: str | None  # where the reference run leaves its output for the other runs to compare
     count_flops: bool = False
     group_timeout: float = 600.0
-    options: dict = field(default_factory=dict)  # more vaeshard.parallelize arguments (exact, frames_per_step, ...)
+    options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast
 
 
 def _load_for(ctx, spec: BenchSpec):
@@ -206,18 +204,20 @@ def _warm_up(vae, z):
     see. With kept CUDA graphs, the whole latent twice instead: the first request keeps its steady
     call's graph, the second captures its first two calls, and the timed decodes replay every call
     (a serving loop's first two requests of a size)."""
-    if _keeps_graphs(vae):
+    if _keeps_graphs(vae, z):
         vae.decode(z)
         vae.decode(z)
         return
-    vae.decode(z[:, :, : min(z.shape[2], 2)])
+    vae.decode(z[:, :, : min(z.shape[2], 2)] if z.dim() == 5 else z)
 
 
-def _keeps_graphs(vae) -> bool:
-    from ..api import config_of
+def _keeps_graphs(vae, z) -> bool:
+    """Whether decoding `z` keeps its CUDA graphs for the next request (a parallelized VAE with
+    FastOptions(keep_cuda_graphs=True) whose plan replays graphs)."""
+    import vaeshard
 
-    config = config_of(vae)
-    return config is not None and config.keep_cuda_graphs and not config.exact and config.mode != "tile"
+    fast = vaeshard.plan(vae, z.shape).fast
+    return fast is not None and fast.keep_cuda_graphs and fast.cuda_graphs
 
 
 def _reference_worker(ctx, spec: BenchSpec) -> dict | None:
@@ -258,7 +258,7 @@ def _mode_worker(ctx, spec: BenchSpec, mode: str) -> dict:
     vae, z = _load_for(ctx, spec)
     chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
     logging.getLogger("vaeshard").setLevel(logging.ERROR)  # a fallback shows in the table, not once per decode
-    vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout, **spec.options)
+    vaeshard.parallelize(vae, mode, timeout=spec.group_timeout, **spec.options)
     memory = PeakMemory(ctx)
     with torch.no_grad():
         out, times = _timed_runs(ctx, vae, z, spec.reps, memory, together=True)
@@ -294,7 +294,7 @@ class BenchResult:
     modes: list[str] = field(default_factory=list)
     nprocs: list[int] = field(default_factory=list)
     output: str = "all"  # vaeshard.parallelize's output placement in the timed runs
-    options: dict = field(default_factory=dict)  # vaeshard.parallelize's other arguments in the timed runs
+    options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast in the timed runs
     memory_measure: str = ""
     cpu_threads_per_rank: dict = field(default_factory=dict)  # ranks -> torch threads of each rank (CPU)
     rows: list[dict] = field(default_factory=list)
@@ -327,15 +327,16 @@ def run_bench(
     """Measure every (mode, ranks) point and, unless `reference` is False, diffusers' own decode.
 
     `on_point(result)`, when given, is called after the reference and after each point with the
-    result so far, so a run cut short still leaves what it measured. `options`: more keyword
-    arguments of `vaeshard.parallelize` for the timed runs (exact, cudnn_benchmark, frames_per_step,
-    max_layer_frames, cuda_graphs, keep_cuda_graphs), checked here before anything runs.
+    result so far, so a run cut short still leaves what it measured. `options`: `vaeshard.parallelize`'s
+    `exact` and `fast` (a FastOptions) for the timed runs, checked here before anything runs.
     """
     options = dict(options or {})
-    unknown = sorted(set(options) - {"exact", *_FAST_DEFAULTS})
+    unknown = sorted(set(options) - {"exact", "fast"})
     if unknown:
-        raise ValueError(f"run_bench options take exact, {', '.join(_FAST_DEFAULTS)}; not {', '.join(unknown)}")
-    VaeParallelConfig(**options)  # an invalid value fails here, not in every worker
+        raise ValueError(f"run_bench options take exact and fast (a vaeshard.FastOptions); not {', '.join(unknown)}")
+    if not isinstance(options.setdefault("fast", FastOptions()), FastOptions):
+        raise TypeError(f"run_bench's fast option is a vaeshard.FastOptions, got {type(options['fast']).__name__}")
+    options.setdefault("exact", False)
     from . import launch
 
     log = log or (lambda msg: None)
@@ -343,7 +344,7 @@ def run_bench(
     if tflop is not None:
         flops, flops_source = tflop * 1e12, "--tflop"
     elif preset_flops is not None:
-        flops, flops_source = preset_flops, "BENCHMARKING.md preset"
+        flops, flops_source = preset_flops, "BENCHMARKS.md subject"
     count_flops = flops is None and peak_tflops is not None and reference
 
     result = BenchResult(
@@ -441,7 +442,7 @@ def environment(device: str) -> dict:
     import diffusers
     import torch
 
-    from .. import __version__
+    from vaeshard import __version__
 
     env = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -462,332 +463,4 @@ def environment(device: str) -> dict:
     return env
 
 
-# --- reporting -------------------------------------------------------------------------------------
-
-
-def _memory_text(n: int | None, device: str) -> str:
-    if n is None:
-        return "-"
-    return f"{n / GIB:.2f}" if device == "cuda" else f"{n / MIB:.0f}"
-
-
-def _fmt(x, spec: str, none: str = "n/a") -> str:
-    return none if x is None else format(x, spec)
-
-
-def format_table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
-    rule = "  ".join("-" * w for w in widths)
-    body = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join([line.rstrip(), rule, *body])
-
-
-def _tier_text(options: dict) -> str:
-    exact = options.get("exact", False)
-    text = f"vaeshard tier: {'exact (exact=True)' if exact else 'fast (default)'}; tile is always exact"
-    if not exact:
-        text += "; " + ", ".join(f"{k}={options.get(k, v)}" for k, v in _FAST_DEFAULTS.items())
-    return text
-
-
-# the fast tier's settings a bench run may pass on, with VaeParallelConfig's defaults
-_FAST_DEFAULTS = {f.name: f.default for f in fields(VaeParallelConfig) if f.name in FAST_TIER_SETTINGS}
-
-
-def bench_table(result: BenchResult) -> str:
-    unit = "GiB" if result.device == "cuda" else "MiB"
-    mem_kind = "allocated" if result.device == "cuda" else "RSS"
-    headers = [
-        "mode",
-        "ranks",
-        "strategy",
-        "median s",
-        "vs diffusers",
-        "vs 1 rank",
-        "util",
-        f"peak {mem_kind} {unit}/rank",
-        "max|diff|",
-        "mean|diff|",
-    ]
-    reserved = result.device == "cuda"  # what the caching allocator held at most, beside what was allocated
-    if reserved:
-        headers.insert(8, f"reserved {unit}/rank")
-    rows = []
-    if result.reference is not None:
-        rows.append(
-            [
-                "diffusers",
-                "1",
-                "untiled decode",
-                f"{result.reference['seconds']:.3f}",
-                "1.00x",
-                "",
-                _fmt(_util(result, result.reference["seconds"], 1), ".1%"),
-                _memory_text(result.reference["peak_bytes"], result.device),
-                "(reference)",
-                "",
-            ]
-        )
-        if reserved:
-            rows[-1].insert(8, _memory_text(result.reference.get("peak_reserved_bytes"), result.device))
-    for r in result.rows:
-        rows.append(
-            [
-                r["mode"],
-                str(r["nproc"]),
-                r["strategy"] + (" (fallback)" if r["fallback"] else ""),
-                f"{r['seconds']:.3f}",
-                _fmt(r["speedup_vs_diffusers"], ".2f", "-") + ("x" if r["speedup_vs_diffusers"] else ""),
-                _scaling_text(r),
-                _fmt(r["utilisation"], ".1%"),
-                "/".join(_memory_text(b, result.device) for b in r["peak_bytes_per_rank"]),
-                _fmt(r["max_abs_diff"], ".2e", "-"),
-                _fmt(r["mean_abs_diff"], ".2e", "-"),
-            ]
-        )
-        if reserved:
-            per_rank = r.get("peak_reserved_bytes_per_rank") or [None]
-            rows[-1].insert(8, "/".join(_memory_text(b, result.device) for b in per_rank))
-    head = [
-        f"vaeshard bench: {result.subject}",
-        f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
-        "timed decode(s) after one warm-up; time = slowest rank",
-        _tier_text(result.options),
-    ]
-    if result.flops is not None:
-        peak = f" at {result.peak_tflops:g} TFLOP/s per device" if result.peak_tflops else ""
-        head.append(f"FLOPs per decode: {result.flops / 1e12:.1f} TFLOP ({result.flops_source}){peak}")
-    notes = ["", "strategy reasons (vaeshard.plan):"]
-    seen = set()
-    for r in result.rows:
-        key = (r["mode"], r["nproc"])
-        if key not in seen:
-            seen.add(key)
-            notes.append(f"  {r['mode']} x{r['nproc']}: {r['reason']}")
-    if any(r["peak_over_process_life"] for r in result.rows):
-        notes.append("  (peak RSS is over each process's life: this system does not allow resetting it)")
-    return "\n".join(head + ["", format_table(headers, rows)] + notes)
-
-
-def _scaling_text(row: dict) -> str:
-    if row.get("speedup_vs_1_rank") is None:
-        return "-"
-    return f"{row['speedup_vs_1_rank']:.2f}x ({row['scaling_efficiency']:.0%})"
-
-
-def _util(result: BenchResult, seconds: float, nproc: int):
-    if result.flops is None or not result.peak_tflops:
-        return None
-    return result.flops / seconds / (result.peak_tflops * 1e12 * nproc)
-
-
-def write_json(result: BenchResult, path: str) -> None:
-    payload = result.to_json()
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, default=str)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def plot(result: BenchResult, path: str) -> None:
-    """Latency and per-rank peak memory against ranks, one line per mode, diffusers as a dashed line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    unit, scale = ("GiB", GIB) if result.device == "cuda" else ("MiB", MIB)
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.2))
-    nprocs = sorted({r["nproc"] for r in result.rows})
-    for mode in dict.fromkeys(r["mode"] for r in result.rows):
-        rows = sorted((r for r in result.rows if r["mode"] == mode), key=lambda r: r["nproc"])
-        xs = [r["nproc"] for r in rows]
-        ax_t.plot(xs, [r["seconds"] for r in rows], marker="o", label=mode)
-        ax_m.plot(xs, [max(r["peak_bytes_per_rank"]) / scale for r in rows], marker="o", label=mode)
-    if result.reference is not None:
-        for ax, y in ((ax_t, result.reference["seconds"]), (ax_m, result.reference["peak_bytes"] / scale)):
-            ax.axhline(y, color="grey", linestyle="--", linewidth=1, label="diffusers, 1 process")
-    ax_t.set(title="decode latency (slowest rank, median)", xlabel="ranks", ylabel="seconds")
-    ax_m.set(title="peak memory per rank (largest rank)", xlabel="ranks", ylabel=unit)
-    for ax in (ax_t, ax_m):
-        ax.set_xticks(nprocs)
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{result.subject}\nlatent {tuple(result.shape)}, {result.dtype}, {result.device}", fontsize=9)
-    fig.tight_layout()
-    tmp = f"{path}.tmp.png"
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-# --- demo ------------------------------------------------------------------------------------------
-
-# Small enough for a 2-core CPU, big enough that the tile grid (32 px tiles, 24 px stride = 4 / 3
-# latent rows) has 2 x 3 tiles and both axes split over the ranks; two latent frames exercise the
-# causal frame cache. Decodes to 5 frames of 48 x 64.
-DEMO_SHAPE = (1, 16, 2, 6, 8)
-DEMO_TILE = (32, 24)  # tile size and stride in sample pixels
-
-
-@dataclass(frozen=True)
-class DemoSpec:
-    shape: tuple[int, ...]
-    dtype: str
-    tile: tuple[int, int]
-    group_timeout: float
-
-
-def _set_tiles(vae, tile) -> None:
-    size, stride = tile
-    vae.tile_sample_min_height = vae.tile_sample_min_width = size
-    vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
-
-
-def _demo_worker(ctx, spec: DemoSpec) -> dict:
-    import torch
-
-    import vaeshard
-
-    _quiet_other_ranks(ctx)
-    vae = named_model("wan21").load(dtype=torch_dtype(spec.dtype), device=ctx.device)
-    default_tiles = (vae.tile_sample_min_height, vae.tile_sample_stride_height)
-    z = make_latent(spec.shape, seed=1).to(ctx.device, torch_dtype(spec.dtype))
-    memory = PeakMemory(ctx)
-    rows = []
-    with torch.no_grad():
-        vae.decode(z[:, :, :1, :2, :2])  # first-call overheads out of the first timed mode
-        for mode in MODES:
-            _set_tiles(vae, spec.tile if mode == "tile" else default_tiles)
-            chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
-            vaeshard.parallelize(vae, mode=mode, timeout=spec.group_timeout)
-            memory.reset()
-            out, seconds = _timed_decode(ctx, vae, z)
-            rows.append(
-                {
-                    "mode": mode,
-                    "strategy": chosen.strategy,
-                    "reason": chosen.reason,
-                    "seconds": seconds,
-                    "peak_bytes": memory.peak_bytes(),
-                    "out": out.cpu() if ctx.is_main else None,
-                }
-            )
-        vaeshard.unparallelize(vae)
-    return {"rows": rows, "peak_resettable": memory.resettable}
-
-
-def _demo_references(vae, z, memory):
-    import torch
-
-    with torch.no_grad():
-        memory.reset()
-        t0 = time.perf_counter()
-        untiled = vae.decode(z).sample.cpu()
-        untiled_s, untiled_mem = time.perf_counter() - t0, memory.peak_bytes()
-        _set_tiles(vae, DEMO_TILE)
-        memory.reset()
-        t0 = time.perf_counter()
-        tiled = vae.tiled_decode(z).sample.cpu()
-        tiled_s, tiled_mem = time.perf_counter() - t0, memory.peak_bytes()
-    return untiled, untiled_s, untiled_mem, tiled, tiled_s, tiled_mem
-
-
-def run_demo(nproc: int = 2, device: str = "cpu", group_timeout: float = 300.0, timeout: float | None = 600.0, out=print) -> bool:
-    """Decode one latent with every mode over `nproc` ranks and check each against diffusers; True if all hold."""
-    import torch
-
-    from . import launch
-
-    dtype = "bf16" if device == "cuda" else "fp32"
-    spec = DemoSpec(DEMO_SHAPE, dtype, DEMO_TILE, group_timeout)
-    world = launch.torchrun_world() or nproc
-    backend = "nccl" if device == "cuda" else "gloo"
-    out(
-        "vaeshard demo: Wan 2.1 VAE architecture (diffusers AutoencoderKLWan default config) with RANDOM weights "
-        "(torch.manual_seed(0)), so the video is noise; the point is that every mode matches diffusers."
-    )
-    out(f"latent {DEMO_SHAPE} (seeded torch.randn), {dtype} on {device}, {world} ranks ({backend})")
-    t_start = time.perf_counter()
-    values = launch.run(_demo_worker, world, spec, device=device, timeout=timeout, group_timeout=group_timeout)
-    if launch.torchrun_env() and int(os.environ["RANK"]) != 0:
-        return True
-    # The references: plain diffusers, one process (this one), same weights, latent, device and dtype,
-    # and on CPU the ranks' thread count: a convolution's result depends on how its work is split.
-    ref_device = "cuda:0" if device == "cuda" else "cpu"
-    ctx = launch.inline_context(ref_device)
-    memory = PeakMemory(ctx)
-    vae = named_model("wan21").load(dtype=torch_dtype(dtype), device=ref_device)
-    z = make_latent(DEMO_SHAPE, seed=1).to(ref_device, torch_dtype(dtype))
-    threads = torch.get_num_threads()
-    if device == "cpu" and not launch.torchrun_env():
-        torch.set_num_threads(launch.cpu_threads_per_rank(world))
-    try:
-        references = _demo_references(vae, z, memory)
-    finally:
-        torch.set_num_threads(threads)
-    untiled, untiled_s, untiled_mem, tiled, tiled_s, tiled_mem = references
-
-    max_tol, mean_tol = TOLERANCES.get((device, dtype), (1e-5, None))
-    table = [
-        ["diffusers decode", "(reference)", "1", f"{untiled_s:.2f}", f"{untiled_mem / MIB:.0f}", "-", "-", ""],
-        ["diffusers tiled_decode", "(reference)", "1", f"{tiled_s:.2f}", f"{tiled_mem / MIB:.0f}", "-", "-", ""],
-    ]
-    ok = untiled.float().std() > 0.01  # real values, never a comparison of zeros
-    for i, row in enumerate(values[0]["rows"]):
-        peaks = "/".join(f"{v['rows'][i]['peak_bytes'] / MIB:.0f}" for v in values)
-        got = row["out"]
-        if row["strategy"] == "tile":
-            ref, against = tiled, "tiled_decode"
-            passed = got.shape == ref.shape and torch.equal(got, ref)
-            rule = "torch.equal"
-        else:
-            ref, against = untiled, "decode"
-            diff = (got.float() - ref.float()).abs() if got.shape == ref.shape else None
-            passed = diff is not None and diff.max() <= max_tol and (mean_tol is None or diff.mean() <= mean_tol)
-            rule = f"<= {max_tol:g}" + (f", mean <= {mean_tol:g}" if mean_tol else "")
-        max_diff = (got.float() - ref.float()).abs().max().item() if got.shape == ref.shape else float("nan")
-        ok = ok and bool(passed)
-        table.append(
-            [
-                row["mode"],
-                row["strategy"],
-                str(world),
-                f"{max(v['rows'][i]['seconds'] for v in values):.2f}",
-                peaks,
-                f"{max_diff:.2e}",
-                f"{against} ({rule})",
-                "PASS" if passed else "FAIL",
-            ]
-        )
-    mem = "peak CUDA MiB/rank" if device == "cuda" else "peak RSS MiB/rank"
-    headers = ["mode", "strategy (vaeshard.plan)", "ranks", "seconds", mem, "max|diff|", "compared with", "check"]
-    out("")
-    out(format_table(headers, table))
-    out("")
-    for row in values[0]["rows"]:
-        out(f"  {row['mode']}: {row['reason']}")
-    if not values[0]["peak_resettable"]:
-        out("  (peak RSS is over each process's life: this system does not allow resetting it)")
-    out("")
-    total = time.perf_counter() - t_start
-    out(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} ({total:.1f} s)")
-    return ok
-
-
-__all__ = [
-    "BenchResult",
-    "DEMO_SHAPE",
-    "PRESETS",
-    "TOLERANCES",
-    "bench_table",
-    "environment",
-    "format_table",
-    "plot",
-    "run_bench",
-    "run_demo",
-    "write_json",
-]
+__all__ = ["BenchResult", "PRESETS", "TOLERANCES", "environment", "run_bench"]

@@ -1,12 +1,12 @@
-"""Reading models and latents, and writing decoded videos, for the command line.
+"""Reading models and latents, and writing decoded videos and images, for the command line.
 
 Models: a local diffusers folder (a VAE folder, or a pipeline folder with a `vae/` subfolder), a
-Hub id, or one of the named real configs with random weights (`wan21`, `wan22`, `qwenimage`).
-Latents: `.safetensors` (one named tensor), `.pt`/`.pth` (a tensor, or a dict holding one) or `.npy`,
-in the (B, C, T, H, W) layout diffusers' video VAEs decode. Outputs: an H.264 `.mp4`, a folder of
-PNG frames, a single `.png`, or the raw tensor as `.safetensors` (key `sample`) / `.pt`. Every output
-is written to a temporary name next to its destination and renamed into place, so a failed run
-leaves nothing behind.
+Hub id, or one of the named real configs with random weights (NAMED_CONFIGS). Latents:
+`.safetensors` (one named tensor), `.pt`/`.pth` (a tensor, or a dict holding one) or `.npy`, in the
+(B, C, T, H, W) layout diffusers' video VAEs decode, or (B, C, H, W) for image VAEs. Outputs: an
+H.264 `.mp4`, a folder of PNG frames, a single `.png`, or the raw tensor as `.safetensors` (key
+`sample`) / `.pt`. Every output is written to a temporary name next to its destination and renamed
+into place, so a failed run leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ class InputError(ValueError):
 
 
 # --- models ----------------------------------------------------------------------------------------
-
-SUPPORTED_CLASSES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
 
 # Wan 2.2 (TI2V-5B) VAE: the values of its diffusers vae/config.json that differ from
 # AutoencoderKLWan's defaults, including its 48-channel latent statistics.
@@ -61,11 +59,28 @@ WAN22_CONFIG = {
     ],
 }  # fmt: skip
 
+# The image VAE of Stable Diffusion 1.x/2.x, SDXL and FLUX.1 (diffusers AutoencoderKL): four levels of
+# 128-512 channels; their vae/config.json values that differ from the class's defaults.
+_SD_LAYOUT = {
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "layers_per_block": 2,
+}
+SD15_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 512, "scaling_factor": 0.18215}
+SDXL_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 1024, "scaling_factor": 0.13025,
+               "force_upcast": True}
+FLUX1_CONFIG = {**_SD_LAYOUT, "latent_channels": 16, "sample_size": 1024, "scaling_factor": 0.3611,
+                "shift_factor": 0.1159, "use_quant_conv": False, "use_post_quant_conv": False}
+
 # name -> (diffusers class, constructor arguments): the real configs, built with random weights.
 NAMED_CONFIGS = {
     "wan21": ("AutoencoderKLWan", {}),  # AutoencoderKLWan's defaults are the Wan 2.1 VAE
     "wan22": ("AutoencoderKLWan", WAN22_CONFIG),
     "qwenimage": ("AutoencoderKLQwenImage", {}),  # likewise the Qwen-Image VAE
+    "sd15": ("AutoencoderKL", SD15_CONFIG),
+    "sdxl": ("AutoencoderKL", SDXL_CONFIG),
+    "flux1": ("AutoencoderKL", FLUX1_CONFIG),
 }
 
 
@@ -84,14 +99,35 @@ class ModelSource:
             return f"{self.named} config ({self.class_name}), random weights (torch.manual_seed(0))"
         return f"{self.path} ({self.class_name})"
 
+    def latent_ndim(self) -> int:
+        """5 for a video VAE's (B, C, T, H, W) latents, 4 for an image VAE's (B, C, H, W)."""
+        import vaeshard
+
+        return vaeshard.supported_classes()[self.class_name].latent_ndim
+
     def z_dim(self) -> int:
-        return int(self.config.get("z_dim", 16))
+        """Channels of a latent (C)."""
+        return int(self.config.get("z_dim", self.config.get("latent_channels", 16)))
 
     def sample_channels(self) -> int:
         """Channels of a decoded sample, after unpatchify (3 for RGB)."""
         channels = self.config.get("out_channels", self.config.get("input_channels", 3))
         patch = self.config.get("patch_size") or 1
         return int(channels) // (patch * patch)
+
+    def spatial_ratio(self) -> int:
+        """Sample pixels per latent pixel along each axis."""
+        if self.latent_ndim() == 4:
+            return 2 ** (len(self.config.get("block_out_channels", [64])) - 1)
+        return int(self.config.get("scale_factor_spatial") or 8)
+
+    def frames_out(self, latent_frames: int) -> int:
+        """Frames a latent of `latent_frames` frames decodes to: causal video VAEs decode the first to
+        one frame and each later one to the temporal factor; an image is one frame."""
+        if self.latent_ndim() == 4:
+            return 1
+        factor = 2 ** sum(bool(d) for d in self.config.get("temperal_downsample", [False, True, True]))
+        return 1 + (latent_frames - 1) * factor
 
     def load(self, dtype=None, device=None):
         """The VAE in eval mode (random weights seeded with 0 for a named config)."""
@@ -190,11 +226,14 @@ def _source_from_config(folder: Path, config_file: Path, shown: str) -> ModelSou
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read {str(config_file)!r} ({exc}): check the model folder") from exc
+    import vaeshard
+
     class_name = config.get("_class_name")
-    if class_name not in SUPPORTED_CLASSES:
+    supported = vaeshard.supported_classes()
+    if class_name not in supported:
         raise InputError(
             f"model {shown!r} is a {class_name or 'model without _class_name'}: vaeshard decodes "
-            f"{' and '.join(SUPPORTED_CLASSES)}; pass the VAE of a Wan or Qwen-Image pipeline"
+            f"{', '.join(supported)}; pass the VAE of a pipeline that uses one of them"
         )
     return ModelSource(class_name=class_name, config=config, path=str(folder))
 
@@ -334,36 +373,55 @@ def _load_numpy(p: Path):
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-def check_latents(z, z_dim: int, source: str = "latents") -> None:
-    """InputError unless `z` is a (B, C, T, H, W) latent with C == the VAE's z_dim."""
-    check_latent_shape(tuple(z.shape), z_dim, source)
+def check_latents(z, model: ModelSource, source: str = "latents") -> None:
+    """InputError unless `z` is a latent this model decodes: its layout, with C == its latent channels."""
+    check_latent_shape(tuple(z.shape), model, source)
 
 
-def check_latent_shape(shape: tuple[int, ...], z_dim: int, source: str = "latents") -> None:
+def check_latent_shape(shape: tuple[int, ...], model: ModelSource, source: str = "latents") -> None:
     shape = tuple(int(s) for s in shape)
-    if len(shape) != 5:
+    ndim, z_dim = model.latent_ndim(), model.z_dim()
+    layout = "(B, C, T, H, W)" if ndim == 5 else "(B, C, H, W)"
+    if len(shape) != ndim:
         raise InputError(
-            f"{source} have shape {shape} ({len(shape)}-D): this VAE decodes 5-D latents (B, C, T, H, W) "
-            f"with C = {z_dim}; add the missing dimensions (e.g. a batch or frame dimension of 1)"
+            f"{source} have shape {shape} ({len(shape)}-D): this VAE decodes {ndim}-D latents {layout} "
+            f"with C = {z_dim}; add or remove dimensions to match (e.g. a batch or frame dimension of 1)"
         )
     if shape[1] != z_dim:
         raise InputError(
             f"{source} have {shape[1]} channels (shape {shape}), but this VAE expects {z_dim} "
-            "(its z_dim) in layout (B, C, T, H, W): check the model matches the latents"
+            f"(its latent channels) in layout {layout}: check the model matches the latents"
         )
     if any(s == 0 for s in shape):
         raise InputError(f"{source} are empty (shape {shape})")
 
 
-def denormalize(z, latents_mean, latents_std, dtype):
-    """Undo the latent normalisation the way diffusers' WanPipeline / QwenImagePipeline do before decode."""
+def check_denormalize(config: dict, channels: int) -> None:
+    """InputError unless the model's config holds what `denormalize` needs."""
+    if "latents_mean" in config or "latents_std" in config:
+        for name in ("latents_mean", "latents_std"):
+            values = config.get(name)
+            if not isinstance(values, list) or len(values) != channels:
+                raise InputError(f"--denormalize needs {name} with {channels} entries in the model's config; "
+                                 f"it has {values!r}")
+    elif not isinstance(config.get("scaling_factor"), (int, float)):
+        raise InputError("--denormalize needs latents_mean/latents_std or scaling_factor in the model's config")
+
+
+def denormalize(z, config: dict, dtype):
+    """Undo the latent normalisation the way the diffusers pipelines do before decode: Wan's and
+    Qwen-Image's `z * latents_std + latents_mean`, per channel; AutoencoderKL's `z / scaling_factor +
+    shift_factor` (SD, SDXL, FLUX.1, SD3)."""
     import torch
 
     z = z.to(dtype)
-    channels = z.shape[1]
-    mean = torch.tensor(latents_mean).view(1, channels, 1, 1, 1).to(z.device, z.dtype)
-    inv_std = 1.0 / torch.tensor(latents_std).view(1, channels, 1, 1, 1).to(z.device, z.dtype)
-    return z / inv_std + mean
+    if config.get("latents_mean") is not None:
+        channels = z.shape[1]
+        view = (1, channels) + (1,) * (z.dim() - 2)
+        mean = torch.tensor(config["latents_mean"]).view(view).to(z.device, z.dtype)
+        inv_std = 1.0 / torch.tensor(config["latents_std"]).view(view).to(z.device, z.dtype)
+        return z / inv_std + mean
+    return z / config["scaling_factor"] + (config.get("shift_factor") or 0.0)
 
 
 # --- outputs ---------------------------------------------------------------------------------------
@@ -526,7 +584,6 @@ __all__ = [
     "InputError",
     "ModelSource",
     "NAMED_CONFIGS",
-    "SUPPORTED_CLASSES",
     "named_model",
     "resolve_model",
     "LATENT_SUFFIXES",

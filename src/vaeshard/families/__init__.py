@@ -1,10 +1,23 @@
-"""Registry: diffusers VAE class name -> the vaeshard family module that supports it (imported lazily)."""
+"""The one registry of supported classes: diffusers VAE class name -> the vaeshard family module that
+supports it (imported lazily). The library, the command line and docs/families.md all read it."""
 
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
 from .base import Family
+
+
+class Support(NamedTuple):
+    """What vaeshard supports for one diffusers class (`vaeshard.supported_classes()`)."""
+
+    family: str
+    latent_ndim: int  # 5: (B, C, T, H, W) video latents; 4: (B, C, H, W) image latents
+    tile_decode: bool
+    tile_encode: bool
+    spatial_decode: bool
+    spatial_encode: bool
 
 # class name -> (module, family attribute)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -14,8 +27,13 @@ _REGISTRY: dict[str, tuple[str, str]] = {
 }
 
 
-def supported_classes() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+def supported_classes() -> dict[str, Support]:
+    """Every diffusers VAE class vaeshard supports, with what it supports for each."""
+    out = {}
+    for name, (module_name, attr) in _REGISTRY.items():
+        f = getattr(importlib.import_module(module_name), attr)
+        out[name] = Support(f.name, f.latent_ndim, f.tile_decode, f.tile_encode, f.spatial_decode, f.spatial_encode)
+    return out
 
 
 def family_for(vae) -> Family:
@@ -51,9 +69,8 @@ def support_table() -> str:
     ]
     for name, (module_name, attr) in _REGISTRY.items():
         family = getattr(importlib.import_module(module_name), attr)
-        layout = "(B, C, T, H, W)" if family.latent_ndim == 5 else "(B, C, H, W)"
         lines.append(
-            f"| `{name}` | {family.name} | {layout} | {mark(family.tile_decode)} | {mark(family.tile_encode)} "
+            f"| `{name}` | {family.name} | {family.layout} | {mark(family.tile_decode)} | {mark(family.tile_encode)} "
             f"| {mark(family.spatial_decode)} | {mark(family.spatial_encode)} |"
         )
     return "\n".join(lines) + "\n"

@@ -146,10 +146,6 @@ def _encode_tile(vae, tile_bchw):
     return moments
 
 
-def encode_prepare(vae, x):
-    return x
-
-
 def untiled_decode(vae, z):
     # contiguous: the fast tier computes channels-last; callers get diffusers' layout back
     return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
@@ -226,21 +222,23 @@ def release(vae) -> None:
     """AutoencoderKL keeps no feature cache between calls: nothing to drop."""
 
 
-FAMILY = Family(
-    name="autoencoder_kl",
-    classes=("AutoencoderKL",),
-    latent_ndim=4,
-    tile_decode=True,
-    tile_encode=True,
-    spatial_decode=True,
-    spatial_encode=False,
-    latent_channels=latent_channels,
-    decode_tile_ops=decode_tile_ops,
-    encode_tile_ops=encode_tile_ops,
-    encode_prepare=encode_prepare,
-    untiled_decode=untiled_decode,
-    untiled_encode=untiled_encode,
-    install_layers=install_layers,
-    uninstall_layers=uninstall_layers,
-    release=release,
-)
+class _AutoencoderKL(Family):
+    name = "autoencoder_kl"
+    classes = ("AutoencoderKL",)
+    latent_ndim = 4
+    spatial_decode = True
+    spatial_encode = False
+    latent_channels = staticmethod(latent_channels)
+    decode_tile_ops = staticmethod(decode_tile_ops)
+    encode_tile_ops = staticmethod(encode_tile_ops)
+    untiled_decode = staticmethod(untiled_decode)
+    untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
+    uninstall_layers = staticmethod(uninstall_layers)
+    release = staticmethod(release)
+
+    def spatial_ratio(self, vae) -> int:
+        return 2 ** _num_upsamplers(vae)
+
+
+FAMILY = _AutoencoderKL()

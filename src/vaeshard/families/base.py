@@ -1,45 +1,86 @@
-"""What a VAE family declares to vaeshard, and the helpers shared by families."""
+"""The contract between vaeshard and a family of diffusers VAE classes, and helpers families share.
+
+A family is a subclass of `Family`: class attributes declare what it supports (the support table in
+docs/families.md is generated from them), and methods supply what cannot be data: the tile grid and
+per-tile run (kept line for line with diffusers' tiled decode, so `tile` stays bit-identical), the
+untiled decode and encode a sharded request runs on each rank's slice, and the layers to swap for
+sharding (runtime/swap.py). docs/adding-a-family.md walks through writing one.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
 
 import torch
 
 from ..runtime.tile import TileOps
 
 
-@dataclass(frozen=True)
-class Family:
-    """A family of diffusers VAE classes.
+class Family(ABC):
+    """A family of diffusers VAE classes (e.g. Wan: AutoencoderKLWan).
 
-    Declarative part: names, latent layout, capabilities. Code part (callables) supplies what
-    cannot be data: the tile grid and per-tile run, and the halo installation for spatial sharding.
+    Declared (class attributes): `name`, the diffusers `classes`, `latent_ndim` (5 for
+    (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
+    decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply).
     """
 
     name: str
     classes: tuple[str, ...]
-    latent_ndim: int  # 5 for (B, C, T, H, W)
-    tile_decode: bool
-    tile_encode: bool
-    spatial_decode: bool
+    latent_ndim: int
+    tile_decode: bool = True
+    tile_encode: bool = True
+    spatial_decode: bool = False
     spatial_encode: bool = False
-    # callables (set by the family module)
-    latent_channels: object = None  # vae -> int
-    decode_tile_ops: object = None  # (vae, z) -> TileOps | None (None: the latent fits one tile)
-    encode_tile_ops: object = None  # (vae, x) -> TileOps | None, x already in encoder coordinates
-    encode_prepare: object = None  # (vae, x) -> x in encoder coordinates (e.g. patchified)
-    untiled_decode: object = None  # (vae, z) -> tensor: diffusers' untiled decode (the spatial reference)
-    untiled_encode: object = None  # (vae, x) -> moments: diffusers' untiled encode
-    direct_decode: object = None  # (vae, z) -> tensor: one rank's whole decode (None: the VAE's own `decode`)
-    install_layers: object = None  # vae -> None: swap in request-aware layers (halo, fast tier; idempotent)
-    uninstall_layers: object = None  # vae -> None
-    release: object = None  # vae -> None: drop request scratch the model keeps (e.g. feature caches)
-    # (vae, ranks, device) -> "height" | "width" | None: `auto`'s axis for a spatially sharded decode
-    # on that device where BENCHMARKS.md measured it faster than the baseline rule's pick (the longer
-    # axis), used when that axis covers the group; None (or no callable): the baseline rule
-    decode_axis: object = None
-    notes: dict = field(default_factory=dict)
+    frame_loop: bool = False
+
+    @abstractmethod
+    def latent_channels(self, vae) -> int:
+        """Channels of a latent this VAE decodes (C)."""
+
+    @abstractmethod
+    def decode_tile_ops(self, vae, z) -> TileOps | None:
+        """diffusers' tile grid of `z` and the per-tile decode, or None where the latent is one tile
+        (diffusers then decodes it directly)."""
+
+    @abstractmethod
+    def encode_tile_ops(self, vae, x) -> TileOps | None:
+        """The same for encoding the sample `x` (in sample coordinates)."""
+
+    @abstractmethod
+    def untiled_decode(self, vae, z) -> torch.Tensor:
+        """diffusers' untiled decode of `z` (a sharded request runs it on each rank's slice)."""
+
+    @abstractmethod
+    def untiled_encode(self, vae, x) -> torch.Tensor:
+        """diffusers' untiled encode of `x`: the moments (mean and logvar stacked on channels)."""
+
+    def encode_prepare(self, vae, x) -> torch.Tensor:
+        """`x` in encoder coordinates (e.g. patchified); most families take it as it is."""
+        return x
+
+    def direct_decode(self, vae, z) -> torch.Tensor:
+        """One rank's whole decode: the VAE's own `decode` unless the family runs its own loop."""
+        return type(vae).decode(vae, z, return_dict=False)[0]
+
+    def install_layers(self, vae) -> None:
+        """Swap in request-aware layers (halo, fast tier); idempotent. May raise ValueError for a VAE
+        whose layers cannot be sharded (the caller then undoes any swap made)."""
+
+    def uninstall_layers(self, vae) -> None:
+        """Undo `install_layers`."""
+
+    def release(self, vae) -> None:
+        """Drop request scratch the model keeps between calls (e.g. feature caches)."""
+
+    def decode_axis(self, vae, ranks: int, device: torch.device) -> str | None:
+        """`auto`'s measured refinement: "height" or "width" for a spatially sharded decode over
+        `ranks` ranks on `device`, where BENCHMARKS.md measured it faster than the baseline rule's
+        pick (the longer axis); None: the baseline rule."""
+        return None
+
+    def spatial_ratio(self, vae) -> int:
+        """Sample pixels per latent pixel along each spatial axis."""
+        return vae.spatial_compression_ratio
 
     def supports(self, op: str, strategy: str) -> bool:
         if strategy == "direct":
@@ -47,6 +88,10 @@ class Family:
         if strategy == "tile":
             return self.tile_decode if op == "decode" else self.tile_encode
         return self.spatial_decode if op == "decode" else self.spatial_encode
+
+    @property
+    def layout(self) -> str:
+        return "(B, C, T, H, W)" if self.latent_ndim == 5 else "(B, C, H, W)"
 
 
 def frames_out(num_frames: int, temporal_factor: int) -> int:

@@ -10,6 +10,8 @@ from .wan import WanLike
 
 
 class _QwenImage(WanLike):
+    name = "qwenimage"
+    classes = ("AutoencoderKLQwenImage",)
     decoder_takes_first_chunk = False
     clamp_tiled_decode = False
 
@@ -44,4 +46,4 @@ class _QwenImage(WanLike):
         return QwenImageUpsample
 
 
-FAMILY = _QwenImage().family("qwenimage", ("AutoencoderKLQwenImage",))
+FAMILY = _QwenImage()

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import box_conv, norm_math
+from . import box_conv, norm_math, weights
 from .triton_support import frame_stride, launch, runs_on, tl, triton
 
 if triton is not None:
@@ -332,48 +332,20 @@ def gemm_weight_of(weight: torch.Tensor) -> torch.Tensor:
     return weight.detach().permute(*taps, 1, 0).reshape(-1, cout).contiguous()
 
 
-_GEMM_WEIGHT = "_vaeshard_gemm_weight"
-_BOX_WEIGHT = "_vaeshard_box_weight"
-
-
 def cached_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`gemm_weight_of(weight)`, kept on the weight tensor and made again when the weight changes
-    (in-place updates bump its version; a new tensor has no copy). Inference tensors keep no
-    version counter, so theirs is made on every call."""
-    return kept_on_weight(weight, _GEMM_WEIGHT, gemm_weight_of)
+    """`gemm_weight_of(weight)`, kept on the weight tensor (kernels/weights.py)."""
+    return weights.kept(weight, "gemm", gemm_weight_of)
 
 
 def cached_box_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`box_conv.box_weight_of(weight)`, kept as `cached_gemm_weight` keeps its layout."""
-    return kept_on_weight(weight, _BOX_WEIGHT, box_conv.box_weight_of)
+    """`box_conv.box_weight_of(weight)`, kept on the weight tensor (kernels/weights.py)."""
+    return weights.kept(weight, "box", box_conv.box_weight_of)
 
 
 def cached_weight_for(how: ConvPlan, weight: torch.Tensor) -> torch.Tensor:
     """The weight in the layout `conv3d` reads for the plan `how` (box_conv's or the Triton
     kernel's), kept on the weight tensor: the `kernel_weight` argument of `conv3d`."""
     return cached_box_weight(weight) if how.box else cached_gemm_weight(weight)
-
-
-def kept_on_weight(weight: torch.Tensor, attr: str, make) -> torch.Tensor:
-    """`make(weight)`, kept on the weight tensor under `attr` and made again when the weight changes
-    (an in-place update bumps its version; a new tensor has none kept); made on every call for an
-    inference tensor, which keeps no version counter."""
-    if weight.is_inference():
-        return make(weight)
-    key = (weight._version, weight.dtype, weight.device, weight.data_ptr())
-    held = getattr(weight, attr, None)
-    if held is None or held[0] != key:
-        held = (key, make(weight))
-        setattr(weight, attr, held)
-    return held[1]
-
-
-def forget_gemm_weights(module: torch.nn.Module) -> None:
-    """Drop the copies `cached_gemm_weight` and `cached_box_weight` keep on `module`'s parameters
-    (`vaeshard.unparallelize`)."""
-    for p in module.parameters():
-        p.__dict__.pop(_GEMM_WEIGHT, None)
-        p.__dict__.pop(_BOX_WEIGHT, None)
 
 
 def _triple(v) -> tuple[int, int, int]:

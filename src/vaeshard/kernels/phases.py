@@ -27,10 +27,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .conv3d import kept_on_weight
+from . import weights
 from .triton_support import launch, runs_on, tl, triton
-
-_PHASE_WEIGHT = "_vaeshard_phase_weight"
 
 # Per axis: the source taps (rows) of phase 0 and 1, each a sum of the 3x3 kernel's taps there.
 _TAPS = (((0,), (1, 2)), ((0, 1), (2,)))
@@ -91,15 +89,8 @@ def phase_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def cached_phase_weight(weight: torch.Tensor) -> torch.Tensor:
-    """`phase_weight(weight)`, kept on the weight tensor and made again when the weight changes (as
-    conv_kernel.cached_gemm_weight keeps its layouts)."""
-    return kept_on_weight(weight, _PHASE_WEIGHT, phase_weight)
-
-
-def forget_phase_weights(module: torch.nn.Module) -> None:
-    """Drop the weights `cached_phase_weight` keeps on `module`'s parameters."""
-    for p in module.parameters():
-        p.__dict__.pop(_PHASE_WEIGHT, None)
+    """`phase_weight(weight)`, kept on the weight tensor (kernels/weights.py)."""
+    return weights.kept(weight, "phases", phase_weight)
 
 
 def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -8,8 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .. import tuning
 from ..runtime import graphs
-from . import tier as fast
+from ..kernels.norm import rms_norm
 
 
 def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
@@ -25,7 +26,7 @@ def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
 
 
 # Frames copied one at a time at most this many (more: one strided copy).
-COPY_FRAMES_MAX = 32
+
 
 
 def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
@@ -35,7 +36,7 @@ def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
     copy kernel (Wan 2.1 720p on 2 H200s: 0.798 against 0.809 s, BENCHMARKS.md). The same values
     either way."""
     frames = dst.shape[dim]
-    if 1 < frames <= COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
+    if 1 < frames <= tuning.COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
         d, s = dst.select(dim, 0), src.select(dim, 0)
         if same_layout(d, s) and _dense(d):
             for i in range(frames):
@@ -78,7 +79,7 @@ def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_r
     """silu(norm(x)) written into `conv`'s input buffer, with diffusers' feature-cache bookkeeping;
     `convolve()` on the result runs the convolution (`halo_rows`: see HaloCausalConv3d)."""
     pending = _causal_input(conv, x, feat_cache, feat_idx, halo_rows)
-    fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=pending.new)
+    rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=pending.new)
     return pending
 
 

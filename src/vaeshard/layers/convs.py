@@ -34,12 +34,9 @@ class HaloCausalConv3d:
         fast = fast_tier.enabled()
         if ctx is None and not fast:
             return super().forward(x, cache_x)
-        cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
         if fast:  # one buffer: causal zero frames, cached frames, this chunk, halo rows
-            limit = fast_tier.max_layer_frames()
-            if limit is not None and x.shape[2] > limit and self._causal_in_time():
-                return self._forward_in_parts(x, cached, limit)
-            return self._convolve(ctx, x, cached)
+            return self.convolve(x, cache_x, fast_tier.max_layer_frames())
+        cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
         # exact tier, sharded: diffusers' steps, with halo rows in place of the sharded axis's padding
         padding = list(self._padding)  # (w_left, w_right, h_top, h_bottom, t_front, t_back)
         if cached is not None:
@@ -49,6 +46,14 @@ class HaloCausalConv3d:
         x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1])
         padding[slot] = padding[slot + 1] = 0
         return nn.Conv3d.forward(self, F.pad(x, padding))
+
+    def convolve(self, x, cache_x=None, limit: int | None = None):
+        """Fast tier: `forward(x, cache_x)` with at most `limit` frames at a time (None: all), the
+        bound of the layer that calls it (tier.layer_frames) or the request's."""
+        cached = cache_x.to(x.device) if cache_x is not None and self._padding[4] > 0 else None
+        if limit is not None and x.shape[2] > limit and self._causal_in_time():
+            return self._forward_in_parts(x, cached, limit)
+        return self._convolve(current(), x, cached)
 
     # Fast tier: the input is built in one channels-last buffer. A caller that produces the input
     # itself (a residual block whose fused norm writes into the buffer) uses the two steps directly,
@@ -62,7 +67,7 @@ class HaloCausalConv3d:
     # the caller wrote those rows itself (such a wider output), nothing is received, and at the
     # global edges the rows become the zero padding.
     #
-    # Zero columns (fast tier, CUDA, `fast.zero_columns`): where the Triton kernel's row tiles do not
+    # Zero columns (fast tier, CUDA, the route's `zero_columns`): where the Triton kernel's row tiles do not
     # fit the rows, an unsharded width's padding is held in the buffer as one zero column a side,
     # which the kernel's wrapping tiles take; the buffer is then wider than the new frames, and the
     # steps after `input_buffer` are given the new frames' `width` to know it.
@@ -84,22 +89,29 @@ class HaloCausalConv3d:
         ctx = current()
         tpad = self._padding[4]
         new = tuple(like.shape if shape is None else shape)
-        rows, columns = self._geometry(ctx, like, new, halo_rows)
-        # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows, zero columns)
+        rows = (None, 0, 0) if ctx is None else (ctx.dim(new), *(self._halo_rows(ctx) if halo_rows is None else halo_rows))
+        # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows; columns
+        # are asked of the route, which reads the cache where it lies only for a buffer without them)
+        whole = cache_x is None or tuple(cache_x.shape[3:]) == _buffer_shape(new, rows, 0, 0)[3:]
+        way = self._route(ctx, like, new, cache_x if whole else None, causal=whole)
+        columns = way.zero_columns
         whole = cache_x is None or tuple(cache_x.shape[3:]) == _buffer_shape(new, rows, columns, 0)[3:]
-        reads = self.front(like, cache_x, new) if whole and not columns else None
+        reads = way.front
         buf, core = self._allocate(like, new, rows, columns, 0 if reads is not None else tpad)
         if reads is not None:
             return buf, core, 0, reads
         return buf, core[:, :, tpad:], self._fill_front(buf, core, cache_x, whole), None
 
-    def _geometry(self, ctx, like, new, halo_rows):
-        """((sharded dim or None, halo rows before, after), zero columns a side) of a buffer for `new`."""
-        if ctx is None:
-            rows = (None, 0, 0)
-        else:
-            rows = (ctx.dim(new), *(self._halo_rows(ctx) if halo_rows is None else halo_rows))
-        return rows, self._zero_columns(ctx, like, new[-1])
+    def _route(self, ctx, like, new, cache_x, causal: bool, columns: bool = True):
+        """The route (kernels/routing.py) of a buffer for `new` frames like `like` behind `cache_x`:
+        zero columns (where `columns`) where the width is unsharded and padded by one column a side;
+        the time padding read from `cache_x` where it lies where `causal` (the cache holds the
+        buffer's rows and columns) and this convolution is causal in time, for the cache's samples
+        and channels."""
+        columns = columns and (ctx is None or ctx.axis != WIDTH) and tuple(self._padding[:2]) == (1, 1)
+        causal = causal and self._causal_in_time() and (cache_x is None or tuple(cache_x.shape[:2]) == new[:2])
+        return fast_tier.conv_route(self.weight, self.stride, (0, 0, int(columns)), self.dilation, self.groups,
+                                    like=like, width=new[-1], causal=causal, cache=cache_x)
 
     def _allocate(self, like, new, rows, columns, tpad):
         """(buffer, core): an uninitialised channels-last buffer for `new` frames behind `tpad` ones,
@@ -128,17 +140,12 @@ class HaloCausalConv3d:
         return tpad if whole else 0
 
     def front(self, like: torch.Tensor, cache_x: torch.Tensor | None, shape=None):
-        """A conv_kernel.Front for new frames like `like` (or of `shape`) behind `cache_x` (None: zero
-        frames; else a cache of the buffer's rows and columns, which the caller has checked) where
-        box_conv's kernel reads this convolution's time padding where it lies (`fast.causal_front`: a
-        3x3x3 causal convolution, stride 1, in this request), else None."""
+        """The route's conv_kernel.Front for new frames like `like` (or of `shape`) behind `cache_x`
+        (None: zero frames; else a cache of the frames' rows and columns, which the caller has
+        checked), convolved where they lie, where the kernel reads this convolution's time padding
+        from the cache, else None."""
         new = tuple(like.shape if shape is None else shape)
-        if (self.kernel_size[0] != 3 or not self._causal_in_time() or self.stride != (1, 1, 1)
-                or self.dilation != (1, 1, 1) or self.groups != 1):
-            return None
-        if cache_x is not None and tuple(cache_x.shape[:2]) != new[:2]:
-            return None
-        return fast_tier.causal_front(like, self.weight, cache_x)
+        return self._route(None, like, new, cache_x, causal=True, columns=False).front
 
     def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
                        add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None,
@@ -171,9 +178,9 @@ class HaloCausalConv3d:
         sample's: with more, their frames do not follow each other there), else the norm kernel
         runs after the convolution (fast.conv_with_bias)."""
         bias = None if bias_moved(self) else self.bias
-        return buf.shape[0] == 1 and fast_tier.norm_in_epilogue(
-            F.conv3d, buf, self.weight, bias, self.stride, self._buffer_padding(current(), buf, width), self.dilation,
-            self.groups, front=front)
+        return buf.shape[0] == 1 and fast_tier.conv_route(
+            self.weight, self.stride, self._buffer_padding(current(), buf, width), self.dilation, self.groups,
+            x=buf, bias=bias, front=front).norms_output
 
     def output_shape(self, buf: torch.Tensor, width: int | None = None, front=None) -> tuple[int, ...]:
         """The shape `forward_buffer(buf, width=width, front=front)` gives (known before the buffer
@@ -197,15 +204,6 @@ class HaloCausalConv3d:
         if buf is not None and width is not None and buf.shape[-1] > width:  # halo or zero columns
             padding[0] = padding[1] = 0
         return (0, padding[2], padding[0])
-
-    def _zero_columns(self, ctx, like: torch.Tensor, width: int) -> int:
-        """Zero columns a side that an input buffer for new frames of `width` columns holds in place of
-        the padding (`fast.zero_columns`): 1 or 0 (an unsharded width padded by one column a side)."""
-        if (ctx is not None and ctx.axis == WIDTH) or tuple(self._padding[:2]) != (1, 1):
-            return 0
-        if self.stride != (1, 1, 1) or self.dilation != (1, 1, 1) or self.groups != 1:
-            return 0
-        return 1 if fast_tier.zero_columns(like, self.weight, width) else 0
 
     def _causal_in_time(self) -> bool:
         """Whether each output frame sees its own input frame and the `kernel - 1` before it (stride

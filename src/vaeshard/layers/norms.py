@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from ..kernels.norm import rms_norm
 from ..runtime.comm import all_reduce_sum
 from ..runtime.spatial import ShardContext, current
-from .tier import _fast
+from .tier import enabled
 
 
 class FusedRMSNormSiLU:
@@ -24,7 +24,7 @@ class FusedRMSNormSiLU:
     """
 
     def forward(self, x):
-        if not _fast.get():
+        if not enabled():
             return super().forward(x)
         conv = self.__dict__.get(_BIAS_FROM)
         pre_bias = conv.bias if conv is not None else None
@@ -62,7 +62,7 @@ class PassThroughSiLU:
     """Mixin for the SiLU that follows a `FusedRMSNormSiLU`: identity in the fast tier."""
 
     def forward(self, x):
-        if not _fast.get():
+        if not enabled():
             return super().forward(x)
         return x
 
@@ -74,7 +74,7 @@ class NearestUpsample:
     """
 
     def forward(self, x):
-        if not _fast.get():
+        if not enabled():
             return super().forward(x)
         return F.interpolate(x, scale_factor=self.scale_factor, mode=self.mode)
 

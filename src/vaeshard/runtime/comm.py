@@ -328,6 +328,24 @@ class Comm:
 
     # -- gathers --------------------------------------------------------------------------------
 
+    def share_from_rank0(self, x: torch.Tensor | None) -> torch.Tensor:
+        """Group rank 0's tensor `x` on every rank (others pass None): its shape and dtype, then its
+        values, in two broadcasts. Rank 0 returns `x` itself; the others a contiguous copy."""
+        if self.world == 1:
+            return x
+        head = torch.full((9,), -1, dtype=torch.int64, device=self._small_device())
+        if self.rank == 0:
+            head[0] = _SHARED_DTYPES.index(x.dtype)
+            head[1] = x.dim()
+            head[2 : 2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+        self._wait(dist.broadcast(head, self._global(0), group=self.group, async_op=True), "broadcast of the result")
+        values = head.tolist()
+        dtype, shape = _SHARED_DTYPES[values[0]], values[2 : 2 + values[1]]
+        data = x.contiguous() if self.rank == 0 else torch.empty(shape, dtype=dtype, device=self._small_device())
+        self._wait(dist.broadcast(data, self._global(0), group=self.group, async_op=True), "broadcast of the result")
+        return x if self.rank == 0 else data
+
+
     def all_gather_along(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor:
         """Concatenate every rank's slice along `dim`; rank r holds `extents[r]` rows (uneven allowed).
 
@@ -403,6 +421,9 @@ class Comm:
         bufs = [torch.empty_like(stack) for _ in range(self.world)] if self.rank == 0 else None
         self._wait(dist.gather(stack, bufs, dst=self._global(0), group=self.group, async_op=True), "gather of tiles")
         return bufs
+
+
+_SHARED_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
 def _with_extent(shape: torch.Size, dim: int, extent: int) -> list[int]:

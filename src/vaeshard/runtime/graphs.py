@@ -46,30 +46,19 @@ from typing import Callable
 
 import torch
 
+from .. import tuning
+
 log = logging.getLogger("vaeshard")
 
 # Calls before the capture: the first (the first latent frame, its own shapes) and the second (the
 # same shapes as the steady calls, which times cuDNN's algorithms for them in benchmark mode).
 WARMUP_CALLS = 2
-# Captured only when at least this many steady calls follow the capture: a capture costs about one
-# eager call's host time plus the graph's instantiation.
-MIN_REPLAYS = 2
-
-# cuda_graphs="auto" replays where a rank's output frame has at most this many pixels. Measured on
-# 2 H200s, interleaved in the same processes (BENCHMARKS.md): Wan 2.1 480p on 2 GPUs (832 x 240
-# pixels per rank) 0.478 s replayed against 0.572 s eager, the host pacing the eager decode; 720p on
-# 2 GPUs (1280 x 360) 0.887 against 0.841 s and on 1 GPU (1280 x 720) 1.539 against 1.527 s, the GPU
-# pacing it. Between those sizes the crossover depends on the host's speed and was not measured.
-AUTO_MAX_PIXELS = 1 << 18
 
 
-def wanted(setting, pixels_per_rank: int) -> bool:
-    """Whether a request replays its steady decoder calls: `setting` True or False as given; "auto"
-    when a rank's output frame (`pixels_per_rank`; the largest rank's, so that every rank of a
-    sharded request decides alike) is at most AUTO_MAX_PIXELS."""
-    if setting == "auto":
-        return pixels_per_rank <= AUTO_MAX_PIXELS
-    return bool(setting)
+def replays(device: torch.device, num_calls: int) -> bool:
+    """Whether a request of `num_calls` decoder calls on `device` can replay a CUDA graph: CUDA, and
+    enough steady calls after the warm-up and the capture (tuning.GRAPHS_MIN_REPLAYS)."""
+    return device.type == "cuda" and num_calls >= WARMUP_CALLS + 1 + tuning.GRAPHS_MIN_REPLAYS
 
 
 _streams: dict[int, torch.cuda.Stream] = {}
@@ -207,7 +196,7 @@ class DecoderSteps:
 
     def __init__(self, device: torch.device, graphs: bool, num_calls: int, keep: tuple | None = None):
         self.device = device
-        self.enabled = bool(graphs) and device.type == "cuda" and num_calls >= WARMUP_CALLS + 1 + MIN_REPLAYS
+        self.enabled = bool(graphs) and replays(device, num_calls)
         self.num_calls = num_calls
         self.keep = keep if self.enabled else None
         self.kept: KeptCalls | None = None
@@ -289,7 +278,7 @@ class DecoderSteps:
             return self._eager(step, x)
         if self.steady is not None:
             return self.steady.replay(x)
-        if index < WARMUP_CALLS or self.num_calls - index - 1 < MIN_REPLAYS:
+        if index < WARMUP_CALLS or self.num_calls - index - 1 < tuning.GRAPHS_MIN_REPLAYS:
             return self._eager(step, x)
         try:
             before = list(state)

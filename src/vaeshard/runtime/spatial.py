@@ -91,7 +91,35 @@ def sharding(ctx: ShardContext):
         _current.reset(token)
 
 
+def largest_frame_pixels(x: torch.Tensor) -> int:
+    """The pixels of one of `x`'s frames (any level of the model) on the rank that holds the most of
+    them in this request: the same number on every rank of a sharded request, so that every rank
+    takes the same per-layer choices (tier.layer_frames) and their halo exchanges pair up. Outside a
+    sharded request, `x`'s own."""
+    ctx = current()
+    pixels = x.shape[-2] * x.shape[-1]
+    if ctx is None:
+        return pixels
+    local = x.shape[ctx.dim(x)]
+    return pixels // local * max(ctx.extents_at(local))
+
+
 def split_extents(extent: int, num_ranks: int) -> list[int]:
     """Consecutive near-equal slices: 90 over 4 -> [23, 23, 22, 22]."""
     base, extra = divmod(extent, num_ranks)
     return [base + (1 if r < extra else 0) for r in range(num_ranks)]
+
+
+def run_spatial(comm: Comm, x: torch.Tensor, axis: str, rows_per_latent_row: int, run, to_all: bool):
+    """The spatial executor: each rank runs `run(local)` (the untiled model) on its slice of whole
+    latent rows (or columns) of `x` inside a shard context, then the slices are assembled in global
+    order (every rank, or group rank 0 only: the others get None). `rows_per_latent_row`: 1 for a
+    latent, the compression ratio for an encode's sample."""
+    dim = x.dim() - 2 if axis == HEIGHT else x.dim() - 1
+    extents = split_extents(x.shape[dim] // rows_per_latent_row, comm.world)
+    start = sum(extents[: comm.rank]) * rows_per_latent_row
+    local = x.narrow(dim, start, extents[comm.rank] * rows_per_latent_row)
+    ctx = ShardContext(comm=comm, axis=axis, extents=extents)
+    with sharding(ctx):
+        out_local = run(local)
+    return comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), to_all)

@@ -13,20 +13,25 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ... import tuning
 from ...layers import tier as fast
 from ...layers.attention import WholeFrameAttention
 from ...layers.convs import HaloCausalConv3d, HaloConv2d, HaloZeroPad2d
 from ...layers.norms import FusedRMSNormSiLU, NearestUpsample, PassThroughSiLU, forget_moved_bias, move_bias_into_norm
-from ...runtime import graphs
-from ...runtime import spatial as shard
 from ...runtime.swap import is_swapped, swap, unswap
 from ...runtime.tile import TileGrid, TileOps
 from ..base import Family, frames_out, with_tiling_off
-from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample, _frame_pixels
+from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample
+from .frames import decode_in_steps
 
 
-class WanLike:
+class WanLike(Family):
     """Tile and shard behaviour of a Wan-architecture VAE; subclass attributes name the differences."""
+
+    latent_ndim = 5
+    spatial_decode = True
+    spatial_encode = True
+    frame_loop = True
 
     causal_conv_cls: type
     attention_cls: type
@@ -127,7 +132,7 @@ class WanLike:
 
     def untiled_decode(self, vae, z):
         if fast.enabled():
-            return with_tiling_off(vae, self._decode_in_steps, vae, z)
+            return with_tiling_off(vae, decode_in_steps, self, vae, z)
         # contiguous: a sharded request computes channels-last; callers get diffusers' layout back
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
 
@@ -139,59 +144,6 @@ class WanLike:
         if fast.enabled() and not (tiles or hasattr(vae, "_hf_hook")):
             return self.untiled_decode(vae, z)
         return type(vae).decode(vae, z, return_dict=False)[0]
-
-    def _decode_in_steps(self, vae, z):
-        """diffusers' untiled `_decode` with two changes, fast tier: after the first latent frame
-        (always decoded alone, as `first_chunk`), the decoder takes `fast.frames_per_step` frames per
-        call instead of one, and each call's output is clamped straight into one preallocated output instead of
-        growing a `torch.cat` (which copies everything decoded so far at every frame).
-
-        Code, not a hook, because diffusers' loop slices one frame per call and concatenates as it
-        goes. Every split of the frames gives the same values: each causal convolution sees the
-        same input frames, its cached ones in front (diffusers' feature-cache bookkeeping keeps the
-        last two input frames whatever the call's length). With one frame per call the decoder calls are
-        diffusers' own, and so are the bits. On CUDA the steady calls may be replayed as one CUDA
-        graph (graphs.py, `cuda_graphs`): the same kernels, the same bits.
-        """
-        _, _, num_frames, _, _ = z.shape
-        total = frames_out(num_frames, self.temporal_factor(vae))
-        # the largest rank's latent frame, decoded: its output pixels decide frames_per_step="auto"
-        # and cuda_graphs="auto", the same on every rank
-        pixels = _frame_pixels(z) * vae.spatial_compression_ratio**2
-        per_step = fast.frames_per_step(pixels, z.device)
-        num_calls = 1 + -(-(num_frames - 1) // per_step)
-
-        def step(chunk, first: bool):
-            vae._conv_idx = [0]
-            if first and self.decoder_takes_first_chunk:
-                return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
-            return vae.decoder(chunk, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
-
-        # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
-        keep = _keep_graphs(vae, z, per_step) if fast.keep_cuda_graphs() else None
-        with graphs.DecoderSteps(z.device, graphs.wanted(fast.cuda_graphs(), pixels), num_calls, keep) as steps:
-            vae.clear_cache()
-            try:
-                x = vae.post_quant_conv(z)
-                out, filled, start = None, 0, 0
-                while start < num_frames:
-                    stop = 1 if start == 0 else min(start + per_step, num_frames)
-                    y = steps.call(lambda c, first=(start == 0): step(c, first), x[:, :, start:stop],
-                                   vae._feat_map, steady=start > 0 and stop - start == per_step)
-                    if out is None:  # contiguous, as diffusers'
-                        out = steps.hand_over(y.new_empty((*y.shape[:2], total, *y.shape[3:])))
-                    if filled + y.shape[2] > total:
-                        raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
-                    torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
-                    filled += y.shape[2]
-                    start = stop
-                    del y
-                del x
-            finally:
-                vae.clear_cache()
-        if filled != total:
-            raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
-        return self._unpatchify(vae, out)  # a permutation: clamping before it gives diffusers' values
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""
@@ -313,53 +265,16 @@ class WanLike:
     def release(self, vae) -> None:
         vae.clear_cache()
 
-    def family(self, name: str, classes: tuple[str, ...], tile_encode: bool = True) -> Family:
-        return Family(
-            name=name,
-            classes=classes,
-            latent_ndim=5,
-            tile_decode=True,
-            tile_encode=tile_encode,
-            spatial_decode=True,
-            spatial_encode=True,
-            latent_channels=self.latent_channels,
-            decode_tile_ops=self.decode_tile_ops,
-            encode_tile_ops=self.encode_tile_ops,
-            encode_prepare=self.encode_prepare,
-            untiled_decode=self.untiled_decode,
-            direct_decode=self.direct_decode,
-            untiled_encode=self.untiled_encode,
-            install_layers=self.install_layers,
-            uninstall_layers=self.uninstall_layers,
-            release=self.release,
-            decode_axis=self.decode_axis,
-        )
-
-    @staticmethod
-    def decode_axis(vae, ranks: int, device: torch.device) -> str | None:
-        """`auto`'s measured refinement (Family.decode_axis): a CUDA decode over 2 ranks of a VAE with
-        Wan 2.1's layers (96 channels at full resolution: Wan 2.1, and Qwen-Image, its architecture)
-        by height. Measured in the same processes on 2 H200s (BENCHMARKS.md, "Which axis"): Wan 2.1
-        720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; its channels-last
-        halo rows are contiguous, and the Triton kernel's row tiles add the residual and compute the
-        norm as they store. Wan 2.2 (256 channels there, on cuDNN) measured within 1% either way
-        (2.030 against 2.015 s); other rank counts and CPU decodes were not measured: the baseline."""
+    def decode_axis(self, vae, ranks: int, device: torch.device) -> str | None:
+        """`auto`'s measured refinement (Family.decode_axis): a CUDA decode over
+        tuning.WAN_HEIGHT_RANKS ranks of a VAE with Wan 2.1's layers (tuning.WAN_HEIGHT_BASE_DIM
+        channels at full resolution: Wan 2.1, and Qwen-Image, its architecture) by height: its
+        channels-last halo rows are contiguous, and the Triton kernel's row tiles add the residual
+        and compute the norm as they store (docs/tuning.md). Wan 2.2 measured alike either way; other
+        rank counts and CPU decodes were not measured: the baseline."""
         base = getattr(vae.config, "decoder_base_dim", None) or getattr(vae.config, "base_dim", None)
-        return "height" if device.type == "cuda" and ranks == 2 and base == 96 else None
-
-
-def _keep_graphs(vae, z: torch.Tensor, per_step: int) -> tuple:
-    """(owner, signature, anchors) for graphs.DecoderSteps' `keep`: a kept graph serves a later
-    request only with the same signature: the decoder calls' input shapes, dtype and device, the
-    frames per call, the tier's settings, the shard (axis, extents, this rank, the process group)
-    and where the decoder's weights lie and their versions. The group is held in `anchors`, so its
-    identity stays its own while the graphs are kept."""
-    ctx = shard.current()
-    group = None if ctx is None else ctx.comm.group
-    where = None if ctx is None else (ctx.axis, tuple(ctx.extents), ctx.comm.rank, ctx.comm.world, id(group))
-    signature = ((*z.shape[:2], *z.shape[3:]), z.dtype, z.device, per_step, torch.is_grad_enabled(), where,
-                 fast.settings_signature(), graphs.tensors_signature(vae.decoder))
-    return vae, signature, (group,)
+        return ("height" if device.type == "cuda" and ranks == tuning.WAN_HEIGHT_RANKS
+                and base == tuning.WAN_HEIGHT_BASE_DIM else None)
 
 
 def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
@@ -388,6 +303,8 @@ def _check_halo_conv2d(conv: nn.Conv2d) -> None:
 
 
 class _Wan(WanLike):
+    name = "wan"
+    classes = ("AutoencoderKLWan",)
     decoder_takes_first_chunk = True
     clamp_tiled_decode = True
 
@@ -428,4 +345,4 @@ class _Wan(WanLike):
         return WanResidualUpBlock
 
 
-FAMILY = _Wan().family("wan", ("AutoencoderKLWan",))
+FAMILY = _Wan()

@@ -26,6 +26,7 @@ from ...layers.buffers import (
 )
 from ...layers.norms import bias_moved
 from ...runtime import spatial as shard
+from ...runtime.spatial import largest_frame_pixels
 
 
 class FastResidualBlock:
@@ -77,15 +78,13 @@ class FastResidualBlock:
             return super().forward(x, feat_cache, feat_idx)
         def suits() -> bool:  # sharded, the parts share the block's one halo exchange (`_edges`)
             return ((shard.current() is None or _one_exchange(self, x))
-                    and all(fast.causal_front(x, conv.weight, None) is not None for conv in (self.conv1, self.conv2)))
+                    and all(conv.front(x, None) is not None for conv in (self.conv1, self.conv2)))
 
-        with fast.frames_for_layer(_frame_pixels(x), shard.current() is not None, suits):
-            return self._forward_in_parts(x, feat_cache, feat_idx)
+        return self._forward_in_parts(x, feat_cache, feat_idx, fast.layer_frames(largest_frame_pixels(x), suits))
 
-    def _forward_in_parts(self, x, feat_cache, feat_idx):
-        limit = fast.max_layer_frames()
+    def _forward_in_parts(self, x, feat_cache, feat_idx, limit: int | None):
         if limit is None or feat_cache is None or x.shape[2] <= limit:
-            return self._fast_forward(x, feat_cache, feat_idx)
+            return self._fast_forward(x, feat_cache, feat_idx, limit)
         # max_layer_frames: the block on parts of the frames; each part reuses the block's cache
         # slots, which the part before it has just filled with its own last frames
         edges = _edges(self, x)
@@ -94,7 +93,7 @@ class FastResidualBlock:
             part = x[:, :, a : a + limit]
             feat_idx[0] = start
             part_edges = None if edges is None else tuple(e if e is None else e[:, :, a : a + limit] for e in edges)
-            y = self._fast_forward(part, feat_cache, feat_idx, part_edges)
+            y = self._fast_forward(part, feat_cache, feat_idx, limit, part_edges)
             if out is None and _same_storage(y, part):
                 continue  # the sum went into the input's frames (identity shortcut): nothing to place
             if out is None:  # an output of its own: place this part and any before it there
@@ -108,9 +107,10 @@ class FastResidualBlock:
             del y
         return x if out is None else out
 
-    def _fast_forward(self, x, feat_cache, feat_idx, edges=None):
-        """The block on `x` (all its frames, or a part); `edges`: a part's rows of `_edges`."""
-        h = self.conv_shortcut(x)
+    def _fast_forward(self, x, feat_cache, feat_idx, limit: int | None, edges=None):
+        """The block on `x` (all its frames, or a part of at most `limit`); `edges`: a part's rows of
+        `_edges`."""
+        h = self.conv_shortcut.convolve(x, None, limit) if hasattr(self.conv_shortcut, "convolve") else self.conv_shortcut(x)
         # sharded: conv1 receives two halo rows a side and computes one row more a side, the rows
         # conv2 needs from its neighbours, so a block makes one halo exchange instead of two
         one_exchange = edges is not None or _one_exchange(self, x)
@@ -126,7 +126,7 @@ class FastResidualBlock:
         del x
         pre_bias = self.conv1.bias if bias_moved(self.conv1) else None
         # (dropout sits between norm2 and conv2 in diffusers: the identity outside training)
-        if fuse and fast.max_layer_frames() is None and pending.norms_in_epilogue():
+        if fuse and limit is None and pending.norms_in_epilogue():
             # conv1 writes silu(norm2(its output + its bias)) straight into conv2's input buffer, in
             # the Triton kernel's epilogue: its output is never stored (conv2's buffer is made
             # first, in place of that output, so both inputs are alive during conv1: two cached
@@ -243,10 +243,9 @@ class FastUpsample:
             # (forward_by_phases); a part upsampled into a buffer would make its own
             return shard.current() is None or (fast.upsample_by_phases(x) and upsample.takes(self.resample[1]))
 
-        with fast.frames_for_layer(4 * _frame_pixels(x), shard.current() is not None, suits):
-            return self._upsample(x, feat_cache, feat_idx, shortcut)
+        return self._upsample(x, feat_cache, feat_idx, shortcut, fast.layer_frames(4 * largest_frame_pixels(x), suits))
 
-    def _upsample(self, x, feat_cache, feat_idx, shortcut):
+    def _upsample(self, x, feat_cache, feat_idx, shortcut, limit: int | None):
         b, c, t, h, w = x.shape
         frames = x.permute(0, 2, 1, 3, 4)  # (b, t, c, h, w): diffusers' batch of frames, not copied
         if self.mode == "upsample3d" and feat_cache is not None:
@@ -256,7 +255,7 @@ class FastUpsample:
                 feat_cache[idx] = "Rep"
             else:
                 x_in = x
-                x = self.time_conv(x) if isinstance(cached, str) else self.time_conv(x, cached)
+                x = self.time_conv.convolve(x, None if isinstance(cached, str) else cached, limit)
                 _store_cache(feat_cache, idx, cached, x_in)  # once the time convolution has read the old cache
                 del x_in
                 # frame 2i + j is channel half j of the time convolution's frame i
@@ -264,7 +263,6 @@ class FastUpsample:
                 t *= 2
             feat_idx[0] += 1
         conv = self.resample[1]
-        limit = fast.max_layer_frames()
         if fast.upsample_by_phases(x):  # from the source by phases (upsample.py): no upsampled frames
             # each frame of x, or after the time convolution each half of its channels, is a frame
             src = x.transpose(1, 2).flatten(0, 1)  # (a view of channels-last x, as the convolutions give)
@@ -433,18 +431,6 @@ def _one_exchange(block: nn.Module, x: torch.Tensor) -> bool:
         if (conv.kernel_size[i], conv.stride[i], conv.dilation[i]) != (3, 1, 1):
             return False
     return min(ctx.extents_at(x.shape[ctx.dim(x)])) >= CONV1_ROWS
-
-
-def _frame_pixels(x: torch.Tensor) -> int:
-    """The pixels of one of `x`'s frames on the rank that holds the most of them: the same number on
-    every rank of a sharded request, so that all take the same parts (fast.frames_for_layer) and
-    their halo exchanges pair up (a block in parts sends raw rows, one not in parts normed rows)."""
-    ctx = shard.current()
-    pixels = x.shape[-2] * x.shape[-1]
-    if ctx is None:
-        return pixels
-    local = x.shape[ctx.dim(x)]
-    return pixels // local * max(ctx.extents_at(local))
 
 
 def _edges(block: nn.Module, x: torch.Tensor):

@@ -1,0 +1,155 @@
+"""A request's check and agreement: every rank checks its own input, then every rank learns every
+rank's request (`Comm.agree`), so a request that is invalid or different anywhere fails everywhere
+with the same clear error, before any work, and a rank that never arrives is named. No model
+knowledge: what a request must look like comes in an `Expected`.
+
+What is refused, where and with which message is listed (and measured) in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..config import MODES, OUTPUTS, agreement_timeout
+from .comm import Comm
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+OPS = ("decode", "encode", "verify_weights")
+
+# Why a request cannot run, as a code every rank reads in the agreement (0: it can run); a rank whose
+# own input is fine names the problem of the first bad rank with the same exception type.
+PROBLEMS: dict[int, tuple[type[Exception], str]] = {
+    1: (TypeError, "not a tensor"),
+    2: (ValueError, "wrong number of dimensions"),
+    3: (TypeError, "not a floating-point tensor"),
+    4: (ValueError, "wrong number of latent channels"),
+    5: (ValueError, "an axis of size 0"),
+    6: (ValueError, "not on the VAE's device"),
+    7: (ValueError, "dtype differs from the VAE's parameters"),
+    8: (ValueError, "NaN or Inf values"),
+    9: (ValueError, "size larger than the group"),
+}
+
+
+class Expected(NamedTuple):
+    """What a request's input must be: the VAE's class name, the layout's dimensions and name, the
+    latent channels (None: not checked, as for an encode's sample), and the devices and dtypes of the
+    VAE's parameters (empty: not checked)."""
+
+    cls: str
+    ndim: int
+    layout: str
+    channels: int | None
+    devices: frozenset
+    dtypes: frozenset
+
+
+def validate(op: str, x, expected: Expected) -> tuple[int, str | None]:
+    """(code, why) this request cannot run (the same answer on every rank for the same request),
+    or (0, None). Structure first; the one pass over the values (NaN/Inf) only for a well-formed input."""
+    what = "latent" if op == "decode" else "sample"
+    cls, layout = expected.cls, expected.layout
+    if not isinstance(x, torch.Tensor):
+        return 1, f"{op} expects the {what} as a torch.Tensor, got {type(x).__name__}: pass a tensor in layout {layout}"
+    if x.dim() != expected.ndim:
+        return 2, (
+            f"{op} of {cls} expects a {expected.ndim}-D {what} in layout {layout}, got {x.dim()}-D shape "
+            f"{tuple(x.shape)}: reshape it to {layout} (e.g. add a batch or frame dimension of 1)"
+        )
+    if x.dtype not in DTYPES:
+        return 3, f"{op} expects a floating-point {what}, got {x.dtype}: convert it with .to(vae.dtype)"
+    if expected.channels is not None and x.shape[1] != expected.channels:
+        return 4, (
+            f"decode of this {cls} expects a latent with {expected.channels} channels (its latent channels, C in "
+            f"{layout}), got {x.shape[1]} in shape {tuple(x.shape)}: check that the latent was made for this VAE"
+        )
+    if any(s == 0 for s in x.shape):
+        return 5, (
+            f"{op} got an empty {what} of shape {tuple(x.shape)} (an axis of size 0): every axis needs at "
+            "least one element"
+        )
+    if expected.devices and x.device not in expected.devices:
+        home = next(iter(expected.devices))
+        return 6, (
+            f"{op} got a {what} on {x.device}, but the VAE's parameters are on "
+            f"{', '.join(map(str, expected.devices))}: move it with .to('{home}')"
+        )
+    if expected.dtypes and x.dtype not in expected.dtypes and not torch.is_autocast_enabled(x.device.type):
+        home = next(iter(expected.dtypes))
+        return 7, (
+            f"{op} got a {str(x.dtype).replace('torch.', '')} {what}, but the VAE's parameters are "
+            f"{', '.join(str(d).replace('torch.', '') for d in expected.dtypes)}: cast it with .to({home}) "
+            "(or run under torch.autocast)"
+        )
+    if not bool(torch.isfinite(x).all()):
+        num_nan, num_inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        return 8, (
+            f"{op} got a {what} with {num_nan} NaN and {num_inf} Inf values (shape {tuple(x.shape)}): "
+            "it would decode to garbage, so vaeshard refuses it; check what produced it (e.g. a float16 "
+            "overflow in the sampler) and pass finite values"
+        )
+    return 0, None
+
+
+def describe(op: str, x, mode: str, output: str, size: int | None, hooked: bool) -> list[int]:
+    """A fixed-length integer description of this rank's request, compared across ranks."""
+    if isinstance(x, torch.Tensor):
+        shape = list(x.shape)[:6]
+        dtype = DTYPES.index(x.dtype) if x.dtype in DTYPES else 99
+        ndim = x.dim()
+    else:
+        shape, dtype, ndim = [], -1, -1
+    head = [OPS.index(op), MODES.index(mode), OUTPUTS.index(output), -1 if size is None else size, int(hooked),
+            ndim, dtype]
+    return head + shape + [-1] * (6 - len(shape))
+
+
+def describe_verify(num_parameters: int) -> list[int]:
+    """`describe`'s layout for a `verify_weights` call: the parameters' count where the shape goes."""
+    return [OPS.index("verify_weights"), -1, -1, -1, 0, -1, -1, num_parameters] + [-1] * 5
+
+
+def explain(desc: list[int]) -> str:
+    op, mode, output, size, hooked, ndim, dtype = desc[:7]
+    if OPS[op] == "verify_weights":
+        return f"verify_weights of {desc[7]} parameters"
+    if ndim < 0:
+        what = "not a tensor"
+    else:
+        dt = str(DTYPES[dtype]).replace("torch.", "") if 0 <= dtype < len(DTYPES) else "unsupported dtype"
+        what = f"shape {tuple(desc[7 : 7 + min(ndim, 6)])} {dt}"
+    extra = "" if size < 0 else f", size {size}"
+    extra += ", layers hooked" if hooked else ""
+    return f"{OPS[op]} {what}, mode {MODES[mode]}, output {OUTPUTS[output]}{extra}"
+
+
+def agree(comm: Comm, op: str, desc: list[int], code: int, error: str | None, timeout: float | None) -> None:
+    """The request's agreement: every rank's description and problem code through the group's store
+    (Comm.agree, bounded by `timeout`, else the agreement's default). Raises on every rank when the
+    ranks disagree or any rank's input is invalid (this rank's own `error` first); returns when the
+    request can run everywhere."""
+    if comm.world > 1:
+        seconds, bound = agreement_timeout(timeout)
+        descs = comm.agree(desc + [code], seconds, op, bound)
+        if any(d[:-1] != descs[0][:-1] for d in descs):
+            lines = "; ".join(f"rank {r}: {explain(d)}" for r, d in enumerate(descs))
+            raise ValueError(
+                f"ranks disagree on the {op} request ({lines}): every rank of the group must call "
+                f"{op} with the same shape, dtype, mode, output and size, on a VAE hooked alike "
+                "(hooks that replace its layers' forwards on every rank or none)"
+            )
+        bad = [r for r, d in enumerate(descs) if d[-1]]
+        if bad and error is None:
+            code = descs[bad[0]][-1]
+            error = (
+                f"{op} input is invalid on rank(s) {bad} ({PROBLEMS[code][1]}; that rank's error says more): "
+                "the whole group stops, as every rank must run the same request"
+            )
+    if error is not None:
+        raise PROBLEMS[code][0](error)
+
+
+__all__ = ["DTYPES", "Expected", "OPS", "PROBLEMS", "agree", "describe", "describe_verify", "explain",
+           "validate"]

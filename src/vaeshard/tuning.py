@@ -1,0 +1,152 @@
+"""Every measured threshold of vaeshard, in one table.
+
+A threshold here decides something per request (how many latent frames a decoder call takes,
+whether a request replays CUDA graphs, which layers run in parts); `policy.plan` reads them when it
+resolves a request, so a request's choices are made once, from numbers every rank shares. The
+kernels' own measured configurations (tilings, the channel counts each kernel takes) live with their
+kernels, which import nothing of vaeshard; their entries below say where.
+
+`TABLE` holds, for each entry, what it decides and the measurement behind it; docs/tuning.md is
+generated from it (`python -m vaeshard.tuning > docs/tuning.md`, checked by the tests), so no timing
+figure needs to live in a docstring or comment. All figures are one NVIDIA H200 (two for the 2-GPU
+ones), bf16, Wan's real configs with random weights, interleaved A/B in one process unless said.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# --- frames per decoder call (frames_per_step="auto") -------------------------------------------------
+AUTO_STEP_FRAMES = 2
+AUTO_STEP_MAX_PIXELS = 1 << 18
+AUTO_STEP_DEVICES: tuple[str, ...] = ("cuda",)
+
+# --- layers in parts of frames (max_layer_frames=None) -----------------------------------------------
+PART_FRAMES: int | None = 2
+PARTS_FROM_PIXELS = 1 << 18
+SHARDED_PARTS_FROM_PIXELS = 3 << 17
+
+# --- CUDA graphs (cuda_graphs="auto") ----------------------------------------------------------------
+GRAPHS_MAX_PIXELS = 1 << 18
+GRAPHS_MIN_REPLAYS = 2
+
+# --- copies -------------------------------------------------------------------------------------------
+COPY_FRAMES_MAX = 32
+
+# --- auto's axis -------------------------------------------------------------------------------------
+# Wan's decode_axis: a CUDA decode over this many ranks of a VAE whose full-resolution layers have
+# this many channels is sharded by height.
+WAN_HEIGHT_RANKS = 2
+WAN_HEIGHT_BASE_DIM = 96
+
+
+class Entry(NamedTuple):
+    name: str  # the constant here, or "module.NAME" for a value defined with a kernel
+    decides: str
+    measured: str
+
+
+TABLE: tuple[Entry, ...] = (
+    Entry("AUTO_STEP_FRAMES", "latent frames per decoder call after the first, for frames_per_step='auto' where the "
+          "rule below holds (else 1)",
+          "Wan 2.1 480p, rank 0 of 2 (832 x 240 pixels a frame), a rank's share timed alone: 0.291 / 0.319 s with 2 "
+          "frames against 0.309 / 0.332 s with 1 (peak 1.91 against 1.48 GiB); 720p rank 1 of 4: 0.348 / 0.324 against "
+          "0.402 / 0.381 s; rank 1 of 8: 0.206 / 0.194 against 0.232 / 0.237 s (benchmarks/results/2026-12-01/steps-auto/)"),
+    Entry("AUTO_STEP_MAX_PIXELS", "the largest rank's output frame, in pixels, up to which frames_per_step='auto' takes "
+          "AUTO_STEP_FRAMES (every rank decides alike)",
+          "above it the memory runs out first: Wan 2.1 720p on 2 GPUs (460,800 pixels a rank) took 3.62 -> 5.97 GiB "
+          "per rank for 6% of time with 2 frames"),
+    Entry("AUTO_STEP_DEVICES", "the devices on which frames_per_step='auto' may take more than one frame",
+          "on the CPU a call's work dwarfs its fixed costs (host launches, halo exchanges)"),
+    Entry("PART_FRAMES", "frames per part where a layer runs in parts by default (None: never)",
+          "two frames are still hundreds of the kernels' tiles; a residual block's part buffer of two frames becomes "
+          "its convolution's next cache, so the parts copy no cache"),
+    Entry("PARTS_FROM_PIXELS", "the frame size, in pixels, from which the upsamplers and the residual blocks whose "
+          "convolutions read their caches where they lie run in parts of PART_FRAMES",
+          "Wan 2.1 720p on one H200: 1.183 against 1.198 s and 5.81 against 6.47 GiB peak"),
+    Entry("SHARDED_PARTS_FROM_PIXELS", "the same, for a sharded request (the largest rank's frames)",
+          "Wan 2.1 720p, rank shares timed alone: rank 0 of 2 (460,800 pixels) 0.605-0.607 s with parts against "
+          "0.612-0.613 s without; rank 1 of 3 (311,040 pixels, host-paced) 0.440 / 0.615 s against 0.438 / 0.575 s; "
+          "the threshold lies between"),
+    Entry("GRAPHS_MAX_PIXELS", "the largest rank's output frame, in pixels, up to which cuda_graphs='auto' replays a "
+          "request's steady decoder calls",
+          "2 H200s: Wan 2.1 480p on 2 GPUs (832 x 240 a rank) 0.478 s replayed against 0.572 s eager; 720p on 2 GPUs "
+          "0.887 against 0.841 s, on 1 GPU 1.539 against 1.527 s (the GPU paces those)"),
+    Entry("GRAPHS_MIN_REPLAYS", "steady calls that must follow a capture for it to be made",
+          "a capture costs about one eager call's host time plus the graph's instantiation"),
+    Entry("COPY_FRAMES_MAX", "frames copied one at a time (each a plain memory copy) rather than by one strided copy",
+          "Wan 2.1 720p on 2 H200s, sharded by height: 0.798 against 0.809 s"),
+    Entry("WAN_HEIGHT_RANKS", "Wan family: auto shards a CUDA decode over this many ranks by height, where "
+          "WAN_HEIGHT_BASE_DIM holds", "see WAN_HEIGHT_BASE_DIM"),
+    Entry("WAN_HEIGHT_BASE_DIM", "Wan family: the full-resolution channel count (Wan 2.1, Qwen-Image) for which "
+          "height was measured faster",
+          "2 H200s: Wan 2.1 720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; Wan 2.2 "
+          "(256 channels) within 1% either way, so it keeps the baseline rule"),
+    Entry("kernels/conv3d.py TILES", "the Triton convolution's tiles by output channels (96 = 64 + 32 on 256 voxels; "
+          "192 = 128 + 64 on 128 voxels), and which counts it takes (96, 192, powers of two up to 128)",
+          "benchmarks/conv_kernel.py --sweep: about 400 TFLOP/s for cuDNN at 96 channels, 600-670 for the kernel at "
+          "192 where cuDNN ran 560-600; Wan 2.2's 256 channels ran 1.09x cuDNN alone and its decode no faster"),
+    Entry("kernels/conv3d.py adds_in_epilogue", "whether the Triton convolution adds a residual as it stores",
+          "row tiles 1.37-1.43x cuDNN plus the add pass at 96 channels and 1.05-1.19x at 192; wrapping tiles on 256 "
+          "voxels 0.83-0.91x, so they leave the add to a pass"),
+    Entry("kernels/conv3d.py norms_in_epilogue", "whether a convolution computes the next RMS norm as it stores",
+          "Triton kernel: 4-8% faster at 96 channels; box_conv: 1.1% faster but two convolution inputs alive at once "
+          "(7.13 against 6.80 GiB peak at 720p on 1 GPU), so box_conv leaves the norm to its kernel"),
+    Entry("kernels/conv3d.py wants_zero_columns", "whether a buffer holds the width padding as zero columns, for the "
+          "Triton kernel's wrapping tiles, where row tiles do not fit the width",
+          "Wan 2.1 480p (832 columns): the wrapping tiles 1.20-1.25x cuDNN at 96 channels, the decode 2.5-4.5% faster"),
+    Entry("kernels/box_conv.py PLANS", "the Gluon convolution's tilings by output channels (96: 16 x 16 voxels, 3 "
+          "slots, TMA stores; 192: 8 x 16 with all 192 channels, registers; 3: the head)",
+          "720p, 1 GPU: 96 channels 2.86-2.88 ms against 3.13-3.36 with 4 slots; 192 channels 2.42 against 2.61-2.89 "
+          "ms; 384 (0.71-0.91x cuDNN) and 256 (0.70-1.04x) are left to cuDNN (benchmarks/conv_kernel.py --box-sweep)"),
+    Entry("kernels/norm.py TILE", "the norm and bias kernels' tile (elements, voxels, warps per program)",
+          "the fastest summed over the Wan 2.1 720p shapes, by 3% over 8192 / 128 / 4 (benchmarks/norm_kernel.py)"),
+    Entry("kernels/attention.py SCORES_BYTES", "the most bytes of fp32 scores one block of query rows holds",
+          "Wan's 384-channel single-head attention: 2.3-2.6x PyTorch's memory-efficient kernel at 720p"),
+)
+
+
+def _value(name: str):
+    """An entry's value: a constant of this module, or of the kernel module it names."""
+    if " " not in name:
+        return globals()[name]
+    import importlib
+
+    path, attr = name.split(" ", 1)
+    module = importlib.import_module("vaeshard." + path[: -len(".py")].replace("/", "."))
+    value = getattr(module, attr)
+    return "(a rule in code)" if callable(value) else value
+
+
+def _shown(value) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 4096:
+        exp = value.bit_length() - 1
+        if value == 1 << exp:
+            return f"2^{exp} ({value:,})"
+        if value % (1 << (exp - 1)) == 0:
+            return f"{value >> (exp - 1)} x 2^{exp - 1} ({value:,})"
+        return f"{value:,}"
+    return repr(value)
+
+
+def markdown() -> str:
+    """docs/tuning.md."""
+    lines = [
+        "# Tuning: every measured threshold",
+        "",
+        "Generated from `src/vaeshard/tuning.py` by `python -m vaeshard.tuning`; do not edit. Each entry is a",
+        "value vaeshard chooses by, what it decides and the measurement behind it (one H200, two for 2-GPU",
+        "figures, bf16, the real Wan configs with random weights). `vaeshard.plan(vae, shape)` shows which of",
+        "these a request's choices came from. The current end-to-end figures are in [BENCHMARKS.md](../BENCHMARKS.md).",
+        "",
+        "| name | value | decides | measured |",
+        "|---|---|---|---|",
+    ]
+    for entry in TABLE:
+        value = _shown(_value(entry.name)).replace("|", "\\|")
+        lines.append(f"| `{entry.name}` | {value} | {entry.decides} | {entry.measured} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
