@@ -14,7 +14,7 @@ import time
 
 import torch.distributed as dist
 
-from vaeshard.comm import Comm
+from vaeshard.runtime.comm import Comm
 
 
 def main() -> None:
@@ -27,7 +27,7 @@ def main() -> None:
     values = list(range(15))  # a request's description: 14 ints and a problem code
     times: dict[str, list[float]] = {"store": [], "all-gather": []}
     for i in range(args.rounds):
-        for way in (("store", "all-gather") if i % 2 == 0 else ("all-gather", "store")):
+        for way in ("store", "all-gather") if i % 2 == 0 else ("all-gather", "store"):
             began = time.perf_counter()
             if way == "store":
                 comm.agree(values, 60.0, "decode", "benchmark")
@@ -36,9 +36,11 @@ def main() -> None:
             times[way].append(time.perf_counter() - began)
     if comm.rank == 0:
         for way, ts in times.items():
-            ts = sorted(ts[len(ts) // 10:])  # the first tenth warms up connections
-            print(f"{way:>10}: median {1e6 * statistics.median(ts):7.1f} us, p99 {1e6 * ts[int(0.99 * len(ts))]:7.1f} "
-                  f"us over {len(ts)} agreements, {comm.world} ranks, {args.backend}")
+            ts = sorted(ts[len(ts) // 10 :])  # the first tenth warms up connections
+            print(
+                f"{way:>10}: median {1e6 * statistics.median(ts):7.1f} us, p99 {1e6 * ts[int(0.99 * len(ts))]:7.1f} "
+                f"us over {len(ts)} agreements, {comm.world} ranks, {args.backend}"
+            )
     dist.destroy_process_group()
 
 

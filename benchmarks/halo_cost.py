@@ -21,7 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from vaeshard.comm import Comm
+from vaeshard.runtime.comm import Comm
 
 SHAPES = {"full-res": (1, 96, 6, 720, 642), "latent-level": (1, 384, 3, 90, 82)}
 
@@ -53,8 +53,11 @@ def main() -> None:
         sync()
         wall = time.perf_counter() - t0
         if comm.rank == 0:
-            print(f"{shape_name:13} host {host / args.iters * 1e6:7.1f} us/exchange, "
-                  f"wall {wall / args.iters * 1e6:7.1f} us/exchange ({comm.world} ranks, {device.type})", flush=True)
+            print(
+                f"{shape_name:13} host {host / args.iters * 1e6:7.1f} us/exchange, "
+                f"wall {wall / args.iters * 1e6:7.1f} us/exchange ({comm.world} ranks, {device.type})",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

@@ -35,8 +35,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2).eval()
-    vaeshard.parallelize(vae, mode="spatial_shard_width" if world > 1 else "auto", frames_per_step=args.frames_per_step,
-                         max_layer_frames=args.max_layer_frames)
+    fast = vaeshard.FastOptions(frames_per_step=args.frames_per_step, max_layer_frames=args.max_layer_frames)
+    vaeshard.parallelize(vae, mode="spatial_shard_width" if world > 1 else "auto", fast=fast)
     z = torch.randn(1, 16, args.frames, 2, 2 * world)
     times = []
     with torch.no_grad():
@@ -47,8 +47,10 @@ def main() -> None:
             vae.decode(z)
             times.append(time.perf_counter() - t0)
     if rank == 0:
-        print(f"{world} rank(s), frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: "
-              f"{min(times) / args.frames * 1000:.1f} ms per latent frame (fastest of {args.reps})")
+        print(
+            f"{world} rank(s), frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: "
+            f"{min(times) / args.frames * 1000:.1f} ms per latent frame (fastest of {args.reps})"
+        )
     dist.destroy_process_group()
 
 

@@ -6,24 +6,28 @@
     torchrun --standalone --nproc_per_node=2 benchmarks/interleaved_ab.py --preset wan21-720p \\
         --setting mode --values spatial_shard_height,spatial_shard_width --rounds 3
     python3 benchmarks/interleaved_ab.py --preset wan21-720p --setting patch --values off,on \\
-        --patch "vaeshard.fast:upsample_by_phases=lambda x: False"
+        --patch "vaeshard.layers.tier:upsample_by_phases=lambda x: False"
+    python3 benchmarks/interleaved_ab.py --preset wan21-720p --setting patch --values off,on \\
+        --patch "vaeshard.tuning:PART_FRAMES=None"
 
 Separate `vaeshard bench` runs of the two values land in different processes, whose own pace can
-differ by more than the setting does (Wan 2.1 480p on 2 GPUs: 0.41-0.50 s for the same code,
-BENCHMARKS.md "Why 2 GPUs give 1.8x"). Here both values share the processes, the model and the
-latent: `vaeshard.parallelize` switches the setting between decodes, each value gets one warm-up
-decode, then `--rounds` rounds time one decode of each value (wall clock on every rank after a
-device synchronisation and a barrier; the slowest rank's time). Prints each value's times and median,
-its peak allocated memory over the decode (rank 0), and how far the two values' outputs lie apart.
+differ by more than the setting does. Here both values share the processes, the model and the
+latent: `vaeshard.parallelize` switches the setting (a `vaeshard.FastOptions` field, or the mode)
+between decodes, each value gets one warm-up decode, then `--rounds` rounds time one decode of each
+value (wall clock on every rank after a device synchronisation and a barrier; the slowest rank's
+time). Prints each value's times and median, its peak allocated memory over the decode (rank 0),
+and how far the two values' outputs lie apart.
 
 `--setting patch` compares the library with a change to it, undone between decodes: `--patch
 MODULE:ATTR=EXPR` sets that attribute to the Python expression's value for the value `on` and back
-to the library's for `off` (a function that declines a path, say, to time the library without it).
+to the library's for `off` (a function that declines a path, say, to time the library without it, or
+a threshold of vaeshard.tuning, which each request reads when it is planned).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import statistics
@@ -33,9 +37,10 @@ import torch
 import torch.distributed as dist
 
 import vaeshard
-from vaeshard.bench import PRESETS
-from vaeshard.config import FAST_TIER_SETTINGS
-from vaeshard.io import NAMED_CONFIGS
+from vaeshard.cli.bench import PRESETS
+from vaeshard.cli.io import NAMED_CONFIGS
+
+FAST_TIER_SETTINGS = tuple(f.name for f in dataclasses.fields(vaeshard.FastOptions))
 
 
 def _value(text: str):
@@ -55,13 +60,14 @@ class Patch:
         self.original = getattr(module, attr)
 
     @classmethod
-    def parse(cls, text: str) -> "Patch":
+    def parse(cls, text: str) -> Patch:
         target, sep, expr = text.partition("=")
         name, colon, attr = target.strip().partition(":")
         if not (sep and colon and name and attr.strip() and expr.strip()):
             raise ValueError(f"--patch wants MODULE:ATTR=EXPR, got {text!r}")
         module = importlib.import_module(name)
-        return cls(module, attr.strip(), eval(expr, {"torch": torch, "vaeshard": vaeshard}))  # noqa: S307 - a local tool's own argument
+        value = eval(expr, {"torch": torch, "vaeshard": vaeshard})  # (the tool's own argument)
+        return cls(module, attr.strip(), value)
 
     def apply(self, on: bool) -> None:
         setattr(self.module, self.attr, self.value if on else self.original)
@@ -70,8 +76,12 @@ class Patch:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=sorted(PRESETS), default="wan21-480p")
-    ap.add_argument("--setting", choices=(*FAST_TIER_SETTINGS, "mode", "patch"), required=True,
-                    help="a fast-tier setting, mode (then --values are two modes) or patch (--values off,on)")
+    ap.add_argument(
+        "--setting",
+        choices=(*FAST_TIER_SETTINGS, "mode", "patch"),
+        required=True,
+        help="a fast-tier setting, mode (then --values are two modes) or patch (--values off,on)",
+    )
     ap.add_argument("--values", required=True, help="two values, e.g. true,false or 1,2")
     ap.add_argument("--patch", help="with --setting patch: MODULE:ATTR=EXPR, set for the value 'on'")
     ap.add_argument("--rounds", type=int, default=5)
@@ -83,8 +93,8 @@ def main() -> None:
         if not args.patch or set(values) != {"on", "off"}:
             ap.error("--setting patch needs --patch MODULE:ATTR=EXPR and --values off,on")
         patch = Patch.parse(args.patch)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     torch.cuda.set_device(device)
     if world > 1:
         dist.init_process_group("nccl", device_id=device)
@@ -100,10 +110,11 @@ def main() -> None:
     def decode(value, keep: bool = False):
         if patch is not None:
             patch.apply(value == "on")
-            settings = {"mode": args.mode}
-        else:  # (--setting mode: the value is the mode)
-            settings = {"mode": args.mode, args.setting: value}
-        vaeshard.parallelize(vae, **settings)
+            vaeshard.parallelize(vae, mode=args.mode)
+        elif args.setting == "mode":  # the value is the mode
+            vaeshard.parallelize(vae, mode=value)
+        else:
+            vaeshard.parallelize(vae, mode=args.mode, fast=vaeshard.FastOptions(**{args.setting: value}))
         if world > 1:
             dist.barrier()
         torch.cuda.synchronize()
@@ -135,8 +146,11 @@ def main() -> None:
         print(f"{args.preset}, {world} GPU(s), mode {args.mode}: {what} interleaved, {args.rounds} rounds")
         print(f"  outputs of the two values apart: {apart}")
         for value, ts in times.items():
-            print(f"  {args.setting}={value:6} median {statistics.median(ts):.3f} s  ({', '.join(f'{t:.3f}' for t in ts)})"
-                  f"  peak {peaks[value]:.2f} GiB (rank 0)")
+            each = ", ".join(f"{t:.3f}" for t in ts)
+            print(
+                f"  {args.setting}={value:6} median {statistics.median(ts):.3f} s  ({each})"
+                f"  peak {peaks[value]:.2f} GiB (rank 0)"
+            )
     if world > 1:
         dist.destroy_process_group()
 

@@ -4,13 +4,13 @@
     python3 benchmarks/kernel_sass.py                 # the norm kernel at Wan's three channel counts
     python3 benchmarks/kernel_sass.py --channels 96 --dump norm96.sass
 
-Compiles `fast._rms_norm_silu_kernel` (and the bias + residual kernel) with the tile `fast` would
+Compiles kernels/norm.py's `_rms_norm_silu_kernel` (and the bias + residual kernel) with the tile it would
 launch for each channel count, as Triton's launcher specialises a channels-last bf16 tensor (channel
 stride 1; pointers, other strides and sizes divisible by 16), disassembles the cubin with the
 `nvdisasm` Triton ships, and counts the instructions of one program. Both kernels have no loops, so
 the count divided by the elements one thread handles is the instructions issued per element: where
 that times the elements exceeds what the SMs issue in the time a copy takes, the kernel is bound by
-its instructions, not by memory (BENCHMARKS.md, the fused kernels).
+its instructions, not by memory (benchmarks/norm_kernel.py times them).
 """
 
 from __future__ import annotations
@@ -27,10 +27,32 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
-from vaeshard import fast
+from vaeshard.kernels import norm as norm_kernels
 
-ALIGNED = {"x_ptr", "y_ptr", "w_ptr", "b_ptr", "p_ptr", "h_ptr", "S", "C", "D1", "D2",
-           "sxn", "sx0", "sx1", "sx2", "syn", "sy0", "sy1", "sy2", "shn", "sh0", "sh1", "sh2"}
+ALIGNED = {
+    "x_ptr",
+    "y_ptr",
+    "w_ptr",
+    "b_ptr",
+    "p_ptr",
+    "h_ptr",
+    "S",
+    "C",
+    "D1",
+    "D2",
+    "sxn",
+    "sx0",
+    "sx1",
+    "sx2",
+    "syn",
+    "sy0",
+    "sy1",
+    "sy2",
+    "shn",
+    "sh0",
+    "sh1",
+    "sh2",
+}
 ONE = {"sxc": 1, "syc": 1, "shc": 1}  # channels-last: the channel stride is 1
 
 
@@ -38,8 +60,16 @@ def sass(kernel, constants: dict, num_warps: int) -> list[str]:
     names = kernel.arg_names
     # (constants a kernel does not have are left out: an older library's kernels have fewer)
     constants = {k: v for k, v in {**ONE, **constants}.items() if k in names}
-    types = {n: "*bf16" if n.endswith("_ptr") else "fp32" if n in ("scale", "eps") else
-             "constexpr" if n in constants else "i32" for n in names}
+    types = {
+        n: "*bf16"
+        if n.endswith("_ptr")
+        else "fp32"
+        if n in ("scale", "eps")
+        else "constexpr"
+        if n in constants
+        else "i32"
+        for n in names
+    }
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n in ALIGNED and n not in constants}
     source = ASTSource(kernel, types, constexprs={(names.index(k),): v for k, v in constants.items()}, attrs=attrs)
     compiled = triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
@@ -62,19 +92,27 @@ def main() -> None:
     ap.add_argument("--dump", help="write the last kernel's instructions here")
     args = ap.parse_args()
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton's default; set to silence its notice
-    warps = fast.TILE["num_warps"]
+    warps = norm_kernels.TILE["num_warps"]
     print(f"{'kernel':34} {'C':>4} {'tile':>16} {'instr.':>7} {'per element':>11}  most frequent")
     for c in (int(v) for v in args.channels.split(",")):
-        block_s, padded, _ = fast._tile(c)
+        block_s, padded, _ = norm_kernels._tile(c)
         # (a library from before the channel blocks, commit 2de46c2 or older: one block of `padded`)
-        blocks = getattr(fast, "_channel_blocks", None)
+        blocks = getattr(norm_kernels, "_channel_blocks", None)
         block_c, chunks = blocks(c) if blocks else (padded, None)
         norm = dict(HAS_BIAS=False, PRE_BIAS=True, SILU=True, BLOCK_S=block_s, BLOCK_C=block_c, WIDE=False)
         launches = [
-            ("rms_norm (+SiLU, conv bias first)", fast._rms_norm_silu_kernel,
-             {**norm, "CHUNKS": chunks} if chunks else norm, f"{block_s}x{chunks or 1}x{block_c}"),
-            ("bias + residual", fast._bias_residual_kernel,
-             dict(BLOCK_S=block_s, BLOCK_C=padded, INTO_H=True, RESIDUAL=True, WIDE=False), f"{block_s}x{padded}"),
+            (
+                "rms_norm (+SiLU, conv bias first)",
+                norm_kernels._rms_norm_silu_kernel,
+                {**norm, "CHUNKS": chunks} if chunks else norm,
+                f"{block_s}x{chunks or 1}x{block_c}",
+            ),
+            (
+                "bias + residual",
+                norm_kernels._bias_residual_kernel,
+                dict(BLOCK_S=block_s, BLOCK_C=padded, INTO_H=True, RESIDUAL=True, WIDE=False),
+                f"{block_s}x{padded}",
+            ),
         ]
         for label, kernel, constants, tile in launches:
             lines = sass(kernel, constants, warps)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 def _time(fn, calls: int, reps: int) -> tuple[float, float]:
     """Median host CPU time per call of `fn`, (direct launches, JIT launches), interleaved."""
-    from vaeshard import triton_support
+    from vaeshard.kernels import triton_support
 
     key = triton_support._key
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -57,7 +57,9 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
-    from vaeshard import box_conv, conv_kernel, fast
+    from vaeshard.kernels import box_conv, norm
+    from vaeshard.kernels import conv3d as conv_kernel
+    from vaeshard.layers import tier
 
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     cl3 = torch.channels_last_3d
@@ -75,16 +77,24 @@ def main() -> None:
     w384 = tensor(384, 384, 3, 3, 3, fmt=torch.contiguous_format) * 0.02
     small = tensor(1, 96, 2, 2, 32)
     rows = []
-    with torch.no_grad(), fast.tier(True):
+    with torch.no_grad(), tier.active(tier.FastPlan()):
         if box_conv.runs(x96, w96):
             boxed = conv_kernel.cached_box_weight(w96)
             out = torch.empty_like(x96)
-            rows.append(("box_conv.conv3d, causal, its cache read where it lies",
-                         lambda: box_conv.conv3d(x96, w96, b96, (0, 1, 1), out, boxed, causal=True, cache=cache96)))
-            rows.append(("fast.conv_with_bias -> box_conv (the decode's call)",
-                         lambda: fast.conv_with_bias(F.conv3d, x96, w96, b96, 1, (0, 1, 1), 1, 1, front=front)))
-        rows.append(("fast.rms_norm + SiLU", lambda: fast.rms_norm(x96, gamma, 0.0, 9.8, silu=True)))
-        rows.append(("fast.rms_norm + SiLU, two rows", lambda: fast.rms_norm(small, gamma, 0.0, 9.8, silu=True)))
+            rows.append(
+                (
+                    "box_conv.conv3d, causal, its cache read where it lies",
+                    lambda: box_conv.conv3d(x96, w96, b96, (0, 1, 1), out, boxed, causal=True, cache=cache96),
+                )
+            )
+            rows.append(
+                (
+                    "tier.conv_with_bias -> box_conv (the decode's call)",
+                    lambda: tier.conv_with_bias(F.conv3d, x96, w96, b96, 1, (0, 1, 1), 1, 1, front=front),
+                )
+            )
+        rows.append(("norm.rms_norm + SiLU", lambda: norm.rms_norm(x96, gamma, 0.0, 9.8, silu=True)))
+        rows.append(("norm.rms_norm + SiLU, two rows", lambda: norm.rms_norm(small, gamma, 0.0, 9.8, silu=True)))
         rows.append(("F.conv3d, cuDNN, 384 channels", lambda: F.conv3d(x384, w384, None, 1, 1)))
         rows.append(("torch.empty_like", lambda: torch.empty_like(x96)))
         rows.append(("Tensor.copy_", lambda: small.copy_(small)))
@@ -97,14 +107,16 @@ def main() -> None:
         from diffusers import AutoencoderKLWan
 
         import vaeshard
-        from vaeshard.io import NAMED_CONFIGS
+        from vaeshard.cli.io import NAMED_CONFIGS
 
         vae = AutoencoderKLWan(**NAMED_CONFIGS["wan21"][1]).eval().to(dev, bf16)
-        vaeshard.parallelize(vae, cuda_graphs=False)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(cuda_graphs=False))
         z = torch.randn(1, 16, 21, 8, 16, device=dev, dtype=bf16)
         with torch.no_grad():
             direct, jit = _time(lambda: vae.decode(z), 1, args.reps)
-        print(f"  {'a decode, Wan 2.1, latent 1x16x21x8x16, 1 rank':55s} {direct * 1e3:7.1f} ms   jit {jit * 1e3:7.1f} ms")
+        print(
+            f"  {'a decode, Wan 2.1, latent 1x16x21x8x16, 1 rank':55s} {direct * 1e3:7.1f} ms   jit {jit * 1e3:7.1f} ms"
+        )
 
 
 if __name__ == "__main__":

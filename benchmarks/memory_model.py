@@ -7,9 +7,11 @@ vaeshard's fast-tier decode (real config, bf16) runs on PyTorch's meta device: s
 arithmetic. A dispatch mode counts the bytes of every tensor an operation creates until the last
 tensor using that storage is gone, as the CUDA caching allocator's `memory_allocated` would (block
 rounding and fragmentation aside). Convolutions return channels-last outputs for channels-last
-inputs, as cuDNN does, and the Triton kernels allocate only their outputs, as on CUDA. A sharded request is modelled on one rank (rank 0 of N, or rank 1 when N > 2,
-which has two neighbours) with a stand-in for the communication that allocates what `Comm` allocates
-(send copies, receive buffers, gathered keys and values, the assembled output) without sending.
+inputs, as cuDNN does, and the Triton kernels allocate only their outputs, as on CUDA. The fast
+tier's choices are resolved as for a CUDA request (`fast_plan`). A sharded request is modelled on
+one rank (rank 0 of N, or rank 1 when N > 2, which has two neighbours) with a stand-in for the
+communication that allocates what `Comm` allocates (send copies, receive buffers, gathered keys and
+values, the assembled output) without sending.
 
 The figure is a prediction, for comparing designs between GPU runs; BENCHMARKS.md records what the
 GPU measured. It counts what the decode allocates beyond the weights and the latent, which is what
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import sys
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -35,15 +38,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vaeshard import comm as comm_mod
-from vaeshard import attention, conv_kernel, fast, policy, shard, upsample
-try:
-    from vaeshard import box_conv
-except ImportError:  # older trees
-    box_conv = None
-from vaeshard.bench import PRESETS
+import vaeshard.families.wan  # noqa: F401 - (the layers that import the kernels' functions by name, loaded)
+from vaeshard import policy
+from vaeshard.cli.bench import PRESETS
+from vaeshard.cli.io import NAMED_CONFIGS
+from vaeshard.config import FastOptions
 from vaeshard.families import family_for
-from vaeshard.io import NAMED_CONFIGS
+from vaeshard.kernels import attention, box_conv
+from vaeshard.kernels import conv3d as conv_kernel
+from vaeshard.kernels import norm as norm_kernels
+from vaeshard.kernels import phases as upsample
+from vaeshard.layers import tier
+from vaeshard.layers.tier import FastPlan
+from vaeshard.runtime import comm as comm_mod
+from vaeshard.runtime import spatial as shard
 
 _CONVOLUTIONS = {torch.ops.aten.convolution.default}
 
@@ -94,9 +102,10 @@ class LiveBytes(TorchDispatchMode):
 def _as_cudnn_lays_out(func, args, out):
     """A convolution's output channels-last where its input is, as cuDNN gives it (meta tensors'
     convolutions do not), so that the layers after it take the paths they take on CUDA."""
-    if func in _CONVOLUTIONS and args[0].is_contiguous(memory_format=fast.channels_last_format(args[0].ndim)):
-        return torch.empty(out.shape, dtype=out.dtype, device=out.device,
-                           memory_format=fast.channels_last_format(out.ndim))
+    if func in _CONVOLUTIONS and args[0].is_contiguous(memory_format=tier.channels_last_format(args[0].ndim)):
+        return torch.empty(
+            out.shape, dtype=out.dtype, device=out.device, memory_format=tier.channels_last_format(out.ndim)
+        )
     return out
 
 
@@ -116,8 +125,10 @@ class StandInComm(comm_mod.Comm):
     def neighbour_rows(self, x, dim, before, after, num_ranks):
         order, extent = comm_mod._exchange_order(x), x.shape[dim]
         sends, received = [], []
-        for rows, neighbour, sent, at in ((before, self.rank > 0, after, 0),
-                                          (after, self.rank < num_ranks - 1, before, extent - before)):
+        for rows, neighbour, sent, at in (
+            (before, self.rank > 0, after, 0),
+            (after, self.rank < num_ranks - 1, before, extent - before),
+        ):
             if neighbour and sent:  # the send copy of this rank's rows
                 sends.append(x.narrow(dim, at, sent).permute(order).contiguous())
             shape = comm_mod._permuted(comm_mod._with_extent(x.shape, dim, rows), order)
@@ -135,17 +146,40 @@ class StandInComm(comm_mod.Comm):
         return out
 
 
+def _stand_in(saved: list, module, name: str, value, everywhere: bool = False) -> None:
+    """`module.name` set to `value`, and with `everywhere` each vaeshard module's binding of the same
+    object too (the layers import the kernels' functions by name); `saved` gets what to set back.
+    A name `module` lacks (an older tree) is left alone."""
+    if not hasattr(module, name):
+        return
+    original = getattr(module, name)
+    holders = [module]
+    if everywhere:
+        holders += [
+            m
+            for key, m in list(sys.modules.items())
+            if m is not None
+            and m is not module
+            and (key == "vaeshard" or key.startswith("vaeshard."))
+            and getattr(m, name, None) is original
+        ]
+    for holder in holders:
+        saved.append((holder, name, original))
+        setattr(holder, name, value)
+
+
 @contextlib.contextmanager
 def cuda_kernels(box: bool = True):
     """The fast tier's CUDA path (`box`: on a Hopper GPU with a Triton whose Gluon compiles box_conv,
-    which then takes the 96-channel convolutions, leaving their norm to the norm kernel): the fused norm, the bias + residual pass and the bias pass as one
-    kernel each, which allocate nothing beyond their output (the eager CPU path makes fp32
-    temporaries); the Triton convolution where `conv_kernel.plan` takes a convolution on CUDA,
-    allocating only its output, or nothing where it writes into `add_to` or `out` (its epilogues),
-    and the fast tier's attention (its scores buffer and output); its GEMM weights are made at a
-    process's first request and kept, so not counted (nor are the upsamplers' phase weights, made
-    before the modelled decode: `_decode`). The upsamplers' interleaving pass (upsample.py) allocates
-    nothing on CUDA or elsewhere."""
+    which then takes the 96-channel convolutions, leaving their norm to the norm kernel): the fused
+    norm, the bias + residual pass and the bias pass as one kernel each (kernels/norm.py), which
+    allocate nothing beyond their output (the eager CPU path makes fp32 temporaries); the Triton
+    convolution where `conv3d.plan` takes a convolution on CUDA, allocating only its output, or
+    nothing where it writes into `add_to` or `out` (its epilogues), and the fast tier's attention
+    (its scores buffer and output); its GEMM weights are made at a process's first request and kept,
+    so not counted (nor are the upsamplers' phase weights, made before the modelled decode:
+    `_decode`). The upsamplers' interleaving pass (kernels/phases.py) allocates nothing on CUDA or
+    elsewhere."""
 
     def rms_norm(x, gamma, bias, scale, silu, eps=1e-12, pre_bias=None, out=None):
         return out if out is not None else torch.empty_like(x)
@@ -153,66 +187,49 @@ def cuda_kernels(box: bool = True):
     def add_bias_and_residual_(x, bias, residual, into_residual=False):
         return residual if into_residual else x
 
-    stand_ins = {"rms_norm": rms_norm, "add_bias_and_residual_": add_bias_and_residual_,
-                 "add_bias_": lambda x, bias: x, "fused_bias_add_available": lambda x: True,
-                 "attention_kernel_available": lambda q, k, v: fast.enabled()}
-    saved = {name: getattr(fast, name) for name in stand_ins if hasattr(fast, name)}  # older trees lack some
-    for name in saved:
-        setattr(fast, name, stand_ins[name])
-
     def conv3d(x, weight, bias, padding, how, kernel_weight=None, add_to=None, norm=None, out=None, front=None):
         if add_to is not None or out is not None:
             return add_to if add_to is not None else out
-        shape = conv_kernel.out_shape(x, weight, padding, *([front] if front is not None else []))  # (older trees)
+        shape = conv_kernel.out_shape(x, weight, padding, front)
         return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
-
-    kernel_stand_ins = {"runs_on": lambda x: True, "conv3d": conv3d, "cached_gemm_weight": lambda w: w,
-                        "cached_box_weight": lambda w: w}
-    kernel_saved = {name: getattr(conv_kernel, name) for name in kernel_stand_ins if hasattr(conv_kernel, name)}
-    for name in kernel_saved:
-        setattr(conv_kernel, name, kernel_stand_ins[name])
-    box_stand_ins = {"_on_hopper": lambda x: box, "available": lambda: box}
-    box_saved = {name: getattr(box_conv, name) for name in box_stand_ins if hasattr(box_conv, name)}
-    for name in box_saved:
-        setattr(box_conv, name, box_stand_ins[name])
-
-    # the fast tier's attention: its scores buffer and output as on CUDA (the product and the softmax
-    # kernel allocate nothing; the CPU's fp32 upcasts of the operands are not made)
-    attention_stand_ins = {"_scores": lambda q, kt, out: None,
-                           "softmax_": lambda s, scale, dtype: s.view(dtype)[:, : s.shape[1]]}
-    attention_saved = {name: getattr(attention, name) for name in attention_stand_ins if hasattr(attention, name)}
-    for name in attention_saved:
-        setattr(attention, name, attention_stand_ins[name])
 
     def sdpa(q, k, v, *args, **kwargs):  # CUDA's fused attention kernels allocate only the output
         return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
-    sdpa_original = torch.nn.functional.scaled_dot_product_attention
-    torch.nn.functional.scaled_dot_product_attention = sdpa
-    # frames_per_step="auto" decides as on CUDA for the modelled decode's tensors on meta (older trees lack it)
-    steps_saved = getattr(fast, "AUTO_STEP_DEVICES", None)
-    if steps_saved is not None:
-        fast.AUTO_STEP_DEVICES = (*steps_saved, "meta")
+    saved: list = []
     try:
+        for name, value in (
+            ("rms_norm", rms_norm),
+            ("add_bias_and_residual_", add_bias_and_residual_),
+            ("add_bias_", lambda x, bias: x),
+            ("fused_bias_add_available", lambda x: True),
+        ):
+            _stand_in(saved, norm_kernels, name, value, everywhere=True)
+        _stand_in(saved, tier, "attention_kernel_available", lambda q, k, v: tier.enabled())
+        for name, value in (
+            ("runs_on", lambda x: True),
+            ("conv3d", conv3d),
+            ("cached_gemm_weight", lambda w: w),
+            ("cached_box_weight", lambda w: w),
+        ):
+            _stand_in(saved, conv_kernel, name, value)
+        _stand_in(saved, box_conv, "_on_hopper", lambda x: box)
+        _stand_in(saved, box_conv, "available", lambda: box)
+        # the fast tier's attention: its scores buffer and output as on CUDA (the product and the softmax
+        # kernel allocate nothing; the CPU's fp32 upcasts of the operands are not made)
+        _stand_in(saved, attention, "_scores", lambda q, kt, out: None)
+        _stand_in(saved, attention, "softmax_", lambda s, scale, dtype: s.view(dtype)[:, : s.shape[1]])
+        _stand_in(saved, torch.nn.functional, "scaled_dot_product_attention", sdpa)
         yield
     finally:
-        if steps_saved is not None:
-            fast.AUTO_STEP_DEVICES = steps_saved
-        torch.nn.functional.scaled_dot_product_attention = sdpa_original
-        for name, original in saved.items():
-            setattr(fast, name, original)
-        for name, original in kernel_saved.items():
-            setattr(conv_kernel, name, original)
-        for name, original in box_saved.items():
-            setattr(box_conv, name, original)
-        for name, original in attention_saved.items():
-            setattr(attention, name, original)
+        for holder, name, original in reversed(saved):
+            setattr(holder, name, original)
 
 
 class CopiedBytes(TorchDispatchMode):
     """Bytes written by data-movement operations under this mode, and their count, by source line."""
 
-    OPS = {"copy_", "clone", "cat", "constant_pad_nd", "_to_copy", "zero_", "fill_"}
+    OPS = frozenset({"copy_", "clone", "cat", "constant_pad_nd", "_to_copy", "zero_", "fill_"})
 
     def __init__(self):
         super().__init__()
@@ -230,15 +247,22 @@ class CopiedBytes(TorchDispatchMode):
 
 
 def _keep_phase_weights(vae) -> None:
-    """The upsamplers' phase weights (upsample.py), made as a process's first request makes and keeps
+    """The upsamplers' phase weights (kernels/phases.py), made as a process's first request makes and keeps
     them, before the modelled decode: not counted in it."""
     for m in vae.modules():
         if isinstance(m, torch.nn.Conv2d) and upsample.takes(m):
             upsample.cached_phase_weight(m.weight)
 
 
-def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int | str = "auto", box: bool = True,
-                 max_layer_frames: int | None = None) -> list[tuple[str, int, int]]:
+def copied_bytes(
+    vae,
+    z,
+    ranks: int,
+    axis: str = shard.WIDTH,
+    frames_per_step: int | str = "auto",
+    box: bool = True,
+    max_layer_frames: int | None = None,
+) -> list[tuple[str, int, int]]:
     """(operation and source line, bytes written, calls) of one fast-tier decode on one rank, most bytes first."""
     _keep_phase_weights(vae)
     with CopiedBytes() as copies:
@@ -246,8 +270,15 @@ def copied_bytes(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: i
     return sorted(((k, b, copies.calls[k]) for k, b in copies.bytes.items()), key=lambda r: -r[1])
 
 
-def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step: int | str = "auto", box: bool = True,
-                   max_layer_frames: int | None = None) -> tuple[int, list[tuple[str, int]]]:
+def predicted_peak(
+    vae,
+    z,
+    ranks: int,
+    axis: str = shard.WIDTH,
+    frames_per_step: int | str = "auto",
+    box: bool = True,
+    max_layer_frames: int | None = None,
+) -> tuple[int, list[tuple[str, int]]]:
     """Bytes above the weights and the latent at the peak of one fast-tier decode on one rank, and
     what is alive then, by the source line that allocated it."""
     external = [*vae.parameters(), *vae.buffers(), z]
@@ -257,11 +288,23 @@ def predicted_peak(vae, z, ranks: int, axis: str = shard.WIDTH, frames_per_step:
     return live.peak, sorted(live.at_peak.items(), key=lambda kv: -kv[1])
 
 
-def _decode(vae, z, ranks: int, axis: str, frames_per_step: int | str, max_layer_frames: int | None, box: bool = True) -> None:
+def _decode(
+    vae, z, ranks: int, axis: str, frames_per_step: int | str, max_layer_frames: int | None, box: bool = True
+) -> None:
     """One fast-tier decode of `z` on the CUDA code path, as one rank of `ranks` would run it."""
-    with torch.no_grad(), fast.tier(True, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames), cuda_kernels(box):
+    plan = fast_plan(vae, z.shape, ranks, axis, frames_per_step=frames_per_step, max_layer_frames=max_layer_frames)
+    with torch.no_grad(), tier.active(plan), cuda_kernels(box):
         out = decode_as_rank(vae, z, ranks, axis)
         del out
+
+
+def fast_plan(vae, shape, ranks: int, axis: str, device: torch.device | str = "cuda", **knobs) -> FastPlan:
+    """The fast tier's choices (`vaeshard.policy.resolve_fast`, by vaeshard.tuning's thresholds as they
+    are now) for a decode of `shape` on `device`, directly (`ranks` 1) or as one rank of `ranks`
+    sharded along `axis`, with the FastOptions `knobs`; `device` "cuda" decides as on CUDA for a VAE
+    on the meta device (the CUDA graphs it may choose replay only on CUDA tensors)."""
+    strategy = "direct" if ranks == 1 else "spatial_shard_height" if axis == shard.HEIGHT else "spatial_shard_width"
+    return policy.resolve_fast(vae, shape, ranks, strategy, FastOptions(**knobs), device=torch.device(device))
 
 
 def steps_setting(text: str) -> int | str:
@@ -292,14 +335,25 @@ def main() -> None:
     ap.add_argument("--ranks", default="1,2", help="rank counts to model (default 1,2)")
     ap.add_argument("--frames", type=int, default=None, help="latent frames (default: the preset's)")
     ap.add_argument("--top", type=int, default=8, help="allocation sites listed at the peak (default 8)")
-    ap.add_argument("--frames-per-step", type=steps_setting, default="auto",
-                    help="vaeshard's frames_per_step: auto (default, decided as on CUDA) or a number")
+    ap.add_argument(
+        "--frames-per-step",
+        type=steps_setting,
+        default="auto",
+        help="vaeshard's frames_per_step: auto (default, decided as on CUDA) or a number",
+    )
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (default None)")
     ap.add_argument("--copies", action="store_true", help="also: bytes written by copies, by source line")
-    ap.add_argument("--no-box", action="store_true",
-                    help="model the Triton kernel's plans (a GPU other than Hopper, or a Triton without box_conv)")
-    ap.add_argument("--axis", default="auto", choices=("auto", shard.HEIGHT, shard.WIDTH),
-                    help="the sharded axis (default: the one `auto` picks on CUDA)")
+    ap.add_argument(
+        "--no-box",
+        action="store_true",
+        help="model the Triton kernel's plans (a GPU other than Hopper, or a Triton without box_conv)",
+    )
+    ap.add_argument(
+        "--axis",
+        default="auto",
+        choices=("auto", shard.HEIGHT, shard.WIDTH),
+        help="the sharded axis (default: the one `auto` picks on CUDA)",
+    )
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -318,18 +372,39 @@ def main() -> None:
             with mock.patch.object(policy, "_device_of", lambda vae: torch.device("cuda")):
                 strategy = vaeshard.plan(vae, shape, ranks).strategy
             axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
-        peak, sites = predicted_peak(vae, z, ranks, axis, frames_per_step=args.frames_per_step, box=not args.no_box,
-                                     max_layer_frames=args.max_layer_frames)
-        print(f"{args.preset} latent {tuple(shape)}, {ranks} rank(s)" + (f" by {axis}" if ranks > 1 else "")
-              + f", frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: predicted "
-              f"peak {peak / 2**30:.2f} GiB per rank above weights and latent", flush=True)
+        peak, sites = predicted_peak(
+            vae,
+            z,
+            ranks,
+            axis,
+            frames_per_step=args.frames_per_step,
+            box=not args.no_box,
+            max_layer_frames=args.max_layer_frames,
+        )
+        print(
+            f"{args.preset} latent {tuple(shape)}, {ranks} rank(s)"
+            + (f" by {axis}" if ranks > 1 else "")
+            + f", frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: predicted "
+            f"peak {peak / 2**30:.2f} GiB per rank above weights and latent",
+            flush=True,
+        )
         for site, size in sites[: args.top]:
             print(f"    {size / 2**30:6.2f} GiB  {site}")
         if args.copies:
-            rows = copied_bytes(vae, z, ranks, axis, frames_per_step=args.frames_per_step, box=not args.no_box,
-                                max_layer_frames=args.max_layer_frames)
-            print(f"  written by copies, clones, concatenations and zero fills: {sum(b for _, b, _ in rows) / 1e9:.1f} GB; "
-                  f"by operation and source line:")
+            rows = copied_bytes(
+                vae,
+                z,
+                ranks,
+                axis,
+                frames_per_step=args.frames_per_step,
+                box=not args.no_box,
+                max_layer_frames=args.max_layer_frames,
+            )
+            written = sum(b for _, b, _ in rows) / 1e9
+            print(
+                f"  written by copies, clones, concatenations and zero fills: {written:.1f} GB; "
+                f"by operation and source line:"
+            )
             for key, nbytes, calls in rows[: args.top]:
                 print(f"    {nbytes / 1e9:7.2f} GB x{calls:<4} {key}")
 

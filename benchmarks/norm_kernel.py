@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Memory bandwidth of the fast tier's fused kernels (`fast.rms_norm`, `fast.add_bias_and_residual_`,
-`fast.add_bias_`) per tile choice (`fast.TILE`), against a plain copy with the same strides and
-PyTorch's own bias pass.
+"""Memory bandwidth of the fast tier's fused norm and bias kernels per tile choice, against a copy.
+
+The kernels of kernels/norm.py (`rms_norm`, `add_bias_and_residual_`, `add_bias_`) per tile choice
+(its `TILE`), against a plain copy with the same strides and PyTorch's own bias pass.
 
     python3 benchmarks/norm_kernel.py [--json norm_kernel.json] [--no-sweep]     # one CUDA GPU
 
@@ -24,7 +25,7 @@ import statistics
 
 import torch
 
-from vaeshard import fast
+from vaeshard.kernels import norm as norm_kernels
 
 # (name, new frames' shape, buffer shape, where the new frames sit in the buffer: (frame, column))
 SHAPES = [
@@ -50,19 +51,60 @@ def _time(fn, loops: int, reps: int) -> float:
     return statistics.median(times)
 
 
+def _shape_rows(name: str, shape, buf_shape, at, variants, real_wide, loops: int, reps: int) -> list[dict]:
+    """The rows of one shape: the copy, PyTorch's bias pass, the bias kernel, and per variant (label,
+    tile, wide) the norm and the bias + residual kernels (each kernel's tile set for its variant)."""
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    t0, w0 = at
+    x = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last_3d)
+    buf = torch.empty(buf_shape, device=dev, dtype=dt, memory_format=torch.channels_last_3d)
+    out = buf[:, :, t0:].narrow(4, w0, shape[4])
+    h = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last_3d)
+    gamma = torch.rand(shape[1], 1, 1, 1, device=dev, dtype=dt) + 0.5
+    bias = torch.randn(shape[1], device=dev, dtype=dt)
+    nbytes = x.numel() * x.element_size()
+
+    def row(kernel: str, variant: str, seconds: float, passes: int) -> dict:
+        return {
+            "shape": name,
+            "kernel": kernel,
+            "variant": variant,
+            "seconds": seconds,
+            "GBps": passes * nbytes / seconds / 1e9,
+        }
+
+    copy_s = _time(lambda: out.copy_(x), loops, reps)
+    # a convolution's bias on its channels-last output: PyTorch's own pass (what F.conv3d runs
+    # after cuDNN on CUDA) against norm.add_bias_ (tier.conv_with_bias); in place, as both are
+    rows = [row("bias (torch)", "-", _time(lambda: h.add_(bias.reshape(1, -1, 1, 1, 1)), loops, reps), 2)]
+    if hasattr(norm_kernels, "add_bias_"):  # (not in libraries before it, for an A/B)
+        rows.append(row("bias", "default", _time(lambda: norm_kernels.add_bias_(h, bias), loops, reps), 2))
+    rows.append(row("copy", "-", copy_s, 2))
+    for label, tile, wide in variants:
+        norm_kernels.TILE.clear()
+        norm_kernels.TILE.update(tile)
+        norm_kernels._wide = (lambda *t: True) if wide else real_wide
+        norm_s = _time(lambda: norm_kernels.rms_norm(x, gamma, 0.0, shape[1] ** 0.5, True, out=out), loops, reps)
+        add_s = _time(lambda: norm_kernels.add_bias_and_residual_(x, bias, h, into_residual=True), loops, reps)
+        rows.append(row("rms_norm", label, norm_s, 2))
+        rows.append(row("bias_residual", label, add_s, 3))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--loops", type=int, default=10)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", help="write the rows here")
-    ap.add_argument("--no-sweep", action="store_true", help="only the default tile (32- and 64-bit), no other tile choices")
+    ap.add_argument(
+        "--no-sweep", action="store_true", help="only the default tile (32- and 64-bit), no other tile choices"
+    )
     args = ap.parse_args()
-    if fast.triton is None or not torch.cuda.is_available():
+    if norm_kernels.triton is None or not torch.cuda.is_available():
         raise SystemExit("norm_kernel.py needs a CUDA GPU and Triton")
     torch.manual_seed(0)
-    dev, dt = torch.device("cuda"), torch.bfloat16
-    default = dict(fast.TILE)
-    real_wide = fast._wide
+    default = dict(norm_kernels.TILE)
+    real_wide = norm_kernels._wide
     variants = [("default", default, False), ("default, wide", default, True)]
     sweep = () if args.no_sweep else itertools.product((4096, 8192, 16384), (32, 64, 128, 256), (2, 4, 8))
     for elements, voxels, warps in sweep:
@@ -71,39 +113,25 @@ def main() -> None:
             variants.append((f"{elements}/{voxels}/{warps}", tile, False))
     rows = []
     try:
-        for name, shape, buf_shape, (t0, w0) in SHAPES:
-            x = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last_3d)
-            buf = torch.empty(buf_shape, device=dev, dtype=dt, memory_format=torch.channels_last_3d)
-            out = buf[:, :, t0:].narrow(4, w0, shape[4])
-            h = torch.randn(shape, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last_3d)
-            gamma = torch.rand(shape[1], 1, 1, 1, device=dev, dtype=dt) + 0.5
-            bias = torch.randn(shape[1], device=dev, dtype=dt)
-            nbytes = x.numel() * x.element_size()
-            copy_s = _time(lambda: out.copy_(x), args.loops, args.reps)
-            # a convolution's bias on its channels-last output: PyTorch's own pass (what F.conv3d runs
-            # after cuDNN on CUDA) against fast.add_bias_ (fast.conv_with_bias); in place, as both are
-            torch_bias_s = _time(lambda: h.add_(bias.reshape(1, -1, 1, 1, 1)), args.loops, args.reps)
-            rows.append({"shape": name, "kernel": "bias (torch)", "variant": "-", "seconds": torch_bias_s, "GBps": 2 * nbytes / torch_bias_s / 1e9})
-            if hasattr(fast, "add_bias_"):  # (not in libraries before it, for an A/B)
-                bias_s = _time(lambda: fast.add_bias_(h, bias), args.loops, args.reps)
-                rows.append({"shape": name, "kernel": "bias", "variant": "default", "seconds": bias_s, "GBps": 2 * nbytes / bias_s / 1e9})
-            rows.append({"shape": name, "kernel": "copy", "variant": "-", "seconds": copy_s, "GBps": 2 * nbytes / copy_s / 1e9})
-            for label, tile, wide in variants:
-                fast.TILE.clear()
-                fast.TILE.update(tile)
-                fast._wide = (lambda *t: True) if wide else real_wide
-                norm_s = _time(lambda: fast.rms_norm(x, gamma, 0.0, shape[1] ** 0.5, True, out=out), args.loops, args.reps)
-                add_s = _time(lambda: fast.add_bias_and_residual_(x, bias, h, into_residual=True), args.loops, args.reps)
-                rows.append({"shape": name, "kernel": "rms_norm", "variant": label, "seconds": norm_s, "GBps": 2 * nbytes / norm_s / 1e9})
-                rows.append({"shape": name, "kernel": "bias_residual", "variant": label, "seconds": add_s, "GBps": 3 * nbytes / add_s / 1e9})
+        for name, shape, buf_shape, at in SHAPES:
+            rows += _shape_rows(name, shape, buf_shape, at, variants, real_wide, args.loops, args.reps)
     finally:
-        fast.TILE.clear()
-        fast.TILE.update(default)
-        fast._wide = real_wide
+        norm_kernels.TILE.clear()
+        norm_kernels.TILE.update(default)
+        norm_kernels._wide = real_wide
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": fast.triton.__version__,
-                   "default": default, "rows": rows}, f, indent=1)
+            json.dump(
+                {
+                    "gpu": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "triton": norm_kernels.triton.__version__,
+                    "default": default,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
     # the default, the best variant per shape and kernel, and the copy
     print(f"{'shape':15} {'kernel':14} {'variant':16} {'ms':>7} {'GB/s':>7}")
     for name, *_ in SHAPES:
@@ -122,7 +150,10 @@ def main() -> None:
             if r["kernel"] == kernel:
                 totals[r["variant"]] = totals.get(r["variant"], 0.0) + r["seconds"]
         best = min(totals, key=totals.get)
-        print(f"{kernel}: summed over the shapes, default {totals['default'] * 1e3:.3f} ms, best {best} {totals[best] * 1e3:.3f} ms")
+        print(
+            f"{kernel}: summed over the shapes, default {totals['default'] * 1e3:.3f} ms, "
+            f"best {best} {totals[best] * 1e3:.3f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections import defaultdict
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 GIB = 1024**3
 
@@ -32,7 +32,8 @@ def main() -> None:
     series = defaultdict(dict)  # mode -> nproc -> (seconds, peak GiB)
     diffusers = None
     for path in args.runs:
-        run = json.load(open(path))
+        with open(path) as f:
+            run = json.load(f)
         ref = run.get("reference")
         if ref:
             diffusers = (ref["seconds"], ref["peak_bytes"] / GIB)
@@ -40,7 +41,9 @@ def main() -> None:
             series[row["mode"]][row["nproc"]] = (row["seconds"], max(row["peak_bytes_per_rank"]) / GIB)
     anchors = []
     if args.anchors:
-        for line in open(args.anchors):
+        with open(args.anchors) as f:
+            lines = f.read().splitlines()
+        for line in filter(None, lines):
             a = json.loads(line)
             if a["mode"] == "plain":
                 continue

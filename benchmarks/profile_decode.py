@@ -6,12 +6,13 @@
 
 `--cold` first times the process's first decode (cuDNN autotuning and kernel compiles included).
 `--memory` adds, per rank, the decode's peak and what is allocated at that moment by source line
-(the allocator's trace). Random weights, real config, bf16. `--frames` limits the latent frames profiled (the per-frame cost
-is steady after the first frame). Without --vaeshard it profiles diffusers' own decode on one GPU;
-under torchrun every rank profiles vaeshard's decode in `--mode` and prints its own summary, rank 0
-also the kernel table. "GPU idle" is wall time minus the union of the intervals in which any kernel
-of that rank ran: time the GPU waited for the host or for a peer. The idle time inside the span of
-the profiled kernels is also attributed to the class of the kernel that ends each gap.
+(the allocator's trace). Random weights, real config, bf16. `--frames` limits the latent frames
+profiled (the per-frame cost is steady after the first frame). Without --vaeshard it profiles
+diffusers' own decode on one GPU; under torchrun every rank profiles vaeshard's decode in `--mode`
+and prints its own summary, rank 0 also the kernel table. "GPU idle" is wall time minus the union
+of the intervals in which any kernel of that rank ran: time the GPU waited for the host or for a
+peer. The idle time inside the span of the profiled kernels is also attributed to the class of the
+kernel that ends each gap.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vaeshard.bench import PRESETS
-from vaeshard.io import NAMED_CONFIGS
+from vaeshard.cli.bench import PRESETS
+from vaeshard.cli.io import NAMED_CONFIGS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from memory_model import steps_setting  # noqa: E402
+from memory_model import steps_setting
 
 CLASSES = [
     ("layout transpose", r"nchwToNhwc|nhwcToNchw|transpose|permute"),
@@ -55,24 +56,45 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
     ap.add_argument("--frames", type=int, default=5)
-    ap.add_argument("--shape", help="latent shape B,C,T,H,W instead of the preset's (e.g. a half-width latent on one GPU "
-                    "against a 2-rank width shard: the same per-GPU work without communication)")
+    ap.add_argument(
+        "--shape",
+        help="latent shape B,C,T,H,W instead of the preset's (e.g. a half-width latent on one "
+        "GPU against a 2-rank width shard: the same per-GPU work without communication)",
+    )
     ap.add_argument("--top", type=int, default=20)
     ap.add_argument("--vaeshard", action="store_true", help="profile vaeshard's 1-rank path instead")
     ap.add_argument("--mode", default="auto", help="vaeshard mode under torchrun (default auto)")
     ap.add_argument("--exact", action="store_true", help="vaeshard's exact tier")
-    ap.add_argument("--frames-per-step", type=steps_setting, default="auto",
-                    help="vaeshard's frames_per_step (fast tier): auto (default) or a number")
+    ap.add_argument(
+        "--frames-per-step",
+        type=steps_setting,
+        default="auto",
+        help="vaeshard's frames_per_step (fast tier): auto (default) or a number",
+    )
     ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames (fast tier)")
-    ap.add_argument("--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line")
-    ap.add_argument("--cold", action="store_true",
-                    help="also time the process's first decode (before any warm-up: cuDNN autotuning, kernel compiles)")
-    ap.add_argument("--copies", action="store_true",
-                    help="also: one decode profiled with input shapes, the copy operations with the most GPU time by shape")
-    ap.add_argument("--host-profile", action="store_true",
-                    help="also: one decode under cProfile on rank 0, the functions with the most host time")
-    ap.add_argument("--timeline", action="store_true",
-                    help="also: per decoder call and rank, the host's issue time, the GPU's span, its NCCL and idle time")
+    ap.add_argument(
+        "--memory", action="store_true", help="also: what is allocated at the decode's peak, by source line"
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="also time the process's first decode (before any warm-up: cuDNN autotuning, kernel compiles)",
+    )
+    ap.add_argument(
+        "--copies",
+        action="store_true",
+        help="also: one decode profiled with input shapes, the copy operations with the most GPU time by shape",
+    )
+    ap.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="also: one decode under cProfile on rank 0, the functions with the most host time",
+    )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also: per decoder call and rank, the host's issue time, the GPU's span, its NCCL and idle time",
+    )
     args = ap.parse_args()
     from diffusers import AutoencoderKLWan
 
@@ -93,8 +115,8 @@ def main() -> None:
     if args.vaeshard or world > 1:
         import vaeshard
 
-        vaeshard.parallelize(vae, mode=args.mode, exact=args.exact, frames_per_step=args.frames_per_step,
-                           max_layer_frames=args.max_layer_frames)
+        fast = vaeshard.FastOptions(frames_per_step=args.frames_per_step, max_layer_frames=args.max_layer_frames)
+        vaeshard.parallelize(vae, mode=args.mode, exact=args.exact, fast=fast)
         print(f"[rank {rank}] {vaeshard.plan(vae, z.shape, world, args.mode).reason}", flush=True)
     with torch.no_grad():
         if args.cold:
@@ -106,8 +128,7 @@ def main() -> None:
         vae.decode(z)  # warm-up at the full size, so the timed decode finds the allocator grown as the profiled one
         torch.cuda.synchronize()
     # before any profiler runs in this process, so the profiler's tracing cannot slow the host's
-    # launches in it: taken after a profiled decode, the host times were 27-30 ms per Wan 2.1 480p
-    # call on 2 GPUs; in processes that never profiled, 16-18 ms (BENCHMARKS.md)
+    # launches in it (taken after a profiled decode, the host's times per call measured far longer)
     unprofiled = _timeline_unprofiled(vae, z) if args.timeline else None
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -127,16 +148,27 @@ def main() -> None:
     for name, t in kernels.items():
         by_class[classify(name)] += t
     busy = _busy_seconds(prof)
-    print(f"[rank {rank}] {args.preset} latent {shape}, {world} rank(s): wall {wall:.3f} s, GPU kernel time "
-          f"{total:.3f} s, GPU busy {busy:.3f} s, GPU idle {max(wall - busy, 0):.3f} s, communication "
-          f"{by_class.get('communication (NCCL)', 0.0):.3f} s", flush=True)
-    print(f"[rank {rank}] host: decode returned after {returned:.3f} s of the {wall:.3f} s wall (near the wall: "
-          f"the host, or a wait for the GPU inside the decode, set the pace); runtime calls: "
-          f"{_runtime_calls(prof)}", flush=True)
+    print(
+        f"[rank {rank}] {args.preset} latent {shape}, {world} rank(s): wall {wall:.3f} s, GPU kernel time "
+        f"{total:.3f} s, GPU busy {busy:.3f} s, GPU idle {max(wall - busy, 0):.3f} s, communication "
+        f"{by_class.get('communication (NCCL)', 0.0):.3f} s",
+        flush=True,
+    )
+    print(
+        f"[rank {rank}] host: decode returned after {returned:.3f} s of the {wall:.3f} s wall (near the wall: "
+        f"the host, or a wait for the GPU inside the decode, set the pace); runtime calls: "
+        f"{_runtime_calls(prof)}",
+        flush=True,
+    )
     span, inside, gaps = _idle_gaps(prof)
-    waits = ", ".join(f"{label} {t:.3f} s in {n} gaps" for label, (t, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0]))
-    print(f"[rank {rank}] GPU idle inside the kernel span ({span:.3f} s): {inside:.3f} s, before the start of: "
-          f"{waits or 'none'}", flush=True)
+    waits = ", ".join(
+        f"{label} {t:.3f} s in {n} gaps" for label, (t, n) in sorted(gaps.items(), key=lambda kv: -kv[1][0])
+    )
+    print(
+        f"[rank {rank}] GPU idle inside the kernel span ({span:.3f} s): {inside:.3f} s, before the start of: "
+        f"{waits or 'none'}",
+        flush=True,
+    )
     if args.memory:
         with torch.no_grad():
             _memory_report(vae, z, rank)
@@ -156,7 +188,11 @@ def main() -> None:
         _finish(world)
         return
     if world > 1:  # the same shapes on every rank: a kernel whose time differs shows where one rank is slower
-        names = sorted(set().union(*by_rank), key=lambda n: -(max(r.get(n, 0.0) for r in by_rank) - min(r.get(n, 0.0) for r in by_rank)))
+
+        def spread(n: str) -> float:
+            return max(r.get(n, 0.0) for r in by_rank) - min(r.get(n, 0.0) for r in by_rank)
+
+        names = sorted(set().union(*by_rank), key=lambda n: -spread(n))
         print("kernels whose GPU time differs most between the ranks (s per rank):")
         for name in names[:10]:
             print("  " + " ".join(f"{r.get(name, 0.0):7.3f}" for r in by_rank) + f"  {name[:110]}")
@@ -183,8 +219,10 @@ def _memory_report(vae, z, rank: int, top: int = 12) -> None:
     peak = torch.cuda.max_memory_allocated() - base
     device = torch.cuda.current_device()
     traced_peak, sites = peak_breakdown(snapshot["device_traces"][device])
-    print(f"[rank {rank}] peak allocated during the decode {peak / 2**30:.2f} GiB above the "
-          f"{base / 2**30:.2f} GiB held before it; at the traced peak ({traced_peak / 2**30:.2f} GiB) by source:")
+    print(
+        f"[rank {rank}] peak allocated during the decode {peak / 2**30:.2f} GiB above the "
+        f"{base / 2**30:.2f} GiB held before it; at the traced peak ({traced_peak / 2**30:.2f} GiB) by source:"
+    )
     for site, size in sites[:top]:
         print(f"[rank {rank}]   {size / 2**30:6.2f} GiB  {site}")
 
@@ -242,8 +280,11 @@ def _copy_report(vae, z, rank: int, top: int = 12) -> None:
         torch.cuda.synchronize()
     if rank != 0:
         return
-    rows = [e for e in prof.key_averages(group_by_input_shape=True)
-            if e.key in ("aten::copy_", "aten::clone", "aten::cat", "aten::contiguous") and e.device_time_total > 0]
+    rows = [
+        e
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key in ("aten::copy_", "aten::clone", "aten::cat", "aten::contiguous") and e.device_time_total > 0
+    ]
     print("copy operations by input shape (rank 0; GPU time of the kernels they launched):")
     for e in sorted(rows, key=lambda e: -e.device_time_total)[:top]:
         print(f"  {e.device_time_total / 1e6:7.3f} s x{e.count:<5} {e.key:14} {str(e.input_shapes)[:120]}", flush=True)
@@ -265,14 +306,16 @@ def _host_profile(vae, z, rank: int, top: int) -> None:
         for order in ("tottime", "cumulative"):
             text = io.StringIO()
             pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
-            print(f"host time by function, by {order} (cProfile, rank 0):\n" + text.getvalue().split("\n\n", 1)[-1],
-                  flush=True)
+            print(
+                f"host time by function, by {order} (cProfile, rank 0):\n" + text.getvalue().split("\n\n", 1)[-1],
+                flush=True,
+            )
 
 
 def _timeline_unprofiled(vae, z) -> tuple[list[float], list[float], float]:
     """Host issue time and GPU span (ms) of each decoder call of one unprofiled decode (host clock
     and CUDA events at each call's start), and the ms before the host reached the first call. A call
-    made while a CUDA graph is being captured (graphs.py) gets no entry: an event recorded there
+    made while a CUDA graph is being captured (runtime/graphs.py) gets no entry: an event recorded there
     belongs to the graph and cannot be timed, so its span counts in the call before it."""
     host: list[float] = []
     events: list = []
@@ -317,12 +360,18 @@ def _timeline(vae, z, rank: int, world: int, unprofiled) -> None:
             torch.cuda.synchronize()
     finally:
         handle.remove()
-    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
     split = per_call(spans, calls)
     if split is None:
-        print(f"[rank {rank}] timeline: {sum('spin' in n for _, _, n in spans)} marker kernels for {calls} decoder "
-              f"calls; no NCCL / idle split", flush=True)
+        print(
+            f"[rank {rank}] timeline: {sum('spin' in n for _, _, n in spans)} marker kernels for {calls} decoder "
+            f"calls; no NCCL / idle split",
+            flush=True,
+        )
         split = [(float("nan"), float("nan"))] * calls
     rows = [(host_ms[k], gpu_ms[k], *split[k]) for k in range(calls)]
     table = [rows]
@@ -333,9 +382,11 @@ def _timeline(vae, z, rank: int, world: int, unprofiled) -> None:
         dist.all_gather_object(table, rows)
     if rank != 0 or not all(table):
         return
-    print(f"timeline per decoder call (ms; host: issue time of the call, unprofiled; gpu: span of its work on the "
-          f"GPU, unprofiled; nccl, idle: NCCL kernel time and GPU idle time inside it, profiled; the host reached "
-          f"the first call after {lead_ms:.1f} ms):")
+    print(
+        f"timeline per decoder call (ms; host: issue time of the call, unprofiled; gpu: span of its work on the "
+        f"GPU, unprofiled; nccl, idle: NCCL kernel time and GPU idle time inside it, profiled; the host reached "
+        f"the first call after {lead_ms:.1f} ms):"
+    )
     print("call " + "".join(f"| rank {r}: host    gpu   nccl   idle " for r in range(len(table))))
     totals = [[0.0] * 4 for _ in table]
     for k in range(calls):

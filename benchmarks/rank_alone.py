@@ -22,8 +22,8 @@ time by class, the kernels whose time fell least against the first row, and when
 
 What this is: a rank's own GPU and host work, without the exchanges' transfers and without waiting
 for its neighbours: a lower bound for an N-GPU decode's time, not a measurement of one; the N-GPU
-decode adds the NCCL kernels and the waits (BENCHMARKS.md, "Why 2 GPUs give 1.8x, not 2x"). The
-peak is a rank's, without NCCL's own buffers.
+decode adds the NCCL kernels and the waits (BENCHMARKS.md, Protocol, "Rank share"). The peak is a
+rank's, without NCCL's own buffers.
 """
 
 from __future__ import annotations
@@ -39,12 +39,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from memory_model import decode_as_rank, steps_setting  # noqa: E402
+from memory_model import decode_as_rank, fast_plan, steps_setting
 
-import vaeshard  # noqa: E402
-from vaeshard import fast, shard  # noqa: E402
-from vaeshard.bench import PRESETS  # noqa: E402
-from vaeshard.io import NAMED_CONFIGS  # noqa: E402
+import vaeshard
+from vaeshard import tuning
+from vaeshard.cli.bench import PRESETS
+from vaeshard.cli.io import NAMED_CONFIGS
+from vaeshard.layers import tier
+from vaeshard.runtime import spatial as shard
 
 
 def main() -> None:
@@ -52,30 +54,57 @@ def main() -> None:
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
     ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--cuda-graphs", default="auto",
-                    help="cuda_graphs values to time, e.g. auto,on (default auto); keep, keep-on: auto, on with "
-                         "keep_cuda_graphs")
-    ap.add_argument("--latent", default=None,
-                    help="the latent's shape, e.g. 1,16,21,8,16 (default: the preset's); a small one with "
-                         "--cuda-graphs off --parts off leaves the GPU idle most of the time, so the decode's "
-                         "time is the host's cost of issuing it")
-    ap.add_argument("--host-profile", action="store_true",
-                    help="also: one decode of each share under cProfile, the functions with the most host time")
-    ap.add_argument("--kernel-profile", action="store_true",
-                    help="also: one decode of each share under torch.profiler, its GPU kernel time by class and the "
-                         "kernels whose time fell least against the first row's (where the share does not scale)")
-    ap.add_argument("--top", type=int, default=25, help="functions or kernels listed by --host-profile and "
-                                                        "--kernel-profile (default 25)")
-    ap.add_argument("--parts-from-pixels", default=None,
-                    help="fast.PARTS_FROM_PIXELS and SHARDED_PARTS_FROM_PIXELS, one value or several to time "
-                         "interleaved, e.g. 393216,131072 (default: the library's); 1 times the parts' host cost "
-                         "at a small --latent")
-    ap.add_argument("--parts", default="on", help="the default parts of two frames (fast.PART_FRAMES): on, off or "
-                                                   "on,off (default on)")
-    ap.add_argument("--frames-per-step", default="auto",
-                    help="frames_per_step values to time, one or several interleaved, e.g. auto,1,2 (default auto)")
-    ap.add_argument("--debug-log", action="store_true",
-                    help="also: vaeshard's debug log (e.g. each CUDA graph capture and its host time)")
+    ap.add_argument(
+        "--cuda-graphs",
+        default="auto",
+        help="cuda_graphs values to time, e.g. auto,on (default auto); keep, keep-on: auto, on with keep_cuda_graphs",
+    )
+    ap.add_argument(
+        "--latent",
+        default=None,
+        help="the latent's shape, e.g. 1,16,21,8,16 (default: the preset's); a small one with "
+        "--cuda-graphs off --parts off leaves the GPU idle most of the time, so the decode's "
+        "time is the host's cost of issuing it",
+    )
+    ap.add_argument(
+        "--host-profile",
+        action="store_true",
+        help="also: one decode of each share under cProfile, the functions with the most host time",
+    )
+    ap.add_argument(
+        "--kernel-profile",
+        action="store_true",
+        help="also: one decode of each share under torch.profiler, its GPU kernel time by class and the "
+        "kernels whose time fell least against the first row's (where the share does not scale)",
+    )
+    ap.add_argument(
+        "--top",
+        type=int,
+        default=25,
+        help="functions or kernels listed by --host-profile and --kernel-profile (default 25)",
+    )
+    ap.add_argument(
+        "--parts-from-pixels",
+        default=None,
+        help="tuning.PARTS_FROM_PIXELS and SHARDED_PARTS_FROM_PIXELS, one value or several to time "
+        "interleaved, e.g. 393216,131072 (default: the library's); 1 times the parts' host cost "
+        "at a small --latent",
+    )
+    ap.add_argument(
+        "--parts",
+        default="on",
+        help="the default parts of two frames (tuning.PART_FRAMES): on, off or on,off (default on)",
+    )
+    ap.add_argument(
+        "--frames-per-step",
+        default="auto",
+        help="frames_per_step values to time, one or several interleaved, e.g. auto,1,2 (default auto)",
+    )
+    ap.add_argument(
+        "--debug-log",
+        action="store_true",
+        help="also: vaeshard's debug log (e.g. each CUDA graph capture and its host time)",
+    )
     args = ap.parse_args()
     if args.debug_log:
         import logging
@@ -94,13 +123,15 @@ def main() -> None:
     vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).eval().to(device, torch.bfloat16)
     vaeshard.parallelize(vae)
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
-    print(f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
-          f"(a lower bound for that many GPUs, not a measurement of it)")
-    default_parts, thresholds = fast.PART_FRAMES, (fast.PARTS_FROM_PIXELS, fast.SHARDED_PARTS_FROM_PIXELS)
+    print(
+        f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
+        f"(a lower bound for that many GPUs, not a measurement of it)"
+    )
+    default_parts, thresholds = tuning.PART_FRAMES, (tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS)
     try:
         _time_shares(args, vae, z, shape, device, default_parts)
     finally:
-        fast.PART_FRAMES, (fast.PARTS_FROM_PIXELS, fast.SHARDED_PARTS_FROM_PIXELS) = default_parts, thresholds
+        tuning.PART_FRAMES, (tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS) = default_parts, thresholds
 
 
 def _time_shares(args, vae, z, shape, device, default_parts) -> None:
@@ -112,19 +143,31 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
     for ranks in (int(r) for r in args.ranks.split(",")):
         strategy = vaeshard.plan(vae, shape, ranks).strategy
         axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
+        steps_values = [steps_setting(k) for k in args.frames_per_step.split(",")]
         for graphs, steps, (parts, threshold) in itertools.product(
-                args.cuda_graphs.split(","), (steps_setting(k) for k in args.frames_per_step.split(",")), _part_settings(args)):
-            fast.PART_FRAMES = default_parts if parts == "on" else None
+            args.cuda_graphs.split(","), steps_values, _part_settings(args)
+        ):
+            tuning.PART_FRAMES = default_parts if parts == "on" else None
             if threshold is not None:
-                fast.PARTS_FROM_PIXELS = fast.SHARDED_PARTS_FROM_PIXELS = threshold
+                tuning.PARTS_FROM_PIXELS = tuning.SHARDED_PARTS_FROM_PIXELS = threshold
+            # the row's fast-tier choices, resolved from the thresholds just set, as a request's are
+            plan = fast_plan(
+                vae,
+                shape,
+                ranks,
+                axis,
+                device,
+                cuda_graphs=graphs_values[graphs],
+                frames_per_step=steps,
+                keep_cuda_graphs=graphs.startswith("keep"),
+            )
 
-            def decode():
+            def decode(plan=plan, ranks=ranks, axis=axis):
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats(device)
                 held = baseline  # (kept graphs' tensors count in the peak: they are this decode's)
                 start, cpu = time.perf_counter(), time.thread_time()
-                with torch.no_grad(), fast.tier(True, cuda_graphs=graphs_values[graphs], frames_per_step=steps,
-                                                keep_cuda_graphs=graphs.startswith("keep")):
+                with torch.no_grad(), tier.active(plan):
                     out = decode_as_rank(vae, z, ranks, axis)
                 issued, cpu = time.perf_counter() - start, time.thread_time() - cpu
                 torch.cuda.synchronize()
@@ -144,22 +187,26 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
             where += "" if steps == "auto" else f", frames_per_step {steps}"
             kept = (torch.cuda.memory_allocated(device) - baseline) / 2**30
             reserved = torch.cuda.memory_reserved(device) / 2**30
-            print(f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
-                  f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
-                  f"(its thread ran {cpu:.3f} s), peak "
-                  f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
-                  f"first row / this {first / median:.2f}x; "
-                  f"held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all",
-                  flush=True)
+            print(
+                f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
+                f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
+                f"(its thread ran {cpu:.3f} s), peak "
+                f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
+                f"first row / this {first / median:.2f}x; "
+                f"held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all",
+                flush=True,
+            )
             if args.host_profile:
                 _host_profile(decode, args.top)
             if args.kernel_profile:
                 first_ranks = first_ranks or ranks
                 kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
                 first_kernels = first_kernels or kernels
-            if vaeshard.release_cuda_graphs(vae):  # (after the profiles: with kept graphs they replay)
-                print(f"    after release_cuda_graphs: {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved "
-                      f"in all", flush=True)
+            if vaeshard.release(vae):  # (after the profiles: with kept graphs they replay)
+                print(
+                    f"    after vaeshard.release: {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved in all",
+                    flush=True,
+                )
 
 
 def _part_settings(args):
@@ -189,9 +236,8 @@ def _kernel_profile(decode, first: dict[str, float] | None, scale: float, top: i
     """One more decode under torch.profiler: GPU kernel seconds by class and by kernel; against the
     first profiled row, whose share is `scale` times this one's, the kernels with the most time
     above their first-row time / `scale` (what did not scale with the rank count)."""
-    from torch.profiler import ProfilerActivity, profile
-
     from profile_decode import _busy_seconds, classify
+    from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         took = decode()[0]
@@ -200,7 +246,9 @@ def _kernel_profile(decode, first: dict[str, float] | None, scale: float, top: i
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             kernels[evt.key] = kernels.get(evt.key, 0.0) + evt.device_time_total / 1e6
     total = sum(kernels.values())
-    print(f"    profiled decode {took:.3f} s: GPU kernel time {total:.3f} s, busy {_busy_seconds(prof):.3f} s", flush=True)
+    print(
+        f"    profiled decode {took:.3f} s: GPU kernel time {total:.3f} s, busy {_busy_seconds(prof):.3f} s", flush=True
+    )
     _idle_report(prof)
     classes: dict[str, list[float]] = {}
     for index, profiled in enumerate((kernels, first or {})):
@@ -213,7 +261,10 @@ def _kernel_profile(decode, first: dict[str, float] | None, scale: float, top: i
         rows = sorted(set(kernels) | set(first), key=lambda k: -(kernels.get(k, 0.0) - first.get(k, 0.0) / scale))
         print(f"    kernels by their time above the first row's / {scale:g}:", flush=True)
         for name in rows[:top]:
-            print(f"    {kernels.get(name, 0.0):7.4f} s (first row {first.get(name, 0.0):7.4f} s)  {name[:100]}", flush=True)
+            print(
+                f"    {kernels.get(name, 0.0):7.4f} s (first row {first.get(name, 0.0):7.4f} s)  {name[:100]}",
+                flush=True,
+            )
     else:
         for name, t in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]:
             print(f"    {t:7.4f} s  {name[:110]}", flush=True)
@@ -224,8 +275,9 @@ def _idle_report(prof, parts: int = 10, largest: int = 8) -> None:
     """When the GPU waited inside the profiled decode: its idle time (gaps between kernels of at least
     20 us) in each tenth of the kernels' span, and the largest gaps with their offsets from the first
     kernel (a capture, a host-paced stretch, a synchronisation)."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+    )
     if not spans:
         return
     origin, end, gaps = spans[0][0], spans[0][1], []
@@ -237,10 +289,16 @@ def _idle_report(prof, parts: int = 10, largest: int = 8) -> None:
     tenths = [0.0] * parts
     for at, length in gaps:
         tenths[min(int(at // width), parts - 1)] += length / 1e3
-    print(f"    GPU idle {sum(g for _, g in gaps) / 1e6:.3f} s in {len(gaps)} gaps; ms per tenth of the "
-          f"{(end - origin) / 1e6:.3f} s span: {' '.join(f'{t:.1f}' for t in tenths)}", flush=True)
-    print("    largest gaps (ms at offset ms): " + ", ".join(
-        f"{g / 1e3:.1f} at {at / 1e3:.0f}" for at, g in sorted(gaps, key=lambda ag: -ag[1])[:largest]), flush=True)
+    print(
+        f"    GPU idle {sum(g for _, g in gaps) / 1e6:.3f} s in {len(gaps)} gaps; ms per tenth of the "
+        f"{(end - origin) / 1e6:.3f} s span: {' '.join(f'{t:.1f}' for t in tenths)}",
+        flush=True,
+    )
+    print(
+        "    largest gaps (ms at offset ms): "
+        + ", ".join(f"{g / 1e3:.1f} at {at / 1e3:.0f}" for at, g in sorted(gaps, key=lambda ag: -ag[1])[:largest]),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

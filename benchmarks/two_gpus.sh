@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU performance targets' 2-GPU measurements, in four stages that each fit one 10-minute device
-# command on a machine with 2 GPUs (wheels in .whl/, the anchors in .anchors/: BENCHMARKS.md, Commands):
+# command on a machine with 2 GPUs (wheels in .whl/, the anchors in .anchors/: BENCHMARKS.md, Reproduce):
 #   bash benchmarks/two_gpus.sh headline "$OUT"   # Wan 2.1 720p on 1 and 2 GPUs with diffusers and the
 #                                                 # anchors; 480p on 1 and 2, by default and with kept graphs
 #   bash benchmarks/two_gpus.sh wan22 "$OUT"      # Wan 2.2 720p on 1 and 2 GPUs with diffusers and the anchors
@@ -67,6 +67,6 @@ if [ "$STAGE" = kept ]; then
   tar -xzOf "$OUT/$STAGE.tar.gz" "$STAGE/kept_graphs.log" | grep -vE "Warning|_warn_once|should be kept" | tail -4 | cut -c1-200
 fi
 if [ "$STAGE" = kept ] || [ "$STAGE" = parity ]; then
-  tar -xzOf "$OUT/$STAGE.tar.gz" --wildcards "$STAGE/parity*.log" | grep -E "^(wan2|qwen)" | cut -c1-160
+  tar -xzOf "$OUT/$STAGE.tar.gz" --wildcards "$STAGE/parity*.log" | grep -E "^(wan2|qwen)" | cut -c1-240
 fi
 exit 0

@@ -6,9 +6,9 @@
 Per upsampler of a steady decoder call (one latent frame): the source frames (after an upsample3d's
 time convolution, its two channel halves per frame), then
   copy    the upsampled frames copied into a channels-last buffer, cuDNN's 3x3 convolution, the bias pass
-          (the fast tier's path before upsample.py);
-  phases  upsample.py: (the channel halves copied apart,) one cuDNN convolution of 2x2 taps into 4 x Cout
-          channels, the interleaving pass with the bias;
+          (the fast tier's path before kernels/phases.py);
+  phases  kernels/phases.py: (the channel halves copied apart,) one cuDNN convolution of 2x2 taps into
+          4 x Cout channels, the interleaving pass with the bias;
 (The Triton kernel that read the source for all nine taps, removed in commit 23d2308, was a third
 column as this script ran at commit c53220a: `benchmarks/results/2026-12-01/phases/`.)
 The parts of `phases` are timed apart too (halves copy, convolution, interleave), and a grouped
@@ -24,7 +24,8 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from vaeshard import fast, upsample
+from vaeshard.kernels import phases as upsample
+from vaeshard.layers import tier
 
 # (name, source frames, sub, Cin, Cout, source rows, columns)
 SHAPES = [
@@ -57,54 +58,65 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    print(f"{'upsampler':24} {'copy ms':>8} {'phases':>8} | {'halves':>7} {'conv':>7} {'inter':>7}"
-          f" {'grouped':>8} | {'TFLOP/s copy':>12} {'phases':>7} | max|diff|")
-    with fast.tier(True):
+    print(
+        f"{'upsampler':24} {'copy ms':>8} {'phases':>8} | {'halves':>7} {'conv':>7} {'inter':>7}"
+        f" {'grouped':>8} | {'TFLOP/s copy':>12} {'phases':>7} | max|diff|"
+    )
+    with tier.active(tier.FastPlan()):
         for name, f, sub, cin, cout, h, w in SHAPES:
-            src = torch.randn(f, sub * cin, h, w, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
-            weight = (torch.randn(cout, cin, 3, 3, device=dev, dtype=dt) / (3 * cin**0.5)).contiguous(
-                memory_format=torch.channels_last)
-            bias = torch.randn(cout, device=dev, dtype=dt) / 10
-            frames = src.unflatten(1, (sub, cin))  # (F, sub, Cin, h, w): frame f * sub + j, a view
+            _row(name, f, sub, cin, cout, h, w, args.reps, dev, dt)
 
-            def copy_path():  # as families/wan.py's _upsample_into_buffer
-                buf = torch.empty((f * sub, cin, 2 * h, 2 * w), device=dev, dtype=dt, memory_format=torch.channels_last)
-                buf.unflatten(0, (f, sub)).unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(
-                    frames[..., None, :, None].expand(f, sub, cin, h, 2, w, 2))
-                return fast.conv_with_bias(F.conv2d, buf, weight, bias, 1, 1, 1, 1)
 
-            def halves():  # as HaloConv2d.forward_by_phases (unsharded: only for sub 2)
-                if sub == 1:
-                    return src
-                apart = torch.empty((f * sub, cin, h, w), device=dev, dtype=dt, memory_format=torch.channels_last)
-                apart.unflatten(0, (f, sub)).copy_(frames)
-                return apart
+def _row(name: str, f: int, sub: int, cin: int, cout: int, h: int, w: int, reps: int, dev, dt) -> None:
+    """One upsampler's row of the table (see the module's text)."""
+    src = torch.randn(f, sub * cin, h, w, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
+    weight = (torch.randn(cout, cin, 3, 3, device=dev, dtype=dt) / (3 * cin**0.5)).contiguous(
+        memory_format=torch.channels_last
+    )
+    bias = torch.randn(cout, device=dev, dtype=dt) / 10
+    frames = src.unflatten(1, (sub, cin))  # (F, sub, Cin, h, w): frame f * sub + j, a view
 
-            phases_w = upsample.cached_phase_weight(weight)
+    def copy_path():  # as layers/buffers.py's _upsample_into_buffer
+        buf = torch.empty((f * sub, cin, 2 * h, 2 * w), device=dev, dtype=dt, memory_format=torch.channels_last)
+        buf.unflatten(0, (f, sub)).unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(
+            frames[..., None, :, None].expand(f, sub, cin, h, 2, w, 2)
+        )
+        return tier.conv_with_bias(F.conv2d, buf, weight, bias, 1, 1, 1, 1)
 
-            def phases_path():
-                return upsample.conv2d_by_phases(halves(), weight, bias, phases=phases_w)
+    def halves():  # as layers/convs.py's HaloConv2d.forward_by_phases (unsharded: only for sub 2)
+        if sub == 1:
+            return src
+        apart = torch.empty((f * sub, cin, h, w), device=dev, dtype=dt, memory_format=torch.channels_last)
+        apart.unflatten(0, (f, sub)).copy_(frames)
+        return apart
 
-            apart = halves()
-            y = F.conv2d(apart, phases_w, None, 1, 1)
-            out = torch.empty((f * sub, cout, 2 * h, 2 * w), device=dev, dtype=dt, memory_format=torch.channels_last)
-            grouped_w = torch.cat([phases_w, phases_w])
-            ms = {
-                "copy": timed(copy_path, args.reps),
-                "phases": timed(phases_path, args.reps),
-                "halves": timed(halves, args.reps) if sub > 1 else 0.0,
-                "conv": timed(lambda: F.conv2d(apart, phases_w, None, 1, 1), args.reps),
-                "inter": timed(lambda: upsample.interleave_phases(y, bias, out), args.reps),
-                "grouped": timed(lambda: F.conv2d(src, grouped_w, None, 1, 1, 1, 2), args.reps) if sub > 1 else None,
-            }
-            flop = 2 * f * sub * cout * cin * 9 * (2 * h) * (2 * w)
-            ref = copy_path().float()
-            diff = (phases_path().float() - ref).abs().max().item()
-            grouped = f"{ms['grouped']:8.3f}" if ms["grouped"] is not None else f"{'-':>8}"
-            print(f"{name:24} {ms['copy']:8.3f} {ms['phases']:8.3f} | {ms['halves']:7.3f} {ms['conv']:7.3f}"
-                  f" {ms['inter']:7.3f} {grouped} | {flop / ms['copy'] / 1e9:12.0f} {flop / ms['phases'] / 1e9:7.0f}"
-                  f" | {diff:.2e} (|ref| {ref.abs().max().item():.2f})", flush=True)
-            del src, y, out, apart
+    phases_w = upsample.cached_phase_weight(weight)
+
+    def phases_path():
+        return upsample.conv2d_by_phases(halves(), weight, bias, phases=phases_w)
+
+    apart = halves()
+    y = F.conv2d(apart, phases_w, None, 1, 1)
+    out = torch.empty((f * sub, cout, 2 * h, 2 * w), device=dev, dtype=dt, memory_format=torch.channels_last)
+    grouped_w = torch.cat([phases_w, phases_w])
+    ms = {
+        "copy": timed(copy_path, reps),
+        "phases": timed(phases_path, reps),
+        "halves": timed(halves, reps) if sub > 1 else 0.0,
+        "conv": timed(lambda: F.conv2d(apart, phases_w, None, 1, 1), reps),
+        "inter": timed(lambda: upsample.interleave_phases(y, bias, out), reps),
+        "grouped": timed(lambda: F.conv2d(src, grouped_w, None, 1, 1, 1, 2), reps) if sub > 1 else None,
+    }
+    flop = 2 * f * sub * cout * cin * 9 * (2 * h) * (2 * w)
+    ref = copy_path().float()
+    diff = (phases_path().float() - ref).abs().max().item()
+    grouped = f"{ms['grouped']:8.3f}" if ms["grouped"] is not None else f"{'-':>8}"
+    print(
+        f"{name:24} {ms['copy']:8.3f} {ms['phases']:8.3f} | {ms['halves']:7.3f} {ms['conv']:7.3f}"
+        f" {ms['inter']:7.3f} {grouped} | {flop / ms['copy'] / 1e9:12.0f} {flop / ms['phases'] / 1e9:7.0f}"
+        f" | {diff:.2e} (|ref| {ref.abs().max().item():.2f})",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""One rank of an arrival scenario (tests/test_agreement.py): run as `python -m tests.arrival_ranks SCENARIO`
+"""One rank of an arrival scenario (tests/runtime/test_agreement.py): run as `python -m tests.arrival_ranks SCENARIO`
 with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one process per rank.
 
 The rank prints one line `EVENTS {json}` of what it saw (epoch times, exception types and messages),
@@ -25,8 +25,7 @@ def _decode(vae, z, events: list, label: str):
     try:
         out = vae.decode(z).sample
     except Exception as exc:  # noqa: BLE001 - the outcome is what the test looks at
-        events.append({"event": f"{label} raised", "at": time.time(), "type": type(exc).__name__,
-                       "message": str(exc)})
+        events.append({"event": f"{label} raised", "at": time.time(), "type": type(exc).__name__, "message": str(exc)})
         return None
     events.append({"event": f"{label} returned", "at": time.time()})
     return out
@@ -52,12 +51,14 @@ def main(scenario: str) -> None:
     dist.init_process_group("gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     rank = dist.get_rank()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import vaeshard
     from models import build, latent
 
+    import vaeshard
+
     timeout = os.environ.get("ARRIVAL_TIMEOUT")
-    vae = vaeshard.parallelize(build("wan21"), mode="spatial_shard_width",
-                               timeout=None if timeout is None else float(timeout))
+    vae = vaeshard.parallelize(
+        build("wan21"), mode="spatial_shard_width", timeout=None if timeout is None else float(timeout)
+    )
     z = latent(SHAPE)
     events: list[dict] = [{"event": "ready", "at": time.time()}]
     if scenario == "lonely":  # rank 0 decodes alone; rank 1 waits in a barrier of its own
@@ -68,8 +69,14 @@ def main(scenario: str) -> None:
                 dist.barrier()
                 events.append({"event": "barrier returned", "at": time.time()})
             except Exception as exc:  # noqa: BLE001
-                events.append({"event": "barrier raised", "at": time.time(), "type": type(exc).__name__,
-                               "message": str(exc)[:200]})
+                events.append(
+                    {
+                        "event": "barrier raised",
+                        "at": time.time(),
+                        "type": type(exc).__name__,
+                        "message": str(exc)[:200],
+                    }
+                )
     elif scenario == "rank-exits":  # rank 1 leaves before the request
         if rank == 0:
             time.sleep(1.0)  # rank 1 is gone by then

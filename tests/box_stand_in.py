@@ -15,7 +15,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from vaeshard import box_conv, conv_kernel
+from vaeshard.kernels import box_conv
+from vaeshard.kernels import conv3d as conv_kernel
 
 
 def install(set_attr, calls: list) -> None:
@@ -23,7 +24,9 @@ def install(set_attr, calls: list) -> None:
     call appends (output channels, causal, the cache's frames or None, the input's data_ptr) to
     `calls`."""
     set_attr(conv_kernel, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
-    set_attr(box_conv, "runs", lambda x, w: x.dtype in (torch.float16, torch.bfloat16) and tuple(w.shape[2:]) == (3, 3, 3))
+    set_attr(
+        box_conv, "runs", lambda x, w: x.dtype in (torch.float16, torch.bfloat16) and tuple(w.shape[2:]) == (3, 3, 3)
+    )
 
     def conv3d(x, weight, bias, padding, out, box_weight, add=False, norm=None, how=None, causal=False, cache=None):
         calls.append((weight.shape[0], causal, None if cache is None else cache.shape[2], x.data_ptr()))
@@ -59,7 +62,7 @@ def reference_conv3d(x, weight, bias, padding, out, add=False, norm=None, causal
         if cache is not None:  # as the kernel reads it: conv_kernel.takes_front, the input's geometry
             assert conv_kernel.takes_front(cache, x.dtype, x.device), cache.stride()
             assert cache.shape[:2] == x.shape[:2] and cache.shape[3:] == x.shape[3:], (cache.shape, x.shape)
-            front[:, :, 2 - cache.shape[2]:] = cache
+            front[:, :, 2 - cache.shape[2] :] = cache
         x = torch.cat([front, x], dim=2)
     y = F.conv3d(x.double().contiguous(), weight.double(), None if bias is None else bias.double(), padding=padding)
     if add:
@@ -71,16 +74,17 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
     """One rank of a fp16 decode (then an encode) of the small Wan 2.1 in the fast tier with the
     stand-in installed (this process's own: a fresh rank process, or the caller's with everything
     set back after): twice, the causal convolutions reading their time padding where it lies
-    (fast.causal_front) and the head's norm writing into its convolution's buffer
-    (wan.FastCoderHead), then both declining (the frames copied into the buffers; diffusers' own
+    (the route's front) and the head's norm writing into its convolution's buffer
+    (wan_blocks.FastCoderHead), then both declining (the frames copied into the buffers; diffusers' own
     head: the norm's output cloned for the cache, then copied into the buffer). Returns
     (the stand-in's calls and the input buffers made in the first decode, the stand-in's calls in
     the second, whether the two ways' decodes and encodes are equal bit for bit, and the larger of
     the first way's max / mean differences to diffusers' fp32 decode and encode). A buffer: (the
-    convolution's output channels and time padding, new frames, buffer frames, read where it lies?).""" 
+    convolution's output channels and time padding, new frames, buffer frames, read where it lies?)."""
     import vaeshard
-    from vaeshard import fast, shard
-    from vaeshard.families import wan
+    from vaeshard.families.wan import blocks as wan_blocks
+    from vaeshard.kernels import conv3d as conv_kernel
+    from vaeshard.layers import convs
 
     from .models import build, latent
 
@@ -93,14 +97,14 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
     calls, buffers = [], []
     try:
         install(set_attr, calls)
-        input_buffer = shard.HaloCausalConv3d.input_buffer
+        input_buffer = convs.HaloCausalConv3d.input_buffer
 
         def spy(self, like, cache_x, halo_rows=None, shape=None):
             buf, new, ready, front = input_buffer(self, like, cache_x, halo_rows, shape)
             buffers.append((self.out_channels, self._padding[4], new.shape[2], buf.shape[2], front is not None))
             return buf, new, ready, front
 
-        set_attr(shard.HaloCausalConv3d, "input_buffer", spy)
+        set_attr(convs.HaloCausalConv3d, "input_buffer", spy)
         vae = build("wan21")
         z = latent((samples, 4, 3, 4, 8))  # three decoder calls: caches of none, one and two frames
         torch.manual_seed(1)
@@ -108,13 +112,13 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
         with torch.no_grad():
             ref, ref_latent = vae.decode(z).sample, vae.encode(video).latent_dist.mean
         vae.to(torch.float16)
-        vaeshard.parallelize(vae, mode=mode, **(settings or {}))
+        vaeshard.parallelize(vae, mode=mode, fast=vaeshard.FastOptions(**settings or {}))
         apart = vae.decode(z.to(torch.float16)).sample
         first, made = list(calls), list(buffers)
         encoded = vae.encode(video.to(torch.float16)).latent_dist.mean
         calls.clear()
-        set_attr(fast, "causal_front", lambda like, weight, cache: None)
-        set_attr(wan, "_head_fast_path", lambda part: False)
+        set_attr(conv_kernel, "reads_front", lambda like, weight, cache: False)
+        set_attr(wan_blocks, "_head_fast_path", lambda part: False)
         copied = vae.decode(z.to(torch.float16)).sample
         encoded_copied = vae.encode(video.to(torch.float16)).latent_dist.mean
         vaeshard.unparallelize(vae)
@@ -122,5 +126,11 @@ def decode_both_ways(rank, world, mode, samples=1, settings=None):
         for obj, name, value in reversed(saved):
             setattr(obj, name, value)
     err, err_latent = (apart.float() - ref).abs(), (encoded.float() - ref_latent).abs()
-    return (first, made, list(calls), torch.equal(apart, copied) and torch.equal(encoded, encoded_copied),
-            max(err.max().item(), err_latent.max().item()), max(err.mean().item(), err_latent.mean().item()))
+    return (
+        first,
+        made,
+        list(calls),
+        torch.equal(apart, copied) and torch.equal(encoded, encoded_copied),
+        max(err.max().item(), err_latent.max().item()),
+        max(err.mean().item(), err_latent.mean().item()),
+    )

@@ -1,4 +1,4 @@
-"""A rank's part of tests/test_conv_kernel.py's sharded decode through the Triton kernel: in a module
+"""A rank's part of tests/kernels/test_conv_kernel.py's sharded decode through the Triton kernel: in a module
 of its own, since the rank processes import it (the test module builds large example tensors at
 import)."""
 
@@ -12,23 +12,25 @@ def sharded_through_the_kernel(rank, world, mode, samples=1):
     convolutions' halo (rows, columns), the (query, key) tokens of the fast tier's attention calls, and the
     max / mean difference to diffusers' fp32 decode; `samples` latents in one request."""
     import vaeshard
-    from vaeshard import conv_kernel, triton_support
+    from vaeshard.kernels import conv3d as conv_kernel
+    from vaeshard.kernels import triton_support
 
     from .models import build, latent
 
     assert triton_support.interpreting()
     conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)  # the model's 32 channels
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     upsampled = []  # (halo rows, halo columns) of each upsampling convolution's source (by phases)
     by_phases = upsample.conv2d_by_phases
     upsample.conv2d_by_phases = lambda *a, **k: upsampled.append(a[3]) or by_phases(*a, **k)
     calls = []
     kernel = conv_kernel.conv3d
-    conv_kernel.conv3d = lambda *a, **k: calls.append(
-        (a[4].wrap, (a[6] if len(a) > 6 else k.get("add_to")) is not None, k.get("norm") is not None)
-    ) or kernel(*a, **k)
-    from vaeshard import attention
+    conv_kernel.conv3d = lambda *a, **k: (
+        calls.append((a[4].wrap, (a[6] if len(a) > 6 else k.get("add_to")) is not None, k.get("norm") is not None))
+        or kernel(*a, **k)
+    )
+    from vaeshard.kernels import attention
 
     attended = []  # (query tokens, key tokens) of each attention on the fast tier's own
     own_attention = attention.attention

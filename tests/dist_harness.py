@@ -34,7 +34,10 @@ def _worker(rank, world, init_file, tasks, results, group_timeout):
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
             timeout=timedelta(seconds=group_timeout),
         )
     except BaseException:
@@ -117,8 +120,9 @@ def _close_pools() -> None:
     _pools.clear()
 
 
-def run_ranks(fn, world: int, *args, timeout: float = 240, group_timeout: float = GROUP_TIMEOUT_S,
-              fresh: bool = False) -> list:
+def run_ranks(
+    fn, world: int, *args, timeout: float = 240, group_timeout: float = GROUP_TIMEOUT_S, fresh: bool = False
+) -> list:
     """Run fn(rank, world, *args) on `world` gloo ranks; return each rank's result (rank order)."""
     if fresh:
         pool = _Pool(world, group_timeout)

@@ -155,9 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, **{ENV: directory})
         started = time.monotonic()
         cmd = [
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_reliability.py", "tests/test_agreement.py",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_reliability.py",
+            "tests/runtime/test_agreement.py",
             # the check that this document has every row: it holds once the document is rewritten below
-            "--deselect", "tests/test_reliability.py::test_reliability_doc_has_a_row_for_every_case",
+            "--deselect",
+            "tests/test_reliability.py::test_reliability_doc_has_a_row_for_every_case",
         ]
         code = subprocess.call(cmd, cwd=ROOT, env=env)
         if code != 0:

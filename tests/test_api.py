@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import vaeshard
-from vaeshard import VaeParallelConfig
+from vaeshard.config import ParallelConfig as VaeParallelConfig
 
 from .models import build, latent
 
@@ -43,7 +43,7 @@ def test_unsupported_class_names_class_and_supported_ones():
     with pytest.raises(ValueError) as err:
         vaeshard.parallelize(torch.nn.Linear(2, 2))
     assert "Linear" in str(err.value) and "AutoencoderKLWan" in str(err.value)
-    assert "AutoencoderKLCogVideoX" not in vaeshard.families.supported_classes()
+    assert "AutoencoderKLCogVideoX" not in vaeshard.supported_classes()
     del AutoencoderKLCogVideoX
 
 
@@ -58,7 +58,7 @@ def test_parameters_and_state_dict_unchanged_and_strict_load():
     assert list(after) == list(before)
     assert all(torch.equal(after[k], before[k]) for k in before)
     vae.load_state_dict(before, strict=True)
-    assert vaeshard.parallel.config_of(vae).mode == "tile"
+    assert vaeshard.api.config_of(vae).mode == "tile"
 
 
 def test_unparallelize_restores_plain_diffusers():
@@ -84,24 +84,29 @@ def test_without_process_group_exact_decode_is_plain_diffusers():
     assert (vae.decode(z).sample - reference).abs().max() <= 1e-5
 
 
-def test_fast_tier_settings_are_named_alike_everywhere():
-    """One list of the fast tier's settings: each is a VaeParallelConfig field, a parallelize keyword
-    and a fast.tier argument with the same default, and an option of `decode` and `bench`."""
+def test_every_fast_knob_is_an_option_of_decode_and_bench_with_its_default():
+    """The command line maps onto FastOptions: each knob is an option of `decode` and `bench` whose
+    destination is the knob's name and whose default is the knob's."""
     import argparse
-    import inspect
     from dataclasses import fields
 
-    from vaeshard import fast
     from vaeshard.cli import build_parser
-    from vaeshard.config import FAST_TIER_SETTINGS, VaeParallelConfig
 
-    defaults = {f.name: f.default for f in fields(VaeParallelConfig)}
-    keywords = inspect.signature(vaeshard.parallelize).parameters
-    tier = inspect.signature(fast.tier).parameters
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert FAST_TIER_SETTINGS
-    for name in FAST_TIER_SETTINGS:
-        assert keywords[name].default == defaults[name] == tier[name].default, name
+    knobs = {f.name: f.default for f in fields(vaeshard.FastOptions)}
+    assert knobs
+    for name, default in knobs.items():
         for command in ("decode", "bench"):
             dests = {a.dest: a.default for a in commands[command]._actions}
-            assert dests[name] == defaults[name], (command, name)
+            assert dests[name] == default, (command, name)
+
+
+def test_parallelize_takes_the_fast_knobs_in_fast_options_only():
+    vae = build("wan21")
+    with pytest.raises(TypeError, match="FastOptions"):
+        vaeshard.parallelize(vae, fast={"frames_per_step": 2})
+    with pytest.raises(TypeError):
+        vaeshard.parallelize(vae, frames_per_step=2)  # no knob is a keyword of its own
+    assert not hasattr(vae, "_vaeshard")  # refused before anything changed
+    vaeshard.parallelize(vae, "tile", fast=vaeshard.FastOptions(frames_per_step=3))
+    assert vaeshard.api.config_of(vae).fast.frames_per_step == 3

@@ -45,8 +45,9 @@ def test_auto_rule(wan, shape, world, expected):
         ((1, 3, 17, 720, 1280), 2, "encode", "spatial_shard_width"),  # encode: the baseline
     ],
 )
-def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(monkeypatch, wan, shape, world, op,
-                                                                          expected):
+def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(
+    monkeypatch, wan, shape, world, op, expected
+):
     import torch
 
     from vaeshard import policy
@@ -63,9 +64,9 @@ def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(monk
 def test_the_measured_axis_is_the_wan_2_1_layers_own():
     # the refinement covers what was measured: Wan 2.1's layers (and Qwen-Image's, the same) on 2
     # ranks; Wan 2.2 (measured within 1%) and AutoencoderKL keep the baseline rule
-    from vaeshard.families import family_for
-
     import torch
+
+    from vaeshard.families import family_for
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     for name, axis in (("wan21", "height"), ("qwenimage", "height"), ("wan22", None)):
@@ -76,7 +77,7 @@ def test_the_measured_axis_is_the_wan_2_1_layers_own():
         assert family_for(vae).decode_axis(vae, 4, cuda) is None
         assert family_for(vae).decode_axis(vae, 2, cpu) is None
     kl = build("autoencoder_kl")
-    assert family_for(kl).decode_axis is None
+    assert family_for(kl).decode_axis(kl, 2, cuda) is None
     assert vaeshard.plan(kl, (1, 4, 60, 104), 2).strategy == "spatial_shard_width"
 
 
@@ -126,3 +127,28 @@ def test_plan_is_deterministic_and_side_effect_free(wan):
 def test_plan_rejects_unknown_mode(wan):
     with pytest.raises(ValueError, match="valid modes"):
         vaeshard.plan(wan, (1, 16, 5, 60, 104), 2, "rows")
+
+
+def test_plan_defaults_its_settings_from_a_parallelized_vae():
+    """plan(vae, shape) takes the VAE's own mode, size and fast options, and its group's size (no
+    process group here: 1 rank)."""
+    vae = build("wan21", (32, 24))
+    assert vaeshard.plan(vae, (1, 4, 2, 6, 8)).strategy == "direct"  # a plain VAE: the defaults, one rank
+    vaeshard.parallelize(vae, "tile", fast=vaeshard.FastOptions(frames_per_step=3))
+    p = vaeshard.plan(vae, (1, 4, 2, 6, 8))
+    assert p.strategy == "tile" and p.fast is None  # tile is the exact tier
+    assert vaeshard.plan(vae, (1, 4, 2, 6, 8), 2, "spatial_shard_width").fast.frames_per_step == 3
+    vaeshard.parallelize(vae, "auto", exact=True)
+    assert vaeshard.plan(vae, (1, 4, 2, 6, 8), 2).fast is None  # exact: diffusers' own layers
+    assert vaeshard.plan(vae, (1, 4, 2, 6, 8), 2, exact=False).fast is not None
+
+
+def test_plan_explains_every_choice():
+    vae = build("wan21_real")
+    p = vaeshard.plan(vae, (1, 16, 21, 90, 160), 2, "spatial_shard_width")
+    text = p.explain()
+    assert text.splitlines()[0].startswith("strategy: spatial_shard_width")
+    for name in ("frame", "frames_per_step", "cuda_graphs", "layer frames"):
+        assert any(line.strip().startswith(name + ":") for line in text.splitlines()), (name, text)
+    # the largest rank's output frame: 80 of 160 latent columns, 8x upsampled, by 90 rows
+    assert p.fast.frame_pixels == 90 * 8 * 80 * 8

@@ -26,8 +26,8 @@ import torch
 
 from . import reliability_report as report
 from .dist_harness import run_ranks
-from .test_agreement import REPORT_IDS as ARRIVAL_IDS
 from .models import build, latent
+from .runtime.test_agreement import REPORT_IDS as ARRIVAL_IDS
 
 SOAK_REQUESTS = int(os.environ.get("VAESHARD_SOAK", "60"))
 FAULT_TIMEOUT_S = 3.0  # vaeshard's timeout= in the fault tests: every rank must raise within about this
@@ -41,53 +41,171 @@ GOOD = (1, 4, 1, 2, 2)  # a tiny valid Wan latent: after each bad input the grou
 
 # id, what is passed, where it is refused, exception, message pattern ({rank: pattern} where ranks differ)
 BAD_INPUTS: list[tuple[str, str, str, str, object]] = [
-    ("mode-invalid", "parallelize(vae, mode='rows')", "parallelize", "ValueError",
-     r"unknown mode 'rows': valid modes are tile, auto, spatial_shard_height, spatial_shard_width"),
-    ("output-invalid", "parallelize(vae, output='rank1')", "parallelize", "ValueError",
-     r"unknown output 'rank1': valid values are all, rank0"),
+    (
+        "mode-invalid",
+        "parallelize(vae, mode='rows')",
+        "parallelize",
+        "ValueError",
+        r"unknown mode 'rows': valid modes are tile, auto, spatial_shard_height, spatial_shard_width",
+    ),
+    (
+        "output-invalid",
+        "parallelize(vae, output='rank1')",
+        "parallelize",
+        "ValueError",
+        r"unknown output 'rank1': valid values are all, rank0",
+    ),
     ("size-invalid", "parallelize(vae, size=0)", "parallelize", "ValueError", r"size must be at least 1"),
     ("timeout-invalid", "parallelize(vae, timeout=-1)", "parallelize", "ValueError", r"timeout must be a positive"),
-    ("verify-not-bool", "parallelize(vae, verify='yes')", "parallelize", "TypeError", r"verify must be True or False"),
-    ("size-larger-than-group", "parallelize(vae, size=3) on a 2-rank group", "parallelize", "ValueError",
-     r"size=3 is larger than the process group \(2 ranks\).*pass size <= 2"),
-    ("no-family", "parallelize(torch.nn.Linear(2, 2))", "parallelize", "ValueError",
-     r"does not support Linear: supported VAE classes are AutoencoderKLWan"),
-    ("spatial-mode-no-spatial-family", "mode='spatial_shard_height' for a family that declares no spatial support",
-     "parallelize", "ValueError", r"needs spatial sharding, which .* does not support: use mode='tile'"),
-    ("install-refused", "a Wan VAE with a strided, padded Conv2d in its decoder (cannot be halo-sharded)",
-     "parallelize (VAE left unchanged)", "ValueError", r"cannot shard .*use mode='tile'"),
-    ("latent-ndim", "4-D latent to AutoencoderKLWan", "request agreement", "ValueError",
-     r"expects a 5-D latent in layout \(B, C, T, H, W\), got 4-D"),
-    ("latent-ndim-image", "5-D latent to AutoencoderKL", "request agreement", "ValueError",
-     r"expects a 4-D latent in layout \(B, C, H, W\), got 5-D"),
-    ("latent-channels", "3-channel latent to a 4-channel Wan VAE", "request agreement", "ValueError",
-     r"expects a latent with 4 channels \(its latent channels, C in \(B, C, T, H, W\)\), got 3"),
-    ("latent-channels-image", "3-channel latent to a 4-channel AutoencoderKL", "request agreement", "ValueError",
-     r"expects a latent with 4 channels \(its latent channels, C in \(B, C, H, W\)\), got 3"),
-    ("not-a-tensor", "a nested list instead of a tensor", "request agreement", "TypeError",
-     r"expects the latent as a torch.Tensor, got list"),
-    ("integer-dtype", "an int64 latent", "request agreement", "TypeError", r"expects a floating-point latent, got torch.int64"),
-    ("dtype-vs-vae", "a float64 latent to a float32 VAE (on every rank)", "request agreement", "ValueError",
-     r"got a float64 latent, but the VAE's parameters are float32: cast it with .to\(torch.float32\)"),
-    ("device-vs-vae", "a latent on the meta device to a VAE on cpu", "request agreement", "ValueError",
-     r"got a latent on meta, but the VAE's parameters are on cpu: move it with .to\('cpu'\)"),
+    (
+        "fast-not-options",
+        "parallelize(vae, fast={'frames_per_step': 2})",
+        "parallelize",
+        "TypeError",
+        r"fast must be a vaeshard.FastOptions, got dict",
+    ),
+    (
+        "size-larger-than-group",
+        "parallelize(vae, size=3) on a 2-rank group",
+        "parallelize",
+        "ValueError",
+        r"size=3 is larger than the process group \(2 ranks\).*pass size <= 2",
+    ),
+    (
+        "no-family",
+        "parallelize(torch.nn.Linear(2, 2))",
+        "parallelize",
+        "ValueError",
+        r"does not support Linear: supported VAE classes are AutoencoderKLWan",
+    ),
+    (
+        "spatial-mode-no-spatial-family",
+        "mode='spatial_shard_height' for a family that declares no spatial support",
+        "parallelize",
+        "ValueError",
+        r"needs spatial sharding, which .* does not support: use mode='tile'",
+    ),
+    (
+        "install-refused",
+        "a Wan VAE with a strided, padded Conv2d in its decoder (cannot be halo-sharded)",
+        "parallelize (VAE left unchanged)",
+        "ValueError",
+        r"cannot shard .*use mode='tile'",
+    ),
+    (
+        "latent-ndim",
+        "4-D latent to AutoencoderKLWan",
+        "request agreement",
+        "ValueError",
+        r"expects a 5-D latent in layout \(B, C, T, H, W\), got 4-D",
+    ),
+    (
+        "latent-ndim-image",
+        "5-D latent to AutoencoderKL",
+        "request agreement",
+        "ValueError",
+        r"expects a 4-D latent in layout \(B, C, H, W\), got 5-D",
+    ),
+    (
+        "latent-channels",
+        "3-channel latent to a 4-channel Wan VAE",
+        "request agreement",
+        "ValueError",
+        r"expects a latent with 4 channels \(its latent channels, C in \(B, C, T, H, W\)\), got 3",
+    ),
+    (
+        "latent-channels-image",
+        "3-channel latent to a 4-channel AutoencoderKL",
+        "request agreement",
+        "ValueError",
+        r"expects a latent with 4 channels \(its latent channels, C in \(B, C, H, W\)\), got 3",
+    ),
+    (
+        "not-a-tensor",
+        "a nested list instead of a tensor",
+        "request agreement",
+        "TypeError",
+        r"expects the latent as a torch.Tensor, got list",
+    ),
+    (
+        "integer-dtype",
+        "an int64 latent",
+        "request agreement",
+        "TypeError",
+        r"expects a floating-point latent, got torch.int64",
+    ),
+    (
+        "dtype-vs-vae",
+        "a float64 latent to a float32 VAE (on every rank)",
+        "request agreement",
+        "ValueError",
+        r"got a float64 latent, but the VAE's parameters are float32: cast it with .to\(torch.float32\)",
+    ),
+    (
+        "device-vs-vae",
+        "a latent on the meta device to a VAE on cpu",
+        "request agreement",
+        "ValueError",
+        r"got a latent on meta, but the VAE's parameters are on cpu: move it with .to\('cpu'\)",
+    ),
     ("zero-sized-axis", "latent of shape (1, 4, 0, 6, 8)", "request agreement", "ValueError", r"an axis of size 0"),
-    ("nan-on-one-rank", "one NaN in rank 1's latent only", "request agreement", "ValueError",
-     {0: r"decode input is invalid on rank\(s\) \[1\] \(NaN or Inf values", 1: r"with 1 NaN and 0 Inf values"}),
-    ("inf-every-rank", "+Inf in the latent on every rank", "request agreement", "ValueError", r"with 0 NaN and 2 Inf values"),
+    (
+        "nan-on-one-rank",
+        "one NaN in rank 1's latent only",
+        "request agreement",
+        "ValueError",
+        {0: r"decode input is invalid on rank\(s\) \[1\] \(NaN or Inf values", 1: r"with 1 NaN and 0 Inf values"},
+    ),
+    (
+        "inf-every-rank",
+        "+Inf in the latent on every rank",
+        "request agreement",
+        "ValueError",
+        r"with 0 NaN and 2 Inf values",
+    ),
     ("encode-nan", "NaN in the sample to encode", "request agreement", "ValueError", r"encode got a sample with 3 NaN"),
-    ("shapes-differ", "latent width 8 on rank 0, 9 on rank 1", "request agreement", "ValueError",
-     r"ranks disagree on the decode request .*\(1, 4, 2, 6, 8\).*\(1, 4, 2, 6, 9\)"),
-    ("dtypes-differ", "float64 latent on rank 0, float32 on rank 1", "request agreement", "ValueError",
-     r"ranks disagree on the decode request .*float64.*float32"),
-    ("modes-differ", "mode tile on rank 0, auto on rank 1", "request agreement", "ValueError",
-     r"ranks disagree on the decode request .*mode tile.*mode auto"),
-    ("outputs-differ", "output all on rank 0, rank0 on rank 1", "request agreement", "ValueError",
-     r"ranks disagree on the decode request .*output all.*output rank0"),
-    ("weights-differ", "verify=True, one weight of decoder.conv_in changed on rank 1", "first request, verify",
-     "ValueError", r"verify: parameter 'decoder.conv_in.weight' differs between ranks \(rank\(s\) \[1\] differ"),
-    ("not-in-group", "decode on rank 1, outside the VAE's group {0}", "that rank, before any collective", "ValueError",
-     {1: r"not a member of the group the VAE was parallelized on"}),
+    (
+        "shapes-differ",
+        "latent width 8 on rank 0, 9 on rank 1",
+        "request agreement",
+        "ValueError",
+        r"ranks disagree on the decode request .*\(1, 4, 2, 6, 8\).*\(1, 4, 2, 6, 9\)",
+    ),
+    (
+        "dtypes-differ",
+        "float64 latent on rank 0, float32 on rank 1",
+        "request agreement",
+        "ValueError",
+        r"ranks disagree on the decode request .*float64.*float32",
+    ),
+    (
+        "modes-differ",
+        "mode tile on rank 0, auto on rank 1",
+        "request agreement",
+        "ValueError",
+        r"ranks disagree on the decode request .*mode tile.*mode auto",
+    ),
+    (
+        "outputs-differ",
+        "output all on rank 0, rank0 on rank 1",
+        "request agreement",
+        "ValueError",
+        r"ranks disagree on the decode request .*output all.*output rank0",
+    ),
+    (
+        "weights-differ",
+        "verify_weights(vae), one weight of decoder.conv_in changed on rank 1",
+        "verify_weights",
+        "ValueError",
+        r"verify: parameter 'decoder.conv_in.weight' differs between ranks \(rank\(s\) \[1\] differ",
+    ),
+    (
+        "not-in-group",
+        "decode on rank 1, outside the VAE's group {0}",
+        "that rank, before any collective",
+        "ValueError",
+        {1: r"not a member of the group the VAE was parallelized on"},
+    ),
 ]
 
 
@@ -97,12 +215,11 @@ def _module_classes(vae):
 
 def _bad_case(case, rank, ctx):
     """Make the bad call of `case` on this rank (it is expected to raise)."""
-    import dataclasses
 
     import torch.distributed as dist
 
     import vaeshard
-    import vaeshard.parallel as parallel_mod
+    import vaeshard.api as parallel_mod
     from vaeshard.families.wan import FAMILY as WAN
 
     wan, image, fresh = ctx["wan"], ctx["image"], ctx["fresh"]
@@ -116,18 +233,21 @@ def _bad_case(case, rank, ctx):
         vaeshard.parallelize(fresh, size=0)
     elif case == "timeout-invalid":
         vaeshard.parallelize(fresh, timeout=-1)
-    elif case == "verify-not-bool":
-        vaeshard.parallelize(fresh, verify="yes")
+    elif case == "fast-not-options":
+        vaeshard.parallelize(fresh, fast={"frames_per_step": 2})
     elif case == "size-larger-than-group":
         vaeshard.parallelize(fresh, size=3)
     elif case == "no-family":
         vaeshard.parallelize(torch.nn.Linear(2, 2))
     elif case == "spatial-mode-no-spatial-family":
-        no_spatial = dataclasses.replace(WAN, spatial_decode=False, spatial_encode=False)
+        # a family that declares no spatial support (every real family has it), for a class of its own
+        no_spatial = type(
+            "NoSpatial", (type(WAN),), {"name": "no_spatial", "spatial_decode": False, "spatial_encode": False}
+        )()
         real = parallel_mod.family_for
         parallel_mod.family_for = lambda vae: no_spatial
         try:
-            vaeshard.parallelize(fresh, mode="spatial_shard_height")
+            vaeshard.parallelize(type("SomeVideoVAE", (torch.nn.Module,), {})(), mode="spatial_shard_height")
         finally:
             parallel_mod.family_for = real
     elif case == "install-refused":
@@ -175,7 +295,7 @@ def _bad_case(case, rank, ctx):
         if rank == 1:
             with torch.no_grad():
                 other.decoder.conv_in.weight[0, 0, 0, 0, 0] += 1e-3
-        vaeshard.parallelize(other, verify=True, **auto).decode(latent(GOOD))
+        vaeshard.verify_weights(vaeshard.parallelize(other, **auto))
     elif case == "not-in-group":
         solo = dist.new_group([0])
         vae = vaeshard.parallelize(build("wan21", (32, 24)), group=solo, **auto)
@@ -222,8 +342,14 @@ def _bad_inputs(rank, world):
         # the group is still usable afterwards: nothing was left half-done on any rank
         out = vaeshard.parallelize(wan, mode="auto", timeout=REQUEST_TIMEOUT_S).decode(latent(GOOD)).sample
         after_ok = bool((out - good_reference).abs().max() <= 1e-5)
-        outcomes[case] = {"type": kind, "message": message, "seconds": seconds, "work": work,
-                          "unchanged": unchanged, "after_ok": after_ok}
+        outcomes[case] = {
+            "type": kind,
+            "message": message,
+            "seconds": seconds,
+            "work": work,
+            "unchanged": unchanged,
+            "after_ok": after_ok,
+        }
     return outcomes
 
 
@@ -249,9 +375,14 @@ def test_bad_input_fails_on_every_rank_before_any_work():
                 problems.append(f"{case}: rank {r}: the group did not decode correctly afterwards")
         raised = [r for r in range(2) if r in patterns]
         messages = [per_rank[r]["message"] for r in raised]
-        message = messages[0] if len(set(messages)) == 1 else "; ".join(f"rank {r}: {m}" for r, m in zip(raised, messages))
+        message = (
+            messages[0] if len(set(messages)) == 1 else "; ".join(f"rank {r}: {m}" for r, m in zip(raised, messages))
+        )
         report.record(
-            "bad-input", case, what=what, where=where,
+            "bad-input",
+            case,
+            what=what,
+            where=where,
             raised=f"{expected} on rank{'s' if len(raised) > 1 else ''} {', '.join(map(str, raised))}"
             + ("" if len(raised) == 2 else " (rank 0 decodes alone)"),
             message=message,
@@ -270,9 +401,14 @@ def test_size_larger_than_group_is_refused_at_first_request_when_the_group_was_u
     with pytest.raises(ValueError, match=r"size=2 is larger than the process group \(1 rank\)") as err:
         vae.decode(latent(GOOD))
     report.record(
-        "bad-input", "size-larger-than-group-late", what="parallelize(vae, size=2) before the group exists, then decode",
-        where="first request", raised="ValueError (in a 1-process job here; every rank alike)", message=str(err.value),
-        time=f"{(time.perf_counter() - start) * 1e3:.1f} ms", work=0,
+        "bad-input",
+        "size-larger-than-group-late",
+        what="parallelize(vae, size=2) before the group exists, then decode",
+        where="first request",
+        raised="ValueError (in a 1-process job here; every rank alike)",
+        message=str(err.value),
+        time=f"{(time.perf_counter() - start) * 1e3:.1f} ms",
+        work=0,
     )
 
 
@@ -281,16 +417,43 @@ def test_size_larger_than_group_is_refused_at_first_request_when_the_group_was_u
 # id, what, model, mode, op (the input itself: _unusual_input)
 MUST_WORK = [
     ("strided-view-tile", "every other latent column (a strided view), tile", "wan21", "tile", "decode"),
-    ("transposed-height", "a transposed latent (H and W strides swapped), spatial height",
-     "wan21", "spatial_shard_height", "decode"),
+    (
+        "transposed-height",
+        "a transposed latent (H and W strides swapped), spatial height",
+        "wan21",
+        "spatial_shard_height",
+        "decode",
+    ),
     ("channels-last-3d-width", "channels_last_3d latent, spatial width", "wan21", "spatial_shard_width", "decode"),
-    ("channels-last-image-width", "channels_last AutoencoderKL latent, spatial width",
-     "autoencoder_kl", "spatial_shard_width", "decode"),
+    (
+        "channels-last-image-width",
+        "channels_last AutoencoderKL latent, spatial width",
+        "autoencoder_kl",
+        "spatial_shard_width",
+        "decode",
+    ),
     ("channels-last-image-tile", "channels_last AutoencoderKL latent, tile", "autoencoder_kl", "tile", "decode"),
-    ("expanded-batch-image-height", "batch of 2 expanded from 1 (stride 0), spatial height",
-     "autoencoder_kl", "spatial_shard_height", "decode"),
-    ("channels-last-encode-tile", "channels_last AutoencoderKL sample, tile encode", "autoencoder_kl", "tile", "encode"),
-    ("verify-equal-weights", "verify=True with the same weights on every rank, auto", "wan21", "auto", "decode"),
+    (
+        "expanded-batch-image-height",
+        "batch of 2 expanded from 1 (stride 0), spatial height",
+        "autoencoder_kl",
+        "spatial_shard_height",
+        "decode",
+    ),
+    (
+        "channels-last-encode-tile",
+        "channels_last AutoencoderKL sample, tile encode",
+        "autoencoder_kl",
+        "tile",
+        "encode",
+    ),
+    (
+        "verify-equal-weights",
+        "verify_weights(vae) with the same weights on every rank, then auto",
+        "wan21",
+        "auto",
+        "decode",
+    ),
 ]
 
 
@@ -318,15 +481,16 @@ def _must_work(rank, world):
     out = {}
     for case, _, model, mode, op in MUST_WORK:
         tile = (32, 24) if model == "wan21" else None
-        vae = vaeshard.parallelize(build(model, tile), mode=mode, timeout=REQUEST_TIMEOUT_S,
-                                   verify=case == "verify-equal-weights")
+        vae = vaeshard.parallelize(build(model, tile), mode=mode, timeout=REQUEST_TIMEOUT_S)
+        if case == "verify-equal-weights":
+            vaeshard.verify_weights(vae)  # the same weights everywhere: returns, on every rank
         ref_vae = build(model, tile)
         x = _unusual_input(case)
         assert not x.is_contiguous() or case == "verify-equal-weights"
         strategy = vaeshard.plan(vae, x.shape, world, mode, op=op).strategy
         exact = strategy == "tile"
 
-        def diffusers(inp):
+        def diffusers(inp, op=op, ref_vae=ref_vae, exact=exact):
             with torch.no_grad():
                 if op == "decode":
                     return ref_vae.tiled_decode(inp).sample if exact else ref_vae.decode(inp).sample
@@ -334,7 +498,6 @@ def _must_work(rank, world):
                 return ref_vae._encode(inp)
 
         got = vae.decode(x).sample if op == "decode" else vae.encode(x).latent_dist.parameters
-        assert not vae._vaeshard.verify_pending  # verify=True: checked at this first request, and passed
         same_tensor, contiguous_copy = diffusers(x), diffusers(x.contiguous())
         assert same_tensor.std() > 1e-3  # real values
         diff = (got - same_tensor).abs().max().item()
@@ -357,7 +520,8 @@ def test_non_contiguous_and_channels_last_input_decodes_like_diffusers():
         op = "encode" if "encode" in case else "decode"
         reference = (
             f"diffusers' tiled {op} of the same tensor (<= 1e-5) and of its contiguous copy (torch.equal)"
-            if exact else f"diffusers' untiled {op} of the same tensor and of its contiguous copy (<= 1e-5)"
+            if exact
+            else f"diffusers' untiled {op} of the same tensor and of its contiguous copy (<= 1e-5)"
         )
         report.record("must-work", case, what=what, strategy=strategy, reference=reference, diff=f"{worst:.1e}")
 
@@ -365,10 +529,15 @@ def test_non_contiguous_and_channels_last_input_decodes_like_diffusers():
 # --- faults ------------------------------------------------------------------------------------------
 
 FAULTS = [
-    ("exception-spatial-decode", "RuntimeError raised on rank 1 at its 3rd latent frame, Wan spatial_shard_height decode"),
+    (
+        "exception-spatial-decode",
+        "RuntimeError raised on rank 1 at its 3rd latent frame, Wan spatial_shard_height decode",
+    ),
     ("exception-tile-decode", "RuntimeError raised on rank 1 in its 3rd decoder call, Wan tile decode"),
-    ("exception-image-spatial-decode",
-     "RuntimeError raised on rank 1 in the mid-block, AutoencoderKL spatial_shard_width decode"),
+    (
+        "exception-image-spatial-decode",
+        "RuntimeError raised on rank 1 in the mid-block, AutoencoderKL spatial_shard_width decode",
+    ),
     ("rank-skips-request", "rank 1 never calls decode (Wan, auto)"),
     ("rank-dies-spatial-decode", "rank 1 killed (os._exit) at its 3rd latent frame, Wan spatial_shard_height decode"),
 ]
@@ -411,7 +580,7 @@ def _fault_setup(case):
 def _one_fault(rank, case, group, on_fault):
     """Run the faulting request of `case` on this rank; returns what this rank observed."""
     import vaeshard
-    from vaeshard import shard
+    from vaeshard.runtime import spatial
 
     vae, mode, z, hooked, at_call = _fault_setup(case)
     vaeshard.parallelize(vae, mode=mode, group=group, timeout=FAULT_TIMEOUT_S)
@@ -441,7 +610,7 @@ def _one_fault(rank, case, group, on_fault):
     feat = getattr(vae, "_feat_map", None)
     outcome.update(
         caches_released=feat is None or all(c is None for c in feat),
-        no_shard_context=shard.current() is None,
+        no_shard_context=spatial.current() is None,
         rss_delta=_rss_bytes() - rss_before,
         tensors_delta=_live_tensors() - tensors_before,
     )
@@ -495,8 +664,11 @@ def _die(case, path):
 def _dying_rank_job(rank, world, path):
     import torch.distributed as dist
 
-    return {"rank-dies-spatial-decode": _one_fault(rank, "rank-dies-spatial-decode", dist.group.WORLD,
-                                                   lambda case: _die(case, path))}
+    return {
+        "rank-dies-spatial-decode": _one_fault(
+            rank, "rank-dies-spatial-decode", dist.group.WORLD, lambda case: _die(case, path)
+        )
+    }
 
 
 def _one_shot_worker(rank, world, init_file, results, fn, args):
@@ -505,8 +677,9 @@ def _one_shot_worker(rank, world, init_file, results, fn, args):
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=60))
+        dist.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+        )
         results.put((rank, True, fn(rank, world, *args)))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
@@ -522,8 +695,9 @@ def _run_with_deaths(fn, world, *args, timeout: float = 120):
     tmp = tempfile.mkdtemp(prefix="vaeshard-deaths-")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_one_shot_worker, args=(r, world, os.path.join(tmp, "rendezvous"), results, fn, args),
-                    daemon=True)
+        ctx.Process(
+            target=_one_shot_worker, args=(r, world, os.path.join(tmp, "rendezvous"), results, fn, args), daemon=True
+        )
         for r in range(world)
     ]
     for p in procs:
@@ -570,15 +744,18 @@ def _check_and_record_fault(case, what, per_rank: dict, fault_at: float | None, 
             if seconds > FAULT_TIMEOUT_S + FAULT_SLACK_S:
                 problems.append(f"{case}: rank {r} raised {seconds:.1f} s after the fault")
         # rank 0 names what it waited for: the rank that never arrived, or the failed exchange
-        expected = "rank(s) [1] did not call decode" if case == "rank-skips-request" else "another rank failed or is gone"
+        expected = (
+            "rank(s) [1] did not call decode" if case == "rank-skips-request" else "another rank failed or is gone"
+        )
         if r == 0 and expected not in o["message"]:
             problems.append(f"{case}: rank 0 raised {o['type']}: {o['message']!r}")
         # a rank that timed out leaves one collective pending in gloo, holding that collective's
         # buffers (at most world + 1 tensors) until the group's own timeout; nothing else may stay
         held = 0 if o["raised_at"] is None or "another rank failed" not in o["message"] else 3
         if not (o["caches_released"] and o["no_shard_context"]) or o["tensors_delta"] > held:
-            problems.append(f"{case}: rank {r} kept request scratch (feature caches, shard context or "
-                            f"{o['tensors_delta']} tensors)")
+            problems.append(
+                f"{case}: rank {r} kept request scratch (feature caches, shard context or {o['tensors_delta']} tensors)"
+            )
         shown = o["message"] if len(o["message"]) < 260 else o["message"][:257] + "..."
         outcome_text.append(f"rank {r}: {o['type']}: {shown}")
     scratch = "; ".join(
@@ -587,22 +764,33 @@ def _check_and_record_fault(case, what, per_rank: dict, fault_at: float | None, 
         f"{o['rss_delta'] / 2**20:+.1f} MiB ({o['rss_delta_trimmed'] / 2**20:+.1f} MiB after malloc_trim)"
         for r, o in sorted(per_rank.items())
     ) + (f"; {after}" if after else "")
-    report.record("fault", case, what=what, timeout=f"{FAULT_TIMEOUT_S:g} s (gloo)", outcome="; ".join(outcome_text),
-                  time=", ".join(times) or "-", scratch=scratch)
+    report.record(
+        "fault",
+        case,
+        what=what,
+        timeout=f"{FAULT_TIMEOUT_S:g} s (gloo)",
+        outcome="; ".join(outcome_text),
+        time=", ".join(times) or "-",
+        scratch=scratch,
+    )
 
 
 def test_fault_on_one_rank_makes_every_rank_raise_within_the_timeout():
     jobs = run_ranks(_faults_in_one_job, 2, timeout=150, fresh=True)
     results = [job["cases"] for job in jobs]
-    problems = [f"rank {r}: {job['tensors_left']} tensors still alive after the groups' own timeout"
-                for r, job in enumerate(jobs) if job["tensors_left"]]
+    problems = [
+        f"rank {r}: {job['tensors_left']} tensors still alive after the groups' own timeout"
+        for r, job in enumerate(jobs)
+        if job["tensors_left"]
+    ]
     for case, what in FAULTS:
         if case.startswith("rank-dies"):
             continue
         per_rank = {r: results[r][case] for r in range(2)}
         fault_at = results[0 if case == "rank-skips-request" else 1][case]["fault_at"]
         after = "after the group's own timeout: live tensors " + ", ".join(
-            f"rank {r} {job['tensors_left']:+d}" for r, job in enumerate(jobs))
+            f"rank {r} {job['tensors_left']:+d}" for r, job in enumerate(jobs)
+        )
         _check_and_record_fault(case, what, per_rank, fault_at, problems, after)
         if case != "rank-skips-request":
             assert per_rank[1]["type"] == "RuntimeError" and "injected fault" in per_rank[1]["message"]
@@ -691,8 +879,9 @@ def _soak(rank, world, num_requests):
         x = latent(shape, seed=seed)
         if op == "encode":
             x = x.clamp(-1, 1)
-        vae = vaeshard.parallelize(served[model], mode=mode, output=output, group=groups[model],
-                                   timeout=REQUEST_TIMEOUT_S)
+        vae = vaeshard.parallelize(
+            served[model], mode=mode, output=output, group=groups[model], timeout=REQUEST_TIMEOUT_S
+        )
         strategy = vaeshard.plan(vae, shape, world, mode, op=op).strategy
         tally["strategies"][f"{op} {strategy}"] = tally["strategies"].get(f"{op} {strategy}", 0) + 1
         start = time.perf_counter()
@@ -731,12 +920,20 @@ def _soak(rank, world, num_requests):
     _trim_heap()
     trimmed_after = _rss_bytes()
     return {
-        "trimmed_before": trimmed_before, "trimmed_after": trimmed_after,
-        "warmup": len(distinct), "requests": num_requests, "checked": tally["checked"], "empty": tally["empty"],
-        "worst_spatial": tally["worst_spatial"], "strategies": tally["strategies"],
-        "median_ms": statistics.median(times) * 1e3, "max_ms": max(times) * 1e3,
-        "rss_before": rss_before, "rss_after": rss_after,
-        "tensors_before": tensors_before, "tensors_after": tensors_after,
+        "trimmed_before": trimmed_before,
+        "trimmed_after": trimmed_after,
+        "warmup": len(distinct),
+        "requests": num_requests,
+        "checked": tally["checked"],
+        "empty": tally["empty"],
+        "worst_spatial": tally["worst_spatial"],
+        "strategies": tally["strategies"],
+        "median_ms": statistics.median(times) * 1e3,
+        "max_ms": max(times) * 1e3,
+        "rss_before": rss_before,
+        "rss_after": rss_after,
+        "tensors_before": tensors_before,
+        "tensors_after": tensors_after,
     }
 
 
@@ -760,7 +957,8 @@ def test_soak_mixed_requests_exact_and_no_growth():
         for r, res in enumerate(results)
     )
     report.record(
-        "soak", f"soak-{SOAK_REQUESTS}",
+        "soak",
+        f"soak-{SOAK_REQUESTS}",
         what=f"2 gloo ranks; Wan 2.1 (small) on the default group and AutoencoderKL (small) on a second group "
         f"of the same ranks, interleaved; {len(SOAK_SPECS)} request kinds x {len(SOAK_SEEDS)} latents "
         "(shapes, portrait/landscape, tile/auto/height/width, decode/encode, output all/rank0)",
@@ -808,7 +1006,8 @@ def _two_groups(rank, world):
 def test_two_vaes_on_two_groups_work_independently():
     results = run_ranks(_two_groups, 4, timeout=200)
     report.record(
-        "soak", "two-groups",
+        "soak",
+        "two-groups",
         what="4 gloo ranks: Wan 2.1 on group {0, 1} and AutoencoderKL on group {2, 3}, at the same time, "
         "different request counts and modes",
         requests=f"{results[0]['requests']} on {{0, 1}}, {results[2]['requests']} on {{2, 3}}",

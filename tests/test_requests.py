@@ -69,7 +69,7 @@ def _long_lived(rank, world):
     import gc
 
     import vaeshard
-    from vaeshard import shard
+    from vaeshard.runtime import spatial
 
     vae = build("wan21", (32, 24))
     keys, count = list(vae.state_dict()), sum(p.numel() for p in vae.parameters())
@@ -112,7 +112,7 @@ def _long_lived(rank, world):
     with pytest.raises(Exception) as err:  # rank 0 raises the injected error, rank 1 a timeout
         vae.decode(latent((1, 4, 4, 8, 6)))
     handle.remove()
-    assert shard.current() is None
+    assert spatial.current() is None
     assert all(c is None for c in vae._feat_map)  # the model's feature caches were released
     gc.collect()
     return type(err.value).__name__
@@ -127,7 +127,7 @@ def _count_messages(rank, world):
     import torch.distributed as dist
 
     import vaeshard
-    from vaeshard import shard
+    from vaeshard.runtime import spatial
 
     vae = vaeshard.parallelize(build("wan21"), mode="spatial_shard_height")
     conv = vae.decoder.conv_in
@@ -143,8 +143,8 @@ def _count_messages(rank, world):
 
     dist.batch_isend_irecv = counting
     try:
-        comm = vaeshard.comm.Comm.for_group(dist.group.WORLD)
-        with shard.sharding(shard.ShardContext(comm=comm, axis=shard.HEIGHT, extents=[2] * world)):
+        comm = vaeshard.runtime.comm.Comm.for_group(dist.group.WORLD)
+        with spatial.sharding(spatial.ShardContext(comm=comm, axis=spatial.HEIGHT, extents=[2] * world)):
             with torch.no_grad():
                 conv(x)
     finally:
@@ -192,8 +192,12 @@ def _hooked_decodes(rank, world):
         tiled = plain.tiled_decode(z).sample
     results = []
     with _warnings_logged() as warnings:
-        for mode, exact in (("spatial_shard_height", False), ("auto", False), ("auto", False),
-                            ("spatial_shard_height", True)):
+        for mode, exact in (
+            ("spatial_shard_height", False),
+            ("auto", False),
+            ("auto", False),
+            ("spatial_shard_height", True),
+        ):
             vaeshard.parallelize(vae, mode=mode, exact=exact)
             warnings.clear()
             chosen = vaeshard.plan(vae, z.shape, world, mode)

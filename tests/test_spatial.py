@@ -9,8 +9,7 @@ import torch
 
 from .dist_harness import run_ranks
 from .models import build, latent
-
-TOL_CPU_FP32 = 1e-5
+from .parity import CPU_FP32 as TOL_CPU_FP32
 
 
 def _spatial_parity(rank, world, model, shape, mode):
@@ -106,7 +105,7 @@ SUBJECT_SPLITS = [
 
 @pytest.mark.parametrize("case", SUBJECT_SPLITS, ids=[c[0] for c in SUBJECT_SPLITS])
 def test_subject_row_counts_split_unevenly(case):
-    from vaeshard.shard import split_extents
+    from vaeshard.runtime.spatial import split_extents
 
     _, model, shape, world = case
     extents = split_extents(shape[3], world)
@@ -119,13 +118,13 @@ def test_subject_row_counts_split_unevenly(case):
 def test_copy_frames_fills_the_buffer_core_only(rows, cols):
     # the frames between a buffer's halo rows (or columns), copied frame by frame where each frame
     # is one dense block (halo rows: height shards) and at once otherwise; nothing outside the core
-    from vaeshard import shard
+    from vaeshard.layers import buffers as layer_buffers
 
     buf = torch.zeros(1, 8, 6, 7 + 2 * rows, 5 + 2 * cols).contiguous(memory_format=torch.channels_last_3d)
     core = buf[:, :, 2:, rows : buf.shape[3] - rows, cols : buf.shape[4] - cols]
     x = torch.randn(core.shape).contiguous(memory_format=torch.channels_last_3d)
-    assert shard._dense(core.select(2, 0)) == (cols == 0)  # a frame between halo rows is one block
-    shard.copy_frames(core, x, 2)
+    assert layer_buffers._dense(core.select(2, 0)) == (cols == 0)  # a frame between halo rows is one block
+    layer_buffers.copy_frames(core, x, 2)
     assert torch.equal(core, x)
     outside = buf.clone()
     outside[:, :, 2:, rows : buf.shape[3] - rows, cols : buf.shape[4] - cols] = 0
@@ -133,7 +132,7 @@ def test_copy_frames_fills_the_buffer_core_only(rows, cols):
     # 2-D frames along the batch axis (the upsamplers' sources), and another layout (a strided copy)
     frames = torch.zeros(4, 16, 7, 6).contiguous(memory_format=torch.channels_last)
     src = torch.randn(4, 16, 5, 6)  # contiguous: not laid out as the buffer's frames
-    shard.copy_frames(frames.narrow(2, 1, 5), src, 0)
+    layer_buffers.copy_frames(frames.narrow(2, 1, 5), src, 0)
     assert torch.equal(frames[:, :, 1:6], src) and not frames[:, :, 0].any() and not frames[:, :, 6].any()
 
 
@@ -142,14 +141,15 @@ def _zero_columns_parity(rank, world, model, shape, mode, settings):
     # columns (on CUDA: where the Triton kernel's row tiles do not fit the rows, conv_kernel.
     # wants_zero_columns), convolved without padding columns: diffusers' untiled decode within 1e-5
     import vaeshard
-    from vaeshard import fast, shard
+    from vaeshard.kernels import conv3d as conv_kernel
+    from vaeshard.layers import convs
 
     vae = build(model)
     z = latent(shape)
     with torch.no_grad():
         reference = vae.decode(z).sample
     buffers = []  # (buffer columns, new frames' columns, the buffer's first and last column all zero)
-    input_buffer = shard.HaloCausalConv3d.input_buffer
+    input_buffer = convs.HaloCausalConv3d.input_buffer
 
     def spy(self, like, cache_x, halo_rows=None, shape=None):
         buf, new, ready, front = input_buffer(self, like, cache_x, halo_rows, shape)
@@ -158,9 +158,13 @@ def _zero_columns_parity(rank, world, model, shape, mode, settings):
         return buf, new, ready, front
 
     # (patched for this call only: the rank processes serve later tests)
-    with mock.patch.object(fast, "zero_columns", lambda like, weight, width: tuple(weight.shape[2:]) == (3, 3, 3)), \
-            mock.patch.object(shard.HaloCausalConv3d, "input_buffer", spy):
-        vaeshard.parallelize(vae, mode=mode, **settings)
+    with (
+        mock.patch.object(
+            conv_kernel, "wants_zero_columns", lambda like, weight, width: tuple(weight.shape[2:]) == (3, 3, 3)
+        ),
+        mock.patch.object(convs.HaloCausalConv3d, "input_buffer", spy),
+    ):
+        vaeshard.parallelize(vae, mode=mode, fast=vaeshard.FastOptions(**settings))
         out = vae.decode(z).sample
     held = [b for b in buffers if b[0] == b[1] + 2]
     assert held and all(edges for _, _, edges in held), buffers
@@ -169,11 +173,14 @@ def _zero_columns_parity(rank, world, model, shape, mode, settings):
     return len(held), len(buffers)
 
 
-@pytest.mark.parametrize("world, mode, settings", [
-    (1, "auto", {}),
-    (2, "spatial_shard_height", {}),
-    (1, "auto", {"frames_per_step": 2, "max_layer_frames": 2}),  # parts of frames, each part's cache before it
-])
+@pytest.mark.parametrize(
+    "world, mode, settings",
+    [
+        (1, "auto", {}),
+        (2, "spatial_shard_height", {}),
+        (1, "auto", {"frames_per_step": 2, "max_layer_frames": 2}),  # parts of frames, each part's cache before it
+    ],
+)
 def test_zero_columns_decode_matches_untiled(world, mode, settings):
     # the caches taken from such buffers hold the zero columns too (copied whole into the next
     # decoder call's buffer); by height the halo rows are exchanged with them

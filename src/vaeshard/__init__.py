@@ -1,7 +1,7 @@
 """vaeshard: exact multi-GPU decode and encode for the VAEs of video and image diffusion models.
 
-    vae = vaeshard.parallelize(vae)          # every rank of the default process group
-    video = vae.decode(latents).sample       # the same call as before, spread over the ranks
+vae = vaeshard.parallelize(vae)          # every rank of the default process group
+video = vae.decode(latents).sample       # the same call as before, spread over the ranks
 """
 
 from .api import parallelize, release, unparallelize, verify_weights

@@ -44,8 +44,17 @@ class _State:
     hooks_noted: bool = False  # the warning that hooked layers keep this VAE on diffusers' own layers was given
 
 
-def parallelize(vae, mode: str = "auto", *, group=None, output: str = "all", size: int | None = None, timeout=None,
-                exact: bool = False, fast: FastOptions | None = None):
+def parallelize(
+    vae,
+    mode: str = "auto",
+    *,
+    group=None,
+    output: str = "all",
+    size: int | None = None,
+    timeout=None,
+    exact: bool = False,
+    fast: FastOptions | None = None,
+):
     """Make `vae.decode` / `vae.encode` run across the ranks of `group` (None: the default group).
 
     mode:    "auto" (per request: see `vaeshard.plan`), "tile", "spatial_shard_height" or
@@ -67,8 +76,9 @@ def parallelize(vae, mode: str = "auto", *, group=None, output: str = "all", siz
     communicates: it may run before the process group is used.
     """
     family = family_for(vae)
-    config = ParallelConfig(size=size, mode=mode, output=output, timeout=timeout, exact=exact,
-                            fast=FastOptions() if fast is None else fast)
+    config = ParallelConfig(
+        size=size, mode=mode, output=output, timeout=timeout, exact=exact, fast=FastOptions() if fast is None else fast
+    )
     if config.mode in SPATIAL_MODES and not (family.spatial_decode or family.spatial_encode):
         raise ValueError(
             f"mode {config.mode!r} needs spatial sharding, which {type(vae).__name__} ({family.name} family) "
@@ -88,8 +98,14 @@ def parallelize(vae, mode: str = "auto", *, group=None, output: str = "all", siz
             family.uninstall_layers(vae)  # a family may have swapped some layers before refusing
             raise
         layers_installed = True
-    state = _State(family=family, config=config, group=group, original_decode=vae.__dict__.get("decode"),
-                   original_encode=vae.__dict__.get("encode"), layers_installed=layers_installed)
+    state = _State(
+        family=family,
+        config=config,
+        group=group,
+        original_decode=vae.__dict__.get("decode"),
+        original_encode=vae.__dict__.get("encode"),
+        layers_installed=layers_installed,
+    )
     object.__setattr__(vae, STATE_ATTR, state)
     object.__setattr__(vae, "decode", types.MethodType(_decode, vae))
     object.__setattr__(vae, "encode", types.MethodType(_encode, vae))
@@ -227,9 +243,14 @@ def _encode(vae, x, return_dict: bool = True):
 
 def _expected(family: Family, vae, op: str) -> Expected:
     params = list(vae.parameters())
-    return Expected(cls=type(vae).__name__, ndim=family.latent_ndim, layout=family.layout,
-                    channels=family.latent_channels(vae) if op == "decode" else None,
-                    devices=frozenset(p.device for p in params), dtypes=frozenset(p.dtype for p in params))
+    return Expected(
+        cls=type(vae).__name__,
+        ndim=family.latent_ndim,
+        layout=family.layout,
+        channels=family.latent_channels(vae) if op == "decode" else None,
+        devices=frozenset(p.device for p in params),
+        dtypes=frozenset(p.dtype for p in params),
+    )
 
 
 def _run(vae, op: str, x):
@@ -248,12 +269,20 @@ def _run(vae, op: str, x):
     else:
         code, error = validate(op, x, _expected(family, vae, op))
     hooked = replaced_forwards(vae)
-    agree(comm, op, describe(op, x, config.mode, config.output, config.size, bool(hooked)), code, error,
-          config.timeout_seconds)
+    agree(
+        comm,
+        op,
+        describe(op, x, config.mode, config.output, config.size, bool(hooked)),
+        code,
+        error,
+        config.timeout_seconds,
+    )
     if hooked and not state.hooks_noted and not config.exact and config.mode != "tile":
-        log.warning("vaeshard: %s: this VAE decodes and encodes with diffusers' own layers (the exact tier), "
-                    "without spatial sharding; remove those hooks for the fast tier and sharding",
-                    hooks_reason(hooked))
+        log.warning(
+            "vaeshard: %s: this VAE decodes and encodes with diffusers' own layers (the exact tier), "
+            "without spatial sharding; remove those hooks for the fast tier and sharding",
+            hooks_reason(hooked),
+        )
         state.hooks_noted = True
     x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
     with comm.bounded():

@@ -83,26 +83,46 @@ class FastOptions:
     """
 
     cudnn_benchmark: bool = _knob(
-        True, "cuDNN times its algorithms for each new convolution shape, once per process, and keeps the fastest",
-        "--no-cudnn-benchmark")
-    frames_per_step: int | str = _knob(
-        "auto", "latent frames per decoder call after the first (causal video VAEs): more is faster and holds "
-        "more memory; auto: 2 on CUDA where each rank's frames are small, else 1",
-        "--frames-per-step", parse=_auto_or_steps, metavar="{auto,N}")
-    max_layer_frames: int | None = _knob(
-        None, "the most frames a decoder layer takes at once (at least 2): less memory, more launches; None: parts "
-        "of 2 frames only in the layers of the largest frames, where that is free",
-        "--max-layer-frames", parse=lambda text: _whole(text, 2), metavar="N")
-    triton_convs: bool = _knob(
-        True, "run the 3x3x3 convolutions where vaeshard's own Triton kernels measured faster than cuDNN (CUDA)",
-        "--no-triton-convs")
+        True,
+        "cuDNN times its algorithms for each new convolution shape, once per process, and keeps the fastest",
+        "--no-cudnn-benchmark",
+    )
     cuda_graphs: bool | str = _knob(
-        "auto", "replay a video decode's steady decoder calls as one CUDA graph; auto: where each rank's frames "
+        "auto",
+        "replay a video decode's steady decoder calls as one CUDA graph; auto: where each rank's frames "
         "are small enough for the host to pace the decode",
-        "--cuda-graphs", parse=_auto_on_off, metavar="{auto,on,off}")
+        "--cuda-graphs",
+        parse=_auto_on_off,
+        metavar="{auto,on,off}",
+    )
     keep_cuda_graphs: bool = _knob(
-        False, "keep a request's CUDA graphs, and their memory, for the next request of the same shapes, which then "
-        "replays every call; vaeshard.release(vae) frees them", "--keep-cuda-graphs")
+        False,
+        "keep a request's CUDA graphs, and their memory, for the next request of the same shapes, which then "
+        "replays every call; vaeshard.release(vae) frees them",
+        "--keep-cuda-graphs",
+    )
+
+    frames_per_step: int | str = _knob(
+        "auto",
+        "latent frames per decoder call after the first (causal video VAEs): more is faster and holds "
+        "more memory; auto: 2 on CUDA where each rank's frames are small, else 1",
+        "--frames-per-step",
+        parse=_auto_or_steps,
+        metavar="{auto,N}",
+    )
+    max_layer_frames: int | None = _knob(
+        None,
+        "the most frames a decoder layer takes at once (at least 2): less memory, more launches; None: parts "
+        "of 2 frames only in the layers of the largest frames, where that is free",
+        "--max-layer-frames",
+        parse=lambda text: _whole(text, 2),
+        metavar="N",
+    )
+    triton_convs: bool = _knob(
+        True,
+        "run the 3x3x3 convolutions where vaeshard's own Triton kernels measured faster than cuDNN (CUDA)",
+        "--no-triton-convs",
+    )
 
     def __post_init__(self) -> None:
         for name in ("cudnn_benchmark", "triton_convs", "keep_cuda_graphs"):
@@ -111,10 +131,13 @@ class FastOptions:
         if not (isinstance(self.cuda_graphs, bool) or self.cuda_graphs == "auto"):
             raise TypeError(f"cuda_graphs must be True, False or 'auto', got {self.cuda_graphs!r}")
         if self.keep_cuda_graphs and self.cuda_graphs is False:
-            raise ValueError("keep_cuda_graphs=True keeps the CUDA graphs a request replays, and cuda_graphs=False "
-                             "replays none: pass cuda_graphs=True or 'auto'")
-        if self.frames_per_step != "auto" and (isinstance(self.frames_per_step, bool)
-                                               or not isinstance(self.frames_per_step, int)):
+            raise ValueError(
+                "keep_cuda_graphs=True keeps the CUDA graphs a request replays, and cuda_graphs=False "
+                "replays none: pass cuda_graphs=True or 'auto'"
+            )
+        if self.frames_per_step != "auto" and (
+            isinstance(self.frames_per_step, bool) or not isinstance(self.frames_per_step, int)
+        ):
             raise TypeError(f"frames_per_step must be an int or 'auto', got {self.frames_per_step!r}")
         if self.frames_per_step != "auto" and self.frames_per_step < 1:
             raise ValueError(f"frames_per_step must be at least 1, got {self.frames_per_step}")
@@ -130,8 +153,10 @@ class FastOptions:
     @classmethod
     def knobs(cls):
         """(name, default, one-line doc, command-line flag, parse, metavar) of each knob, in order."""
-        return [(f.name, f.default, f.metadata["doc"], f.metadata["flag"], f.metadata["parse"], f.metadata["metavar"])
-                for f in fields(cls)]
+        return [
+            (f.name, f.default, f.metadata["doc"], f.metadata["flag"], f.metadata["parse"], f.metadata["metavar"])
+            for f in fields(cls)
+        ]
 
 
 @dataclass(frozen=True)

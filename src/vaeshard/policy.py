@@ -40,8 +40,17 @@ class Plan(NamedTuple):
         return "\n".join(lines)
 
 
-def plan(vae, latent_shape, world_size: int | None = None, mode: str | None = None, *, op: str = "decode",
-         size: int | None = None, fast: FastOptions | None = None, exact: bool | None = None) -> Plan:
+def plan(
+    vae,
+    latent_shape,
+    world_size: int | None = None,
+    mode: str | None = None,
+    *,
+    op: str = "decode",
+    size: int | None = None,
+    fast: FastOptions | None = None,
+    exact: bool | None = None,
+) -> Plan:
     """The plan of a `decode` (or `encode`) of `latent_shape` over `world_size` ranks.
 
     Every argument left out is the VAE's own: a parallelized VAE's mode, size, fast options and
@@ -97,9 +106,11 @@ def _axis_extents(shape, op: str, ratio: int) -> tuple[int, int]:
 
 def hooks_reason(hooked: list[str]) -> str:
     """Why a VAE with hooked layers (runtime.swap.replaced_forwards) is not sharded, in one line."""
-    return (f"{len(hooked)} of its layers have their forward replaced by a hook (the first: {hooked[0]}; "
-            "diffusers' layerwise casting or group offloading, accelerate's offloading), which the "
-            "sharded layers would bypass")
+    return (
+        f"{len(hooked)} of its layers have their forward replaced by a hook (the first: {hooked[0]}; "
+        "diffusers' layerwise casting or group offloading, accelerate's offloading), which the "
+        "sharded layers would bypass"
+    )
 
 
 def _device_of(vae):
@@ -108,11 +119,12 @@ def _device_of(vae):
     return first.device if first is not None else torch.device("cpu")
 
 
-def strategy_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None,
-                 hooked: list[str]) -> Plan:
-    """The strategy of a request and its reason (DESIGN's rules: a forced mode that cannot run falls
-    back to `tile` with a warning; `auto` shards the longer axis that covers the group, width on
-    ties, unless the family measured another axis faster there)."""
+def strategy_for(
+    vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None, hooked: list[str]
+) -> Plan:
+    """The strategy of a request and its reason (docs/strategies.md, "`auto`" and "Fallbacks": a
+    forced mode that cannot run falls back to `tile` with a warning; `auto` shards the longer axis
+    that covers the group, width on ties, unless the family measured another axis faster there)."""
     from .families import family_for
 
     if mode not in MODES:
@@ -141,8 +153,9 @@ def strategy_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size
     if workers < world_size:
         reasons.append(f"partial group ({workers} of {world_size} ranks)")
     if len(shape) != family.latent_ndim:
-        reasons.append(f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {family.layout} layout of "
-                       f"{family.name}")
+        reasons.append(
+            f"a {len(shape)}-D latent is not the {family.latent_ndim}-D {family.layout} layout of {family.name}"
+        )
     if not spatial_ok:
         reasons.append(f"{family.name} has no spatial-shard {op}")
     if hooked:
@@ -172,16 +185,27 @@ def strategy_for(vae, latent_shape, world_size: int, mode: str, *, op: str, size
     device = _device_of(vae)
     measured = family.decode_axis(vae, world_size, device) if op == "decode" else None
     for extent, axis in candidates:
-        if axis == measured:  # the family's measured refinement (only where BENCHMARKS.md shows it)
-            return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} covers {world_size} ranks, and {family.name} "
-                        f"decodes over {world_size} ranks on {device.type} measured faster by {axis} (docs/tuning.md)")
+        if axis == measured:  # the family's measured refinement (only where docs/tuning.md shows it)
+            return Plan(
+                f"spatial_shard_{axis}",
+                f"auto: {axis} {extent} covers {world_size} ranks, and {family.name} "
+                f"decodes over {world_size} ranks on {device.type} measured faster by {axis} (docs/tuning.md)",
+            )
     # the longer axis; width wins ties (rows of a wide frame stay contiguous and halos stay short)
     extent, axis = max(candidates, key=lambda c: (c[0], c[1] == "width"))
     return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} is the longer axis covering {world_size} ranks")
 
 
-def resolve_fast(vae, latent_shape, world_size: int, strategy: str, options: FastOptions, *, op: str = "decode",
-                 device: torch.device | None = None) -> FastPlan:
+def resolve_fast(
+    vae,
+    latent_shape,
+    world_size: int,
+    strategy: str,
+    options: FastOptions,
+    *,
+    op: str = "decode",
+    device: torch.device | None = None,
+) -> FastPlan:
     """The fast tier's choices for a request of `latent_shape` run by `strategy` over `world_size`
     ranks with `options`: the largest rank's frame, frames per decoder call, CUDA graphs and layers in
     parts, each with its reason (FastPlan.reasons), by tuning.py's thresholds."""
@@ -221,8 +245,10 @@ def resolve_fast(vae, latent_shape, world_size: int, strategy: str, options: Fas
         num_calls = 1 + -(-(num_frames - 1) // steps)
         if options.cuda_graphs == "auto":
             wanted = pixels <= tuning.GRAPHS_MAX_PIXELS
-            why = (f"auto: the frame is {'at most' if wanted else 'above'} tuning.GRAPHS_MAX_PIXELS "
-                   f"({tuning.GRAPHS_MAX_PIXELS:,})")
+            why = (
+                f"auto: the frame is {'at most' if wanted else 'above'} tuning.GRAPHS_MAX_PIXELS "
+                f"({tuning.GRAPHS_MAX_PIXELS:,})"
+            )
         else:
             wanted, why = bool(options.cuda_graphs), "set"
         replays = graphs.replays(device, num_calls)
@@ -238,10 +264,14 @@ def resolve_fast(vae, latent_shape, world_size: int, strategy: str, options: Fas
         reasons.append(("layer frames", f"at most {options.max_layer_frames} (max_layer_frames)"))
     elif tuning.PART_FRAMES is not None:
         part_frames = tuning.PART_FRAMES
-        least = (max(tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS) if sharded
-                 else tuning.PARTS_FROM_PIXELS)
-        reasons.append(("layer frames", f"parts of {part_frames} in the layers whose frames hold at least {least:,} "
-                        f"pixels, where they suit (tuning.{'SHARDED_' if sharded else ''}PARTS_FROM_PIXELS)"))
+        least = max(tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS) if sharded else tuning.PARTS_FROM_PIXELS
+        reasons.append(
+            (
+                "layer frames",
+                f"parts of {part_frames} in the layers whose frames hold at least {least:,} "
+                f"pixels, where they suit (tuning.{'SHARDED_' if sharded else ''}PARTS_FROM_PIXELS)",
+            )
+        )
     return FastPlan(
         frames_per_step=steps,
         cuda_graphs=graphed,

@@ -47,62 +47,156 @@ class Entry(NamedTuple):
 
 
 TABLE: tuple[Entry, ...] = (
-    Entry("AUTO_STEP_FRAMES", "latent frames per decoder call after the first, for frames_per_step='auto' where the "
-          "rule below holds (else 1)",
-          "Wan 2.1 480p, rank 0 of 2 (832 x 240 pixels a frame), a rank's share timed alone: 0.291 / 0.319 s with 2 "
-          "frames against 0.309 / 0.332 s with 1 (peak 1.91 against 1.48 GiB); 720p rank 1 of 4: 0.348 / 0.324 against "
-          "0.402 / 0.381 s; rank 1 of 8: 0.206 / 0.194 against 0.232 / 0.237 s (benchmarks/results/2026-12-01/steps-auto/)"),
-    Entry("AUTO_STEP_MAX_PIXELS", "the largest rank's output frame, in pixels, up to which frames_per_step='auto' takes "
-          "AUTO_STEP_FRAMES (every rank decides alike)",
-          "above it the memory runs out first: Wan 2.1 720p on 2 GPUs (460,800 pixels a rank) took 3.62 -> 5.97 GiB "
-          "per rank for 6% of time with 2 frames"),
-    Entry("AUTO_STEP_DEVICES", "the devices on which frames_per_step='auto' may take more than one frame",
-          "on the CPU a call's work dwarfs its fixed costs (host launches, halo exchanges)"),
-    Entry("PART_FRAMES", "frames per part where a layer runs in parts by default (None: never)",
-          "two frames are still hundreds of the kernels' tiles; a residual block's part buffer of two frames becomes "
-          "its convolution's next cache, so the parts copy no cache"),
-    Entry("PARTS_FROM_PIXELS", "the frame size, in pixels, from which the upsamplers and the residual blocks whose "
-          "convolutions read their caches where they lie run in parts of PART_FRAMES",
-          "Wan 2.1 720p on one H200: 1.183 against 1.198 s and 5.81 against 6.47 GiB peak"),
-    Entry("SHARDED_PARTS_FROM_PIXELS", "the same, for a sharded request (the largest rank's frames)",
-          "Wan 2.1 720p, rank shares timed alone: rank 0 of 2 (460,800 pixels) 0.605-0.607 s with parts against "
-          "0.612-0.613 s without; rank 1 of 3 (311,040 pixels, host-paced) 0.440 / 0.615 s against 0.438 / 0.575 s; "
-          "the threshold lies between"),
-    Entry("GRAPHS_MAX_PIXELS", "the largest rank's output frame, in pixels, up to which cuda_graphs='auto' replays a "
-          "request's steady decoder calls",
-          "2 H200s: Wan 2.1 480p on 2 GPUs (832 x 240 a rank) 0.478 s replayed against 0.572 s eager; 720p on 2 GPUs "
-          "0.887 against 0.841 s, on 1 GPU 1.539 against 1.527 s (the GPU paces those)"),
-    Entry("GRAPHS_MIN_REPLAYS", "steady calls that must follow a capture for it to be made",
-          "a capture costs about one eager call's host time plus the graph's instantiation"),
-    Entry("COPY_FRAMES_MAX", "frames copied one at a time (each a plain memory copy) rather than by one strided copy",
-          "Wan 2.1 720p on 2 H200s, sharded by height: 0.798 against 0.809 s"),
-    Entry("WAN_HEIGHT_RANKS", "Wan family: auto shards a CUDA decode over this many ranks by height, where "
-          "WAN_HEIGHT_BASE_DIM holds", "see WAN_HEIGHT_BASE_DIM"),
-    Entry("WAN_HEIGHT_BASE_DIM", "Wan family: the full-resolution channel count (Wan 2.1, Qwen-Image) for which "
-          "height was measured faster",
-          "2 H200s: Wan 2.1 720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; Wan 2.2 "
-          "(256 channels) within 1% either way, so it keeps the baseline rule"),
-    Entry("kernels/conv3d.py TILES", "the Triton convolution's tiles by output channels (96 = 64 + 32 on 256 voxels; "
-          "192 = 128 + 64 on 128 voxels), and which counts it takes (96, 192, powers of two up to 128)",
-          "benchmarks/conv_kernel.py --sweep: about 400 TFLOP/s for cuDNN at 96 channels, 600-670 for the kernel at "
-          "192 where cuDNN ran 560-600; Wan 2.2's 256 channels ran 1.09x cuDNN alone and its decode no faster"),
-    Entry("kernels/conv3d.py adds_in_epilogue", "whether the Triton convolution adds a residual as it stores",
-          "row tiles 1.37-1.43x cuDNN plus the add pass at 96 channels and 1.05-1.19x at 192; wrapping tiles on 256 "
-          "voxels 0.83-0.91x, so they leave the add to a pass"),
-    Entry("kernels/conv3d.py norms_in_epilogue", "whether a convolution computes the next RMS norm as it stores",
-          "Triton kernel: 4-8% faster at 96 channels; box_conv: 1.1% faster but two convolution inputs alive at once "
-          "(7.13 against 6.80 GiB peak at 720p on 1 GPU), so box_conv leaves the norm to its kernel"),
-    Entry("kernels/conv3d.py wants_zero_columns", "whether a buffer holds the width padding as zero columns, for the "
-          "Triton kernel's wrapping tiles, where row tiles do not fit the width",
-          "Wan 2.1 480p (832 columns): the wrapping tiles 1.20-1.25x cuDNN at 96 channels, the decode 2.5-4.5% faster"),
-    Entry("kernels/box_conv.py PLANS", "the Gluon convolution's tilings by output channels (96: 16 x 16 voxels, 3 "
-          "slots, TMA stores; 192: 8 x 16 with all 192 channels, registers; 3: the head)",
-          "720p, 1 GPU: 96 channels 2.86-2.88 ms against 3.13-3.36 with 4 slots; 192 channels 2.42 against 2.61-2.89 "
-          "ms; 384 (0.71-0.91x cuDNN) and 256 (0.70-1.04x) are left to cuDNN (benchmarks/conv_kernel.py --box-sweep)"),
-    Entry("kernels/norm.py TILE", "the norm and bias kernels' tile (elements, voxels, warps per program)",
-          "the fastest summed over the Wan 2.1 720p shapes, by 3% over 8192 / 128 / 4 (benchmarks/norm_kernel.py)"),
-    Entry("kernels/attention.py SCORES_BYTES", "the most bytes of fp32 scores one block of query rows holds",
-          "Wan's 384-channel single-head attention: 2.3-2.6x PyTorch's memory-efficient kernel at 720p"),
+    Entry(
+        "AUTO_STEP_FRAMES",
+        "latent frames per decoder call after the first, for frames_per_step='auto' where the "
+        "rule below holds (else 1)",
+        "Wan 2.1 480p, rank 0 of 2 (832 x 240 pixels a frame), a rank's share timed alone: 0.291 / 0.319 s with 2 "
+        "frames against 0.309 / 0.332 s with 1 (peak 1.91 against 1.48 GiB); 720p rank 1 of 4: 0.348 / 0.324 against "
+        "0.402 / 0.381 s; rank 1 of 8: 0.206 / 0.194 against 0.232 / 0.237 s "
+        "(benchmarks/results/2026-12-01/steps-auto/)",
+    ),
+    Entry(
+        "AUTO_STEP_MAX_PIXELS",
+        "the largest rank's output frame, in pixels, up to which frames_per_step='auto' takes "
+        "AUTO_STEP_FRAMES (every rank decides alike)",
+        "above it the memory runs out first: Wan 2.1 720p on 2 GPUs (460,800 pixels a rank) took 3.62 -> 5.97 GiB "
+        "per rank for 6% of time with 2 frames",
+    ),
+    Entry(
+        "AUTO_STEP_DEVICES",
+        "the devices on which frames_per_step='auto' may take more than one frame",
+        "on the CPU a call's work dwarfs its fixed costs (host launches, halo exchanges)",
+    ),
+    Entry(
+        "PART_FRAMES",
+        "frames per part where a layer runs in parts by default (None: never)",
+        "two frames are still hundreds of the kernels' tiles; a residual block's part buffer of two frames becomes "
+        "its convolution's next cache, so the parts copy no cache",
+    ),
+    Entry(
+        "PARTS_FROM_PIXELS",
+        "the frame size, in pixels, from which the upsamplers and the residual blocks whose "
+        "convolutions read their caches where they lie run in parts of PART_FRAMES",
+        "Wan 2.1 720p on one H200: 1.183 against 1.198 s and 5.81 against 6.47 GiB peak",
+    ),
+    Entry(
+        "SHARDED_PARTS_FROM_PIXELS",
+        "the same, for a sharded request (the largest rank's frames)",
+        "Wan 2.1 720p, rank shares timed alone: rank 0 of 2 (460,800 pixels) 0.605-0.607 s with parts against "
+        "0.612-0.613 s without; rank 1 of 3 (311,040 pixels, host-paced) 0.440 / 0.615 s against 0.438 / 0.575 s; "
+        "the threshold lies between",
+    ),
+    Entry(
+        "GRAPHS_MAX_PIXELS",
+        "the largest rank's output frame, in pixels, up to which cuda_graphs='auto' replays a "
+        "request's steady decoder calls",
+        "2 H200s: Wan 2.1 480p on 2 GPUs (832 x 240 a rank) 0.478 s replayed against 0.572 s eager; 720p on 2 GPUs "
+        "0.887 against 0.841 s, on 1 GPU 1.539 against 1.527 s (the GPU paces those)",
+    ),
+    Entry(
+        "GRAPHS_MIN_REPLAYS",
+        "steady calls that must follow a capture for it to be made",
+        "a capture costs about one eager call's host time plus the graph's instantiation",
+    ),
+    Entry(
+        "COPY_FRAMES_MAX",
+        "frames copied one at a time (each a plain memory copy) rather than by one strided copy",
+        "Wan 2.1 720p on 2 H200s, sharded by height: 0.798 against 0.809 s",
+    ),
+    Entry(
+        "WAN_HEIGHT_RANKS",
+        "Wan family: auto shards a CUDA decode over this many ranks by height, where WAN_HEIGHT_BASE_DIM holds",
+        "see WAN_HEIGHT_BASE_DIM",
+    ),
+    Entry(
+        "WAN_HEIGHT_BASE_DIM",
+        "Wan family: the full-resolution channel count (Wan 2.1, Qwen-Image) for which height was measured faster",
+        "2 H200s: Wan 2.1 720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; Wan 2.2 "
+        "(256 channels) within 1% either way, so it keeps the baseline rule",
+    ),
+    Entry(
+        "kernels/conv3d.py TILES",
+        "the Triton convolution's tiles by output channels (96 = 64 + 32 on 256 voxels; "
+        "192 = 128 + 64 on 128 voxels), and which counts it takes (96, 192, powers of two up to 128)",
+        "benchmarks/conv_kernel.py --sweep: about 400 TFLOP/s for cuDNN at 96 channels (two 64-channel tiles, the "
+        "second half idle; its 192- and 384-channel kernels 520-740), 600-670 for the kernel at 192 where cuDNN ran "
+        "560-600; Wan 2.2's 256 channels ran 1.09x cuDNN alone and its decode no faster",
+    ),
+    Entry(
+        "kernels/conv3d.py adds_in_epilogue",
+        "whether the Triton convolution adds a residual as it stores",
+        "benchmarks/conv_kernel.py --residual, against cuDNN plus the add pass: row tiles 1.37-1.43x at 96 channels "
+        "and 1.05-1.19x at 192; wrapping tiles 1.11-1.16x on 128 voxels (192 channels) but 0.83-0.91x on 256 (96 "
+        "channels: twice the registers per thread in the epilogue), where the kernel without the residual ran "
+        "1.06-1.24x before the pass, so those leave the add to a pass",
+    ),
+    Entry(
+        "kernels/conv3d.py norms_in_epilogue",
+        "whether a convolution computes the next RMS norm as it stores",
+        "benchmarks/conv_kernel.py --norm, against the kernel then the norm kernel: Triton kernel at 96 channels, "
+        "row tiles 4-5% faster, wrapping tiles 7-8%; at 192 row tiles the same on one GPU and 6% faster by height, "
+        "wrapping tiles within 1% (1.561 against 1.552 ms). box_conv, 720p on 1 GPU: 3.42 against 3.78 ms alone and "
+        "the decode 1.1% faster, but two convolution inputs alive at once (peak 7.13 against 6.80 GiB on 1 GPU, 3.61 "
+        "against 3.44 on 2); with its buffers holding only the new frames no memory more, but the decode slower "
+        "(1.268 against 1.253 s), so box_conv leaves the norm to its kernel",
+    ),
+    Entry(
+        "kernels/conv3d.py wants_zero_columns",
+        "whether a buffer holds the width padding as zero columns, for the "
+        "Triton kernel's wrapping tiles, where row tiles do not fit the width",
+        "Wan 2.1 480p (832 columns): the wrapping tiles 1.20-1.25x cuDNN at 96 channels and 0.96-1.03x at 192, the "
+        "decode 2.5-4.5% faster",
+    ),
+    Entry(
+        "kernels/conv3d.py reads_front",
+        "whether a causal convolution reads its time padding from the cache "
+        "where it lies (box_conv's kernel) instead of from a copy of the cache in front of its new frames",
+        "Wan 2.1 720p on one H200: 1.271 s and 6.47 GiB peak against 1.284 s and 6.80 GiB with the copy, the same "
+        "bits; the kernel alone up to 10% slower at the 96-channel full-resolution shapes (reading through a second "
+        "set of descriptors; benchmarks/conv_kernel.py --front)",
+    ),
+    Entry(
+        "kernels/box_conv.py PLANS",
+        "the Gluon convolution's tilings by output channels (96: 16 x 16 voxels, 3 "
+        "slots, TMA stores; 192: 8 x 16 with all 192 channels, registers; 3: the head)",
+        "benchmarks/conv_kernel.py --box-sweep, 720p, 1 GPU: 96 channels 2.86-2.88 ms against 3.13-3.36 with 4 slots "
+        "and stores from registers, 3.05-3.07 before the TMA stores, 2 slots 0.84-0.90x cuDNN, the rows in registers "
+        "2.98-3.05 ms (stored from registers, the patches kept both warp groups from multiplying 10-16% of the time, "
+        "by warp-state samples); 192 channels: 8 x 16 voxels with all 192 channels 2.60 ms against 2.86 for two "
+        "channel tiles of 96 on 16 x 16 and 2.87 for the Triton kernel, with TMA stores and the rows in registers "
+        "2.42 against 2.61-2.89 ms (by height 1.27 against 1.34-1.41). At 96 channels the kernel ran 1.04-1.20x the "
+        "Triton kernel before the TMA stores and 1.02-1.15x its former self with them; in the Wan 2.1 720p decode "
+        "the TMA stores took 1.368 to 1.324 s on 1 GPU at 96 channels and 1.300 to 1.280 s at 192 (0.764 to 0.745 "
+        "and 0.720 to 0.711 s on 2). 384 channels (0.71-0.91x cuDNN) and 256 (0.70-1.04x) are left to cuDNN",
+    ),
+    Entry(
+        "kernels/norm.py TILE",
+        "the norm and bias kernels' tile (elements, voxels, warps per program)",
+        "the fastest summed over the Wan 2.1 720p shapes, by 3% over 8192 / 128 / 4 (benchmarks/norm_kernel.py)",
+    ),
+    Entry(
+        "kernels/attention.py SCORES_BYTES",
+        "the most bytes of fp32 scores one block of query rows holds",
+        "Wan's 384-channel single-head attention: 2.3-2.6x PyTorch's memory-efficient kernel at 720p (2.3x at Wan "
+        "2.1 720p's 14,400 tokens), which runs at about 120-140 TFLOP/s there: PyTorch's flash and cuDNN kernels "
+        "take heads of at most 256 channels",
+    ),
+    Entry(
+        "kernels/phases.py takes_addend",
+        "whether the upsampler's interleaving pass adds Wan 2.2's duplicating "
+        "shortcut as it stores (else kernels/norm.py add_duplicated_, one Triton pass after it; without Triton, "
+        "PyTorch's add of broadcasting views)",
+        "Wan 2.2 720p on one H200: 3.052 s with the add in the interleaving pass against 3.072 s with the pass after "
+        "it; that pass 3.371 s against 3.417 s with PyTorch's add of the views",
+    ),
+    Entry(
+        "kernels/triton_support.py launch",
+        "whether a Triton launch goes straight to the compiled kernel kept for "
+        "its arguments' key, rather than through the JIT function, which binds and classifies every argument again",
+        "on an H200's host the JIT's binding took about 60 of the 245 us the host spent per box_conv launch and 16 "
+        "of 73 per norm launch (benchmarks/launch_cost.py)",
+    ),
 )
 
 

@@ -69,7 +69,9 @@ def _mode_list(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if not modes or unknown:
-        raise argparse.ArgumentTypeError(f"unknown mode(s) {', '.join(unknown) or text!r}: choose from {', '.join(MODES)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown mode(s) {', '.join(unknown) or text!r}: choose from {', '.join(MODES)}"
+        )
     return modes
 
 
@@ -95,9 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"in one process with plain diffusers and then over several ranks in every mode ({', '.join(MODES)}); "
         "prints a table and exits 0 only if every result matches diffusers.",
     )
-    demo.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when enough GPUs are visible, else cpu")
+    demo.add_argument(
+        "--device", choices=("cpu", "cuda"), default=None, help="default: cuda when enough GPUs are visible, else cpu"
+    )
     demo.add_argument("--nproc", type=_positive_int, default=2, help="ranks to start (default 2)")
-    demo.add_argument("--timeout", type=_positive_float, default=300.0, help="seconds before the run is stopped (default 300)")
+    demo.add_argument(
+        "--timeout", type=_positive_float, default=300.0, help="seconds before the run is stopped (default 300)"
+    )
 
     dec = sub.add_parser(
         "decode",
@@ -107,24 +113,44 @@ def build_parser() -> argparse.ArgumentParser:
         "image), a folder of PNG frames, or the raw tensor as .safetensors (key 'sample') / .pt.",
     )
     dec.add_argument("latents", metavar="LATENTS", help="latent file: .safetensors, .pt/.pth or .npy")
-    dec.add_argument("--model", required=True, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id")
-    dec.add_argument("--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)")
-    dec.add_argument("--key", default="latents", help="tensor name in a .safetensors or dict .pt file (default: latents)")
-    dec.add_argument("--denormalize", action="store_true",
-                     help="undo the pipeline's latent normalisation first: latents_mean/latents_std (Wan, Qwen-Image) "
-                     "or scaling_factor/shift_factor (AutoencoderKL), as the diffusers pipelines do")
+    dec.add_argument(
+        "--model", required=True, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id"
+    )
+    dec.add_argument(
+        "--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)"
+    )
+    dec.add_argument(
+        "--key", default="latents", help="tensor name in a .safetensors or dict .pt file (default: latents)"
+    )
+    dec.add_argument(
+        "--denormalize",
+        action="store_true",
+        help="undo the pipeline's latent normalisation first: latents_mean/latents_std (Wan, Qwen-Image) "
+        "or scaling_factor/shift_factor (AutoencoderKL), as the diffusers pipelines do",
+    )
     dec.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
     dec.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
-    dec.add_argument("--nproc", type=_positive_int, default=None, help="ranks to start (default 1; under torchrun: its world size)")
+    dec.add_argument(
+        "--nproc", type=_positive_int, default=None, help="ranks to start (default 1; under torchrun: its world size)"
+    )
     dec.add_argument("--mode", choices=MODES, default="auto", help="how the decode is spread (default: auto)")
-    dec.add_argument("--tile-size", type=_positive_int, default=None, metavar="PX", help="tile size in sample pixels (tile mode)")
-    dec.add_argument("--tile-stride", type=_positive_int, default=None, metavar="PX", help="tile stride in sample pixels (tile mode)")
+    dec.add_argument(
+        "--tile-size", type=_positive_int, default=None, metavar="PX", help="tile size in sample pixels (tile mode)"
+    )
+    dec.add_argument(
+        "--tile-stride", type=_positive_int, default=None, metavar="PX", help="tile stride in sample pixels (tile mode)"
+    )
     dec.add_argument("--out", required=True, metavar="OUT", help="output: .mp4, .png, folder, .safetensors or .pt")
     dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
     dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     _add_tier_arguments(dec)
     dec.add_argument("--quiet", action="store_true", help="no progress bar; only the line naming what was written")
-    dec.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)")
+    dec.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)",
+    )
 
     ben = sub.add_parser(
         "bench",
@@ -133,25 +159,62 @@ def build_parser() -> argparse.ArgumentParser:
         "untiled decode of the same weights and latent, by the protocol of BENCHMARKS.md.",
     )
     what = ben.add_mutually_exclusive_group()
-    what.add_argument("--config", choices=tuple(NAMED_CONFIGS), default=None, help="real VAE config with random weights")
+    what.add_argument(
+        "--config", choices=tuple(NAMED_CONFIGS), default=None, help="real VAE config with random weights"
+    )
     what.add_argument("--model", default=None, metavar="MODEL", help="local diffusers folder or Hub id")
-    ben.add_argument("--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)")
+    ben.add_argument(
+        "--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)"
+    )
     ben.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     size = ben.add_mutually_exclusive_group()
-    size.add_argument("--shape", type=_shape, default=None, metavar="B,C,T,H,W", help="latent shape (B,C,H,W for image VAEs)")
-    size.add_argument("--preset", choices=tuple(PRESETS), default=None, help="a BENCHMARKS.md subject (sets config and shape)")
-    ben.add_argument("--modes", type=_mode_list, default=list(MODES), metavar="M1,M2", help=f"modes to measure (default: {','.join(MODES)})")
-    ben.add_argument("--nproc", type=_int_list, default=None, metavar="N1,N2", help="rank counts to measure (default: 1,2; under torchrun: its world size)")
+    size.add_argument(
+        "--shape", type=_shape, default=None, metavar="B,C,T,H,W", help="latent shape (B,C,H,W for image VAEs)"
+    )
+    size.add_argument(
+        "--preset", choices=tuple(PRESETS), default=None, help="a BENCHMARKS.md subject (sets config and shape)"
+    )
+    ben.add_argument(
+        "--modes",
+        type=_mode_list,
+        default=list(MODES),
+        metavar="M1,M2",
+        help=f"modes to measure (default: {','.join(MODES)})",
+    )
+    ben.add_argument(
+        "--nproc",
+        type=_int_list,
+        default=None,
+        metavar="N1,N2",
+        help="rank counts to measure (default: 1,2; under torchrun: its world size)",
+    )
     ben.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
     ben.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
-    ben.add_argument("--reps", type=_positive_int, default=3, help="timed decodes per point after one warm-up (default 3)")
+    ben.add_argument(
+        "--reps", type=_positive_int, default=3, help="timed decodes per point after one warm-up (default 3)"
+    )
     ben.add_argument("--no-ref", action="store_true", help="skip diffusers' reference decode (no ratios, no diffs)")
-    ben.add_argument("--peak-tflops", type=_positive_float, default=None, help="device peak for utilisation (default: 790 on cuda, none on cpu)")
-    ben.add_argument("--tflop", type=_positive_float, default=None, help="FLOPs of one decode in TFLOP (default: the preset's, else counted)")
+    ben.add_argument(
+        "--peak-tflops",
+        type=_positive_float,
+        default=None,
+        help="device peak for utilisation (default: 790 on cuda, none on cpu)",
+    )
+    ben.add_argument(
+        "--tflop",
+        type=_positive_float,
+        default=None,
+        help="FLOPs of one decode in TFLOP (default: the preset's, else counted)",
+    )
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
     _add_tier_arguments(ben)
-    ben.add_argument("--timeout", type=_positive_float, default=DEFAULT_TIMEOUT_S, help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)")
+    ben.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)",
+    )
     return parser
 
 
@@ -196,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
                 return _error(exc.message, EXIT_USAGE)
             if exc.detail:
                 sys.stderr.write(exc.detail if exc.detail.endswith("\n") else exc.detail + "\n")
-            return _error(f"rank {exc.rank} failed: {exc.exc_type + ': ' if exc.exc_type else ''}{exc.message}", EXIT_FAILED)
+            return _error(
+                f"rank {exc.rank} failed: {exc.exc_type + ': ' if exc.exc_type else ''}{exc.message}", EXIT_FAILED
+            )
         if isinstance(exc, LaunchError):
             return _error(str(exc), EXIT_FAILED)
         raise
@@ -274,7 +339,7 @@ def _main_print(*parts) -> None:
 class DecodeJob:
     latents: str
     key: str
-    model: object  # vaeshard.io.ModelSource
+    model: object  # cli/io.py's ModelSource
     dtype: str
     mode: str
     tile: tuple[int | None, int | None]
@@ -290,14 +355,26 @@ class DecodeJob:
 def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     """--exact and one option per FastOptions knob (its flag and one-line doc), the same on `decode`
     and `bench`; `_tier_options` reads them back."""
-    parser.add_argument("--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)")
+    parser.add_argument(
+        "--exact", action="store_true", help="every layer exactly as diffusers computes it (default: the fast tier)"
+    )
     for name, default, doc, flag, parse, metavar in FastOptions.knobs():
         if parse is None:  # a switch: --no-X turns a default True off, --X a default False on
-            parser.add_argument(flag, dest=name, action="store_false" if default else "store_true",
-                                help=f"fast tier: {'turn off ' + name + ' (' + doc + ')' if default else doc}")
+            parser.add_argument(
+                flag,
+                dest=name,
+                action="store_false" if default else "store_true",
+                help=f"fast tier: {'turn off ' + name + ' (' + doc + ')' if default else doc}",
+            )
         else:
-            parser.add_argument(flag, dest=name, type=_argument(parse), default=default, metavar=metavar,
-                                help=f"fast tier: {doc} (default: {default})")
+            parser.add_argument(
+                flag,
+                dest=name,
+                type=_argument(parse),
+                default=default,
+                metavar=metavar,
+                help=f"fast tier: {doc} (default: {default})",
+            )
 
 
 def _argument(parse):
@@ -353,8 +430,10 @@ def _decode(args) -> int:
     else:
         summary = launch.run(_decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
     what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"
-    _main_print(f"wrote {args.out}: {what} {summary['width']}x{summary['height']}"
-                + ("" if args.quiet else f", {summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s"))
+    _main_print(
+        f"wrote {args.out}: {what} {summary['width']}x{summary['height']}"
+        + ("" if args.quiet else f", {summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s")
+    )
     return EXIT_OK
 
 
@@ -362,10 +441,14 @@ def _check_tiles(size: int | None, stride: int | None, model) -> None:
     if size is None and stride is None:
         return
     if size is None or stride is None:
-        raise InputError("--tile-size and --tile-stride go together: give both (e.g. --tile-size 256 --tile-stride 192)")
+        raise InputError(
+            "--tile-size and --tile-stride go together: give both (e.g. --tile-size 256 --tile-stride 192)"
+        )
     ratio = model.spatial_ratio()
     if size % ratio or stride % ratio:
-        raise InputError(f"--tile-size {size} and --tile-stride {stride} must be multiples of this VAE's spatial factor {ratio}")
+        raise InputError(
+            f"--tile-size {size} and --tile-stride {stride} must be multiples of this VAE's spatial factor {ratio}"
+        )
     if stride > size:
         raise InputError(f"--tile-stride {stride} is larger than --tile-size {size}: tiles must overlap or touch")
 
@@ -417,8 +500,15 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     video = sample if sample.dim() == 5 else sample.unsqueeze(2)  # an image: one frame
     io.write_output(video, job.out, job.out_kind, job.fps)
     b, c, t, h, w = video.shape
-    return {"strategy": chosen.strategy, "reason": chosen.reason, "seconds": seconds, "frames": t, "batch": b,
-            "height": h, "width": w}
+    return {
+        "strategy": chosen.strategy,
+        "reason": chosen.reason,
+        "seconds": seconds,
+        "frames": t,
+        "batch": b,
+        "height": h,
+        "width": w,
+    }
 
 
 class _Progress:
@@ -470,7 +560,9 @@ def _bench(args) -> int:
     world = launch.torchrun_world()
     nprocs = [world] if world else (args.nproc or [1, 2])
     if world and args.nproc not in (None, [world]):
-        raise InputError(f"--nproc {','.join(map(str, args.nproc))} conflicts with torchrun's {world} ranks: leave out --nproc")
+        raise InputError(
+            f"--nproc {','.join(map(str, args.nproc))} conflicts with torchrun's {world} ranks: leave out --nproc"
+        )
     device = _pick_device(args.device, max(nprocs))
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     preset_flops = None
@@ -483,18 +575,26 @@ def _bench(args) -> int:
         model = io.named_model(config)
     else:
         if args.config is None and args.model is None:
-            raise InputError("say what to measure: --config NAME or --model PATH, with --shape B,C,T,H,W, or --preset NAME")
+            raise InputError(
+                "say what to measure: --config NAME or --model PATH, with --shape B,C,T,H,W, or --preset NAME"
+            )
         if args.shape is None:
             raise InputError("--shape B,C,T,H,W is needed with --config or --model (or use --preset)")
         shape = args.shape
-        model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
+        model = (
+            io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
+        )
     io.check_latent_shape(shape, model, source=f"latent shape {tuple(shape)}")
     for path in (args.json, args.plot):
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise InputError(f"cannot write {path!r}: its folder does not exist")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise InputError("--plot needs matplotlib (pip install matplotlib): install it, or leave out --plot")
-    peak = args.peak_tflops if args.peak_tflops is not None else (bench.H200_BF16_PEAK_TFLOPS if device == "cuda" else None)
+    peak = (
+        args.peak_tflops
+        if args.peak_tflops is not None
+        else (bench.H200_BF16_PEAK_TFLOPS if device == "cuda" else None)
+    )
     result = bench.run_bench(
         model,
         shape,

@@ -15,7 +15,6 @@ from .bench import MIB, TOLERANCES, PeakMemory, _quiet_other_ranks, _timed_decod
 from .io import named_model
 from .report import format_table
 
-
 # Small enough for a 2-core CPU, big enough that the tile grid (32 px tiles, 24 px stride = 4 / 3
 # latent rows) has 2 x 3 tiles and both axes split over the ranks; two latent frames exercise the
 # causal frame cache. Decodes to 5 frames of 48 x 64.
@@ -41,7 +40,6 @@ def _set_tiles(vae, tile) -> None:
 
 def _demo_worker(ctx, spec: DemoSpec) -> dict:
     import torch
-
 
     _quiet_other_ranks(ctx)
     vae = named_model("wan21").load(dtype=torch_dtype(spec.dtype), device=ctx.device)
@@ -87,7 +85,9 @@ def _demo_references(vae, z, memory):
     return untiled, untiled_s, untiled_mem, tiled, tiled_s, tiled_mem
 
 
-def run_demo(nproc: int = 2, device: str = "cpu", group_timeout: float = 300.0, timeout: float | None = 600.0, out=print) -> bool:
+def run_demo(
+    nproc: int = 2, device: str = "cpu", group_timeout: float = 300.0, timeout: float | None = 600.0, out=print
+) -> bool:
     """Decode one latent with every mode over `nproc` ranks and check each against diffusers; True if all hold."""
     import torch
 

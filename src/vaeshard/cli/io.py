@@ -68,10 +68,16 @@ _SD_LAYOUT = {
     "layers_per_block": 2,
 }
 SD15_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 512, "scaling_factor": 0.18215}
-SDXL_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 1024, "scaling_factor": 0.13025,
-               "force_upcast": True}
-FLUX1_CONFIG = {**_SD_LAYOUT, "latent_channels": 16, "sample_size": 1024, "scaling_factor": 0.3611,
-                "shift_factor": 0.1159, "use_quant_conv": False, "use_post_quant_conv": False}
+SDXL_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
+FLUX1_CONFIG = {
+    **_SD_LAYOUT,
+    "latent_channels": 16,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
 
 # name -> (diffusers class, constructor arguments): the real configs, built with random weights.
 NAMED_CONFIGS = {
@@ -182,10 +188,14 @@ def resolve_model(model: str, subfolder: str | None = None, offline: bool = Fals
     p = Path(model).expanduser()
     if p.exists():
         if not p.is_dir():
-            raise InputError(f"model {model!r} is a file: pass a diffusers folder (with config.json, or with a vae/ subfolder)")
+            raise InputError(
+                f"model {model!r} is a file: pass a diffusers folder (with config.json, or with a vae/ subfolder)"
+            )
         return _local_model(p, subfolder)
     if _looks_like_path(model):
-        raise InputError(f"model folder {model!r} does not exist: pass an existing diffusers folder or a Hub id (owner/name)")
+        raise InputError(
+            f"model folder {model!r} does not exist: pass an existing diffusers folder or a Hub id (owner/name)"
+        )
     return _hub_model(model, subfolder, offline)
 
 
@@ -211,7 +221,9 @@ def _local_model(root: Path, subfolder: str | None) -> ModelSource:
             f"no config.json in {where}: pass a diffusers VAE folder, a pipeline folder with a vae/ subfolder, "
             "or --subfolder NAME"
         )
-    if not any(folder.glob("diffusion_pytorch_model*.safetensors")) and not any(folder.glob("diffusion_pytorch_model*.bin")):
+    if not any(folder.glob("diffusion_pytorch_model*.safetensors")) and not any(
+        folder.glob("diffusion_pytorch_model*.bin")
+    ):
         raise InputError(
             f"{str(folder)!r} has a config.json but no weights (diffusion_pytorch_model*.safetensors or .bin): "
             "save the VAE with save_pretrained, or pass a complete model folder"
@@ -263,7 +275,9 @@ def _hub_model(repo_id: str, subfolder: str | None, offline: bool) -> ModelSourc
                 f"model {repo_id!r} is not a local folder and not in the local cache, and {why}: "
                 "pass a local diffusers folder, or connect to the network"
             ) from exc
-        raise InputError(f"cannot fetch model {repo_id!r} ({_first_line(exc)}): check the id, or pass a local folder") from exc
+        raise InputError(
+            f"cannot fetch model {repo_id!r} ({_first_line(exc)}): check the id, or pass a local folder"
+        ) from exc
     finally:
         hub_logging.set_verbosity(previous)
     return _local_model(Path(root), subfolder or "")
@@ -402,8 +416,9 @@ def check_denormalize(config: dict, channels: int) -> None:
         for name in ("latents_mean", "latents_std"):
             values = config.get(name)
             if not isinstance(values, list) or len(values) != channels:
-                raise InputError(f"--denormalize needs {name} with {channels} entries in the model's config; "
-                                 f"it has {values!r}")
+                raise InputError(
+                    f"--denormalize needs {name} with {channels} entries in the model's config; it has {values!r}"
+                )
     elif not isinstance(config.get("scaling_factor"), (int, float)):
         raise InputError("--denormalize needs latents_mean/latents_std or scaling_factor in the model's config")
 
@@ -464,9 +479,7 @@ def check_output(path: str | os.PathLike, kind: str, batch: int, frames: int, ch
     if kind == "mp4" and importlib.util.find_spec("av") is None:
         raise InputError("writing .mp4 needs PyAV (pip install av): install it, or write PNG frames or a tensor")
     if kind == "png" and frames != 1:
-        raise InputError(
-            f"the latents decode to {frames} frames; a .png holds one: write .mp4 or a folder of frames"
-        )
+        raise InputError(f"the latents decode to {frames} frames; a .png holds one: write .mp4 or a folder of frames")
 
 
 def to_uint8_frames(video_bcthw):

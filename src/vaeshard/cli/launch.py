@@ -10,7 +10,7 @@ When the process was started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK and MASTE
 does not spawn: this process is one of torchrun's ranks, the group comes from torchrun's rendezvous,
 and every rank gets every rank's value.
 
-This module owns the process group of a command-line run; the library itself (`comm.py`) only ever
+This module owns the process group of a command-line run; the library itself (`runtime/comm.py`) only ever
 uses a group it is given.
 """
 
@@ -310,7 +310,9 @@ def _run_under_torchrun(fn, nproc, args, device, group_timeout) -> list:
         kwargs = {"device_id": torch.device("cuda", local_rank)} if device == "cuda" else {}
         dist.init_process_group(backend, timeout=timedelta(seconds=group_timeout), **kwargs)
         _owns_group = True
-    ctx = RankContext(rank, world, local_rank, f"cuda:{local_rank}" if device == "cuda" else "cpu", backend, torchrun=True)
+    ctx = RankContext(
+        rank, world, local_rank, f"cuda:{local_rank}" if device == "cuda" else "cpu", backend, torchrun=True
+    )
     # A failing rank does not enter the exchange below: it raises, its process exits non-zero and
     # torchrun stops the other ranks (which may be waiting in a collective of `fn`).
     try:

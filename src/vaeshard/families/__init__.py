@@ -19,6 +19,7 @@ class Support(NamedTuple):
     spatial_decode: bool
     spatial_encode: bool
 
+
 # class name -> (module, family attribute)
 _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLWan": ("vaeshard.families.wan", "FAMILY"),
@@ -57,7 +58,7 @@ def support_table() -> str:
     """The markdown table of what each registered class supports, as docs/families.md shows it.
 
     Generated from the registry and the families' declarations, so the document cannot drift from
-    the code (tests/test_families.py checks that the document contains exactly this table).
+    the code (tests/families/test_families.py checks that the document contains exactly this table).
     """
 
     def mark(yes: bool) -> str:

@@ -19,7 +19,7 @@ from ..layers.convs import HaloConv2d
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileGrid, TileOps
-from .base import Family, with_tiling_off
+from .base import Family, Mirror, with_tiling_off
 
 # Leaf or container classes of the decoder whose forward is local to a slice of rows, or whose
 # coupling is handled by a swapped child (ResnetBlock2D's GroupNorms and convs, Upsample2D's conv).
@@ -117,7 +117,12 @@ def decode_tile_ops(vae, z_bchw):
         return None  # diffusers' _decode does not tile this latent
     up = 2 ** _num_upsamplers(vae)
     return _tile_ops(
-        vae, z_bchw, latent, sample, lambda n: n * up, lambda tile: _decode_tile(vae, tile),
+        vae,
+        z_bchw,
+        latent,
+        sample,
+        lambda n: n * up,
+        lambda tile: _decode_tile(vae, tile),
         vae.decoder.conv_out.out_channels,
     )
 
@@ -134,7 +139,12 @@ def encode_tile_ops(vae, x_bchw):
         return None  # diffusers' _encode does not tile this image
     stages = _num_downsamplers(vae)
     return _tile_ops(
-        vae, x_bchw, sample, latent, lambda n: n >> stages, lambda tile: _encode_tile(vae, tile),
+        vae,
+        x_bchw,
+        sample,
+        latent,
+        lambda n: n >> stages,
+        lambda tile: _encode_tile(vae, tile),
         vae.encoder.conv_out.out_channels,  # quant_conv keeps the channel count
     )
 
@@ -222,9 +232,29 @@ def release(vae) -> None:
     """AutoencoderKL keeps no feature cache between calls: nothing to drop."""
 
 
+_KL = "diffusers.models.autoencoders.autoencoder_kl:"
+
+
 class _AutoencoderKL(Family):
     name = "autoencoder_kl"
     classes = ("AutoencoderKL",)
+    mirrors = (
+        Mirror(
+            _KL + "AutoencoderKL.tiled_decode",
+            "families/autoencoder_kl.py decode_tile_ops, _tile_ops",
+            "2a6e434fca5643e3",
+        ),
+        Mirror(
+            _KL + "AutoencoderKL._tiled_encode",
+            "families/autoencoder_kl.py encode_tile_ops, _tile_ops",
+            "bbb7495e91377277",
+        ),
+        Mirror(
+            "diffusers.models.attention_processor:AttnProcessor2_0.__call__",
+            "layers/attention.py WholeImageAttention (keys and values from encoder_hidden_states)",
+            "d5a292e89ccd77a2",
+        ),
+    )
     latent_ndim = 4
     spatial_decode = True
     spatial_encode = False

@@ -9,11 +9,38 @@ sharding (runtime/swap.py). docs/adding-a-family.md walks through writing one.
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import inspect
+import textwrap
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
 from ..runtime.tile import TileOps
+
+
+class Mirror(NamedTuple):
+    """A diffusers function whose computation vaeshard re-implements (for speed, or to shard it
+    exactly) instead of calling it: `theirs` ("module:Qualified.name"), the vaeshard code that
+    mirrors it (`ours`), and `sha`, the `source_hash` of the diffusers source it was written from.
+    tests/families/test_drift.py fails by name when the installed diffusers' source differs."""
+
+    theirs: str
+    ours: str
+    sha: str
+
+
+def source_hash(qualified: str) -> str:
+    """The first 16 hex digits of the SHA-256 of a function's source ("module:Qualified.name"),
+    dedented, trailing spaces stripped: the same text hashes alike whatever its indentation."""
+    module, name = qualified.split(":")
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    text = "\n".join(line.rstrip() for line in textwrap.dedent(inspect.getsource(obj)).splitlines()).strip()
+    return hashlib.sha256((text + "\n").encode()).hexdigest()[:16]
 
 
 class Family(ABC):
@@ -22,8 +49,10 @@ class Family(ABC):
     Declared (class attributes): `name`, the diffusers `classes`, `latent_ndim` (5 for
     (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
     decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply).
+    `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
     """
 
+    mirrors: tuple[Mirror, ...] = ()
     name: str
     classes: tuple[str, ...]
     latent_ndim: int
@@ -74,8 +103,8 @@ class Family(ABC):
 
     def decode_axis(self, vae, ranks: int, device: torch.device) -> str | None:
         """`auto`'s measured refinement: "height" or "width" for a spatially sharded decode over
-        `ranks` ranks on `device`, where BENCHMARKS.md measured it faster than the baseline rule's
-        pick (the longer axis); None: the baseline rule."""
+        `ranks` ranks on `device`, where it measured faster than the baseline rule's pick (the longer
+        axis; docs/tuning.md); None: the baseline rule."""
         return None
 
     def spatial_ratio(self, vae) -> int:
@@ -110,4 +139,4 @@ def with_tiling_off(vae, fn, *args):
         vae.use_tiling, vae.use_slicing = tiling, slicing
 
 
-__all__ = ["Family", "TileOps", "frames_out", "with_tiling_off"]
+__all__ = ["Family", "Mirror", "TileOps", "frames_out", "source_hash", "with_tiling_off"]

@@ -6,12 +6,44 @@ patchify, and diffusers' tiled decode returns the blended tiles without clamping
 
 from __future__ import annotations
 
+from .base import Mirror
 from .wan import WanLike
+
+_QWEN = "diffusers.models.autoencoders.autoencoder_kl_qwenimage:"
 
 
 class _QwenImage(WanLike):
     name = "qwenimage"
     classes = ("AutoencoderKLQwenImage",)
+    mirrors = (
+        Mirror(_QWEN + "AutoencoderKLQwenImage._decode", "families/wan/frames.py decode_in_steps", "aa21d785622137b6"),
+        Mirror(
+            _QWEN + "AutoencoderKLQwenImage.tiled_decode",
+            "families/wan/adapter.py decode_tile_ops, _decode_tile",
+            "e738fe5a0cf065e9",
+        ),
+        Mirror(
+            _QWEN + "AutoencoderKLQwenImage.tiled_encode",
+            "families/wan/adapter.py encode_tile_ops, _encode_tile",
+            "56f9b41070d0d151",
+        ),
+        Mirror(
+            _QWEN + "QwenImageResidualBlock.forward", "families/wan/blocks.py FastResidualBlock", "7f1b4470f4ccd531"
+        ),
+        Mirror(_QWEN + "QwenImageDecoder3d.forward", "families/wan/blocks.py FastCoderHead", "4f2cbb0b6c6c533f"),
+        Mirror(_QWEN + "QwenImageEncoder3d.forward", "families/wan/blocks.py FastCoderHead", "ddb3b53e9d9a21e2"),
+        Mirror(_QWEN + "QwenImageResample.forward", "families/wan/blocks.py FastUpsample", "a040def587d7fe84"),
+        Mirror(_QWEN + "QwenImageCausalConv3d.forward", "layers/convs.py HaloCausalConv3d", "8d0a00b9fa084679"),
+        Mirror(
+            _QWEN + "QwenImageAttentionBlock.forward", "layers/attention.py WholeFrameAttention", "7e88f423719e757d"
+        ),
+        Mirror(
+            _QWEN + "QwenImageRMS_norm.forward",
+            "layers/norms.py FusedRMSNormSiLU, kernels/norm_math.py",
+            "727763e4a6e9ebea",
+        ),
+        Mirror(_QWEN + "QwenImageUpsample.forward", "layers/norms.py NearestUpsample", "98998cf69c268fa0"),
+    )
     decoder_takes_first_chunk = False
     clamp_tiled_decode = False
 

@@ -2,13 +2,12 @@
 
 Wan's mid-block attention has one head of 384 channels (Qwen-Image's VAE the same), more than
 PyTorch's flash and cuDNN attention kernels take (256 at most), so `F.scaled_dot_product_attention`
-runs its memory-efficient kernel, about 120-140 TFLOP/s on an H200 (docs/strategies.md, "The
-attention"; BENCHMARKS.md, Wan 2.1 720p).
+runs its memory-efficient kernel, far below the GPU's peak (docs/strategies.md, "The attention").
 Here a block of query rows at a time: the scores Q Kt as one cuBLAS product with fp32 output, the
 row softmax of the scaled scores in one Triton pass that writes the probabilities in the input
-dtype over the scores' own memory, then their product with V written into the output. 2.3x the
-memory-efficient kernel at Wan 2.1 720p's 14400 tokens; the scores of one block live in a buffer of
-at most `SCORES_BYTES`.
+dtype over the scores' own memory, then their product with V written into the output: faster than
+the memory-efficient kernel at Wan's shapes (docs/tuning.md, entry `kernels/attention.py
+SCORES_BYTES`); the scores of one block live in a buffer of at most `SCORES_BYTES`.
 
 Values: the scores are the fp32 sums of the products (cuBLAS), scaled by 1/sqrt(d) in fp32, the
 softmax is computed in fp32 and rounded once to the dtype, and the product with V sums in fp32 and
@@ -32,9 +31,17 @@ ROW_BLOCK = 16384
 def available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether `attention` takes these (batch, heads, tokens, channels) tensors: CUDA (or Triton's
     interpreter), bf16 or fp16 all, at least one key, no autograd."""
-    return (runs_on(q) and q.dim() == 4 and k.dim() == 4 and v.dim() == 4 and q.dtype in (torch.bfloat16, torch.float16)
-            and k.dtype == q.dtype and v.dtype == q.dtype and k.shape[2] > 0
-            and not (q.requires_grad or k.requires_grad or v.requires_grad))
+    return (
+        runs_on(q)
+        and q.dim() == 4
+        and k.dim() == 4
+        and v.dim() == 4
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and k.dtype == q.dtype
+        and v.dtype == q.dtype
+        and k.shape[2] > 0
+        and not (q.requires_grad or k.requires_grad or v.requires_grad)
+    )
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -74,17 +81,29 @@ def softmax_(s: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     p = s.view(dtype)[:, :lk]  # row i's probabilities over the first half of row i's scores
     single = lk <= ROW_BLOCK
     block = triton.next_power_of_2(lk) if single else ROW_BLOCK
-    launch(_softmax_rows_kernel, (n,), s, p, lk, s.stride(0), p.stride(0), float(scale), BLOCK=block, SINGLE=single,
-                               BLOCKS=triton.cdiv(lk, block),
-                               num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4)
+    launch(
+        _softmax_rows_kernel,
+        (n,),
+        s,
+        p,
+        lk,
+        s.stride(0),
+        p.stride(0),
+        float(scale),
+        BLOCK=block,
+        SINGLE=single,
+        BLOCKS=triton.cdiv(lk, block),
+        num_warps=16 if block >= 8192 else 8 if block >= 2048 else 4,
+    )
     return p
 
 
 if triton is not None:
 
     @triton.jit
-    def _softmax_rows_kernel(s_ptr, p_ptr, L, stride_s, stride_p, scale, BLOCK: tl.constexpr, SINGLE: tl.constexpr,
-                             BLOCKS: tl.constexpr):
+    def _softmax_rows_kernel(
+        s_ptr, p_ptr, L, stride_s, stride_p, scale, BLOCK: tl.constexpr, SINGLE: tl.constexpr, BLOCKS: tl.constexpr
+    ):
         # one row per program; its probabilities overwrite its own scores' first bytes only after the
         # scores they cover have been read (by block, in order)
         row = tl.program_id(0).to(tl.int64)
@@ -103,7 +122,8 @@ if triton is not None:
                 x = tl.load(src + start + offs, mask=start + offs < L, other=-float("inf")) * scale
                 new = tl.maximum(m, x)
                 total = total * tl.exp(tl.where(new == -float("inf"), 0.0, m - new)) + tl.where(
-                    x == -float("inf"), 0.0, tl.exp(x - new))
+                    x == -float("inf"), 0.0, tl.exp(x - new)
+                )
                 m = new
             top = tl.max(m, axis=0)
             total = tl.sum(total * tl.exp(tl.where(m == -float("inf"), -float("inf"), m - top)), axis=0)

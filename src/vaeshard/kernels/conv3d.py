@@ -2,15 +2,15 @@
 
 cuDNN's kernels for Wan's 96-channel full-resolution convolutions tile the output channels by 64 (by
 their names), so 96 channels take two tiles of which the second half idles, and each input tile is
-read once per channel tile; about 400 TFLOP/s on an H200 where its 192- and 384-channel kernels
-reach 520-740 (BENCHMARKS.md, "The convolution kernel"). This kernel computes all output channels
-of a tile of output voxels at once, with the input loaded by the GPU's tensor-memory accelerator
-(TMA) straight from the channels-last buffer the fast tier builds: each of the 27 taps is a (voxels
+read once per channel tile: they run well below its kernels for 192 and 384 channels
+(docs/tuning.md, entry `kernels/conv3d.py TILES`). This kernel computes all output channels of a
+tile of output voxels at once, with the input loaded by the GPU's tensor-memory accelerator (TMA)
+straight from the channels-last buffer the fast tier builds: each of the 27 taps is a (voxels
 x input channels) box of that buffer, shifted by the tap, and the zero padding of the unsharded axes
 is the box's out-of-bounds fill, so nothing is padded or copied. For 3 x 2^k output channels (Wan's
 96 and 192) a program keeps two accumulators, 2^(k+1) and 2^k channels wide, fed by the same input
-box, so no column of the matrix multiply idles (Triton's tiles are powers of two). The 192-channel
-half-resolution layers, which cuDNN runs at 560-600 TFLOP/s, run at 600-670 this way.
+box, so no column of the matrix multiply idles (Triton's tiles are powers of two); the 192-channel
+half-resolution layers, too, run faster this way than on cuDNN.
 
 It runs only where it measured faster than cuDNN (`plan`): CUDA, bf16/fp16, stride 1, 3x3x3, 96 or
 192 output channels or a power of two up to 128, and a tile that does not straddle rows with
@@ -67,16 +67,17 @@ class Front(NamedTuple):
     frames, and the two frames before each sample's first are the last frames of `cache` ((N, C, 1 or
     2, H, W) with the input's rows and columns, `takes_front`), zeros before them (`cache` None:
     zeros only), as if they had been copied in front of the input. Only box_conv's kernel takes one
-    (`reads_front`): the copy of a causal cache into every convolution's input buffer is gone."""
+    (`reads_front`), and then no causal cache is copied into the convolution's input buffer."""
 
     cache: torch.Tensor | None = None
 
 
 class NormEpilogue(NamedTuple):
     """What `conv3d` computes from each output voxel before it stores it: Wan's RMS norm over the
-    voxel's channels (+ SiLU), as `fast.rms_norm(y, gamma, bias, scale, silu, eps, pre_bias)` computes
-    it from the convolution's rounded output `y` (norm_math's steps). `pre_bias`: a per-channel bias
-    added to `y` first and rounded (a convolution's bias moved into the norm after it)."""
+    voxel's channels (+ SiLU), as kernels/norm.py's `rms_norm(y, gamma, bias, scale, silu, eps,
+    pre_bias)` computes it from the convolution's rounded output `y` (norm_math's steps).
+    `pre_bias`: a per-channel bias added to `y` first and rounded (a convolution's bias moved into
+    the norm after it)."""
 
     gamma: torch.Tensor
     bias: torch.Tensor | float | None  # (diffusers' norms without a bias hold 0.0)
@@ -87,27 +88,34 @@ class NormEpilogue(NamedTuple):
 
 
 # The tiles, by output channels, that `benchmarks/conv_kernel.py --sweep` measured fastest on an
-# H200 (BENCHMARKS.md, "The convolution kernel"): for up to 128 channels 256 voxels by one tile of
-# the channels, 32 input channels per step, 4 steps in flight, 8 warps (`TILE`); for 3 x 2^k channels
-# (Wan 2.1's 96 and 192) two tiles, 2^(k+1) and 2^k channels wide, in one program on the same input
-# boxes, so no column idles: 96 = 64 + 32 on 256 voxels, 3 steps in flight; 192 = 128 + 64 on 128
-# voxels (fewer accumulator registers), 64 input channels per step, 3 in flight. (Wan 2.2's 256
-# channels: one 256-wide tile ran 1.09x cuDNN alone, and its whole decode no faster: left to cuDNN.)
+# H200 (docs/tuning.md, entry `kernels/conv3d.py TILES`): for up to 128 channels 256 voxels by one
+# tile of the channels, 32 input channels per step, 4 steps in flight, 8 warps (`TILE`); for 3 x 2^k
+# channels (Wan 2.1's 96 and 192) two tiles, 2^(k+1) and 2^k channels wide, in one program on the
+# same input boxes, so no column idles: 96 = 64 + 32 on 256 voxels, 3 steps in flight; 192 = 128 + 64
+# on 128 voxels (fewer accumulator registers), 64 input channels per step, 3 in flight. (Wan 2.2's
+# 256 channels: one 256-wide tile barely beat cuDNN alone and its whole decode was no faster: left to
+# cuDNN.)
 TILE = ConvPlan(wrap=False)
-TILES = {96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
-         192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3)}
+TILES = {
+    96: ConvPlan(wrap=False, block_n=64, block_n2=32, stages=3),
+    192: ConvPlan(wrap=False, block_m=128, block_n=128, block_n2=64, block_k=64, stages=3),
+}
 
 
-def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups,
-         front: Front | None = None) -> ConvPlan | None:
+def plan(
+    x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups, front: Front | None = None
+) -> ConvPlan | None:
     """The tiling `conv3d` would use for `F.conv3d(x, weight, None, stride, padding, dilation, groups)`,
     or None where cuDNN is used instead (this kernel was not measured faster there, or cannot run).
     With `front`, for that convolution of `x` behind its time padding (`Front`): box_conv's plan or
     None."""
     if not _runs(x, weight, 5):
         return None
-    if front is not None and front.cache is not None and not (takes_front(front.cache, x.dtype, x.device)
-                                                              and _front_fits(front.cache, x)):
+    if (
+        front is not None
+        and front.cache is not None
+        and not (takes_front(front.cache, x.dtype, x.device) and _front_fits(front.cache, x))
+    ):
         return None
     cout, cin, kt, kh, kw = weight.shape
     if (kt, kh, kw) != (3, 3, 3) or groups != 1 or _triple(stride) != (1, 1, 1) or _triple(dilation) != (1, 1, 1):
@@ -137,16 +145,27 @@ def plan(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, group
 def reads_front(like: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None) -> bool:
     """Whether a causal 3x3x3 convolution with `weight` (stride 1, 2 frames of time padding) of new
     frames in a channels-last buffer of `like`'s dtype and device can read its time padding from
-    `cache` (or zeros, None) where it lies (`Front`): box_conv's kernel runs it and takes the cache."""
-    return (_runs(like, weight, 5) and tuple(weight.shape[2:]) == (3, 3, 3) and box_conv.runs(like, weight)
-            and (cache is None or takes_front(cache, like.dtype, like.device)))
+    `cache` (or zeros, None) where it lies (`Front`): box_conv's kernel runs it and takes the cache.
+    Where it can, it does: the decode measured faster and its peak lower than with the cache copied
+    in front of the frames (docs/tuning.md, entry `kernels/conv3d.py reads_front`)."""
+    return (
+        _runs(like, weight, 5)
+        and tuple(weight.shape[2:]) == (3, 3, 3)
+        and box_conv.runs(like, weight)
+        and (cache is None or takes_front(cache, like.dtype, like.device))
+    )
 
 
 def takes_front(cache: torch.Tensor, dtype: torch.dtype, device: torch.device) -> bool:
     """Whether box_conv's kernel can read a causal cache as it lies: 1 or 2 frames of `dtype` on
     `device`, channels-last with its samples' frames one after another, 16-byte aligned."""
-    return (cache.dim() == 5 and 1 <= cache.shape[2] <= 2 and cache.dtype == dtype and cache.device == device
-            and dense_channels_last(cache))
+    return (
+        cache.dim() == 5
+        and 1 <= cache.shape[2] <= 2
+        and cache.dtype == dtype
+        and cache.device == device
+        and dense_channels_last(cache)
+    )
 
 
 def dense_channels_last(t: torch.Tensor) -> bool:
@@ -165,9 +184,9 @@ def wants_zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> 
     convolution with `weight` (stride 1, zero padding of one column a side) should hold that padding
     as one zero column a side, so that `plan` takes it with the wrapping tiles (no padding columns
     for cuDNN: a tile may run on into the next row) where the row tiles do not fit its rows (`width`
-    not a multiple of the tile's voxels: Wan 2.1 at 480p, 832 columns). Measured on an H200
-    (BENCHMARKS.md, Wan 2.1 720p, "Zero columns"): at 480p with zero columns the wrapping tiles ran
-    1.20-1.25x cuDNN at 96 channels and 0.96-1.03x at 192, and the decode 2.5-4.5% faster."""
+    not a multiple of the tile's voxels: Wan 2.1 at 480p, 832 columns). With zero columns the wrapping
+    tiles measured faster than cuDNN at 96 channels, and the 480p decode faster (docs/tuning.md, entry
+    `kernels/conv3d.py wants_zero_columns`)."""
     if not _runs(like, weight, 5) or tuple(weight.shape[2:]) != (3, 3, 3) or box_conv.runs(like, weight):
         return False  # (box_conv's kernel takes any row width)
     tile = _tile_for(weight.shape[0], TILES)
@@ -177,8 +196,14 @@ def wants_zero_columns(like: torch.Tensor, weight: torch.Tensor, width: int) -> 
 def _runs(x: torch.Tensor, weight: torch.Tensor, dims: int) -> bool:
     """Whether the kernels can take `x` and `weight` (both `dims`-D) at all: CUDA (or Triton's
     interpreter), bf16 or fp16 both, no autograd."""
-    return (runs_on(x) and x.dim() == dims and weight.dim() == dims and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and not x.requires_grad)
+    return (
+        runs_on(x)
+        and x.dim() == dims
+        and weight.dim() == dims
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and not x.requires_grad
+    )
 
 
 def _tile_for(cout: int, tiles: dict) -> ConvPlan | None:
@@ -187,10 +212,18 @@ def _tile_for(cout: int, tiles: dict) -> ConvPlan | None:
     return tiles.get(cout) or (TILE if cout % 8 == 0 and cout <= TILE.block_n else None)
 
 
-def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding, how: ConvPlan,
-           kernel_weight: torch.Tensor | None = None, add_to: torch.Tensor | None = None,
-           norm: NormEpilogue | None = None, out: torch.Tensor | None = None,
-           front: Front | None = None) -> torch.Tensor:
+def conv3d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    padding,
+    how: ConvPlan,
+    kernel_weight: torch.Tensor | None = None,
+    add_to: torch.Tensor | None = None,
+    norm: NormEpilogue | None = None,
+    out: torch.Tensor | None = None,
+    front: Front | None = None,
+) -> torch.Tensor:
     """`F.conv3d(x, weight, bias, 1, padding)` for a plan from `plan`, as a new channels-last tensor,
     or written into `out` (a view of the output's shape and dtype, see `takes_out`), which is returned.
 
@@ -205,14 +238,18 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     `plan(..., front=front)`), as many output frames as `x` has."""
     n, c, tin, h, w = x.shape
     if front is not None and not (how.box and _front_fits(front.cache, x)):
-        raise ValueError("conv3d: a Front is read by box_conv's plans only, its cache of the input's samples, "
-                         "channels, rows and columns (plan(..., front=front))")
+        raise ValueError(
+            "conv3d: a Front is read by box_conv's plans only, its cache of the input's samples, "
+            "channels, rows and columns (plan(..., front=front))"
+        )
     cout = weight.shape[0]
     if kernel_weight is not None:
         want = (cout, 27 * c) if how.box else (27 * c, cout)
         if tuple(kernel_weight.shape) != want:
-            raise ValueError(f"conv3d: kernel_weight for this plan is {want} (cached_weight_for(how, weight)), got "
-                             f"{tuple(kernel_weight.shape)}")
+            raise ValueError(
+                f"conv3d: kernel_weight for this plan is {want} (cached_weight_for(how, weight)), got "
+                f"{tuple(kernel_weight.shape)}"
+            )
     _, ph, pw = _triple(padding)
     shape = out_shape(x, weight, padding, front)
     tout, ho, wo = shape[2:]
@@ -220,15 +257,19 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
         raise ValueError("conv3d: add_to adds the convolution into itself; it takes no out and no norm")
     if add_to is not None:
         if not takes_add_to(add_to, shape, x.dtype):
-            raise ValueError(f"conv3d: add_to must be a channels-last {tuple(shape)} {x.dtype} tensor, got "
-                             f"{tuple(add_to.shape)} {add_to.dtype} with strides {add_to.stride()}")
+            raise ValueError(
+                f"conv3d: add_to must be a channels-last {tuple(shape)} {x.dtype} tensor, got "
+                f"{tuple(add_to.shape)} {add_to.dtype} with strides {add_to.stride()}"
+            )
         out = add_to
     elif out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     elif not takes_out(out, shape, x.dtype):
-        raise ValueError(f"conv3d: out must be a {tuple(shape)} {x.dtype} view with the channels innermost, "
-                         f"16-byte aligned, frames evenly spaced; got {tuple(out.shape)} {out.dtype} with strides "
-                         f"{out.stride()}")
+        raise ValueError(
+            f"conv3d: out must be a {tuple(shape)} {x.dtype} view with the channels innermost, "
+            f"16-byte aligned, frames evenly spaced; got {tuple(out.shape)} {out.dtype} with strides "
+            f"{out.stride()}"
+        )
     if out.numel() == 0:
         return out
     if norm is not None and not (norm.bias is None or isinstance(norm.bias, torch.Tensor) or norm.bias == 0):
@@ -236,8 +277,18 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     if how.box:
         norm = None if norm is None else norm._replace(bias=norm.bias if isinstance(norm.bias, torch.Tensor) else None)
         boxed = kernel_weight if kernel_weight is not None else box_conv.box_weight_of(weight)
-        return box_conv.conv3d(x, weight, bias, (0, ph, pw), out, boxed, add_to is not None, norm,
-                               causal=front is not None, cache=None if front is None else front.cache)
+        return box_conv.conv3d(
+            x,
+            weight,
+            bias,
+            (0, ph, pw),
+            out,
+            boxed,
+            add_to is not None,
+            norm,
+            causal=front is not None,
+            cache=None if front is None else front.cache,
+        )
     wk = kernel_weight if kernel_weight is not None else gemm_weight_of(weight)
     bm, bn, bk = how.block_m, how.block_n, how.block_k
     xl = x.permute(0, 2, 3, 4, 1)  # (N, T, H, W, C): the channels-last memory in order
@@ -253,21 +304,58 @@ def conv3d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pad
     sf, sr, sc = frame_stride(out), out.stride(3), out.stride(4)
 
     def boxes(width):  # the weight's and the output's descriptors for a channel tile of `width`
-        return (TensorDescriptor(wk, [27 * c, cout], [cout, 1], [bk, width]),
-                TensorDescriptor(y, [n * tout, ho, wo, cout], [sf, sr, sc, 1], [1, 1, bm, width]))
+        return (
+            TensorDescriptor(wk, [27 * c, cout], [cout, 1], [bk, width]),
+            TensorDescriptor(y, [n * tout, ho, wo, cout], [sf, sr, sc, 1], [1, 1, bm, width]),
+        )
 
     wd, yd = boxes(bn)
     wd2, yd2 = boxes(how.block_n2) if how.block_n2 else (wd, yd)
     unused = wk  # a pointer for the arguments a launch does not read
     g = norm if norm is not None else NormEpilogue(unused, None, 1.0)
     g = g._replace(bias=g.bias if isinstance(g.bias, torch.Tensor) else None)
-    launch(_conv3x3x3_kernel, (n * tout * tiles,),
-        xd, wd, yd, wd2, yd2, y, wk if bias is None else bias, tin, tout, h, w, ho, wo, ph, pw, tiles, sf, sr, sc,
-        g.gamma, unused if g.bias is None else g.bias, unused if g.pre_bias is None else g.pre_bias,
-        float(g.scale), float(g.eps),
-        CIN=c, COUT=cout, BM=bm, BN=bn, BN2=how.block_n2, BK=bk, WRAP=how.wrap, HAS_BIAS=bias is not None,
-        ADD=add_to is not None, NORM=norm is not None, NORM_BIAS=g.bias is not None, PRE_BIAS=g.pre_bias is not None,
-        SILU=bool(g.silu), STAGES=how.stages, num_warps=how.num_warps,
+    launch(
+        _conv3x3x3_kernel,
+        (n * tout * tiles,),
+        xd,
+        wd,
+        yd,
+        wd2,
+        yd2,
+        y,
+        wk if bias is None else bias,
+        tin,
+        tout,
+        h,
+        w,
+        ho,
+        wo,
+        ph,
+        pw,
+        tiles,
+        sf,
+        sr,
+        sc,
+        g.gamma,
+        unused if g.bias is None else g.bias,
+        unused if g.pre_bias is None else g.pre_bias,
+        float(g.scale),
+        float(g.eps),
+        CIN=c,
+        COUT=cout,
+        BM=bm,
+        BN=bn,
+        BN2=how.block_n2,
+        BK=bk,
+        WRAP=how.wrap,
+        HAS_BIAS=bias is not None,
+        ADD=add_to is not None,
+        NORM=norm is not None,
+        NORM_BIAS=g.bias is not None,
+        PRE_BIAS=g.pre_bias is not None,
+        SILU=bool(g.silu),
+        STAGES=how.stages,
+        num_warps=how.num_warps,
     )
     return out
 
@@ -281,11 +369,11 @@ def out_shape(x: torch.Tensor, weight: torch.Tensor, padding, front: Front | Non
 
 def adds_in_epilogue(how: ConvPlan) -> bool:
     """Whether `conv3d` should take `add_to` for a plan (else its caller adds the residual in a pass
-    after it). Measured against cuDNN plus that pass (benchmarks/conv_kernel.py --residual): row
-    tiles 1.37-1.43x at 96 channels and 1.05-1.19x at 192; wrapping tiles, which load and store
-    through pointers, 1.11-1.16x on 128 voxels (192 channels) but 0.83-0.91x on 256 (96 channels:
-    twice the registers per thread in the epilogue), where the kernel without the residual ran
-    1.06-1.24x before the pass."""
+    after it): row tiles, and wrapping tiles of at most 128 voxels (192 channels). Against cuDNN plus
+    that pass, every row tile measured faster with the add in its epilogue; the wrapping tiles, which
+    load and store through pointers, did on 128 voxels but not on 256 (96 channels: twice the
+    registers per thread in the epilogue), where the kernel without the residual, followed by the
+    pass, is faster (docs/tuning.md, entry `kernels/conv3d.py adds_in_epilogue`)."""
     return not how.wrap or how.block_m <= 128
 
 
@@ -298,17 +386,14 @@ def takes_add_to(t: torch.Tensor, shape, dtype: torch.dtype) -> bool:
 
 def norms_in_epilogue(how: ConvPlan) -> bool:
     """Whether `conv3d` should take a `norm` for a plan (else its caller runs the norm kernel after
-    it): every Triton plan, no box_conv plan. In box_conv's epilogue the norm is faster alone (720p,
-    1 GPU: 3.42 against 3.78 ms for the kernel then the norm kernel, benchmarks/conv_kernel.py
-    --norm) and the Wan 2.1 720p decode 1.1% faster, but the next convolution's input buffer must
-    exist before the convolution runs, so two convolution inputs are alive at once: peak 7.13
-    against 6.80 GiB on 1 GPU, 3.61 against 3.44 on 2 (BENCHMARKS.md, "The box convolution"); the
-    lower peak is kept.
-    For the Triton kernel, measured on an H200 (benchmarks/conv_kernel.py --norm, BENCHMARKS.md),
-    the kernel with the norm in its epilogue against the kernel then the norm kernel: 96 channels, row
-    tiles 4-5% faster, wrapping tiles 7-8%; 192 channels, row tiles the same on one GPU and 6%
-    faster by height, wrapping tiles (whose pointer stores spill registers) within 1% (1.561 against
-    1.552 ms); and the convolution's output is never allocated."""
+    it): every Triton plan, no box_conv plan. For the Triton kernel the norm in its epilogue measured
+    faster than the kernel then the norm kernel at 96 channels, and at 192 no slower (its wrapping
+    tiles' pointer stores spill registers), and the convolution's output is never allocated. In
+    box_conv's epilogue the norm is faster alone, but the next convolution's input buffer must exist
+    before the convolution runs: with buffers that hold the cached frames, two convolution inputs are
+    then alive at once and the peak is higher; with buffers that hold only the new frames (`Front`)
+    that costs no memory, but the decode measured slower. So box_conv leaves the norm to the norm
+    kernel (docs/tuning.md, entry `kernels/conv3d.py norms_in_epilogue`)."""
     return not how.box
 
 
@@ -356,11 +441,44 @@ if triton is not None:
 
     @triton.jit
     def _conv3x3x3_kernel(
-        xd, wd, yd, wd2, yd2, y_ptr, b_ptr, Tin, Tout, H, W, Ho, Wo, PH, PW, TILES, SF, SR, SC,
-        g_ptr, nb_ptr, p_ptr, scale, eps,
-        CIN: tl.constexpr, COUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BN2: tl.constexpr,
-        BK: tl.constexpr, WRAP: tl.constexpr, HAS_BIAS: tl.constexpr, ADD: tl.constexpr, NORM: tl.constexpr,
-        NORM_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, STAGES: tl.constexpr,
+        xd,
+        wd,
+        yd,
+        wd2,
+        yd2,
+        y_ptr,
+        b_ptr,
+        Tin,
+        Tout,
+        H,
+        W,
+        Ho,
+        Wo,
+        PH,
+        PW,
+        TILES,
+        SF,
+        SR,
+        SC,
+        g_ptr,
+        nb_ptr,
+        p_ptr,
+        scale,
+        eps,
+        CIN: tl.constexpr,
+        COUT: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BN2: tl.constexpr,
+        BK: tl.constexpr,
+        WRAP: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ADD: tl.constexpr,
+        NORM: tl.constexpr,
+        NORM_BIAS: tl.constexpr,
+        PRE_BIAS: tl.constexpr,
+        SILU: tl.constexpr,
+        STAGES: tl.constexpr,
     ):
         # One program: BM output voxels of one output frame, all COUT channels (BN, then BN2 more in
         # a second accumulator fed by the same input box). Input frame t + kt feeds output frame t
@@ -410,8 +528,7 @@ if triton is not None:
         if WRAP:
             _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, 0, COUT, BM, BN, bias_on_store, ADD)
             if BN2 > 0:
-                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, BN, COUT, BM, BN2, bias_on_store,
-                               ADD)
+                _store_wrapped(acc2, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, BN, COUT, BM, BN2, bias_on_store, ADD)
         else:
             _store_row(acc, yd, b_ptr, nt, h0, w0, 0, COUT, BM, BN, bias_on_store, ADD)
             if BN2 > 0:
@@ -439,8 +556,20 @@ if triton is not None:
         return acc.to(dt).to(tl.float32) + old.to(tl.float32)
 
     @triton.jit
-    def _store_row(acc, yd, b_ptr, nt, h0, w0, n0, COUT, BM: tl.constexpr, BN: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   ADD: tl.constexpr):
+    def _store_row(
+        acc,
+        yd,
+        b_ptr,
+        nt,
+        h0,
+        w0,
+        n0,
+        COUT,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ADD: tl.constexpr,
+    ):
         # the box store leaves out what lies past the row's end and the channels
         acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
         if ADD:
@@ -448,8 +577,25 @@ if triton is not None:
         yd.store([nt, h0, w0, n0], acc.to(yd.dtype).reshape(1, 1, BM, BN))
 
     @triton.jit
-    def _store_wrapped(acc, y_ptr, b_ptr, q0, nt, W, Ho, Wo, SF, SR, SC, n0, COUT, BM: tl.constexpr,
-                       BN: tl.constexpr, HAS_BIAS: tl.constexpr, ADD: tl.constexpr):
+    def _store_wrapped(
+        acc,
+        y_ptr,
+        b_ptr,
+        q0,
+        nt,
+        W,
+        Ho,
+        Wo,
+        SF,
+        SR,
+        SC,
+        n0,
+        COUT,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        ADD: tl.constexpr,
+    ):
         # outputs in the last W - Wo columns of a row are not outputs: masked out
         acc, offs_n = _with_bias(acc, b_ptr, n0, COUT, BN, HAS_BIAS)
         q = q0 + tl.arange(0, BM)
@@ -461,4 +607,3 @@ if triton is not None:
         if ADD:
             acc = _plus(acc, tl.load(at, mask=mask, other=0.0), y_ptr.dtype.element_ty)
         tl.store(at, acc.to(y_ptr.dtype.element_ty), mask=mask)
-

@@ -14,7 +14,6 @@ from . import norm_math
 from .conv3d import dense_channels_last
 from .triton_support import launch, runs_on, tl, triton
 
-
 if triton is not None:
 
     @triton.jit
@@ -41,10 +40,34 @@ if triton is not None:
 
     @triton.jit
     def _rms_norm_silu_kernel(
-        x_ptr, y_ptr, w_ptr, b_ptr, p_ptr, S, C, D1, D2,
-        sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2, scale, eps,
-        HAS_BIAS: tl.constexpr, PRE_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr,
-        BLOCK_C: tl.constexpr, CHUNKS: tl.constexpr, WIDE: tl.constexpr,
+        x_ptr,
+        y_ptr,
+        w_ptr,
+        b_ptr,
+        p_ptr,
+        S,
+        C,
+        D1,
+        D2,
+        sxn,
+        sxc,
+        sx0,
+        sx1,
+        sx2,
+        syn,
+        syc,
+        sy0,
+        sy1,
+        sy2,
+        scale,
+        eps,
+        HAS_BIAS: tl.constexpr,
+        PRE_BIAS: tl.constexpr,
+        SILU: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        CHUNKS: tl.constexpr,
+        WIDE: tl.constexpr,
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block), held as
         # CHUNKS blocks of BLOCK_C channels (1 to 3; C = CHUNKS * BLOCK_C, or C <= BLOCK_C with
@@ -72,11 +95,37 @@ if triton is not None:
         inv = norm_math.inverse_norm(squares, eps)
         _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt)
         if CHUNKS >= 2:
-            _norm_store(x1, inv, y_ptr + BLOCK_C * syc, y_at, w_ptr + BLOCK_C, b_ptr + BLOCK_C, offs_c, mask, C, scale,
-                        HAS_BIAS, SILU, dt)
+            _norm_store(
+                x1,
+                inv,
+                y_ptr + BLOCK_C * syc,
+                y_at,
+                w_ptr + BLOCK_C,
+                b_ptr + BLOCK_C,
+                offs_c,
+                mask,
+                C,
+                scale,
+                HAS_BIAS,
+                SILU,
+                dt,
+            )
         if CHUNKS >= 3:
-            _norm_store(x2, inv, y_ptr + 2 * BLOCK_C * syc, y_at, w_ptr + 2 * BLOCK_C, b_ptr + 2 * BLOCK_C, offs_c,
-                        mask, C, scale, HAS_BIAS, SILU, dt)
+            _norm_store(
+                x2,
+                inv,
+                y_ptr + 2 * BLOCK_C * syc,
+                y_at,
+                w_ptr + 2 * BLOCK_C,
+                b_ptr + 2 * BLOCK_C,
+                offs_c,
+                mask,
+                C,
+                scale,
+                HAS_BIAS,
+                SILU,
+                dt,
+            )
 
     @triton.jit
     def _norm_load(x_ptr, at, p_ptr, offs_c, mask, C, PRE_BIAS: tl.constexpr, dt):
@@ -87,8 +136,9 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _norm_store(x, inv, y_ptr, at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS: tl.constexpr,
-                    SILU: tl.constexpr, dt):
+    def _norm_store(
+        x, inv, y_ptr, at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, dt
+    ):
         y = norm_math.normalized(x, inv, w_ptr, b_ptr, offs_c, C, scale, HAS_BIAS, SILU, dt)
         tl.store(y_ptr + at, y.to(dt), mask=mask)
 
@@ -97,8 +147,27 @@ if triton is not None:
 
     @triton.jit
     def _bias_residual_kernel(
-        x_ptr, h_ptr, b_ptr, S, C, D1, D2, sxn, sxc, sx0, sx1, sx2, shn, shc, sh0, sh1, sh2,
-        BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, INTO_H: tl.constexpr, RESIDUAL: tl.constexpr,
+        x_ptr,
+        h_ptr,
+        b_ptr,
+        S,
+        C,
+        D1,
+        D2,
+        sxn,
+        sxc,
+        sx0,
+        sx1,
+        sx2,
+        shn,
+        shc,
+        sh0,
+        sh1,
+        sh2,
+        BLOCK_S: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        INTO_H: tl.constexpr,
+        RESIDUAL: tl.constexpr,
         WIDE: tl.constexpr,
     ):
         # x <- (x + bias) + h in place (h <- it with INTO_H), rounding to the dtype after each add as
@@ -125,8 +194,26 @@ if triton is not None:
 
     @triton.jit
     def _add_duplicated_kernel(
-        out_ptr, src_ptr, V, C, T2, H2, W2, son, sot, soh, sow, ssn, sst, ssh, ssw,
-        FT: tl.constexpr, FS: tl.constexpr, PER: tl.constexpr, REPEATS: tl.constexpr, BLOCK_V: tl.constexpr,
+        out_ptr,
+        src_ptr,
+        V,
+        C,
+        T2,
+        H2,
+        W2,
+        son,
+        sot,
+        soh,
+        sow,
+        ssn,
+        sst,
+        ssh,
+        ssw,
+        FT: tl.constexpr,
+        FS: tl.constexpr,
+        PER: tl.constexpr,
+        REPEATS: tl.constexpr,
+        BLOCK_V: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
         # out[n, c, t * FT + i, h * FS + j, w * FS + k] += src[n, c * PER + q // REPEATS, t, h, w] with
@@ -152,21 +239,49 @@ if triton is not None:
 def add_duplicated_(out: torch.Tensor, src: torch.Tensor, factor_t: int, factor_s: int, repeats: int) -> bool:
     """out[n, c, t * ft + i, h * fs + j, w * fs + k] += src[n, c * per + q // repeats, t, h, w] with
     q = (i * fs + j) * fs + k and per = ft * fs * fs / repeats (Wan 2.2's duplicating shortcut, see
-    families/wan.py `_dup_up_views`), in place, by one Triton pass where it runs (CUDA or the
+    families/wan/blocks.py `_dup_up_views`), in place, by one Triton pass where it runs (CUDA or the
     interpreter; both tensors `dense_channels_last`, of one dtype). Returns whether it ran (else the
     caller adds through views, with the same bits: one fp32 add rounded once)."""
     factor = factor_t * factor_s * factor_s
-    if (not runs_on(out) or out.dtype != src.dtype or out.dim() != 5 or src.dim() != 5 or factor % repeats
-            or out.numel() == 0 or not (dense_channels_last(out) and dense_channels_last(src))):
+    if (
+        not runs_on(out)
+        or out.dtype != src.dtype
+        or out.dim() != 5
+        or src.dim() != 5
+        or factor % repeats
+        or out.numel() == 0
+        or not (dense_channels_last(out) and dense_channels_last(src))
+    ):
         return False
     n, c, t2, h2, w2 = out.shape
     block_c = min(128, triton.next_power_of_2(c))
     block_v = max(1, 4096 // block_c)
     grid = (triton.cdiv(t2 * h2 * w2, block_v), triton.cdiv(c, block_c), n)
-    launch(_add_duplicated_kernel, grid,
-        out, src, t2 * h2 * w2, c, t2, h2, w2, out.stride(0), out.stride(2), out.stride(3), out.stride(4),
-        src.stride(0), src.stride(2), src.stride(3), src.stride(4), FT=factor_t, FS=factor_s, PER=factor // repeats,
-        REPEATS=repeats, BLOCK_V=block_v, BLOCK_C=block_c, num_warps=4,
+    launch(
+        _add_duplicated_kernel,
+        grid,
+        out,
+        src,
+        t2 * h2 * w2,
+        c,
+        t2,
+        h2,
+        w2,
+        out.stride(0),
+        out.stride(2),
+        out.stride(3),
+        out.stride(4),
+        src.stride(0),
+        src.stride(2),
+        src.stride(3),
+        src.stride(4),
+        FT=factor_t,
+        FS=factor_s,
+        PER=factor // repeats,
+        REPEATS=repeats,
+        BLOCK_V=block_v,
+        BLOCK_C=block_c,
+        num_warps=4,
     )
     return True
 
@@ -220,17 +335,39 @@ def _bias_pass(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | Non
     shn, shc, sh0, sh1, sh2 = _spatial_strides(residual)[3] if residual is not None else (sxn, sxc, sx0, sx1, sx2)
     s = d0 * d1 * d2
     block_s, block_c, options = _tile(c)
-    launch(_bias_residual_kernel, (triton.cdiv(s, block_s), n),
-        x, x if residual is None else residual, bias.reshape(-1), s, c, d1, d2, sxn, sxc, sx0, sx1, sx2,
-        shn, shc, sh0, sh1, sh2, BLOCK_S=block_s, BLOCK_C=block_c, INTO_H=into_residual,
-        RESIDUAL=residual is not None, WIDE=_wide(x) if residual is None else _wide(x, residual), **options,
+    launch(
+        _bias_residual_kernel,
+        (triton.cdiv(s, block_s), n),
+        x,
+        x if residual is None else residual,
+        bias.reshape(-1),
+        s,
+        c,
+        d1,
+        d2,
+        sxn,
+        sxc,
+        sx0,
+        sx1,
+        sx2,
+        shn,
+        shc,
+        sh0,
+        sh1,
+        sh2,
+        BLOCK_S=block_s,
+        BLOCK_C=block_c,
+        INTO_H=into_residual,
+        RESIDUAL=residual is not None,
+        WIDE=_wide(x) if residual is None else _wide(x, residual),
+        **options,
     )
 
 
 # The per-program tile of the two kernels above: all channels of up to `max_voxels` voxels, about
 # `elements` elements (counting the channels padded to a power of two), run by `num_warps` warps.
-# benchmarks/norm_kernel.py times the choices on a GPU (BENCHMARKS.md: this one was the fastest summed
-# over the Wan 2.1 720p shapes on an H200, by 3% over 8192 / 128 / 4).
+# benchmarks/norm_kernel.py times the choices on a GPU; this one measured fastest summed over the
+# Wan 2.1 720p shapes on an H200 (docs/tuning.md, entry `kernels/norm.py TILE`).
 TILE = {"elements": 4096, "max_voxels": 128, "num_warps": 2}
 
 
@@ -271,7 +408,13 @@ def _spatial_strides(x: torch.Tensor):
 
 
 def rms_norm(
-    x: torch.Tensor, gamma: torch.Tensor, bias, scale: float, silu: bool, eps: float = 1e-12, pre_bias=None,
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    bias,
+    scale: float,
+    silu: bool,
+    eps: float = 1e-12,
+    pre_bias=None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu?(x / max(||x||_C, eps) * scale * gamma + bias) in one pass, rounded as diffusers rounds.
@@ -299,11 +442,37 @@ def rms_norm(
     block_c, chunks = _channel_blocks(c)
     has_bias = isinstance(bias, torch.Tensor)
     grid = (triton.cdiv(s, block_s), n)
-    launch(_rms_norm_silu_kernel, grid,
-        x, y, gamma.reshape(-1), bias.reshape(-1) if has_bias else gamma,
-        pre_bias.reshape(-1) if pre_bias is not None else gamma, s, c, d1, d2,
-        sxn, sxc, sx0, sx1, sx2, syn, syc, sy0, sy1, sy2,
-        float(scale), float(eps), HAS_BIAS=has_bias, PRE_BIAS=pre_bias is not None, SILU=silu,
-        BLOCK_S=block_s, BLOCK_C=block_c, CHUNKS=chunks, WIDE=_wide(x, y), **options,
+    launch(
+        _rms_norm_silu_kernel,
+        grid,
+        x,
+        y,
+        gamma.reshape(-1),
+        bias.reshape(-1) if has_bias else gamma,
+        pre_bias.reshape(-1) if pre_bias is not None else gamma,
+        s,
+        c,
+        d1,
+        d2,
+        sxn,
+        sxc,
+        sx0,
+        sx1,
+        sx2,
+        syn,
+        syc,
+        sy0,
+        sy1,
+        sy2,
+        float(scale),
+        float(eps),
+        HAS_BIAS=has_bias,
+        PRE_BIAS=pre_bias is not None,
+        SILU=silu,
+        BLOCK_S=block_s,
+        BLOCK_C=block_c,
+        CHUNKS=chunks,
+        WIDE=_wide(x, y),
+        **options,
     )
     return y

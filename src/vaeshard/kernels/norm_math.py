@@ -1,6 +1,6 @@
 """The arithmetic of Wan's RMS norm (+ SiLU) on one block of voxels, as Triton device functions: one
-place for it, shared by the fast tier's norm kernel (fast.py) and the convolution kernel's epilogue
-that normalises as it stores (conv_kernel.py), so the two round at the same steps.
+place for it, shared by the fast tier's norm kernel (norm.py) and the convolution kernels' epilogues
+that normalise as they store (conv3d.py, box_conv.py), so they round at the same steps.
 
 The steps follow diffusers' `WanRMS_norm` and the SiLU after it, rounding to the tensor dtype `dt`
 where diffusers materialises a tensor: (a convolution's bias added -> dt), normalize in fp32 -> dt,

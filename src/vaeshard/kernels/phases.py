@@ -38,9 +38,10 @@ class Addend(NamedTuple):
     """A duplicating shortcut's source (Wan 2.2's `DupUp3D`) that the interleaving pass adds into the
     upsampled frames as it stores them: output voxel (sample n, channel c, frame t * factor_t + i, row
     h * factor_s + j, column w * factor_s + k) gets src[n, c * per + q // repeats, t, h, w], with q = (i
-    * factor_s + j) * factor_s + k and per = factor_t * factor_s^2 / repeats (fast.add_duplicated_'s
-    map), rounded once more after the bias, as the separate add rounds. `frames`: output frames per
-    sample; `first`: the output frame (over samples and frames) the output tensor's first frame is."""
+    * factor_s + j) * factor_s + k and per = factor_t * factor_s^2 / repeats (the map of
+    kernels/norm.py's `add_duplicated_`), rounded once more after the bias, as the separate add
+    rounds. `frames`: output frames per sample; `first`: the output frame (over samples and frames)
+    the output tensor's first frame is."""
 
     src: torch.Tensor
     factor_t: int
@@ -53,11 +54,18 @@ class Addend(NamedTuple):
 def takes_addend(like: torch.Tensor, addend: Addend) -> bool:
     """Whether the interleaving pass for output frames like `like` (channels-last, its dtype) adds
     `addend` as it stores: where the Triton kernel runs, one dtype, the source 5-D with dense
-    channels, and repeats that divide the sub-voxels."""
+    channels, and repeats that divide the sub-voxels. Where it does, the decode measured faster than
+    with the add in a pass of its own after it (docs/tuning.md, entry `kernels/phases.py
+    takes_addend`)."""
     src = addend.src
     factor = addend.factor_t * addend.factor_s**2
-    return (runs_on(like) and src.dtype == like.dtype and src.dim() == 5 and src.stride(1) == 1
-            and factor % addend.repeats == 0)
+    return (
+        runs_on(like)
+        and src.dtype == like.dtype
+        and src.dim() == 5
+        and src.stride(1) == 1
+        and factor % addend.repeats == 0
+    )
 
 
 def takes(conv: torch.nn.Conv2d) -> bool:
@@ -93,9 +101,15 @@ def cached_phase_weight(weight: torch.Tensor) -> torch.Tensor:
     return weights.kept(weight, "phases", phase_weight)
 
 
-def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     halo: tuple[int, int] = (0, 0), phases: torch.Tensor | None = None,
-                     out: torch.Tensor | None = None, addend: Addend | None = None) -> torch.Tensor:
+def conv2d_by_phases(
+    src: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    halo: tuple[int, int] = (0, 0),
+    phases: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    addend: Addend | None = None,
+) -> torch.Tensor:
     """`F.conv2d(F.interpolate(src, scale_factor=2, mode="nearest"), weight, bias, padding=1)` for a
     3x3 `weight` (`takes`), by phases: a channels-last (F, Cout, 2 h, 2 w) tensor, or written into
     `out` (a tensor of that shape, say frames of a larger one), which is returned.
@@ -105,8 +119,10 @@ def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     `phases`: `phase_weight(weight)`, if the caller keeps it. `addend`: added as the phases are
     interleaved (`interleave_phases`)."""
     if weight.shape[2:] != (3, 3) or src.dim() != 4 or any(h not in (0, 1) for h in halo):
-        raise ValueError(f"conv2d_by_phases: a 3x3 weight, (F, C, H, W) frames and halos of 0 or 1, got "
-                         f"{tuple(weight.shape)}, {tuple(src.shape)}, {halo}")
+        raise ValueError(
+            f"conv2d_by_phases: a 3x3 weight, (F, C, H, W) frames and halos of 0 or 1, got "
+            f"{tuple(weight.shape)}, {tuple(src.shape)}, {halo}"
+        )
     if phases is None:
         phases = phase_weight(weight)
     padding = (1 - halo[0], 1 - halo[1])
@@ -120,8 +136,9 @@ def conv2d_by_phases(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return interleave_phases(y, bias, out, addend)
 
 
-def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor,
-                      addend: Addend | None = None) -> torch.Tensor:
+def interleave_phases(
+    y: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor, addend: Addend | None = None
+) -> torch.Tensor:
     """out[f, c, 2 i + p, 2 j + q] = y[f, (2 p + q) Cout + c, i + p, j + q] + bias[c], rounded once;
     returns `out`. One Triton pass where it runs (CUDA, or the interpreter) and both tensors are
     channels-last with dense channels; else four strided adds (or copies), the same bits. `addend`
@@ -130,8 +147,14 @@ def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
     f, cout, rows2, cols2 = out.shape
     if addend is not None and not takes_addend(out, addend):
         raise ValueError("interleave_phases: the interleaving pass cannot add this addend (takes_addend)")
-    if (runs_on(out) and out.numel() and y.dtype == out.dtype and out.stride(1) == 1 and y.stride(1) == 1
-            and (bias is None or bias.dtype == out.dtype)):
+    if (
+        runs_on(out)
+        and out.numel()
+        and y.dtype == out.dtype
+        and out.stride(1) == 1
+        and y.stride(1) == 1
+        and (bias is None or bias.dtype == out.dtype)
+    ):
         block_c = min(128, triton.next_power_of_2(cout))
         block_v = max(1, 4096 // block_c)
         voxels = rows2 * cols2
@@ -139,12 +162,36 @@ def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
         # (no addend: a stand-in that adds nothing, ADD=False, whose pointer and strides go unread)
         a = addend or Addend(y.unsqueeze(2), 1, 1, 1, frames=1)
         ss = a.src.stride()
-        launch(_interleave_kernel, grid,
-            out, y, bias if bias is not None else y, a.src, voxels, cout, cols2,
-            out.stride(0), out.stride(2), out.stride(3), y.stride(0), y.stride(2), y.stride(3),
-            a.frames, a.first, ss[0], ss[2], ss[3], ss[4],
-            HAS_BIAS=bias is not None, ADD=addend is not None, FT=a.factor_t, FS=a.factor_s,
-            PER=a.factor_t * a.factor_s**2 // a.repeats, REPEATS=a.repeats, BLOCK_V=block_v, BLOCK_C=block_c,
+        launch(
+            _interleave_kernel,
+            grid,
+            out,
+            y,
+            bias if bias is not None else y,
+            a.src,
+            voxels,
+            cout,
+            cols2,
+            out.stride(0),
+            out.stride(2),
+            out.stride(3),
+            y.stride(0),
+            y.stride(2),
+            y.stride(3),
+            a.frames,
+            a.first,
+            ss[0],
+            ss[2],
+            ss[3],
+            ss[4],
+            HAS_BIAS=bias is not None,
+            ADD=addend is not None,
+            FT=a.factor_t,
+            FS=a.factor_s,
+            PER=a.factor_t * a.factor_s**2 // a.repeats,
+            REPEATS=a.repeats,
+            BLOCK_V=block_v,
+            BLOCK_C=block_c,
             num_warps=4,
         )
         return out
@@ -165,10 +212,35 @@ def interleave_phases(y: torch.Tensor, bias: torch.Tensor | None, out: torch.Ten
 if triton is not None:
 
     @triton.jit
-    def _interleave_kernel(out_ptr, y_ptr, b_ptr, s_ptr, V, C, W2, sof, soh, sow, syf, syh, syw,
-                           T2, FIRST, ssn, sst, ssh, ssw,
-                           HAS_BIAS: tl.constexpr, ADD: tl.constexpr, FT: tl.constexpr, FS: tl.constexpr,
-                           PER: tl.constexpr, REPEATS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _interleave_kernel(
+        out_ptr,
+        y_ptr,
+        b_ptr,
+        s_ptr,
+        V,
+        C,
+        W2,
+        sof,
+        soh,
+        sow,
+        syf,
+        syh,
+        syw,
+        T2,
+        FIRST,
+        ssn,
+        sst,
+        ssh,
+        ssw,
+        HAS_BIAS: tl.constexpr,
+        ADD: tl.constexpr,
+        FT: tl.constexpr,
+        FS: tl.constexpr,
+        PER: tl.constexpr,
+        REPEATS: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
         # a program takes BLOCK_V output voxels (of frame program_id(2)) and BLOCK_C channels; output
         # voxel (r, s) = (2 i + p, 2 j + q) is phase 2 p + q's voxel (i + p, j + q), both tensors with
         # dense channels (stride 1); the bias added in fp32, rounded once; with ADD, the addend's

@@ -46,10 +46,23 @@ class Route(NamedTuple):
 PYTORCH = Route()
 
 
-def route(conv, weight: torch.Tensor, stride, padding, dilation, groups, *, kernels_on: bool,
-          x: torch.Tensor | None = None, bias: torch.Tensor | None = None, front: conv3d.Front | None = None,
-          like: torch.Tensor | None = None, width: int | None = None, causal: bool = False,
-          cache: torch.Tensor | None = None) -> Route:
+def route(
+    conv,
+    weight: torch.Tensor,
+    stride=1,
+    padding=0,
+    dilation=1,
+    groups=1,
+    *,
+    kernels_on: bool,
+    x: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    front: conv3d.Front | None = None,
+    like: torch.Tensor | None = None,
+    width: int | None = None,
+    causal: bool = False,
+    cache: torch.Tensor | None = None,
+) -> Route:
     """The route of `conv(x, weight, bias, stride, padding, dilation, groups)` (F.conv2d or F.conv3d) in
     a request whose fast tier may run vaeshard's convolution kernels (`kernels_on`: triton_convs).
 

@@ -1,5 +1,6 @@
-"""Triton, where it is installed: one place for the optional import and for where the fast tier's
-Triton kernels (fast.py, conv_kernel.py) can run.
+"""Triton, where it is installed: one place for the optional import, for where the fast tier's
+Triton kernels (kernels/: norm.py, conv3d.py, phases.py, attention.py) can run, and for how they and
+box_conv.py's Gluon kernel are launched.
 
 They run on CUDA tensors, and on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1, set
 before Triton is imported: how CI checks what they compute). CPU-only installs need not have Triton.
@@ -38,11 +39,10 @@ def frame_stride(t) -> int:
 
 # Each Triton launch through the JIT function binds and classifies every argument again (its
 # specialization: a tensor's dtype and 16-byte alignment, an integer's width and whether it is 1 or a
-# multiple of 16, a descriptor's dtype, block and layout) to find the compiled kernel: about 60 of
-# the 245 us the host spent per box_conv launch, 16 of 73 per norm launch, on an H200's host
-# (BENCHMARKS.md, the host's cost per launch). `launch` keeps the compiled kernel per key of the
-# arguments, a key at least as fine as that classification (every integer by its value), and launches
-# it directly when the key was seen before.
+# multiple of 16, a descriptor's dtype, block and layout) to find the compiled kernel, a sizeable
+# share of the host's time per launch (docs/tuning.md, entry `kernels/triton_support.py launch`).
+# `launch` keeps the compiled kernel per key of the arguments, a key at least as fine as that
+# classification (every integer by its value), and launches it directly when the key was seen before.
 _COMPILED = "_vaeshard_compiled"
 _KEYS_KEPT = 4096  # per kernel; past it the kept kernels are dropped and found again
 
@@ -65,7 +65,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         return
     # every parameter in order, as the JIT function hands them to the compiled kernel's launcher
     # (which skips the constexprs: they are compiled in)
-    compiled[(*grid, *(1,) * (3 - len(grid)))](*args, *(kwargs[name] for name in kernel.arg_names[len(args):]))
+    compiled[(*grid, *(1,) * (3 - len(grid)))](*args, *(kwargs[name] for name in kernel.arg_names[len(args) :]))
 
 
 def _key(args, kwargs):
@@ -86,8 +86,9 @@ def _key(args, kwargs):
         elif isinstance(a, torch.Tensor):
             parts.append((a.dtype, a.data_ptr() % 16 == 0))
         elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a TMA descriptor (Triton's or Gluon's)
-            parts.append((kind, a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None),
-                          getattr(a, "padding", None)))
+            parts.append(
+                (kind, a.base.dtype, tuple(a.block_shape), getattr(a, "layout", None), getattr(a, "padding", None))
+            )
         else:
             return None
     for name, value in kwargs.items():

@@ -3,8 +3,8 @@ cover the whole frame (or image)."""
 
 from __future__ import annotations
 
-from . import tier as fast_tier
 from ..runtime.spatial import current
+from . import tier as fast_tier
 
 
 class WholeFrameAttention:
@@ -12,7 +12,7 @@ class WholeFrameAttention:
 
     Queries stay local; keys and values are gathered from every shard in global order, so each local
     query attends over the whole frame exactly as unsharded. In the fast tier, sharded or not, the
-    attention itself is `fast.attention` (vaeshard's own on CUDA).
+    attention itself is `tier.attention` (vaeshard's own on CUDA).
     """
 
     def forward(self, x):

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 
 from .. import tuning
-from ..runtime import graphs
 from ..kernels.norm import rms_norm
+from ..runtime import graphs
 
 
 def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
@@ -25,16 +25,12 @@ def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
     return tuple(shape)
 
 
-# Frames copied one at a time at most this many (more: one strided copy).
-
-
-
 def copy_frames(dst: torch.Tensor, src: torch.Tensor, dim: int) -> None:
     """`dst.copy_(src)`; one frame (index of `dim`) at a time where `dst` is not one dense block but
     each of its frames is, laid out as `src`'s: a buffer's frames between its halo rows (sharded by
     height, channels-last), each a plain memory copy where one copy of the whole would be a strided
-    copy kernel (Wan 2.1 720p on 2 H200s: 0.798 against 0.809 s, BENCHMARKS.md). The same values
-    either way."""
+    copy kernel; up to tuning.COPY_FRAMES_MAX frames, where that measured faster (docs/tuning.md,
+    entry `COPY_FRAMES_MAX`; more: one strided copy). The same values either way."""
     frames = dst.shape[dim]
     if 1 < frames <= tuning.COPY_FRAMES_MAX and dst.shape == src.shape and not _dense(dst):
         d, s = dst.select(dim, 0), src.select(dim, 0)
@@ -124,13 +120,15 @@ class _CausalInput:
         epilogue into a causal input buffer (`HaloCausalConv3d.norms_in_epilogue`)."""
         return self.conv.norms_in_epilogue(self.buf, self.width, self.front)
 
-    def convolve(self, with_bias: bool = True, add_to: torch.Tensor | None = None, norm=None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+    def convolve(
+        self, with_bias: bool = True, add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The convolution (`HaloCausalConv3d.forward_buffer`; `add_to`: added to that tensor in
         place, which is returned; `norm`, `out`: that norm of it written into `out`, returned), then
         the cache update; the buffer is dropped."""
-        y = self.conv.forward_buffer(self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width,
-                                     self.front)
+        y = self.conv.forward_buffer(
+            self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width, self.front
+        )
         if self.feat_cache is not None:  # (stream order: the convolution has read the old cache)
             _store_cache(self.feat_cache, self.idx, self.old, self.frames, owned=True)
         self.buf = self.new = self.frames = self.old = self.front = None
@@ -142,7 +140,7 @@ def _cache_in_place(cache, frames: torch.Tensor) -> bool:
     the old cache's last frame in front of it) can be written into the old cache tensor: it has
     that shape already (every decoder call after the second). The entry then keeps its storage
     from call to call instead of a new tensor each call, which leaves the caching allocator fewer
-    blocks to split and less memory reserved (BENCHMARKS.md); the values are the same."""
+    blocks to split and less memory reserved; the values are the same."""
     t = frames.shape[2]
     return (
         isinstance(cache, torch.Tensor)
@@ -160,7 +158,7 @@ def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor, owned: b
     `_cache_in_place` allows, else stored as a new tensor. `owned`: `frames` is a buffer of the
     caller's that nothing writes or reads afterwards; where it is exactly CACHE_T frames of its own
     storage (the box kernel's buffers, which hold only the new frames, at parts of two frames:
-    fast.frames_for_layer), it becomes the cache itself, not copied, and `old` is dropped."""
+    FastPlan.layer_frames), it becomes the cache itself, not copied, and `old` is dropped."""
     if owned and _cache_in_place(old, frames) and frames.shape[2] == CACHE_T and _whole_storage(frames):
         feat_cache[idx] = frames
         return

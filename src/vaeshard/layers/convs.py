@@ -25,7 +25,7 @@ class HaloCausalConv3d:
     Sharded: the time cache is prepended as in the original, then the sharded axis is extended by
     exactly the rows its zero padding would have covered, taken from the neighbouring ranks (zeros
     at the global edges), and the convolution runs without padding on that axis.
-    Fast tier (see fast.py): channels-last input, and cuDNN applies the remaining spatial zero
+    Fast tier (layers/tier.py): channels-last input, and cuDNN applies the remaining spatial zero
     padding instead of a padded copy of the input.
     """
 
@@ -77,7 +77,7 @@ class HaloCausalConv3d:
         and the causal zero frames in front and room for the halo rows of a sharded request; the caller
         writes the new frames (shaped like `like`, or `shape` with `like`'s dtype and device) into the
         view, then calls `forward_buffer(buffer, ready=ready, front=front)`. Where box_conv's kernel
-        reads the time padding from the cache where it lies (`front`, a conv_kernel.Front; else None)
+        reads the time padding from the cache where it lies (`front`, a conv3d.Front; else None)
         the buffer holds only the new frames (and their halo rows).
 
         Sharded, `cache_x` may be a shard's frames (diffusers' own caches) or the buffer's whole
@@ -89,7 +89,9 @@ class HaloCausalConv3d:
         ctx = current()
         tpad = self._padding[4]
         new = tuple(like.shape if shape is None else shape)
-        rows = (None, 0, 0) if ctx is None else (ctx.dim(new), *(self._halo_rows(ctx) if halo_rows is None else halo_rows))
+        rows = (
+            (None, 0, 0) if ctx is None else (ctx.dim(new), *(self._halo_rows(ctx) if halo_rows is None else halo_rows))
+        )
         # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows; columns
         # are asked of the route, which reads the cache where it lies only for a buffer without them)
         whole = cache_x is None or tuple(cache_x.shape[3:]) == _buffer_shape(new, rows, 0, 0)[3:]
@@ -110,16 +112,29 @@ class HaloCausalConv3d:
         and channels."""
         columns = columns and (ctx is None or ctx.axis != WIDTH) and tuple(self._padding[:2]) == (1, 1)
         causal = causal and self._causal_in_time() and (cache_x is None or tuple(cache_x.shape[:2]) == new[:2])
-        return fast_tier.conv_route(self.weight, self.stride, (0, 0, int(columns)), self.dilation, self.groups,
-                                    like=like, width=new[-1], causal=causal, cache=cache_x)
+        return fast_tier.conv_route(
+            self.weight,
+            self.stride,
+            (0, 0, int(columns)),
+            self.dilation,
+            self.groups,
+            like=like,
+            width=new[-1],
+            causal=causal,
+            cache=cache_x,
+        )
 
     def _allocate(self, like, new, rows, columns, tpad):
         """(buffer, core): an uninitialised channels-last buffer for `new` frames behind `tpad` ones,
         with the halo rows and zero columns (zeroed) of `rows` and `columns`; the core is the buffer
         without them."""
         dim, before, _ = rows
-        buf = torch.empty(_buffer_shape(new, rows, columns, tpad), dtype=like.dtype, device=like.device,
-                          memory_format=fast_tier.channels_last_format(5))
+        buf = torch.empty(
+            _buffer_shape(new, rows, columns, tpad),
+            dtype=like.dtype,
+            device=like.device,
+            memory_format=fast_tier.channels_last_format(5),
+        )
         core = buf if dim is None else buf.narrow(dim, before, new[dim])
         if columns:
             buf[..., :columns].zero_()
@@ -140,16 +155,25 @@ class HaloCausalConv3d:
         return tpad if whole else 0
 
     def front(self, like: torch.Tensor, cache_x: torch.Tensor | None, shape=None):
-        """The route's conv_kernel.Front for new frames like `like` (or of `shape`) behind `cache_x`
+        """The route's conv3d.Front for new frames like `like` (or of `shape`) behind `cache_x`
         (None: zero frames; else a cache of the frames' rows and columns, which the caller has
         checked), convolved where they lie, where the kernel reads this convolution's time padding
         from the cache, else None."""
         new = tuple(like.shape if shape is None else shape)
         return self._route(None, like, new, cache_x, causal=True, columns=False).front
 
-    def forward_buffer(self, buf: torch.Tensor, with_bias: bool = True, halo_rows=None, ready: int = 0,
-                       add_to: torch.Tensor | None = None, norm=None, out: torch.Tensor | None = None,
-                       width: int | None = None, front=None) -> torch.Tensor:
+    def forward_buffer(
+        self,
+        buf: torch.Tensor,
+        with_bias: bool = True,
+        halo_rows=None,
+        ready: int = 0,
+        add_to: torch.Tensor | None = None,
+        norm=None,
+        out: torch.Tensor | None = None,
+        width: int | None = None,
+        front=None,
+    ) -> torch.Tensor:
         """The convolution of a buffer from `input_buffer` whose new frames (`width` columns; None:
         the buffer's, no zero columns) are written: halo rows exchanged for all but the first
         `ready` frames, then cuDNN applies the zero padding of the unsharded axis (no padded copy)
@@ -157,9 +181,9 @@ class HaloCausalConv3d:
         from the cache by box_conv's kernel).
 
         `with_bias=False`: the caller adds the bias itself (in a pass it makes anyway); a bias moved
-        into the next norm (fast.move_bias_into_norm) is left out too. `add_to`: the result is added
-        to that tensor in place, which is returned; `norm` (a conv_kernel.NormEpilogue) and `out`:
-        that norm of the result written into `out`, which is returned (fast.conv_with_bias)."""
+        into the next norm (norms.move_bias_into_norm) is left out too. `add_to`: the result is added
+        to that tensor in place, which is returned; `norm` (a conv3d.NormEpilogue) and `out`: that
+        norm of the result written into `out`, which is returned (tier.conv_with_bias)."""
         ctx = current()
         if ctx is not None:
             before, after = self._halo_rows(ctx) if halo_rows is None else halo_rows
@@ -168,26 +192,49 @@ class HaloCausalConv3d:
             else:
                 ctx.zero_edges(buf, ctx.dim(buf), *self._halo_rows(ctx))
         bias = None if bias_moved(self) or not with_bias else self.bias
-        return fast_tier.conv_with_bias(F.conv3d, buf, self.weight, bias, self.stride,
-                                        self._buffer_padding(ctx, buf, width), self.dilation, self.groups,
-                                        add_to=add_to, norm=norm, out=out, front=front)
+        return fast_tier.conv_with_bias(
+            F.conv3d,
+            buf,
+            self.weight,
+            bias,
+            self.stride,
+            self._buffer_padding(ctx, buf, width),
+            self.dilation,
+            self.groups,
+            add_to=add_to,
+            norm=norm,
+            out=out,
+            front=front,
+        )
 
     def norms_in_epilogue(self, buf: torch.Tensor, width: int | None = None, front=None) -> bool:
         """Whether `forward_buffer(buf, norm=..., out=...)` computes the norm in the Triton kernel's
         epilogue when `out` is the new frames of another causal convolution's input buffer (a single
         sample's: with more, their frames do not follow each other there), else the norm kernel
-        runs after the convolution (fast.conv_with_bias)."""
+        runs after the convolution (tier.conv_with_bias)."""
         bias = None if bias_moved(self) else self.bias
-        return buf.shape[0] == 1 and fast_tier.conv_route(
-            self.weight, self.stride, self._buffer_padding(current(), buf, width), self.dilation, self.groups,
-            x=buf, bias=bias, front=front).norms_output
+        return (
+            buf.shape[0] == 1
+            and fast_tier.conv_route(
+                self.weight,
+                self.stride,
+                self._buffer_padding(current(), buf, width),
+                self.dilation,
+                self.groups,
+                x=buf,
+                bias=bias,
+                front=front,
+            ).norms_output
+        )
 
     def output_shape(self, buf: torch.Tensor, width: int | None = None, front=None) -> tuple[int, ...]:
         """The shape `forward_buffer(buf, width=width, front=front)` gives (known before the buffer
         is written)."""
         pads = self._buffer_padding(current(), buf, width)
-        dims = [(size + 2 * p - d * (k - 1) - 1) // s + 1
-                for size, p, k, s, d in zip(buf.shape[2:], pads, self.kernel_size, self.stride, self.dilation)]
+        dims = [
+            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, p, k, s, d in zip(buf.shape[2:], pads, self.kernel_size, self.stride, self.dilation)
+        ]
         if front is not None:  # (the time padding in front, read from the cache)
             dims[0] += self._padding[4]
         return (buf.shape[0], self.out_channels, *dims)
@@ -212,9 +259,10 @@ class HaloCausalConv3d:
         return self.stride[0] == 1 and self.dilation[0] == 1 and self._padding[4] == self.kernel_size[0] - 1
 
     def _forward_in_parts(self, x, cached, limit: int) -> torch.Tensor:
-        """Fast tier, `max_layer_frames`: the convolution of `x` on parts of at most `limit` frames,
-        each part's cached frames being the ones before it, as a causal cache carries them from one
-        decoder call to the next: the same values, with one part's input buffer alive at a time."""
+        """Fast tier, with a bound on the frames at once (`convolve`'s `limit`): the convolution of `x`
+        on parts of at most `limit` frames, each part's cached frames being the ones before it, as a
+        causal cache carries them from one decoder call to the next: the same values, with one part's
+        input buffer alive at a time."""
         tpad = self._padding[4]
         outs = []
         for start in range(0, x.shape[2], limit):
@@ -265,8 +313,16 @@ class HaloConv2d:
         if ctx is None and not fast:
             return super().forward(x)
         if fast and ctx is None:
-            return fast_tier.conv_with_bias(F.conv2d, fast_tier.to_channels_last(x), self.weight, self.bias,
-                                            self.stride, self.padding, self.dilation, self.groups)
+            return fast_tier.conv_with_bias(
+                F.conv2d,
+                fast_tier.to_channels_last(x),
+                self.weight,
+                self.bias,
+                self.stride,
+                self.padding,
+                self.dilation,
+                self.groups,
+            )
         if fast:
             buf, core = self.input_buffer(x)
             copy_frames(core, x, 0)
@@ -301,25 +357,27 @@ class HaloConv2d:
             rows = self._halo_rows(ctx)
             ctx.fill_halo(buf, ctx.dim(buf), rows, rows)
             pad_h, pad_w = (0, pad_w) if ctx.axis == HEIGHT else (pad_h, 0)
-        return fast_tier.conv_with_bias(F.conv2d, buf, self.weight, self.bias, self.stride, (pad_h, pad_w),
-                                        self.dilation, self.groups)
+        return fast_tier.conv_with_bias(
+            F.conv2d, buf, self.weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups
+        )
 
-    def forward_by_phases(self, src: torch.Tensor, sub: int, limit: int | None = None,
-                          addend: upsample.Addend | None = None) -> torch.Tensor | None:
+    def forward_by_phases(
+        self, src: torch.Tensor, sub: int, limit: int | None = None, addend: upsample.Addend | None = None
+    ) -> torch.Tensor | None:
         """Fast tier: this convolution of the nearest 2x upsampling of the frames `src` holds (a
         channels-last (F, sub * Cin, h, w) tensor whose frame f, or with `sub` = 2 whose channel
         halves of frame f, are frames f, or 2 f and 2 f + 1: an upsampling time convolution's
-        output), computed
-        from the source by its four phases (upsample.py: one convolution of 2x2 taps into 4 x Cout
-        channels and one pass that interleaves them and adds the bias), so the upsampled frames are
-        never made; a channels-last (F * sub, Cout, 2 h, 2 w) tensor. None where this is no 3x3
-        convolution with padding 1 (`upsample.takes`). The source frames are copied only to take
-        them out of channel halves, or sharded into a buffer with one halo row a side (received
-        from the neighbours, zeros at the global edges), which replaces the padding on that axis.
-        `limit` (max_layer_frames): the phases of at most that many output frames at a time (at
-        least one source frame's); sharded, the source's halo rows are received once for all the
-        parts and each part copies its own. `addend` (`upsample.takes_addend`; its `first` is the output's
-        first frame): added as the phases are interleaved."""
+        output), computed from the source by its four phases (kernels/phases.py: one convolution of
+        2x2 taps into 4 x Cout channels and one pass that interleaves them and adds the bias), so the
+        upsampled frames are never made; a channels-last (F * sub, Cout, 2 h, 2 w) tensor. None where
+        this is no 3x3 convolution with padding 1 (`phases.takes`). The source frames are copied only
+        to take them out of channel halves, or sharded into a buffer with one halo row a side
+        (received from the neighbours, zeros at the global edges), which replaces the padding on that
+        axis. `limit` (the calling layer's bound, tier.layer_frames): the phases of at most that many
+        output frames at a time (at least one source frame's); sharded, the source's halo rows are
+        received once for all the parts and each part copies its own. `addend`
+        (`phases.takes_addend`; its `first` is the output's first frame): added as the phases are
+        interleaved."""
         if not upsample.takes(self):
             return None
         ctx = current()
@@ -327,8 +385,12 @@ class HaloConv2d:
         cin = csrc // sub
         phases = upsample.cached_phase_weight(self.weight)
         halo = (0, 0) if ctx is None else (1, 0) if ctx.axis == HEIGHT else (0, 1)
-        out = torch.empty((f * sub, self.out_channels, 2 * rows, 2 * cols), dtype=src.dtype, device=src.device,
-                          memory_format=torch.channels_last)
+        out = torch.empty(
+            (f * sub, self.out_channels, 2 * rows, 2 * cols),
+            dtype=src.dtype,
+            device=src.device,
+            memory_format=torch.channels_last,
+        )
         step = f if limit is None else max(1, limit // sub)
         # sharded in parts: the source's halo rows received once for all the parts
         edges = ctx.neighbour_rows(src, ctx.dim(src), 1, 1) if ctx is not None and step < f else None
@@ -349,8 +411,15 @@ class HaloConv2d:
                         else:
                             _place_frames(target, received[a : a + n], sub, cin, one_copy=True)
                 part = buf
-            upsample.conv2d_by_phases(part, self.weight, self.bias, halo, phases, out=out[a * sub : (a + n) * sub],
-                                      addend=None if addend is None else addend._replace(first=addend.first + a * sub))
+            upsample.conv2d_by_phases(
+                part,
+                self.weight,
+                self.bias,
+                halo,
+                phases,
+                out=out[a * sub : (a + n) * sub],
+                addend=None if addend is None else addend._replace(first=addend.first + a * sub),
+            )
             del part
         return out
 

@@ -101,9 +101,9 @@ def global_group_norm(ctx: ShardContext, x: torch.Tensor, num_groups: int, weigh
     shift_bg1 = (first[:-1] / count).to(compute).view(b, groups, 1)
 
     d_bgn = x_bgn.to(compute) - shift_bg1  # a new tensor: it becomes the output
-    second = torch.cat(
-        [d_bgn.sum(dim=-1).flatten(), torch.linalg.vector_norm(d_bgn, dim=-1).flatten()]
-    ).to(torch.float64)
+    second = torch.cat([d_bgn.sum(dim=-1).flatten(), torch.linalg.vector_norm(d_bgn, dim=-1).flatten()]).to(
+        torch.float64
+    )
     second[b * groups :] = second[b * groups :].square()
     all_reduce_sum(ctx.comm, second)
     mean_d = second[: b * groups] / count

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,7 @@ class FastPlan:
     frame_pixels: int = 0
     cudnn_benchmark: bool = True
     triton_convs: bool = True
-    reasons: tuple[tuple[str, str], ...] = ()
+    reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (not a choice: the same plan)
 
     def layer_frames(self, pixels: int, suits=None) -> int | None:
         """The most frames a layer (residual block, upsampler) whose frames hold `pixels` pixels on the
@@ -109,8 +109,12 @@ def layer_frames(pixels: int, suits=None) -> int | None:
 def signature() -> tuple:
     """This request's fast-tier choices and PyTorch's switches that choose its kernels (cuDNN's
     benchmark mode, TF32): a kept CUDA graph serves only a request that would run the same kernels."""
-    return (_current.get(), torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32,
-            torch.backends.cuda.matmul.allow_tf32)
+    return (
+        _current.get(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.matmul.allow_tf32,
+    )
 
 
 def kernels_on() -> bool:
@@ -135,9 +139,17 @@ def to_channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=channels_last_format(x.ndim))
 
 
-def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *args,
-                   add_to: torch.Tensor | None = None, norm: conv_kernel.NormEpilogue | None = None,
-                   out: torch.Tensor | None = None, front: conv_kernel.Front | None = None) -> torch.Tensor:
+def conv_with_bias(
+    conv,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    *args,
+    add_to: torch.Tensor | None = None,
+    norm: conv_kernel.NormEpilogue | None = None,
+    out: torch.Tensor | None = None,
+    front: conv_kernel.Front | None = None,
+) -> torch.Tensor:
     """`conv(x, weight, bias, *args)` (F.conv2d, F.conv3d; args: stride, padding, dilation, groups),
     run by the kernel its route names (kernels/routing.py); with `add_to`, that result added to
     `add_to` in place and `add_to` returned (`add_to + conv(...)`, rounded after the bias and after the
@@ -154,27 +166,43 @@ def conv_with_bias(conv, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     channels-last output. Elsewhere the plain call (then `add_to.add_`).
 
     `front` (a causal 3-D convolution whose input `x` holds only its new frames): the time padding
-    read from the cache where it lies (conv_kernel.Front), by box_conv's kernel, which must take the
+    read from the cache where it lies (conv3d.Front), by box_conv's kernel, which must take the
     convolution (ValueError otherwise: the caller's route gave the front)."""
     way = route(conv, weight, *args, kernels_on=kernels_on(), x=x, bias=bias, front=front)
     if norm is not None:
         if out is None or add_to is not None:
             raise ValueError("conv_with_bias: a norm needs `out` and takes no `add_to`")
         if way.norms_output and conv_kernel.takes_out(out, conv_kernel.out_shape(x, weight, args[1], front), x.dtype):
-            return conv_kernel.conv3d(x, weight, bias, args[1], way.plan, conv_kernel.cached_weight_for(way.plan, weight),
-                                      norm=norm, out=out, front=front)
+            return conv_kernel.conv3d(
+                x,
+                weight,
+                bias,
+                args[1],
+                way.plan,
+                conv_kernel.cached_weight_for(way.plan, weight),
+                norm=norm,
+                out=out,
+                front=front,
+            )
         y = conv_with_bias(conv, x, weight, bias, *args, front=front)
         return rms_norm(y, norm.gamma, norm.bias, norm.scale, norm.silu, norm.eps, norm.pre_bias, out=out)
     how = way.plan
     if how is not None:
-        into = add_to if add_to is not None and way.adds_residual and conv_kernel.takes_add_to(
-            add_to, conv_kernel.out_shape(x, weight, args[1], front), x.dtype) else None
-        y = conv_kernel.conv3d(x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight), into,
-                               front=front)
+        into = (
+            add_to
+            if add_to is not None
+            and way.adds_residual
+            and conv_kernel.takes_add_to(add_to, conv_kernel.out_shape(x, weight, args[1], front), x.dtype)
+            else None
+        )
+        y = conv_kernel.conv3d(
+            x, weight, bias, args[1], how, conv_kernel.cached_weight_for(how, weight), into, front=front
+        )
         return y if into is not None or add_to is None else add_bias_and_residual_(y, None, add_to, True)
     if front is not None:
-        raise ValueError("conv_with_bias: no kernel here reads a causal convolution's cache where it lies "
-                         "(its route gave no front)")
+        raise ValueError(
+            "conv_with_bias: no kernel here reads a causal convolution's cache where it lies (its route gave no front)"
+        )
     if add_to is not None:
         fused = bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
         y = conv(x, weight, None if fused else bias, *args)
@@ -198,7 +226,7 @@ def attention_kernel_available(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """`F.scaled_dot_product_attention(q, k, v)`; in the fast tier, where `attention_kernel_available`,
-    vaeshard's own (attention.py), within the tier's tolerances."""
+    vaeshard's own (kernels/attention.py), within the tier's tolerances."""
     if enabled() and attention_kernel_available(q, k, v):
         return attention_kernel.attention(q, k, v)
     return F.scaled_dot_product_attention(q, k, v)

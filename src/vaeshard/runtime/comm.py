@@ -90,7 +90,7 @@ class Comm:
     device: torch.device | None = None
 
     @classmethod
-    def for_group(cls, group, timeout: float | None = None) -> "Comm":
+    def for_group(cls, group, timeout: float | None = None) -> Comm:
         rank = group_rank(group)
         world = group_size(group)
         device = None
@@ -132,17 +132,25 @@ class Comm:
         try:
             ok = work.wait(timeout=timedelta(seconds=self.timeout))
         except RuntimeError as exc:  # gloo reports a timeout, and a peer that closed its connection, this way
-            self._broken(f"{what} on rank {self.rank} failed after {time.monotonic() - started:.1f} s (limit "
-                         f"{self.timeout:g} s): another rank failed or is gone, see its error", exc)
+            self._broken(
+                f"{what} on rank {self.rank} failed after {time.monotonic() - started:.1f} s (limit "
+                f"{self.timeout:g} s): another rank failed or is gone, see its error",
+                exc,
+            )
         if ok is False:
-            self._broken(f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: another rank failed "
-                         "or is gone, see its error", None)
+            self._broken(
+                f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: another rank failed "
+                "or is gone, see its error",
+                None,
+            )
 
     def _broken(self, what: str, exc: BaseException | None):
         """Raise CommTimeout for a collective that failed mid-request, and remember that the group can
         no longer be used by vaeshard: its ranks stopped at different exchanges."""
-        message = (f"{what}; this group can no longer be used (its ranks stopped at different exchanges): "
-                   "destroy it (torch.distributed.destroy_process_group) and start a new one")
+        message = (
+            f"{what}; this group can no longer be used (its ranks stopped at different exchanges): "
+            "destroy it (torch.distributed.destroy_process_group) and start a new one"
+        )
         if self.group is not None:
             _state_of(self.group).broken = message
         if exc is not None:
@@ -164,8 +172,10 @@ class Comm:
             return [list(values)]
         state = _state_of(self.group)
         if state.broken is not None:
-            raise CommTimeout(f"{op} on rank {self.rank}: an earlier request failed on this process group, which "
-                              f"vaeshard can no longer use: {state.broken}")
+            raise CommTimeout(
+                f"{op} on rank {self.rank}: an earlier request failed on this process group, which "
+                f"vaeshard can no longer use: {state.broken}"
+            )
         store = c10d._get_process_group_store(self.group)
         number = state.next_request
         state.next_request += 1
@@ -196,15 +206,18 @@ class Comm:
             self._forget(store, number - 1)
         return [[int(v) for v in row.decode().split(",")] for row in rows]
 
-    def _agreement_failed(self, op, verdict: str, missing: list[int], timeout: float, waited: float,
-                          bound: str) -> str:
+    def _agreement_failed(self, op, verdict: str, missing: list[int], timeout: float, waited: float, bound: str) -> str:
         gave_up = int(verdict.rsplit(":", 1)[1])
         if gave_up == self.rank:
-            head = (f"{op} on rank {self.rank} waited {waited:.1f} s (limit {timeout:g} s, {bound}) for the other "
-                    f"ranks of its group: rank(s) {missing} did not call {op}")
+            head = (
+                f"{op} on rank {self.rank} waited {waited:.1f} s (limit {timeout:g} s, {bound}) for the other "
+                f"ranks of its group: rank(s) {missing} did not call {op}"
+            )
         else:
-            head = (f"{op} on rank {self.rank}: rank {gave_up} had already given up waiting for this request (it "
-                    f"waited its timeout before every rank arrived; still missing when it gave up: see its error)")
+            head = (
+                f"{op} on rank {self.rank}: rank {gave_up} had already given up waiting for this request (it "
+                f"waited its timeout before every rank arrived; still missing when it gave up: see its error)"
+            )
         return (
             f"{head}. Every rank of the group must call {op} with the same request: output='rank0' still needs "
             "every rank (it only chooses who receives the result). To decode on one rank only, call a VAE that is "
@@ -228,7 +241,7 @@ class Comm:
     def _small_device(self) -> torch.device:
         return self.device if self.device is not None else torch.device("cpu")
 
-    # -- agreement ------------------------------------------------------------------------------
+    # -- small collectives ----------------------------------------------------------------------
 
     def all_gather_ints(self, values: list[int], what: str = "all-gather") -> list[list[int]]:
         """Every rank's list of ints (all lists the same length): one small collective (`what` names
@@ -265,8 +278,12 @@ class Comm:
         """
         if before == 0 and after == 0:
             return x
-        out = torch.empty(_with_extent(x.shape, dim, x.shape[dim] + before + after), dtype=x.dtype,
-                          device=x.device, memory_format=_memory_format(x))
+        out = torch.empty(
+            _with_extent(x.shape, dim, x.shape[dim] + before + after),
+            dtype=x.dtype,
+            device=x.device,
+            memory_format=_memory_format(x),
+        )
         out.narrow(dim, before, x.shape[dim]).copy_(x)
         return self.fill_halo(out, dim, before, after, num_ranks)
 
@@ -345,7 +362,6 @@ class Comm:
         self._wait(dist.broadcast(data, self._global(0), group=self.group, async_op=True), "broadcast of the result")
         return x if self.rank == 0 else data
 
-
     def all_gather_along(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor:
         """Concatenate every rank's slice along `dim`; rank r holds `extents[r]` rows (uneven allowed).
 
@@ -371,8 +387,9 @@ class Comm:
                 work = dist.isend(mine.contiguous(), self._global(0), group=self.group)
                 self._wait(work, "gather of results")
             return None
-        out = torch.empty(_with_extent(mine.shape, dim, sum(extents)), dtype=x.dtype, device=x.device,
-                          memory_format=_memory_format(x))
+        out = torch.empty(
+            _with_extent(mine.shape, dim, sum(extents)), dtype=x.dtype, device=x.device, memory_format=_memory_format(x)
+        )
         offset = 0
         for r, extent in enumerate(extents):
             if extent == 0:
@@ -381,8 +398,10 @@ class Comm:
             offset += extent
             if r == self.rank:
                 if to_all:
-                    self._wait(dist.broadcast(mine.contiguous(), self._global(r), group=self.group, async_op=True),
-                               "gather of results")
+                    self._wait(
+                        dist.broadcast(mine.contiguous(), self._global(r), group=self.group, async_op=True),
+                        "gather of results",
+                    )
                 target.copy_(mine)
                 continue
             part = torch.empty(_with_extent(mine.shape, dim, extent), dtype=x.dtype, device=x.device)

@@ -41,8 +41,8 @@ import contextvars
 import logging
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -107,8 +107,9 @@ class _Graph:
 
     def replay(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape != self.static_in.shape:
-            raise RuntimeError(f"vaeshard: a decoder call got shape {tuple(x.shape)}, its graph "
-                               f"{tuple(self.static_in.shape)}")
+            raise RuntimeError(
+                f"vaeshard: a decoder call got shape {tuple(x.shape)}, its graph {tuple(self.static_in.shape)}"
+            )
         self.static_in.copy_(x)
         self.graph.replay()
         return self.static_out
@@ -150,7 +151,7 @@ class KeptCalls:
 
 
 # the kept calls of each owner (a VAE) per device index
-_kept: "weakref.WeakKeyDictionary[object, dict[int, KeptCalls]]" = weakref.WeakKeyDictionary()
+_kept: weakref.WeakKeyDictionary[object, dict[int, KeptCalls]] = weakref.WeakKeyDictionary()
 
 
 def kept_calls(owner, device: torch.device) -> KeptCalls | None:
@@ -182,8 +183,9 @@ def tensors_signature(module: torch.nn.Module) -> tuple:
     """Where `module`'s parameters and buffers lie and their versions: a graph reads them by address,
     and vaeshard's weights made from them (kept on them, made again when they change) too, so a kept
     graph serves only while this is unchanged (a move, a reload or an in-place update changes it)."""
-    return tuple((t.data_ptr(), -1 if t.is_inference() else t._version)
-                 for t in (*module.parameters(), *module.buffers()))
+    return tuple(
+        (t.data_ptr(), -1 if t.is_inference() else t._version) for t in (*module.parameters(), *module.buffers())
+    )
 
 
 class DecoderSteps:
@@ -211,7 +213,7 @@ class DecoderSteps:
 
     # -- request scope ---------------------------------------------------------------------------
 
-    def __enter__(self) -> "DecoderSteps":
+    def __enter__(self) -> DecoderSteps:
         if self.enabled:
             if self.keep is not None:
                 owner, signature, _ = self.keep
@@ -237,7 +239,8 @@ class DecoderSteps:
                 _drop(owner, self.device)  # a request that failed may have left them half-updated
             elif self.kept is None and self.steady is not None:
                 _kept.setdefault(owner, {})[_index(self.device)] = KeptCalls(
-                    signature=signature, pool=self.pool, steady=self.steady, state=self.state, anchors=anchors)
+                    signature=signature, pool=self.pool, steady=self.steady, state=self.state, anchors=anchors
+                )
         self.kept = self.steady = self.state = None
         self._stream_ctx.__exit__(*exc)
         self._user_stream.wait_stream(self.stream)
@@ -264,8 +267,9 @@ class DecoderSteps:
 
     # -- calls -----------------------------------------------------------------------------------
 
-    def call(self, step: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, state: list,
-             steady: bool) -> torch.Tensor:
+    def call(
+        self, step: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, state: list, steady: bool
+    ) -> torch.Tensor:
         """`step(x)`, which reads and updates the cache list `state`. `steady`: this call has the
         steady calls' shapes (the caller knows: all but the first and a shorter last one)."""
         index = self.calls
@@ -285,8 +289,11 @@ class DecoderSteps:
             self.steady, _ = self._capture(step, x, state, copy_into=before)
         except CaptureFailed as exc:
             self.failed = True
-            log.warning("vaeshard: the steady decoder call could not be captured as a CUDA graph, the request "
-                        "runs eagerly (the same values, more host time): %s", exc)
+            log.warning(
+                "vaeshard: the steady decoder call could not be captured as a CUDA graph, the request "
+                "runs eagerly (the same values, more host time): %s",
+                exc,
+            )
             return self._eager(step, x)
         self.state = before
         self.captured = True
@@ -324,8 +331,11 @@ class DecoderSteps:
                 _copy_back(kept.state, state)
             except CaptureFailed as exc:
                 self.failed = True
-                log.warning("vaeshard: the kept CUDA graph does not fit this request's caches, the request "
-                            "runs eagerly and the graph is dropped: %s", exc)
+                log.warning(
+                    "vaeshard: the kept CUDA graph does not fit this request's caches, the request "
+                    "runs eagerly and the graph is dropped: %s",
+                    exc,
+                )
                 return self._eager(step, x)
             state[:] = kept.state
             self.steady = kept.steady
@@ -341,8 +351,11 @@ class DecoderSteps:
             _cache_targets.reset(token)
 
     def _first_calls_eager(self, exc: CaptureFailed, step, x) -> torch.Tensor:
-        log.info("vaeshard: the first decoder calls could not be captured as CUDA graphs, they run eagerly "
-                 "in this request and the next ones: %s", exc)
+        log.info(
+            "vaeshard: the first decoder calls could not be captured as CUDA graphs, they run eagerly "
+            "in this request and the next ones: %s",
+            exc,
+        )
         kept = self.kept
         kept.eager_first_calls = True
         kept.first = kept.after_first = kept.second = None  # (this request's caches hold what they need)
@@ -373,8 +386,11 @@ class DecoderSteps:
             raise CaptureFailed(f"{type(exc).__name__}: {exc}") from None
         after = list(state)
         state[:] = before
-        log.debug(CAPTURED + " (input %s) in %.1f ms of host time, instantiation included", tuple(x.shape),
-                  1e3 * (time.perf_counter() - began))
+        log.debug(
+            CAPTURED + " (input %s) in %.1f ms of host time, instantiation included",
+            tuple(x.shape),
+            1e3 * (time.perf_counter() - began),
+        )
         return _Graph(graph, static_in, out), after
 
 
@@ -392,8 +408,11 @@ def release_if_cached(device: torch.device) -> bool:
         return False
     with torch.cuda.device(device):
         torch.cuda.empty_cache()
-    log.debug("vaeshard: gave %.2f GiB of cached memory back to the driver before a graphed request (%.2f GiB "
-              "free)", cached / 2**30, free / 2**30)
+    log.debug(
+        "vaeshard: gave %.2f GiB of cached memory back to the driver before a graphed request (%.2f GiB free)",
+        cached / 2**30,
+        free / 2**30,
+    )
     return True
 
 
@@ -406,9 +425,12 @@ def _copy_back(before: list, after: list) -> None:
         if new is old:
             continue
         if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)):
-            raise CaptureFailed(f"cache entry {i} is not a tensor before and after the call "
-                                f"({type(old).__name__} -> {type(new).__name__})")
+            raise CaptureFailed(
+                f"cache entry {i} is not a tensor before and after the call "
+                f"({type(old).__name__} -> {type(new).__name__})"
+            )
         if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
-            raise CaptureFailed(f"cache entry {i} changed from {tuple(old.shape)} {old.dtype} to "
-                                f"{tuple(new.shape)} {new.dtype}")
+            raise CaptureFailed(
+                f"cache entry {i} changed from {tuple(old.shape)} {old.dtype} to {tuple(new.shape)} {new.dtype}"
+            )
         old.copy_(new)

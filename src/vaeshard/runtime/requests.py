@@ -101,8 +101,15 @@ def describe(op: str, x, mode: str, output: str, size: int | None, hooked: bool)
         ndim = x.dim()
     else:
         shape, dtype, ndim = [], -1, -1
-    head = [OPS.index(op), MODES.index(mode), OUTPUTS.index(output), -1 if size is None else size, int(hooked),
-            ndim, dtype]
+    head = [
+        OPS.index(op),
+        MODES.index(mode),
+        OUTPUTS.index(output),
+        -1 if size is None else size,
+        int(hooked),
+        ndim,
+        dtype,
+    ]
     return head + shape + [-1] * (6 - len(shape))
 
 
@@ -151,5 +158,4 @@ def agree(comm: Comm, op: str, desc: list[int], code: int, error: str | None, ti
         raise PROBLEMS[code][0](error)
 
 
-__all__ = ["DTYPES", "Expected", "OPS", "PROBLEMS", "agree", "describe", "describe_verify", "explain",
-           "validate"]
+__all__ = ["DTYPES", "Expected", "OPS", "PROBLEMS", "agree", "describe", "describe_verify", "explain", "validate"]

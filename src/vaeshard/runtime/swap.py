@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-
 _SUBCLASS_CACHE: dict[tuple[type, type], type] = {}
 
 
 def _halo_subclass(mixin: type, base: type) -> type:
     key = (mixin, base)
     if key not in _SUBCLASS_CACHE:
-        _SUBCLASS_CACHE[key] = type(base.__name__, (mixin, base), {"__module__": base.__module__, "_vaeshard_base": base})
+        _SUBCLASS_CACHE[key] = type(
+            base.__name__, (mixin, base), {"__module__": base.__module__, "_vaeshard_base": base}
+        )
     return _SUBCLASS_CACHE[key]
 
 

@@ -8,8 +8,8 @@ result is bit-identical to the family's single-process tiled decode/encode.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -46,7 +46,7 @@ class TileGrid:
     out_cols: int
 
     @classmethod
-    def regular(cls, in_rows, in_cols, tile_rows, tile_cols, stride_rows, stride_cols, **merge) -> "TileGrid":
+    def regular(cls, in_rows, in_cols, tile_rows, tile_cols, stride_rows, stride_cols, **merge) -> TileGrid:
         """The grid diffusers cuts: tiles start every `stride` and span `tile` (clipped at the edges)."""
         starts_h = list(range(0, in_rows, stride_rows))
         starts_w = list(range(0, in_cols, stride_cols))

@@ -1,4 +1,5 @@
-"""Wan 2.1 / 2.2 (diffusers AutoencoderKLWan): the adapter (adapter.py) and its fast-tier blocks (blocks.py)."""
+"""Wan 2.1 / 2.2 (diffusers AutoencoderKLWan): the adapter (adapter.py), its frame loop (frames.py) and its
+fast-tier blocks (blocks.py)."""
 
 from .adapter import FAMILY, WanLike
 

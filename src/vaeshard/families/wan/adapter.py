@@ -20,7 +20,7 @@ from ...layers.convs import HaloCausalConv3d, HaloConv2d, HaloZeroPad2d
 from ...layers.norms import FusedRMSNormSiLU, NearestUpsample, PassThroughSiLU, forget_moved_bias, move_bias_into_norm
 from ...runtime.swap import is_swapped, swap, unswap
 from ...runtime.tile import TileGrid, TileOps
-from ..base import Family, frames_out, with_tiling_off
+from ..base import Family, Mirror, frames_out, with_tiling_off
 from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample
 from .frames import decode_in_steps
 
@@ -217,15 +217,16 @@ class WanLike(Family):
         downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes the halo; single-head
         attention -> whole-frame keys and values. Everything else is per voxel, or a local pixel
         (un)shuffle, and stays as diffusers wrote it.
-        Fast tier (fast.py): the RMS norms that diffusers always follows with SiLU (in residual
-        blocks and before conv_out) fuse it, and those SiLU modules pass through; a residual
-        block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the block's norms
-        write straight into the convolutions' input buffers (`FastResidualBlock`; norm2 computed by
-        conv1's Triton kernel where it runs conv1), and so does the head's norm, into conv_out's
-        (`FastCoderHead`, on the decoder and the encoder themselves); the nearest
-        upsamplers skip their fp32 round trip, and an upsampling resample writes each upsampled
-        frame straight into its 3x3 convolution's input buffer or, where the Triton kernel takes
-        that convolution, has it read the source frames, never upsampled in memory (`FastUpsample`).
+        Fast tier (layers/, and blocks.py): the RMS norms that diffusers always follows with SiLU
+        (in residual blocks and before conv_out) fuse it, and those SiLU modules pass through; a
+        residual block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the
+        block's norms write straight into the convolutions' input buffers (`FastResidualBlock`;
+        norm2 computed by conv1's Triton kernel where it runs conv1), and so does the head's norm,
+        into conv_out's (`FastCoderHead`, on the decoder and the encoder themselves); the nearest
+        upsamplers skip their fp32 round trip, and an upsampling resample computes its 3x3
+        convolution from the source frames by phases, never upsampled in memory, or, where that
+        does not apply, writes each upsampled frame straight into that convolution's input buffer
+        (`FastUpsample`).
         """
         for part in (vae.decoder, vae.encoder):
             for module in part.modules():
@@ -273,8 +274,11 @@ class WanLike(Family):
         and compute the norm as they store (docs/tuning.md). Wan 2.2 measured alike either way; other
         rank counts and CPU decodes were not measured: the baseline."""
         base = getattr(vae.config, "decoder_base_dim", None) or getattr(vae.config, "base_dim", None)
-        return ("height" if device.type == "cuda" and ranks == tuning.WAN_HEIGHT_RANKS
-                and base == tuning.WAN_HEIGHT_BASE_DIM else None)
+        return (
+            "height"
+            if device.type == "cuda" and ranks == tuning.WAN_HEIGHT_RANKS and base == tuning.WAN_HEIGHT_BASE_DIM
+            else None
+        )
 
 
 def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
@@ -302,9 +306,37 @@ def _check_halo_conv2d(conv: nn.Conv2d) -> None:
         )
 
 
+_WAN = "diffusers.models.autoencoders.autoencoder_kl_wan:"
+
+
 class _Wan(WanLike):
     name = "wan"
     classes = ("AutoencoderKLWan",)
+    mirrors = (
+        Mirror(_WAN + "AutoencoderKLWan._decode", "families/wan/frames.py decode_in_steps", "72e9fe6159efaa0f"),
+        Mirror(
+            _WAN + "AutoencoderKLWan.tiled_decode",
+            "families/wan/adapter.py decode_tile_ops, _decode_tile",
+            "b0bb9f92b6f1c79f",
+        ),
+        Mirror(
+            _WAN + "AutoencoderKLWan.tiled_encode",
+            "families/wan/adapter.py encode_tile_ops, _encode_tile",
+            "62a8b87f3994e53b",
+        ),
+        Mirror(_WAN + "WanResidualBlock.forward", "families/wan/blocks.py FastResidualBlock", "0f8791368b1a0690"),
+        Mirror(_WAN + "WanDecoder3d.forward", "families/wan/blocks.py FastCoderHead", "390daa4a2e49a31f"),
+        Mirror(_WAN + "WanEncoder3d.forward", "families/wan/blocks.py FastCoderHead", "2a806c6709573787"),
+        Mirror(_WAN + "WanResample.forward", "families/wan/blocks.py FastUpsample", "c39add6f5ee5d871"),
+        Mirror(_WAN + "WanResidualUpBlock.forward", "families/wan/blocks.py FastResidualUpBlock", "6dfd520faa03d7d1"),
+        Mirror(_WAN + "DupUp3D.forward", "families/wan/blocks.py _dup_up_views, _dup_addend", "101589481ecf86fb"),
+        Mirror(_WAN + "WanCausalConv3d.forward", "layers/convs.py HaloCausalConv3d", "8d0a00b9fa084679"),
+        Mirror(_WAN + "WanAttentionBlock.forward", "layers/attention.py WholeFrameAttention", "7e88f423719e757d"),
+        Mirror(
+            _WAN + "WanRMS_norm.forward", "layers/norms.py FusedRMSNormSiLU, kernels/norm_math.py", "727763e4a6e9ebea"
+        ),
+        Mirror(_WAN + "WanUpsample.forward", "layers/norms.py NearestUpsample", "98998cf69c268fa0"),
+    )
     decoder_takes_first_chunk = True
     clamp_tiled_decode = True
 

@@ -1,7 +1,8 @@
 """Wan's fast-tier blocks: diffusers' forwards of the Wan-architecture residual block, decoder and
 encoder, upsampler and up block, mirrored step for step with less data movement (the buffer
-protocol of layers/buffers.py). Each names the diffusers function it mirrors; tests/families
-check those functions' sources against the versions these were written from.
+protocol of layers/buffers.py). Each names the diffusers function it mirrors, as do the families'
+`mirrors` (Family.mirrors); tests/families/test_drift.py checks those functions' sources against the
+versions these were written from.
 """
 
 from __future__ import annotations
@@ -33,13 +34,14 @@ class FastResidualBlock:
     """Mixin for a Wan residual block: diffusers' computation, step for step, with less data movement.
 
     Fast tier, inference only: each fused norm (+ SiLU, + conv1's bias before norm2, see
-    fast.move_bias_into_norm) writes straight into the next causal convolution's input buffer, behind
-    the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
+    norms.move_bias_into_norm) writes straight into the next causal convolution's input buffer,
+    behind the cached frames and between the halo rows (`HaloCausalConv3d.input_buffer`), so the
     activations are never copied to build that input; where the Triton kernel runs conv1 (CUDA, one
-    sample, no `max_layer_frames`), norm2 is computed in its epilogue into conv2's buffer, made before
-    conv1 runs, so conv1's output is never stored; on CUDA, conv2's bias and the residual are added as the Triton
-    convolution stores its output (`fast.conv_with_bias`'s `add_to`) or, after cuDNN, in one pass
-    (`fast.add_bias_and_residual_`), rounded as PyTorch's separate bias pass and residual add round.
+    sample, no bound on the block's frames), norm2 is computed in its epilogue into conv2's buffer, made
+    before conv1 runs, so conv1's output is never stored; on CUDA, conv2's bias and the residual are
+    added as the Triton convolution stores its output (`tier.conv_with_bias`'s `add_to`) or, after
+    cuDNN, in one pass (kernels/norm.py `add_bias_and_residual_`), rounded as PyTorch's separate bias
+    pass and residual add round.
     Where the layouts agree (on CUDA: channels-last both) the sum is written into the block's input
     (identity shortcut) or the shortcut's output, so the input, which diffusers' callers keep
     referenced until the block returns, is not a third full-size tensor beside the convolution's
@@ -53,17 +55,18 @@ class FastResidualBlock:
     one rank and sharded with two exchanges per block; on CUDA the one-pass add rounds as the two
     passes it replaces), except that a convolution over two more rows may round otherwise (fp32 on
     CPU: 1.8e-6 at most in the tests, within the tolerance).
-    With `max_layer_frames` (fast.max_layer_frames) a block given more frames runs on parts of at
-    most that many, each part reusing the block's cache slots, which the part before it has just
-    filled with its last frames: what a decoder call of that many frames would compute, with one
-    part's activations alive at a time; with an identity shortcut each part's sum goes into its
-    frames of the input, otherwise into one output for the block. Without the setting, unsharded, a
-    block whose convolutions read their caches where they lie (box_conv) takes parts of two frames
-    where its frames are large (fast.frames_for_layer): each part's buffer, two new frames, becomes the
-    convolution's next cache instead of being copied into the old one (`_store_cache`). Sharded, the
-    parts (by default or by the setting) share one halo exchange: the neighbours' raw rows of the
-    block's input that conv1 needs, from which each part computes its own halo rows (`_edges`); a
-    block that makes two exchanges (a shard of fewer than two rows) takes no default parts.
+    With a bound on a layer's frames (tier.layer_frames: `max_layer_frames`, or the default parts)
+    a block given more frames runs on parts of at most that many, each part reusing the block's
+    cache slots, which the part before it has just filled with its last frames: what a decoder call
+    of that many frames would compute, with one part's activations alive at a time; with an
+    identity shortcut each part's sum goes into its frames of the input, otherwise into one output
+    for the block. Without `max_layer_frames`, a block whose convolutions read their caches where
+    they lie (box_conv) takes parts of two frames where its frames are large (FastPlan.layer_frames,
+    tuning.PART_FRAMES): each part's buffer, two new frames, becomes the convolution's next cache
+    instead of being copied into the old one (`_store_cache`). Sharded, the parts (by default or by
+    the setting) share one halo exchange: the neighbours' raw rows of the block's input that conv1
+    needs, from which each part computes its own halo rows (`_edges`); a block that makes two
+    exchanges (a shard of fewer than two rows) takes no default parts.
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
     instead of replaced (`_store_cache`; the same values) and, sharded, is taken after the halo
@@ -76,17 +79,19 @@ class FastResidualBlock:
     def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006 - diffusers' signature
         if not _fast_path(self):
             return super().forward(x, feat_cache, feat_idx)
+
         def suits() -> bool:  # sharded, the parts share the block's one halo exchange (`_edges`)
-            return ((shard.current() is None or _one_exchange(self, x))
-                    and all(conv.front(x, None) is not None for conv in (self.conv1, self.conv2)))
+            return (shard.current() is None or _one_exchange(self, x)) and all(
+                conv.front(x, None) is not None for conv in (self.conv1, self.conv2)
+            )
 
         return self._forward_in_parts(x, feat_cache, feat_idx, fast.layer_frames(largest_frame_pixels(x), suits))
 
     def _forward_in_parts(self, x, feat_cache, feat_idx, limit: int | None):
         if limit is None or feat_cache is None or x.shape[2] <= limit:
             return self._fast_forward(x, feat_cache, feat_idx, limit)
-        # max_layer_frames: the block on parts of the frames; each part reuses the block's cache
-        # slots, which the part before it has just filled with its own last frames
+        # in parts (tier.layer_frames): the block on parts of the frames; each part reuses the
+        # block's cache slots, which the part before it has just filled with its own last frames
         edges = _edges(self, x)
         start, out = feat_idx[0], None
         for a in range(0, x.shape[2], limit):
@@ -99,8 +104,9 @@ class FastResidualBlock:
             if out is None:  # an output of its own: place this part and any before it there
                 layout = fast.channels_last_format(5)
                 layout = layout if y.is_contiguous(memory_format=layout) else torch.contiguous_format
-                out = torch.empty((*y.shape[:2], x.shape[2], *y.shape[3:]), dtype=y.dtype, device=y.device,
-                                  memory_format=layout)
+                out = torch.empty(
+                    (*y.shape[:2], x.shape[2], *y.shape[3:]), dtype=y.dtype, device=y.device, memory_format=layout
+                )
                 if a:  # earlier parts wrote into the input's frames
                     out[:, :, :a].copy_(x[:, :, :a])
             out[:, :, a : a + y.shape[2]].copy_(y)
@@ -110,7 +116,11 @@ class FastResidualBlock:
     def _fast_forward(self, x, feat_cache, feat_idx, limit: int | None, edges=None):
         """The block on `x` (all its frames, or a part of at most `limit`); `edges`: a part's rows of
         `_edges`."""
-        h = self.conv_shortcut.convolve(x, None, limit) if hasattr(self.conv_shortcut, "convolve") else self.conv_shortcut(x)
+        h = (
+            self.conv_shortcut.convolve(x, None, limit)
+            if hasattr(self.conv_shortcut, "convolve")
+            else self.conv_shortcut(x)
+        )
         # sharded: conv1 receives two halo rows a side and computes one row more a side, the rows
         # conv2 needs from its neighbours, so a block makes one halo exchange instead of two
         one_exchange = edges is not None or _one_exchange(self, x)
@@ -130,12 +140,14 @@ class FastResidualBlock:
             # conv1 writes silu(norm2(its output + its bias)) straight into conv2's input buffer, in
             # the Triton kernel's epilogue: its output is never stored (conv2's buffer is made
             # first, in place of that output, so both inputs are alive during conv1: two cached
-            # frames more than conv1's input and output. max_layer_frames, the setting for a peak
-            # as low as possible, keeps the order below, one convolution input at a time.)
+            # frames more than conv1's input and output. A block in parts (max_layer_frames, the
+            # setting for a low peak, or the default parts) keeps the order below, one convolution
+            # input at a time.)
             second = _causal_input(self.conv2, pending.buf, feat_cache, feat_idx, rows2, pending.output_shape())
             n2 = self.norm2
-            pending.convolve(norm=conv_kernel.NormEpilogue(n2.gamma, n2.bias, n2.scale, pre_bias=pre_bias),
-                             out=second.new)
+            pending.convolve(
+                norm=conv_kernel.NormEpilogue(n2.gamma, n2.bias, n2.scale, pre_bias=pre_bias), out=second.new
+            )
             pending = second
             del second
         else:
@@ -149,7 +161,7 @@ class FastResidualBlock:
         # alive. (Another layout would change the layout, and on CPU the reduction order, of the
         # layers after it.) A hook on the block sees its input: then a new output.
         if fuse and not self._forward_hooks and h.is_contiguous(memory_format=fast.channels_last_format(5)):
-            # into h by the convolution itself where its kernel can (conv_kernel's epilogue), else
+            # into h by the convolution itself where its kernel can (conv3d's epilogue), else
             # by the one-pass bias + residual add after it
             return pending.convolve(add_to=h)
         y = pending.convolve(with_bias=not fuse)
@@ -165,13 +177,13 @@ class FastCoderHead:
 
     Fast tier, inference only, with diffusers' feature cache: the fused norm writes straight into
     conv_out's input buffer (`_norm_into_causal_conv`), behind the cached frames or, where box_conv
-    runs conv_out, with those read where they lie (fast.causal_front), and the next call's cache is
+    runs conv_out, with those read where they lie (the route's `front`), and the next call's cache is
     taken from that buffer after the convolution: sharded, with its halo rows, so the next call
     neither exchanges the cached frames again nor copies them strided. diffusers' forward clones
     the norm's output for the cache before the convolution and copies that clone into the next
-    call's buffer; sharded, both copies are strided (a shard's rows between halo rows): about 7 GB
-    of each 2-GPU rank's copies at Wan 2.1 720p (benchmarks/memory_model.py --copies). The same
-    values: a cached frame's halo rows are the ones the exchange would bring again. With
+    call's buffer; sharded, both copies are strided (a shard's rows between halo rows;
+    benchmarks/memory_model.py --copies counts their bytes). The same values: a cached frame's halo
+    rows are the ones the exchange would bring again. With
     `max_layer_frames` below the call's frames, conv_out takes its frames in parts from the norm's
     output as diffusers' head does (HaloCausalConv3d). Everything before the head is diffusers'
     forward (the same computation from 0.36 to 0.42 in Wan's and Qwen-Image's classes; Qwen-Image's
@@ -215,16 +227,17 @@ class FastUpsample:
     twice the frames (`torch.stack`), lays the frames out as a batch (a second copy), upsamples them
     (a third tensor, 4x the input) and, sharded, copies that into a halo-padded input (a fourth).
     Here the 3x3 convolution is computed from the source frames by its four phases
-    (`HaloConv2d.forward_by_phases`, upsample.py; `fast.upsample_by_phases`): the upsampled frames
+    (`HaloConv2d.forward_by_phases`, kernels/phases.py; `tier.upsample_by_phases`): the upsampled frames
     are never made, the source is copied only to take the time convolution's channel halves apart
     or, sharded, into a buffer with its halo rows, and each output takes 16 products per input
     channel instead of 36 (the fast tier's tolerance: the phases' weights are rounded sums of
     taps). Where that is off, the frames are upsampled straight from their (strided) source into
     the 3x3 convolution's channels-last input buffer, between the halo rows: one copy; that
     convolution sees the same input, shapes and layout as without this mixin, so the values are the
-    same bits (nearest 2x upsampling only copies values). With `max_layer_frames` set, the frames
-    are upsampled and convolved (or their phases computed) one source frame at a time into one
-    output (no cache joins them). The feature-cache
+    same bits (nearest 2x upsampling only copies values). With a bound on the layer's frames
+    (tier.layer_frames: `max_layer_frames`, or the default parts), the phases are computed for at
+    most that many output frames at a time, or the frames are upsampled and convolved one source
+    frame at a time, into one output (no cache joins them). The feature-cache
     bookkeeping is diffusers' own (`WanResample.forward`, unchanged from diffusers 0.36 to 0.42),
     the time convolution's cache overwritten in place as in the residual blocks.
     """
@@ -238,7 +251,8 @@ class FastUpsample:
         """The fast forward (the caller has checked `_fast_path` and the mode): (the output, whether
         `shortcut`, a (DupUp3D, its source) pair, was added into it as the phases were interleaved
         (`_dup_addend`; else the caller adds it)). Its output frames (4x the source's pixels) decide
-        the parts (`fast.frames_for_layer`)."""
+        the parts (`tier.layer_frames`)."""
+
         def suits() -> bool:  # sharded, parts by phases share one halo exchange of their source
             # (forward_by_phases); a part upsampled into a buffer would make its own
             return shard.current() is None or (fast.upsample_by_phases(x) and upsample.takes(self.resample[1]))
@@ -263,7 +277,7 @@ class FastUpsample:
                 t *= 2
             feat_idx[0] += 1
         conv = self.resample[1]
-        if fast.upsample_by_phases(x):  # from the source by phases (upsample.py): no upsampled frames
+        if fast.upsample_by_phases(x):  # from the source by phases (kernels/phases.py): no upsampled frames
             # each frame of x, or after the time convolution each half of its channels, is a frame
             src = x.transpose(1, 2).flatten(0, 1)  # (a view of channels-last x, as the convolutions give)
             addend = None if shortcut is None else _dup_addend(*shortcut, (b, conv.out_channels, t, 2 * h, 2 * w), x)
@@ -274,14 +288,15 @@ class FastUpsample:
             buf = _upsample_into_buffer(conv, x, frames, b, t, c, h, w)
             del x, frames
             y = conv.forward_buffer(buf)
-        else:  # max_layer_frames: one source frame at a time (frames are independent here: no cache)
+        else:  # in parts: one source frame at a time (frames are independent here: no cache)
             per = t // frames.shape[1]  # output frames per source frame (2 after the time convolution)
             y = None
             for a in range(frames.shape[1]):
                 yp = conv.forward_buffer(_upsample_into_buffer(conv, x, frames[:, a : a + 1], b, per, c, h, w))
                 if y is None:
-                    y = torch.empty((b * t, *yp.shape[1:]), dtype=yp.dtype, device=yp.device,
-                                    memory_format=torch.channels_last)
+                    y = torch.empty(
+                        (b * t, *yp.shape[1:]), dtype=yp.dtype, device=yp.device, memory_format=torch.channels_last
+                    )
                 y.view(b, t, *yp.shape[1:])[:, a * per : (a + 1) * per].copy_(yp.view(b, per, *yp.shape[1:]))
                 del yp
             del x, frames
@@ -293,12 +308,11 @@ class FastResidualUpBlock:
     its duplicating shortcut (`DupUp3D`: each input voxel's channels spread over the output's
     channels and its 2 x 2 (x 2 in time) voxels) added into the upsampler's output in place, read
     from the block's input (on CUDA by the upsampler's own interleaving pass as it stores its output,
-    `upsample.Addend`, or where that does not run by one Triton pass after it,
-    `fast.add_duplicated_`; elsewhere through broadcasting views, `_dup_up_views`), instead of made
-    as a tensor (a
-    `repeat_interleave` and a permuted copy, each the size of the block's output) and added into a
-    new one: one pass over the output instead of three, the same bits (one rounding per add either
-    way), and none of those tensors at the decode's peak. diffusers clones the block's input first
+    `phases.Addend`, or where that does not run by one Triton pass after it, kernels/norm.py
+    `add_duplicated_`; elsewhere through broadcasting views, `_dup_up_views`), instead of made as a
+    tensor (a `repeat_interleave` and a permuted copy, each the size of the block's output) and added
+    into a new one: one pass over the output instead of three, the same bits (one rounding per add
+    either way), and none of those tensors at the decode's peak. diffusers clones the block's input first
     (also in the last block, which has no shortcut: a copy of the full-resolution input at the Wan
     2.2 decode's peak); here it is cloned only where the block has a shortcut and the first residual
     block writes its sum into its input (an identity shortcut, `FastResidualBlock`); with a
@@ -319,8 +333,13 @@ class FastResidualUpBlock:
         for resnet in self.resnets:
             x = resnet(x, feat_cache=feat_cache, feat_idx=feat_idx) if feat_cache is not None else resnet(x)
         up = self.upsampler
-        if (up is not None and shortcut is not None and isinstance(up, FastUpsample)
-                and up.mode in ("upsample2d", "upsample3d") and _fast_path(up)):
+        if (
+            up is not None
+            and shortcut is not None
+            and isinstance(up, FastUpsample)
+            and up.mode in ("upsample2d", "upsample3d")
+            and _fast_path(up)
+        ):
             # the shortcut added as the upsampler's phases are interleaved, where that pass can
             x, added = up.upsample(x, feat_cache, feat_idx, shortcut=(shortcut, source))
             if added:
@@ -332,8 +351,8 @@ class FastResidualUpBlock:
         views = _dup_up_views(shortcut, x, source)
         if views is None:
             return x + shortcut(source, first_chunk=first_chunk)
-        # one Triton pass on CUDA (Wan 2.2 720p: 3.371 against 3.417 s with PyTorch's add of the views;
-        # in the interleaving pass above, 3.052 against 3.072 s with this pass)
+        # one Triton pass on CUDA, faster than PyTorch's add of the views (and the add in the
+        # interleaving pass above faster still: docs/tuning.md, entry `kernels/phases.py takes_addend`)
         if not add_duplicated_(x, source, shortcut.factor_t, shortcut.factor_s, shortcut.repeats):
             target, duplicated = views
             target.add_(duplicated)
@@ -341,13 +360,15 @@ class FastResidualUpBlock:
 
 
 def _dup_addend(shortcut: nn.Module, source: torch.Tensor, out_shape: tuple[int, ...], like: torch.Tensor):
-    """An `upsample.Addend` of diffusers' `DupUp3D` (not first_chunk) of `source`, for an upsampler
+    """A `phases.Addend` of diffusers' `DupUp3D` (not first_chunk) of `source`, for an upsampler
     output of `out_shape` ((b, c, t, h, w); its frames laid out like `like`'s dtype and device), where
-    the interleaving pass adds it (`upsample.takes_addend`); else None."""
+    the interleaving pass adds it (`phases.takes_addend`); else None."""
     ft, fs, repeats = shortcut.factor_t, shortcut.factor_s, shortcut.repeats
     b, cin, t, h, w = source.shape
-    if (tuple(out_shape) != (b, shortcut.out_channels, t * ft, h * fs, w * fs)
-            or cin * repeats != shortcut.out_channels * ft * fs * fs):
+    if (
+        tuple(out_shape) != (b, shortcut.out_channels, t * ft, h * fs, w * fs)
+        or cin * repeats != shortcut.out_channels * ft * fs * fs
+    ):
         return None
     addend = upsample.Addend(source, ft, fs, repeats, frames=t * ft)
     return addend if upsample.takes_addend(like, addend) else None

@@ -27,7 +27,7 @@ def decode_in_steps(family, vae, z):
     same input frames, its cached ones in front (diffusers' feature-cache bookkeeping keeps the
     last two input frames whatever the call's length). With one frame per call the decoder calls are
     diffusers' own, and so are the bits. On CUDA the steady calls may be replayed as one CUDA
-    graph (graphs.py, `cuda_graphs`): the same kernels, the same bits.
+    graph (runtime/graphs.py, `cuda_graphs`): the same kernels, the same bits.
     """
     _, _, num_frames, _, _ = z.shape
     total = frames_out(num_frames, family.temporal_factor(vae))
@@ -50,8 +50,12 @@ def decode_in_steps(family, vae, z):
             out, filled, start = None, 0, 0
             while start < num_frames:
                 stop = 1 if start == 0 else min(start + per_step, num_frames)
-                y = steps.call(lambda c, first=(start == 0): step(c, first), x[:, :, start:stop],
-                               vae._feat_map, steady=start > 0 and stop - start == per_step)
+                y = steps.call(
+                    lambda c, first=(start == 0): step(c, first),
+                    x[:, :, start:stop],
+                    vae._feat_map,
+                    steady=start > 0 and stop - start == per_step,
+                )
                 if out is None:  # contiguous, as diffusers'
                     out = steps.hand_over(y.new_empty((*y.shape[:2], total, *y.shape[3:])))
                 if filled + y.shape[2] > total:
@@ -77,6 +81,14 @@ def _keep_graphs(vae, z: torch.Tensor, per_step: int) -> tuple:
     ctx = shard.current()
     group = None if ctx is None else ctx.comm.group
     where = None if ctx is None else (ctx.axis, tuple(ctx.extents), ctx.comm.rank, ctx.comm.world, id(group))
-    signature = ((*z.shape[:2], *z.shape[3:]), z.dtype, z.device, per_step, torch.is_grad_enabled(), where,
-                 fast.signature(), graphs.tensors_signature(vae.decoder))
+    signature = (
+        (*z.shape[:2], *z.shape[3:]),
+        z.dtype,
+        z.device,
+        per_step,
+        torch.is_grad_enabled(),
+        where,
+        fast.signature(),
+        graphs.tensors_signature(vae.decoder),
+    )
     return vae, signature, (group,)

@@ -10,15 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vaeshard import attention, fast
+from vaeshard.kernels import attention
+from vaeshard.layers import tier
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VALUES = textwrap.dedent(
     """
     import torch
     import torch.nn.functional as F
-    from vaeshard import attention
+    from vaeshard.kernels import attention
 
     torch.manual_seed(0)
     seen = []
@@ -68,17 +69,17 @@ def test_fast_attention_is_pytorchs_outside_the_fast_tier_and_where_the_kernel_c
     q = torch.randn(1, 1, 12, 8, dtype=torch.float16)
     k, v = torch.randn(1, 1, 10, 8, dtype=torch.float16), torch.randn(1, 1, 10, 8, dtype=torch.float16)
     monkeypatch.setattr(attention, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
-    with fast.tier(True):
-        assert fast.attention(q, k, v) == "own"
-        got = fast.attention(q.float(), k.float(), v.float())  # fp32: PyTorch's
+    with tier.active(tier.FastPlan()):
+        assert tier.attention(q, k, v) == "own"
+        got = tier.attention(q.float(), k.float(), v.float())  # fp32: PyTorch's
         assert torch.equal(got, F.scaled_dot_product_attention(q.float(), k.float(), v.float()))
-    with fast.tier(False):  # the exact tier: PyTorch's, bit for bit
-        assert torch.equal(fast.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    with tier.active(None):  # the exact tier: PyTorch's, bit for bit
+        assert torch.equal(tier.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
         empty = torch.empty(1, 1, 0, 8, dtype=torch.float16)  # no keys: PyTorch's, whatever it gives
-        assert torch.equal(fast.attention(q, empty, empty), F.scaled_dot_product_attention(q, empty, empty))
+        assert torch.equal(tier.attention(q, empty, empty), F.scaled_dot_product_attention(q, empty, empty))
     monkeypatch.setattr(attention, "runs_on", lambda x: False)  # CPU without the interpreter
-    with fast.tier(True):
-        assert torch.equal(fast.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
+    with tier.active(tier.FastPlan()):
+        assert torch.equal(tier.attention(q, k, v), F.scaled_dot_product_attention(q, k, v))
     assert len(calls) == 1
 
 
@@ -86,7 +87,8 @@ def test_fast_attention_is_pytorchs_outside_the_fast_tier_and_where_the_kernel_c
 def test_softmax_kernel_compiles_for_hopper(block, single):
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
     kernel = attention._softmax_rows_kernel
     constants = dict(BLOCK=block, SINGLE=single, BLOCKS=1 if single else 4)

@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .dist_harness import run_ranks
-from .models import build, latent
-
-TOL_CPU_FP32 = 1e-5
+from ..dist_harness import run_ranks
+from ..models import build, latent
+from ..parity import CPU_FP32 as TOL_CPU_FP32
 
 
 def _upsampled_conv(x, weight, bias):
@@ -25,7 +24,7 @@ def _upsampled_conv(x, weight, bias):
 @pytest.mark.parametrize("rows, cols", [(3, 5), (4, 4), (1, 7), (6, 1)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_phases_give_the_convolution_of_the_upsampled_frames(rows, cols, with_bias):
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     g = torch.Generator().manual_seed(rows * 10 + cols)
     x = torch.randn(3, 8, rows, cols, generator=g, dtype=torch.float64)
@@ -37,7 +36,8 @@ def test_phases_give_the_convolution_of_the_upsampled_frames(rows, cols, with_bi
     assert (got - want).abs().max() <= 1e-12 * want.abs().max()
     # into frames of a larger tensor, as the decoder's parts write theirs
     out = torch.full((5, 6, 2 * rows, 2 * cols), float("nan"), dtype=torch.float64).contiguous(
-        memory_format=torch.channels_last)
+        memory_format=torch.channels_last
+    )
     assert upsample.conv2d_by_phases(x, weight, bias, out=out[1:4]).data_ptr() == out[1:4].data_ptr()
     assert (out[1:4] - want).abs().max() <= 1e-12 * want.abs().max() and out[0].isnan().all() and out[4].isnan().all()
 
@@ -46,7 +46,7 @@ def test_phases_give_the_convolution_of_the_upsampled_frames(rows, cols, with_bi
 def test_phases_take_halo_rows_for_the_padding(axis):
     # a shard's source with one row (column) of its neighbours a side: the shard's part of the whole
     # frame's convolution; at a global edge the halo is zeros, the padding's value
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     g = torch.Generator().manual_seed(axis)
     whole = torch.randn(2, 8, 9, 10, generator=g, dtype=torch.float64)
@@ -66,7 +66,7 @@ def test_phases_take_halo_rows_for_the_padding(axis):
 def test_phases_round_like_the_convolution_they_replace():
     # in bf16 and fp32 the phases' weights are rounded sums of taps: their error against the fp64
     # result is of the size of the direct convolution's own (CPU arithmetic, seeded)
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     g = torch.Generator().manual_seed(7)
     x = torch.randn(2, 32, 6, 9, generator=g, dtype=torch.float64)
@@ -82,7 +82,7 @@ def test_phases_round_like_the_convolution_they_replace():
 
 
 def test_takes_only_3x3_stride_1_padding_1():
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     assert upsample.takes(torch.nn.Conv2d(4, 4, 3, padding=1))
     assert not upsample.takes(torch.nn.Conv2d(4, 4, 3, padding=0))
@@ -96,7 +96,8 @@ def test_takes_only_3x3_stride_1_padding_1():
 
 def test_phase_weight_is_kept_and_remade_when_the_weight_changes():
     import vaeshard
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
+    from vaeshard.kernels import weights
 
     conv = torch.nn.Conv2d(4, 6, 3, padding=1)
     first = upsample.cached_phase_weight(conv.weight)
@@ -108,9 +109,9 @@ def test_phase_weight_is_kept_and_remade_when_the_weight_changes():
     vae = vaeshard.parallelize(build("wan21"))
     vae.decode(latent((1, 4, 2, 3, 3)))
     ups = [m.resample[1] for m in vae.modules() if hasattr(m, "resample") and m.mode.startswith("upsample")]
-    assert ups and all(upsample._PHASE_WEIGHT in vars(c.weight) for c in ups)
+    assert ups and all(weights.holds(c.weight, "phases") for c in ups)
     vaeshard.unparallelize(vae)
-    assert not any(upsample._PHASE_WEIGHT in vars(c.weight) for c in ups)
+    assert not any(weights.holds(c.weight, "phases") for c in ups)
 
 
 def _recorded_phases(upsample):
@@ -128,13 +129,14 @@ def _recorded_phases(upsample):
 @pytest.mark.parametrize("settings", [{}, {"max_layer_frames": 2}, {"frames_per_step": 2}])
 def test_decoders_upsample_by_phases(monkeypatch, model, settings):
     import vaeshard
-    from vaeshard import fast, upsample
+    from vaeshard.kernels import phases as upsample
+    from vaeshard.layers import tier
 
     vae = build(model)
     z = latent((1, 4, 4, 5, 4))
     with torch.no_grad():
         ref = vae.decode(z).sample
-    vaeshard.parallelize(vae, **settings)
+    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(**settings))
     calls, _, recording = _recorded_phases(upsample)
     monkeypatch.setattr(upsample, "conv2d_by_phases", recording)
     out = vae.decode(z).sample
@@ -143,7 +145,7 @@ def test_decoders_upsample_by_phases(monkeypatch, model, settings):
     frames = {shape[0] for shape, _ in calls}
     assert calls and all(halo == (0, 0) for _, halo in calls) and {1, 2} <= frames, calls
     assert (out - ref).abs().max() <= TOL_CPU_FP32
-    monkeypatch.setattr(fast, "upsample_by_phases", lambda x: False)  # the upsampled frames, convolved
+    monkeypatch.setattr(tier, "upsample_by_phases", lambda x: False)  # the upsampled frames, convolved
     before = len(calls)
     upsampled = vae.decode(z).sample
     assert len(calls) == before and (upsampled - ref).abs().max() <= TOL_CPU_FP32
@@ -152,7 +154,7 @@ def test_decoders_upsample_by_phases(monkeypatch, model, settings):
 
 def _sharded_phases(rank, world, model, shape, mode):
     import vaeshard
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     vae = build(model)
     z = latent(shape)
@@ -170,8 +172,10 @@ def _sharded_phases(rank, world, model, shape, mode):
 
 @pytest.mark.parametrize(
     "model,shape,mode,world,halo",
-    [("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2, (1, 0)),
-     ("wan22", (1, 4, 3, 5, 7), "spatial_shard_width", 3, (0, 1))],
+    [
+        ("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2, (1, 0)),
+        ("wan22", (1, 4, 3, 5, 7), "spatial_shard_width", 3, (0, 1)),
+    ],
 )
 def test_upsampling_by_phases_sharded(model, shape, mode, world, halo):
     for calls, err in run_ranks(_sharded_phases, world, model, shape, mode):
@@ -182,7 +186,7 @@ def test_upsampling_by_phases_sharded(model, shape, mode, world, halo):
 INTERLEAVE_CHECK = textwrap.dedent(
     """
     import torch
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
     assert upsample.triton is not None
     torch.manual_seed(0)
     for dtype in (torch.float16, torch.float32):
@@ -206,22 +210,25 @@ INTERLEAVE_CHECK = textwrap.dedent(
 ADDEND_CHECK = textwrap.dedent(
     """
     import torch
-    from vaeshard import fast, upsample
+    from vaeshard.kernels import norm as norm_kernels
+    from vaeshard.layers import tier
+    from vaeshard.kernels import phases as upsample
     torch.manual_seed(0)
     # the shortcut added as the phases are interleaved: the bits of the interleave, then
-    # fast.add_duplicated_ (itself checked against diffusers' DupUp3D), at Wan 2.2's two kinds of up
+    # norm_kernels.add_duplicated_ (itself checked against diffusers' DupUp3D), at Wan 2.2's two kinds of up
     # block (time and space, 8 repeats; space only, 2 repeats), two samples, the output's frames
     # seen from an offset (a part of them, as max_layer_frames gives)
     for dtype in (torch.float16, torch.float32):
         for cin, cout, ft, repeats in ((16, 16, 2, 8), (16, 8, 1, 2)):
             n, t, h, w = 2, 2, 3, 5
             src = torch.randn(n, cin, t, h, w, dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
-            y = torch.randn(n * t * ft, 4 * cout, h + 1, w + 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+            y = torch.randn(n * t * ft, 4 * cout, h + 1, w + 1, dtype=dtype)
+            y = y.contiguous(memory_format=torch.channels_last)
             bias = torch.randn(cout, dtype=dtype)
             out = torch.empty(n * t * ft, cout, 2 * h, 2 * w, dtype=dtype).contiguous(memory_format=torch.channels_last)
             upsample.interleave_phases(y, bias, out)
             want = out.view(n, t * ft, cout, 2 * h, 2 * w).transpose(1, 2)
-            assert fast.add_duplicated_(want, src, ft, 2, repeats)
+            assert norm_kernels.add_duplicated_(want, src, ft, 2, repeats)
             addend = upsample.Addend(src, ft, 2, repeats, frames=t * ft)
             assert upsample.takes_addend(out, addend)
             got = upsample.interleave_phases(y, bias, torch.empty_like(out), addend)
@@ -240,24 +247,27 @@ DECODE_WITH_ADDEND = textwrap.dedent(
     import torch
     import vaeshard
     from tests.models import build, latent
-    from vaeshard import fast, upsample
-    from vaeshard.families import wan
+    from vaeshard.kernels import norm as norm_kernels
+    from vaeshard.layers import tier
+    from vaeshard.kernels import phases as upsample
+    from vaeshard.families.wan import blocks as wan_blocks
     added = []
     interleave = upsample.interleave_phases
-    upsample.interleave_phases = lambda y, b, out, addend=None: added.append(addend is not None) or interleave(y, b, out, addend)
+    upsample.interleave_phases = lambda y, b, out, addend=None: (
+        added.append(addend is not None) or interleave(y, b, out, addend))
     vae = build("wan22")
     z = latent((2, 4, 3, 2, 3))
     with torch.no_grad():
         ref = vae.decode(z).sample
     for settings in ({}, {"max_layer_frames": 2}):
-        vaeshard.parallelize(vae, **settings)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(**settings))
         added.clear()
         fused = vae.decode(z).sample
         assert any(added), added  # the up blocks' shortcut, after the first decoder call
-        dup_addend, wan._dup_addend = wan._dup_addend, lambda *a: None
+        dup_addend, wan_blocks._dup_addend = wan_blocks._dup_addend, lambda *a: None
         added.clear()
         apart = vae.decode(z).sample
-        wan._dup_addend = dup_addend
+        wan_blocks._dup_addend = dup_addend
         assert not any(added)
         assert torch.equal(fused, apart), settings
         assert (fused - ref).abs().max() <= 1e-5
@@ -269,16 +279,17 @@ DECODE_WITH_ADDEND = textwrap.dedent(
 def test_interleave_kernel_adds_the_duplicating_shortcut():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     run = subprocess.run([sys.executable, "-c", ADDEND_CHECK], capture_output=True, text=True, env=env, timeout=240)
     assert run.returncode == 0 and "addend ok" in run.stdout, run.stdout + run.stderr
-    run = subprocess.run([sys.executable, "-c", DECODE_WITH_ADDEND], capture_output=True, text=True, env=env,
-                         timeout=280, cwd=root)
+    run = subprocess.run(
+        [sys.executable, "-c", DECODE_WITH_ADDEND], capture_output=True, text=True, env=env, timeout=280, cwd=root
+    )
     assert run.returncode == 0 and "decode ok" in run.stdout, run.stdout + run.stderr
 
 
 def test_addend_only_where_the_triton_pass_runs():
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     src = torch.zeros(1, 8, 2, 3, 3).contiguous(memory_format=torch.channels_last_3d)
     like = torch.zeros(4, 8, 6, 6)
@@ -298,9 +309,10 @@ def test_interleave_kernel_through_the_interpreter():
 def test_interleave_kernel_compiles_for_hopper():
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
 
     kernel = upsample._interleave_kernel
     names = kernel.arg_names

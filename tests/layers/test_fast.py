@@ -12,10 +12,9 @@ import textwrap
 import pytest
 import torch
 
-from .dist_harness import run_ranks
-from .models import build, latent
-
-TOL_CPU_FP32 = 1e-5
+from ..dist_harness import run_ranks
+from ..models import build, latent
+from ..parity import CPU_FP32 as TOL_CPU_FP32
 
 
 @pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
@@ -58,9 +57,12 @@ def _sharded_tiers(rank, world, model, shape, mode):
 
 @pytest.mark.parametrize(
     "model,shape,mode,world",
-    [("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2), ("wan22", (1, 4, 2, 5, 7), "spatial_shard_width", 3),
-     # shards of 2, 1, 1 latent columns: residual blocks with a one-column shard exchange twice
-     ("wan21", (1, 4, 2, 5, 4), "spatial_shard_width", 3)],
+    [
+        ("wan21", (1, 4, 3, 7, 6), "spatial_shard_height", 2),
+        ("wan22", (1, 4, 2, 5, 7), "spatial_shard_width", 3),
+        # shards of 2, 1, 1 latent columns: residual blocks with a one-column shard exchange twice
+        ("wan21", (1, 4, 2, 5, 4), "spatial_shard_width", 3),
+    ],
 )
 def test_sharded_fast_tier_within_tolerance(model, shape, mode, world):
     run_ranks(_sharded_tiers, world, model, shape, mode)
@@ -68,11 +70,11 @@ def test_sharded_fast_tier_within_tolerance(model, shape, mode, world):
 
 def test_fast_tier_is_request_scoped():
     import vaeshard
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
     vae = vaeshard.parallelize(build("wan21"))
     vae.decode(latent((1, 4, 1, 3, 3)))
-    assert not fast.enabled()
+    assert not tier.enabled()
     plain = build("wan21")
     z = latent((1, 4, 2, 4, 4))
     with torch.no_grad():  # a swapped layer called outside a request runs diffusers' code
@@ -86,8 +88,8 @@ def test_cudnn_benchmark_mode_only_inside_fast_tier_requests(exact, cudnn_benchm
     import vaeshard
 
     with pytest.raises(TypeError, match="cudnn_benchmark must be True or False"):
-        vaeshard.parallelize(build("wan21"), cudnn_benchmark="yes")
-    vae = vaeshard.parallelize(build("wan21"), exact=exact, cudnn_benchmark=cudnn_benchmark)
+        vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cudnn_benchmark="yes"))
+    vae = vaeshard.parallelize(build("wan21"), exact=exact, fast=vaeshard.FastOptions(cudnn_benchmark=cudnn_benchmark))
     seen = []
     handle = vae.decoder.conv_in.register_forward_pre_hook(lambda m, a: seen.append(torch.backends.cudnn.benchmark))
     before = torch.backends.cudnn.benchmark
@@ -108,49 +110,52 @@ def test_cudnn_benchmark_mode_only_inside_fast_tier_requests(exact, cudnn_benchm
 
 def test_residual_block_conv1_bias_moves_into_norm2_only_while_parallelized():
     import vaeshard
-    from vaeshard import fast
+    from vaeshard.layers import norms
 
     vae = build("wan22")
     keys = sorted(vae.state_dict())
     blocks = [m for m in vae.modules() if type(m).__name__ == "WanResidualBlock"]
     assert blocks and all(b.conv1.bias is not None and b.conv1.bias.abs().sum() > 0 for b in blocks)
     vaeshard.parallelize(vae)
-    assert all(fast.bias_moved(b.conv1) and not fast.bias_moved(b.conv2) for b in blocks)
+    assert all(norms.bias_moved(b.conv1) and not norms.bias_moved(b.conv2) for b in blocks)
     assert sorted(vae.state_dict()) == keys  # nothing registered
     z = latent((1, 4, 2, 4, 3))
     with torch.no_grad():  # the fast tier adds conv1's bias in norm2, so the result is still the decode
         plain = build("wan22").decode(z).sample
     assert (vae.decode(z).sample - plain).abs().max() <= TOL_CPU_FP32
     vaeshard.unparallelize(vae)
-    assert not any(fast.bias_moved(b.conv1) or "_vaeshard_bias_from" in vars(b.norm2) for b in blocks)
+    assert not any(norms.bias_moved(b.conv1) or "_vaeshard_bias_from" in vars(b.norm2) for b in blocks)
 
 
-@pytest.mark.parametrize("model, mixin", [(model, mixin) for model in ("wan21", "wan22", "qwenimage")
-                                           for mixin in ("FastResidualBlock", "FastUpsample")]
-                         + [("wan22", "FastResidualUpBlock")])
+@pytest.mark.parametrize(
+    "model, mixin",
+    [(model, mixin) for model in ("wan21", "wan22", "qwenimage") for mixin in ("FastResidualBlock", "FastUpsample")]
+    + [("wan22", "FastResidualUpBlock")],
+)
 def test_fast_blocks_give_the_same_bits(monkeypatch, model, mixin):
     # the fast blocks only move less data: without them the fast tier computes the same values
     # (the upsamplers' convolution by phases computes otherwise: test_upsampling_by_phases)
     import vaeshard
-    from vaeshard import fast, shard
-    from vaeshard.families import wan
+    from vaeshard.families.wan import blocks as wan_blocks
+    from vaeshard.layers import tier
+    from vaeshard.runtime import swap
 
-    monkeypatch.setattr(fast, "upsample_by_phases", lambda x: False)
+    monkeypatch.setattr(tier, "upsample_by_phases", lambda x: False)
 
     vae = vaeshard.parallelize(build(model))
-    blocks = [m for m in vae.modules() if isinstance(m, getattr(wan, mixin))]
+    blocks = [m for m in vae.modules() if isinstance(m, getattr(wan_blocks, mixin))]
     assert blocks
     z, x = latent((1, 4, 3, 5, 4)), latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
-    viewed, dup_up_views = [], wan._dup_up_views
-    wan._dup_up_views = lambda *a: viewed.append(dup_up_views(*a)) or viewed[-1]
+    viewed, dup_up_views = [], wan_blocks._dup_up_views
+    wan_blocks._dup_up_views = lambda *a: viewed.append(dup_up_views(*a)) or viewed[-1]
     try:
         with_blocks = vae.decode(z).sample, vae.encode(x).latent_dist.mean
     finally:
-        wan._dup_up_views = dup_up_views
+        wan_blocks._dup_up_views = dup_up_views
     if mixin == "FastResidualUpBlock":  # its shortcut added through views after the first decoder call
         assert viewed and all(v is not None for v in viewed), viewed
     for block in blocks:
-        shard.unswap(block)
+        swap.unswap(block)
     without = vae.decode(z).sample, vae.encode(x).latent_dist.mean
     assert all(torch.equal(a, b) for a, b in zip(with_blocks, without))
     with torch.no_grad():
@@ -158,19 +163,23 @@ def test_fast_blocks_give_the_same_bits(monkeypatch, model, mixin):
     assert (with_blocks[0] - plain).abs().max() <= TOL_CPU_FP32
 
 
-@pytest.mark.parametrize("cin, cout, ft, channels_last, viewable", [
-    (16, 16, 2, True, True),  # Wan 2.2's 1024 -> 1024 in time and space: 8 repeats, every sub-voxel
-    (16, 8, 1, True, True), (16, 8, 1, False, True),  # its 1024 -> 512 in space: 2 repeats, the columns
-    (8, 8, 1, True, True),  # 4 repeats: rows and columns
-    (16, 32, 2, True, False),  # 16 repeats over 8 sub-voxels: no view
-])
+@pytest.mark.parametrize(
+    "cin, cout, ft, channels_last, viewable",
+    [
+        (16, 16, 2, True, True),  # Wan 2.2's 1024 -> 1024 in time and space: 8 repeats, every sub-voxel
+        (16, 8, 1, True, True),
+        (16, 8, 1, False, True),  # its 1024 -> 512 in space: 2 repeats, the columns
+        (8, 8, 1, True, True),  # 4 repeats: rows and columns
+        (16, 32, 2, True, False),  # 16 repeats over 8 sub-voxels: no view
+    ],
+)
 def test_dup_up_shortcut_as_views(cin, cout, ft, channels_last, viewable):
     # Wan 2.2's duplicating shortcut (diffusers' DupUp3D) added into an output through views of its
     # input: the same bits as diffusers' `out + DupUp3D(x)`, in either memory layout; a duplication
     # that is no view is declined (diffusers' computation then runs)
     from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
 
-    from vaeshard.families import wan
+    from vaeshard.families.wan import blocks as wan_blocks
 
     shortcut = DupUp3D(cin, cout, factor_t=ft, factor_s=2)
     x = torch.randn(1, cin, 3, 4, 5).to(torch.bfloat16)
@@ -178,7 +187,7 @@ def test_dup_up_shortcut_as_views(cin, cout, ft, channels_last, viewable):
     if channels_last:
         x, out = (t.contiguous(memory_format=torch.channels_last_3d) for t in (x, out))
     want = out + shortcut(x)
-    views = wan._dup_up_views(shortcut, out, x)
+    views = wan_blocks._dup_up_views(shortcut, out, x)
     assert (views is not None) == viewable
     if viewable:
         target, duplicated = views
@@ -193,7 +202,8 @@ def test_unpadded_causal_convolution_reads_its_input_where_it_lies(monkeypatch, 
     # bits either way, and diffusers' own convolution's values
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
-    from vaeshard import fast, shard
+    from vaeshard.layers import convs, tier
+    from vaeshard.runtime import swap
 
     torch.manual_seed(0)
     conv = WanCausalConv3d(8, 4, 1).eval()
@@ -202,16 +212,17 @@ def test_unpadded_causal_convolution_reads_its_input_where_it_lies(monkeypatch, 
         x = x.contiguous(memory_format=torch.channels_last_3d)
     with torch.no_grad():
         want = conv(x)
-    shard.swap(conv, shard.HaloCausalConv3d)
+    swap.swap(conv, convs.HaloCausalConv3d)
     buffers = []
-    real = shard.HaloCausalConv3d.input_buffer
-    monkeypatch.setattr(shard.HaloCausalConv3d, "input_buffer",
-                        lambda self, *a, **k: buffers.append(1) or real(self, *a, **k))
-    with torch.no_grad(), fast.tier(True):
+    real = convs.HaloCausalConv3d.input_buffer
+    monkeypatch.setattr(
+        convs.HaloCausalConv3d, "input_buffer", lambda self, *a, **k: buffers.append(1) or real(self, *a, **k)
+    )
+    with torch.no_grad(), tier.active(tier.FastPlan()):
         got = conv(x)
     assert len(buffers) == (0 if channels_last else 1)
-    monkeypatch.setattr(shard, "dense_channels_last", lambda t: False)  # through a buffer
-    with torch.no_grad(), fast.tier(True):
+    monkeypatch.setattr(convs, "dense_channels_last", lambda t: False)  # through a buffer
+    with torch.no_grad(), tier.active(tier.FastPlan()):
         buffered = conv(x)
     assert torch.equal(got, buffered) and torch.allclose(got, want, atol=1e-6)
 
@@ -252,10 +263,12 @@ def test_hooks_on_a_fast_blocks_layers_still_run(where):
     elif where == "upsample":
         block = next(m for m in vae.decoder.modules() if getattr(m, "mode", None) == "upsample3d")
         first, second = block.time_conv, block.resample[1]
-    else:  # the decoder's head (wan.FastCoderHead): diffusers' forward, the same bits
+    else:  # the decoder's head (wan_blocks.FastCoderHead): diffusers' forward, the same bits
         first, second = vae.decoder.norm_out, vae.decoder.conv_out
-    handles = [first.register_forward_pre_hook(lambda m, a: seen.append("first")),
-               second.register_forward_hook(lambda m, a, o: seen.append("second"))]
+    handles = [
+        first.register_forward_pre_hook(lambda m, a: seen.append("first")),
+        second.register_forward_hook(lambda m, a, o: seen.append("second")),
+    ]
     hooked = vae.decode(z).sample
     for handle in handles:
         handle.remove()
@@ -269,29 +282,34 @@ def _sharded_block_bits(rank, world, model, shape, mode):
     from unittest import mock
 
     import vaeshard
-    from vaeshard import fast, shard
-    from vaeshard.comm import Comm
-    from vaeshard.families import wan
+    from vaeshard.families.wan import blocks as wan_blocks
+    from vaeshard.layers import tier
+    from vaeshard.runtime import swap
+    from vaeshard.runtime.comm import Comm
 
     # (patched for this call only: the rank processes serve later tests; the upsamplers by phases
     # compute otherwise: test_upsampling_by_phases_sharded)
     exchanges, fill_halo = [], Comm.fill_halo
-    possible, real = [], wan._one_exchange
-    with mock.patch.object(fast, "upsample_by_phases", lambda x: False), \
-            mock.patch.object(Comm, "fill_halo", lambda self, *a: exchanges.append(1) or fill_halo(self, *a)):
+    possible, real = [], wan_blocks._one_exchange
+    with (
+        mock.patch.object(tier, "upsample_by_phases", lambda x: False),
+        mock.patch.object(Comm, "fill_halo", lambda self, *a: exchanges.append(1) or fill_halo(self, *a)),
+    ):
         vae = vaeshard.parallelize(build(model), mode=mode)
         z = latent(shape)
         one_exchange = vae.decode(z).sample  # residual blocks make one halo exchange each
         one = len(exchanges)
-        with mock.patch.object(wan, "_one_exchange", lambda block, x: possible.append(real(block, x)) and False):
+        with mock.patch.object(wan_blocks, "_one_exchange", lambda block, x: possible.append(real(block, x)) and False):
             with_blocks = vae.decode(z).sample  # two exchanges per block, where diffusers' forward makes them
             assert any(possible) and len(exchanges) - one == one + sum(possible)  # one exchange fewer per block
-            mixins = (wan.FastUpsample, wan.FastResidualBlock) + ((wan.FastResidualUpBlock,) if model == "wan22" else ())
+            mixins = (wan_blocks.FastUpsample, wan_blocks.FastResidualBlock) + (
+                (wan_blocks.FastResidualUpBlock,) if model == "wan22" else ()
+            )
             for mixin in mixins:  # one kind of block at a time back to diffusers' forward
                 blocks = [m for m in vae.modules() if isinstance(m, mixin)]
                 assert blocks
                 for block in blocks:
-                    shard.unswap(block)
+                    swap.unswap(block)
                 assert torch.equal(with_blocks, vae.decode(z).sample), mixin.__name__
     with torch.no_grad():
         plain = build(model).decode(z).sample
@@ -310,24 +328,24 @@ def test_sharded_fast_blocks_give_the_same_bits(model, shape, mode, world):
 
 def _exchanged_frames(rank, world, model, shape, mode):
     import vaeshard
-    from vaeshard import shard
-    from vaeshard.families import wan
+    from vaeshard.families.wan import blocks as wan_blocks
+    from vaeshard.layers import convs
 
     vae = vaeshard.parallelize(build(model), mode=mode)
-    blocks = [m for m in vae.modules() if isinstance(m, wan.FastResidualBlock)]
+    blocks = [m for m in vae.modules() if isinstance(m, wan_blocks.FastResidualBlock)]
     in_blocks = {id(c) for b in blocks for c in (b.conv1, b.conv2)}
-    seen, real = [], shard.HaloCausalConv3d.forward_buffer
+    seen, real = [], convs.HaloCausalConv3d.forward_buffer
 
     def recording(self, buf, with_bias=True, halo_rows=None, ready=0, *rest, **kwargs):
         seen.append((id(self) in in_blocks, buf.shape[2], ready, self._padding[4]))
         return real(self, buf, with_bias, halo_rows, ready, *rest, **kwargs)
 
-    shard.HaloCausalConv3d.forward_buffer = recording
+    convs.HaloCausalConv3d.forward_buffer = recording
     try:
         z = latent(shape)
         out = vae.decode(z).sample
     finally:
-        shard.HaloCausalConv3d.forward_buffer = real
+        convs.HaloCausalConv3d.forward_buffer = real
     with torch.no_grad():
         plain = build(model).decode(z).sample
     block_calls = [(ready, tpad) for block, _, ready, tpad in seen if block]
@@ -339,7 +357,9 @@ def test_sharded_residual_blocks_exchange_only_new_frames():
     """The fast residual blocks keep their causal caches with the halo rows (taken after the
     exchange), so every halo exchange of their convolutions leaves the cached frames out; diffusers'
     own caches (the decoder's first convolution) are a shard's frames and are exchanged again."""
-    for block_calls, other_calls, diff in run_ranks(_exchanged_frames, 2, "wan21", (1, 4, 3, 6, 5), "spatial_shard_width"):
+    for block_calls, other_calls, diff in run_ranks(
+        _exchanged_frames, 2, "wan21", (1, 4, 3, 6, 5), "spatial_shard_width"
+    ):
         assert block_calls and all(ready == tpad == 2 for ready, tpad in block_calls)
         assert any(ready == 0 for ready, _ in other_calls)  # the check can tell the two apart
         assert diff <= TOL_CPU_FP32
@@ -348,13 +368,18 @@ def test_sharded_residual_blocks_exchange_only_new_frames():
 KERNEL_CHECK = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
-    from vaeshard import fast
-    assert fast.triton is not None
+    from vaeshard import tuning
+    from vaeshard.kernels import norm as norm_kernels
+    from vaeshard.layers import norms
+    from vaeshard.layers import tier
+    assert norm_kernels.triton is not None
     torch.manual_seed(0)
-    for shape, channels_last, dtype in [((2, 24, 3, 5, 7), False, torch.float32), ((1, 40, 2, 6, 5), True, torch.float32),
-                                        ((3, 16, 4, 6), True, torch.bfloat16), ((1, 96, 1, 3, 4), True, torch.bfloat16)]:
+    for shape, channels_last, dtype in [((2, 24, 3, 5, 7), False, torch.float32),
+                                        ((1, 40, 2, 6, 5), True, torch.float32),
+                                        ((3, 16, 4, 6), True, torch.bfloat16),
+                                        ((1, 96, 1, 3, 4), True, torch.bfloat16)]:
         x = torch.randn(shape) * 3
-        x = (fast.to_channels_last(x) if channels_last else x).to(dtype)
+        x = (tier.to_channels_last(x) if channels_last else x).to(dtype)
         gamma = torch.rand(shape[1], *([1] * (len(shape) - 2))) + 0.5
         bias = torch.randn(shape[1], *([1] * (len(shape) - 2)))
         for b in (bias, 0.0):
@@ -363,7 +388,8 @@ KERNEL_CHECK = textwrap.dedent(
                 want = xf / xf.norm(dim=1, keepdim=True).clamp_min(1e-12) * gamma * 2.0
                 want = want + (b if isinstance(b, torch.Tensor) else 0.0)
                 want = F.silu(want) if silu else want
-                got = fast.rms_norm(x, gamma.to(dtype), b if not isinstance(b, torch.Tensor) else b.to(dtype), 2.0, silu)
+                b_dtype = b if not isinstance(b, torch.Tensor) else b.to(dtype)
+                got = norm_kernels.rms_norm(x, gamma.to(dtype), b_dtype, 2.0, silu)
                 assert got.dtype == dtype and got.stride() == x.stride(), (got.dtype, got.stride(), x.stride())
                 tol = 1e-5 if dtype == torch.float32 else 2e-2 * want.abs().max().item()
                 err = (got.float() - want).abs().max().item()
@@ -374,86 +400,91 @@ KERNEL_CHECK = textwrap.dedent(
         norm = WanRMS_norm(64, images=False)
         norm.gamma.data.uniform_(0.5, 1.5)
         norm = norm.to(dtype)
-        x = fast.to_channels_last(torch.randn(1, 64, 2, 6, 10) * 4).to(dtype)
+        x = tier.to_channels_last(torch.randn(1, 64, 2, 6, 10) * 4).to(dtype)
         want = F.silu(norm(x))
-        got = fast.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True)
+        got = norm_kernels.rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True)
         # (Triton's CPU interpreter casts fp32 -> bf16 by truncation, where GPUs round to nearest,
         # so bf16 bits are compared on the GPU by benchmarks/gpu_parity.py, not here.)
         err = (got.float() - want.float()).abs()
         bound = 1e-5 if dtype == torch.float32 else want.float().abs() * 2**-5 + 1e-3  # a few bf16 ulps
         assert bool((err <= bound).all()), (dtype, err.max().item())
-    # Wan 2.2's duplicating shortcut added by one pass (fast.add_duplicated_): the bits of diffusers'
+    # Wan 2.2's duplicating shortcut added by one pass (norm_kernels.add_duplicated_): the bits of diffusers'
     # `out + DupUp3D(x)` (fp16 and fp32: the interpreter truncates to bf16), two samples, channel
     # counts past one channel block; other layouts are declined (the caller adds through views)
     from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
     for dtype in (torch.float16, torch.float32):
         for cin, cout, ft in [(16, 16, 2), (16, 8, 1), (8, 8, 1), (200, 200, 2), (320, 160, 1)]:
             shortcut = DupUp3D(cin, cout, factor_t=ft, factor_s=2)
-            x = fast.to_channels_last(torch.randn(2, cin, 3, 4, 5)).to(dtype)
-            out = fast.to_channels_last(torch.randn(2, cout, 3 * ft, 8, 10)).to(dtype)
+            x = tier.to_channels_last(torch.randn(2, cin, 3, 4, 5)).to(dtype)
+            out = tier.to_channels_last(torch.randn(2, cout, 3 * ft, 8, 10)).to(dtype)
             want = out + shortcut(x)
-            assert fast.add_duplicated_(out, x, ft, 2, shortcut.repeats)
+            assert norm_kernels.add_duplicated_(out, x, ft, 2, shortcut.repeats)
             assert torch.equal(out, want), (dtype, cin, cout, ft)
-    assert not fast.add_duplicated_(torch.zeros(1, 8, 2, 4, 4), torch.zeros(1, 8, 1, 2, 2), 2, 2, 8)  # not channels-last
+    # not channels-last
+    assert not norm_kernels.add_duplicated_(torch.zeros(1, 8, 2, 4, 4), torch.zeros(1, 8, 1, 2, 2), 2, 2, 8)
     # a convolution's bias moved into the norm: the same as adding it first (fp32: no rounding between)
-    x = fast.to_channels_last(torch.randn(1, 48, 2, 5, 6) * 2)
+    x = tier.to_channels_last(torch.randn(1, 48, 2, 5, 6) * 2)
     gamma, pre = torch.rand(48, 1, 1, 1) + 0.5, torch.randn(48)
-    got = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre)
-    want = fast.rms_norm(x + pre.reshape(1, -1, 1, 1, 1), gamma, 0.0, 2.0, True)
+    got = norm_kernels.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre)
+    want = norm_kernels.rms_norm(x + pre.reshape(1, -1, 1, 1, 1), gamma, 0.0, 2.0, True)
     assert (got - want).abs().max().item() <= 1e-6
     y = x.clone()
-    assert fast.rms_norm(y, gamma, 0.0, 2.0, True, pre_bias=pre, out=y) is y and torch.equal(y, got)
+    assert norm_kernels.rms_norm(y, gamma, 0.0, 2.0, True, pre_bias=pre, out=y) is y and torch.equal(y, got)
     # into a strided view of a larger buffer (a convolution's input: leading frames, halo rows)
     for source in (x, x.contiguous()):
-        buf = fast.to_channels_last(torch.zeros(1, 48, 4, 7, 6))
+        buf = tier.to_channels_last(torch.zeros(1, 48, 4, 7, 6))
         view = buf[:, :, 2:, 1:-1]
-        assert fast.rms_norm(source, gamma, 0.0, 2.0, True, pre_bias=pre, out=view) is view
-        assert torch.equal(view, got) and not buf[:, :, :2].any() and not buf[:, :, :, 0].any() and not buf[:, :, :, -1].any()
+        assert norm_kernels.rms_norm(source, gamma, 0.0, 2.0, True, pre_bias=pre, out=view) is view
+        assert torch.equal(view, got) and not buf[:, :, :2].any()
+        assert not buf[:, :, :, 0].any() and not buf[:, :, :, -1].any()
     # a convolution's bias and the residual, one pass: the same bits as PyTorch's two adds (fp32)
-    for h_layout in (fast.to_channels_last, lambda t: t.contiguous()):
-        out, res = fast.to_channels_last(torch.randn(1, 40, 3, 4, 5)), h_layout(torch.randn(1, 40, 3, 4, 5))
+    for h_layout in (tier.to_channels_last, lambda t: t.contiguous()):
+        out, res = tier.to_channels_last(torch.randn(1, 40, 3, 4, 5)), h_layout(torch.randn(1, 40, 3, 4, 5))
         b = torch.randn(40)
-        assert fast.fused_bias_add_available(out)
+        assert norm_kernels.fused_bias_add_available(out)
         want = (out + b.reshape(1, -1, 1, 1, 1)) + res
         kept_out, kept_res = out.clone(), res.clone()
-        assert fast.add_bias_and_residual_(out, b, res) is out and torch.equal(out, want)
+        assert norm_kernels.add_bias_and_residual_(out, b, res) is out and torch.equal(out, want)
         assert torch.equal(res, kept_res)
         # into the residual instead: the same bits there, the convolution's output left alone
         out = kept_out
-        assert fast.add_bias_and_residual_(out, b, res, into_residual=True) is res and torch.equal(res, want)
+        assert norm_kernels.add_bias_and_residual_(out, b, res, into_residual=True) is res and torch.equal(res, want)
         assert torch.equal(out, kept_out)
     # channels in three blocks of a power of two (48 = 3 x 16, as Wan's 96, 192, 384) against one
     # masked block of 64: the same values up to the order of the sum of squares
-    assert fast._channel_blocks(48) == (16, 3) and fast._channel_blocks(64) == (64, 1) and fast._channel_blocks(40) == (64, 1)
-    assert fast._channel_blocks(24) == (32, 1) and fast._channel_blocks(96) == (32, 3)
-    x48 = fast.to_channels_last(torch.randn(1, 48, 3, 5, 7) * 3)
+    blocks = norm_kernels._channel_blocks
+    assert blocks(48) == (16, 3) and blocks(64) == (64, 1) and blocks(40) == (64, 1)
+    assert norm_kernels._channel_blocks(24) == (32, 1) and norm_kernels._channel_blocks(96) == (32, 3)
+    x48 = tier.to_channels_last(torch.randn(1, 48, 3, 5, 7) * 3)
     g48, b48, p48 = torch.rand(48, 1, 1, 1) + 0.5, torch.randn(48, 1, 1, 1), torch.randn(48)
-    blocks = fast.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
-    three = fast._channel_blocks
-    fast._channel_blocks = lambda c: (64, 1)
-    one = fast.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
-    fast._channel_blocks = three
+    blocks = norm_kernels.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
+    three = norm_kernels._channel_blocks
+    norm_kernels._channel_blocks = lambda c: (64, 1)
+    one = norm_kernels.rms_norm(x48, g48, b48, 2.0, True, pre_bias=p48)
+    norm_kernels._channel_blocks = three
     assert (blocks - one).abs().max().item() <= 1e-6, (blocks - one).abs().max().item()
     # a convolution's bias added after it in one pass (conv_with_bias): the bits of PyTorch's own
     # two steps on CUDA (the convolution, then its bias pass), for 3-D and 2-D convolutions
     import torch.nn.functional as F
-    xc = fast.to_channels_last(torch.randn(1, 24, 4, 6, 5))
+    xc = tier.to_channels_last(torch.randn(1, 24, 4, 6, 5))
     wc, bc = torch.randn(40, 24, 3, 3, 3) * 0.1, torch.randn(40)
-    got = fast.conv_with_bias(F.conv3d, xc, wc, bc, 1, (0, 1, 1))
+    got = tier.conv_with_bias(F.conv3d, xc, wc, bc, 1, (0, 1, 1))
     assert torch.equal(got, F.conv3d(xc, wc, None, 1, (0, 1, 1)) + bc.reshape(1, -1, 1, 1, 1))
     assert (got - F.conv3d(xc, wc, bc, 1, (0, 1, 1))).abs().max().item() <= 1e-5
     x2 = torch.randn(3, 24, 6, 5).contiguous(memory_format=torch.channels_last)
-    got = fast.conv_with_bias(F.conv2d, x2, wc[:, :, 0], bc, 1, 1)
+    got = tier.conv_with_bias(F.conv2d, x2, wc[:, :, 0], bc, 1, 1)
     assert torch.equal(got, F.conv2d(x2, wc[:, :, 0], None, 1, 1) + bc.reshape(1, -1, 1, 1))
-    strided = fast.to_channels_last(torch.randn(1, 48, 3, 9, 6))[:, :, 1:, 1:-1]
+    strided = tier.to_channels_last(torch.randn(1, 48, 3, 9, 6))[:, :, 1:, 1:-1]
     want = strided + pre.reshape(1, -1, 1, 1, 1)
-    assert fast.add_bias_(strided, pre) is strided and torch.equal(strided, want)
+    assert norm_kernels.add_bias_(strided, pre) is strided and torch.equal(strided, want)
     # 64-bit index arithmetic (taken where offsets can pass 2**31; forced here): the same values
-    narrow = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre), fast.add_bias_and_residual_(kept_out.clone(), b, res.clone())
-    narrow += (fast.add_bias_(kept_out.clone(), b),)
-    fast._wide = lambda *tensors: True
-    wide = fast.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre), fast.add_bias_and_residual_(kept_out.clone(), b, res.clone())
-    wide += (fast.add_bias_(kept_out.clone(), b),)
+    narrow = (norm_kernels.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre),
+              norm_kernels.add_bias_and_residual_(kept_out.clone(), b, res.clone()))
+    narrow += (norm_kernels.add_bias_(kept_out.clone(), b),)
+    norm_kernels._wide = lambda *tensors: True
+    wide = (norm_kernels.rms_norm(x, gamma, 0.0, 2.0, True, pre_bias=pre),
+            norm_kernels.add_bias_and_residual_(kept_out.clone(), b, res.clone()))
+    wide += (norm_kernels.add_bias_(kept_out.clone(), b),)
     assert all(torch.equal(a, w) for a, w in zip(narrow, wide))
     print("kernel ok")
     """
@@ -461,12 +492,12 @@ KERNEL_CHECK = textwrap.dedent(
 
 
 def test_kernels_index_in_64_bits_only_where_offsets_can_pass_2_31():
-    from vaeshard import fast
+    from vaeshard.kernels import norm as norm_kernels
 
     frames = torch.empty((1, 96, 6, 720, 1280), device="meta").contiguous(memory_format=torch.channels_last_3d)
-    assert not fast._wide(frames, frames[:, :, 2:])  # a Wan 2.1 720p full-resolution buffer: 0.53 G elements
-    assert fast._wide(torch.empty((4, 96, 6, 720, 1280), device="meta"))  # 2.1 G elements
-    assert fast._wide(torch.empty(8, device="meta").as_strided((2, 4), (2**31, 1)))  # one far-apart stride
+    assert not norm_kernels._wide(frames, frames[:, :, 2:])  # a Wan 2.1 720p full-resolution buffer: 0.53 G elements
+    assert norm_kernels._wide(torch.empty((4, 96, 6, 720, 1280), device="meta"))  # 2.1 G elements
+    assert norm_kernels._wide(torch.empty(8, device="meta").as_strided((2, 4), (2**31, 1)))  # one far-apart stride
 
 
 def test_triton_rms_norm_kernel_through_the_interpreter():
@@ -481,8 +512,11 @@ MODEL_THROUGH_KERNELS = textwrap.dedent(
     import torch
     import vaeshard
     from tests.models import build, latent
-    from vaeshard import fast
-    assert fast.fused_bias_add_available(torch.zeros(1))
+    from vaeshard import tuning
+    from vaeshard.kernels import norm as norm_kernels
+    from vaeshard.layers import norms
+    from vaeshard.layers import tier
+    assert norm_kernels.fused_bias_add_available(torch.zeros(1))
     vae = build("wan21")
     z = latent((1, 4, 2, 4, 3))
     with torch.no_grad():
@@ -501,8 +535,14 @@ def test_fast_tier_decode_through_the_triton_kernels_on_cpu():
     # Triton's CPU interpreter in fp32 against diffusers' decode
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", MODEL_THROUGH_KERNELS], capture_output=True, text=True, env=env,
-                         timeout=240, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run(
+        [sys.executable, "-c", MODEL_THROUGH_KERNELS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -511,24 +551,40 @@ def test_triton_kernels_compile_for_hopper():
     # they run on (sm_90, H100/H200), with Triton's own ptxas, no GPU needed
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
-    from vaeshard import fast
+    from vaeshard.kernels import norm as norm_kernels
 
     kernels = [
-        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=True, PRE_BIAS=True, SILU=True, BLOCK_S=64, BLOCK_C=128, CHUNKS=1)),
-        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=False, SILU=False, BLOCK_S=8, BLOCK_C=1024, CHUNKS=1)),
-        (fast._rms_norm_silu_kernel, dict(HAS_BIAS=False, PRE_BIAS=True, SILU=True, BLOCK_S=32, BLOCK_C=32, CHUNKS=3)),
-        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False, RESIDUAL=True)),
-        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=True, RESIDUAL=True)),
-        (fast._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False, RESIDUAL=False)),
+        (
+            norm_kernels._rms_norm_silu_kernel,
+            dict(HAS_BIAS=True, PRE_BIAS=True, SILU=True, BLOCK_S=64, BLOCK_C=128, CHUNKS=1),
+        ),
+        (
+            norm_kernels._rms_norm_silu_kernel,
+            dict(HAS_BIAS=False, PRE_BIAS=False, SILU=False, BLOCK_S=8, BLOCK_C=1024, CHUNKS=1),
+        ),
+        (
+            norm_kernels._rms_norm_silu_kernel,
+            dict(HAS_BIAS=False, PRE_BIAS=True, SILU=True, BLOCK_S=32, BLOCK_C=32, CHUNKS=3),
+        ),
+        (norm_kernels._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False, RESIDUAL=True)),
+        (norm_kernels._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=True, RESIDUAL=True)),
+        (norm_kernels._bias_residual_kernel, dict(BLOCK_S=64, BLOCK_C=128, INTO_H=False, RESIDUAL=False)),
     ]
     for (kernel, constants), wide in itertools.product(kernels, (False, True)):  # 32- and 64-bit indexing
         constants = {**constants, "WIDE": wide}
         names = kernel.arg_names
         for ints in ("i32", "i64"):
             types = {
-                n: "*bf16" if n.endswith("_ptr") else "fp32" if n in ("scale", "eps") else "constexpr" if n in constants else ints
+                n: "*bf16"
+                if n.endswith("_ptr")
+                else "fp32"
+                if n in ("scale", "eps")
+                else "constexpr"
+                if n in constants
+                else ints
                 for n in names
             }
             source = ASTSource(kernel, types, constexprs={(names.index(c),): v for c, v in constants.items()})
@@ -554,10 +610,10 @@ def _decoder_calls(vae):
 def test_causal_caches_are_overwritten_in_place(per_step):
     """From the third decoder call on, every causal cache is written into the tensor of the call
     before (diffusers makes a new tensor each call): the fast residual blocks' and upsamplers', and
-    the decoder's first and last convolutions' (wan.FastCoderHead)."""
+    the decoder's first and last convolutions' (wan_blocks.FastCoderHead)."""
     import vaeshard
 
-    vae = vaeshard.parallelize(build("wan21"), frames_per_step=per_step)
+    vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(frames_per_step=per_step))
     z = latent((1, 4, 1 + 4 * per_step, 6, 5))
     states = []
     handle = vae.decoder.register_forward_hook(lambda module, inputs, output: states.append(list(vae._feat_map)))
@@ -582,18 +638,18 @@ def test_frames_per_step_direct(model):
     split gives diffusers' untiled decode within tolerance, and one frame per call gives the bits of
     diffusers' own loop running the fast tier's layers."""
     import vaeshard
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
     vae = build(model)
     z = latent((1, 4, 6, 6, 5))
     with torch.no_grad():
         ref = vae.decode(z).sample
     vaeshard.parallelize(vae)
-    with torch.no_grad(), fast.tier(True):
+    with torch.no_grad(), tier.active(tier.FastPlan()):
         diffusers_loop = vae._decode(z, return_dict=False)[0]
     assert not torch.equal(diffusers_loop, ref)  # the fast tier's layers round otherwise: a real check below
     for per_step, calls in [(1, [1] * 6), (2, [1, 2, 2, 1]), (3, [1, 3, 2]), (8, [1, 5])]:
-        vaeshard.parallelize(vae, frames_per_step=per_step)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(frames_per_step=per_step))
         with _decoder_calls(vae) as frames:
             out = vae.decode(z).sample
         assert frames == calls, (per_step, frames)
@@ -606,7 +662,7 @@ def test_frames_per_step_direct(model):
     with torch.no_grad():
         vaeshard.unparallelize(vae)
         image_ref = vae.decode(image).sample
-    vaeshard.parallelize(vae, frames_per_step=3)
+    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(frames_per_step=3))
     with _decoder_calls(vae) as frames:
         out = vae.decode(image).sample
     assert frames == [1] and out.shape == image_ref.shape
@@ -622,8 +678,9 @@ def test_frames_per_step_where_the_vaes_own_decode_runs():
     z = latent((2, 4, 3, 6, 5))
     with torch.no_grad():
         untiled_ref = vae.decode(z).sample
-    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16,
-                      tile_sample_stride_width=16)
+    vae.enable_tiling(
+        tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=16, tile_sample_stride_width=16
+    )
     with torch.no_grad():
         tiled_ref = vae.decode(z).sample
     assert not torch.equal(tiled_ref, untiled_ref)  # these tiles change the result: the tiling case is one
@@ -631,7 +688,7 @@ def test_frames_per_step_where_the_vaes_own_decode_runs():
         vae.use_tiling, vae.use_slicing = setup == "tiling", setup == "slicing"
         with torch.no_grad():
             ref = vae.decode(z).sample
-        vaeshard.parallelize(vae, frames_per_step=3, exact=exact)
+        vaeshard.parallelize(vae, exact=exact, fast=vaeshard.FastOptions(frames_per_step=3))
         with _decoder_calls(vae) as frames:
             out = vae.decode(z).sample
         vaeshard.unparallelize(vae)
@@ -653,7 +710,9 @@ def _sharded_frame_settings(rank, world, model, shape, mode):
         ref = vae.decode(z).sample
     diffs = {}
     for per_step, layer_frames in [(2, None), (3, None), (1, 2)]:
-        vaeshard.parallelize(vae, mode=mode, frames_per_step=per_step, max_layer_frames=layer_frames)
+        vaeshard.parallelize(
+            vae, mode=mode, fast=vaeshard.FastOptions(frames_per_step=per_step, max_layer_frames=layer_frames)
+        )
         with _decoder_calls(vae) as frames, _recorded_inputs() as record:
             out = vae.decode(z).sample
         assert frames[0] == 1 and max(frames) == min(per_step, shape[2] - 1), frames
@@ -666,7 +725,7 @@ def _sharded_frame_settings(rank, world, model, shape, mode):
     vaeshard.unparallelize(vae)
     with torch.no_grad():
         enc_ref = vae.encode(x).latent_dist.mean
-    vaeshard.parallelize(vae, mode=mode, max_layer_frames=2)
+    vaeshard.parallelize(vae, mode=mode, fast=vaeshard.FastOptions(max_layer_frames=2))
     assert vaeshard.plan(vae, x.shape, world, mode, op="encode").strategy == mode
     enc_diff = (vae.encode(x).latent_dist.mean - enc_ref).abs().max().item()
     assert enc_diff <= TOL_CPU_FP32, enc_diff
@@ -681,38 +740,55 @@ def test_frame_settings_sharded(model, shape, mode, world):
     run_ranks(_sharded_frame_settings, world, model, shape, mode)
 
 
-@pytest.mark.parametrize("value,error", [(0, ValueError), (-2, ValueError), (True, TypeError), ("2", TypeError), (1.5, TypeError),
-                                         ("Auto", TypeError), (None, TypeError)])
+@pytest.mark.parametrize(
+    "value,error",
+    [
+        (0, ValueError),
+        (-2, ValueError),
+        (True, TypeError),
+        ("2", TypeError),
+        (1.5, TypeError),
+        ("Auto", TypeError),
+        (None, TypeError),
+    ],
+)
 def test_frames_per_step_is_validated(value, error):
     import vaeshard
 
     vae = build("wan21")
     with pytest.raises(error, match="frames_per_step"):
-        vaeshard.parallelize(vae, frames_per_step=value)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(frames_per_step=value))
     assert not hasattr(vae, "_vaeshard")
 
 
 def test_frames_per_step_auto_rule():
     """frames_per_step="auto" (the default): AUTO_STEP_FRAMES on CUDA for frames up to
     AUTO_STEP_MAX_PIXELS, else 1; 1 with max_layer_frames, on the CPU and outside the fast tier; a
-    number is taken as it is."""
-    from vaeshard import fast
+    number is taken as it is. (The plan decides it from the output frame: latent pixels x 64.)"""
+    import vaeshard
+    from vaeshard import policy, tuning
 
+    vae = build("wan21")
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    small, large = fast.AUTO_STEP_MAX_PIXELS, fast.AUTO_STEP_MAX_PIXELS + 1
-    assert fast.AUTO_STEP_FRAMES > 1
-    with fast.tier(True):
-        assert fast.frames_per_step(small, cuda) == fast.AUTO_STEP_FRAMES
-        assert fast.frames_per_step(832 * 240, cuda) == fast.AUTO_STEP_FRAMES  # Wan 2.1 480p, a rank of 2
-        assert [fast.frames_per_step(n, cuda) for n in (large, 1280 * 360, 832 * 480)] == [1, 1, 1]
-        assert fast.frames_per_step(small, cpu) == 1
-    with fast.tier(True, max_layer_frames=2):
-        assert fast.frames_per_step(small, cuda) == 1
-    with fast.tier(True, frames_per_step=3):
-        assert fast.frames_per_step(large, cpu) == 3 and fast.frames_per_step(small, cuda) == 3
-    with fast.tier(False):
-        assert fast.frames_per_step(small, cuda) == 1
-    assert fast.frames_per_step(small, cuda) == 1  # no request: diffusers' one frame per call
+
+    def steps(latent_hw, device, **options):
+        return policy.resolve_fast(
+            vae, (1, 4, 5, *latent_hw), 1, "direct", vaeshard.FastOptions(**options), device=device
+        ).frames_per_step
+
+    small, large = (64, 64), (64, 65)  # 2^18 output pixels (tuning.AUTO_STEP_MAX_PIXELS), and more
+    assert 64 * 64 * 64 == tuning.AUTO_STEP_MAX_PIXELS and tuning.AUTO_STEP_FRAMES > 1
+    assert steps(small, cuda) == tuning.AUTO_STEP_FRAMES
+    assert steps((30, 104), cuda) == tuning.AUTO_STEP_FRAMES  # Wan 2.1 480p, a rank of 2 (832 x 240)
+    assert [steps(hw, cuda) for hw in (large, (45, 160), (60, 104))] == [1, 1, 1]
+    assert steps(small, cpu) == 1
+    assert steps(small, cuda, max_layer_frames=2) == 1
+    assert steps(large, cpu, frames_per_step=3) == 3 and steps(small, cuda, frames_per_step=3) == 3
+    # the exact tier, and no request at all: diffusers' one frame per call
+    assert vaeshard.plan(vae, (1, 4, 5, *small), exact=True).fast is None
+    from vaeshard.layers import tier
+
+    assert tier.current() is None
 
 
 def _auto_steps_sharded(rank, world):
@@ -721,27 +797,27 @@ def _auto_steps_sharded(rank, world):
     ranks' decoder calls and halo exchanges pair up; the result is diffusers' decode within
     tolerance either way."""
     import vaeshard
-    from vaeshard import fast
+    from vaeshard import tuning
 
     vae = build("wan21", (32, 24))
     z = latent((1, 4, 5, 7, 6))  # 7 latent rows: 4 on rank 0, 3 on rank 1
     with torch.no_grad():
         ref = vae.decode(z).sample
     largest = 4 * 6 * vae.spatial_compression_ratio**2
-    devices, limit = fast.AUTO_STEP_DEVICES, fast.AUTO_STEP_MAX_PIXELS
+    devices, limit = tuning.AUTO_STEP_DEVICES, tuning.AUTO_STEP_MAX_PIXELS
     calls = []
     try:
-        fast.AUTO_STEP_DEVICES = ("cpu",)
+        tuning.AUTO_STEP_DEVICES = ("cpu",)
         for threshold in (largest, largest - 1):  # the smaller rank's frames are below both
-            fast.AUTO_STEP_MAX_PIXELS = threshold
+            tuning.AUTO_STEP_MAX_PIXELS = threshold
             vaeshard.parallelize(vae, mode="spatial_shard_height")
             with _decoder_calls(vae) as frames:
                 out = vae.decode(z).sample
             assert (out - ref).abs().max() <= TOL_CPU_FP32, threshold
             calls.append(frames)
     finally:
-        fast.AUTO_STEP_DEVICES, fast.AUTO_STEP_MAX_PIXELS = devices, limit  # (the rank processes serve later tests)
-    return fast.AUTO_STEP_FRAMES, calls
+        tuning.AUTO_STEP_DEVICES, tuning.AUTO_STEP_MAX_PIXELS = devices, limit  # (the rank processes serve later tests)
+    return tuning.AUTO_STEP_FRAMES, calls
 
 
 def test_frames_per_step_auto_sharded():
@@ -756,10 +832,10 @@ def test_frames_per_step_auto_sharded():
 def _recorded_inputs():
     """Inside the block, the halo convolutions' input buffers record how many new frames (causal
     convolutions) or batch entries (2-D convolutions of upsampled frames) each one holds."""
-    from vaeshard import shard
+    from vaeshard.layers import convs
 
     record = []
-    causal, flat = shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer
+    causal, flat = convs.HaloCausalConv3d.input_buffer, convs.HaloConv2d.input_buffer
 
     def causal_buffer(self, like, cache_x, halo_rows=None, shape=None):
         buf, new, ready, front = causal(self, like, cache_x, halo_rows, shape)
@@ -771,11 +847,11 @@ def _recorded_inputs():
         record.append(("2d", buf.shape[0]))
         return buf, core
 
-    shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer = causal_buffer, flat_buffer
+    convs.HaloCausalConv3d.input_buffer, convs.HaloConv2d.input_buffer = causal_buffer, flat_buffer
     try:
         yield record
     finally:
-        shard.HaloCausalConv3d.input_buffer, shard.HaloConv2d.input_buffer = causal, flat
+        convs.HaloCausalConv3d.input_buffer, convs.HaloConv2d.input_buffer = causal, flat
 
 
 @pytest.mark.parametrize("model", ["wan21", "wan22", "qwenimage"])
@@ -790,7 +866,7 @@ def test_max_layer_frames_direct(model):
     with torch.no_grad():
         ref = vae.decode(z).sample
     for per_step, layer_frames in [(1, None), (1, 2), (1, 3), (2, 2)]:
-        vaeshard.parallelize(vae, frames_per_step=per_step, max_layer_frames=layer_frames)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(frames_per_step=per_step, max_layer_frames=layer_frames))
         with _recorded_inputs() as record:
             out = vae.decode(z).sample
         causal = max(n for kind, n in record if kind == "causal")
@@ -813,7 +889,7 @@ def test_max_layer_frames_encode(model):
     with torch.no_grad():
         ref = vae.encode(x).latent_dist.mean
     for layer_frames in (2, 3):
-        vaeshard.parallelize(vae, max_layer_frames=layer_frames)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(max_layer_frames=layer_frames))
         with _recorded_inputs() as record:
             out = vae.encode(x).latent_dist.mean
         assert any(kind == "causal" and n == layer_frames for kind, n in record)  # some layer was cut
@@ -826,19 +902,20 @@ def test_max_layer_frames_is_validated(value, error):
 
     vae = build("wan21")
     with pytest.raises(error, match="max_layer_frames"):
-        vaeshard.parallelize(vae, max_layer_frames=value)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(max_layer_frames=value))
     assert not hasattr(vae, "_vaeshard")
 
 
 def test_default_parts_above_the_frame_size(monkeypatch):
     """With max_layer_frames None, the upsamplers whose output frames hold at least
-    fast.PARTS_FROM_PIXELS pixels compute their phases on parts of two output frames; the residual
+    tuning.PARTS_FROM_PIXELS pixels compute their phases on parts of two output frames; the residual
     blocks take parts only where box_conv's kernel runs their convolutions (not on the CPU: see
     test_causal_front), and the levels below the threshold take all their frames. A setting of the
     request's own (max_layer_frames=4) takes precedence. Values: diffusers' untiled decode within
     tolerance."""
     import vaeshard
-    from vaeshard import fast, upsample
+    from vaeshard import tuning
+    from vaeshard.kernels import phases as upsample
 
     vae = build("wan21")
     z = latent((1, 4, 3, 4, 8))  # output frames of 32 x 64 = 2048 pixels, 512 the level below
@@ -852,9 +929,9 @@ def test_default_parts_above_the_frame_size(monkeypatch):
         return by_phases(src, weight, bias, halo, phases_weight, out, addend)
 
     monkeypatch.setattr(upsample, "conv2d_by_phases", spy)
-    monkeypatch.setattr(fast, "PARTS_FROM_PIXELS", 2048)
+    monkeypatch.setattr(tuning, "PARTS_FROM_PIXELS", 2048)
     for layer_frames in (None, 4):
-        vaeshard.parallelize(vae, max_layer_frames=layer_frames)
+        vaeshard.parallelize(vae, fast=vaeshard.FastOptions(max_layer_frames=layer_frames))
         phases.clear()
         with _recorded_inputs() as record:
             out = vae.decode(z).sample

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import vaeshard
-from vaeshard import families, shard
+from vaeshard import families
+from vaeshard.runtime import swap
 
-from .models import build
+from ..models import build
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # One small config per registered class: a new family adds its builder here and gets these checks.
 FAMILY_MODELS = {"AutoencoderKLWan": "wan21", "AutoencoderKLQwenImage": "qwenimage", "AutoencoderKL": "autoencoder_kl"}
@@ -23,8 +24,11 @@ def _tiny_autoencoder():
     from diffusers import AutoencoderTiny
 
     return AutoencoderTiny(
-        encoder_block_out_channels=(8, 8), decoder_block_out_channels=(8, 8), num_encoder_blocks=(1, 1),
-        num_decoder_blocks=(1, 1), latent_channels=4,
+        encoder_block_out_channels=(8, 8),
+        decoder_block_out_channels=(8, 8),
+        num_encoder_blocks=(1, 1),
+        num_decoder_blocks=(1, 1),
+        latent_channels=4,
     )
 
 
@@ -32,7 +36,9 @@ class AutoencoderKLHunyuanImage(torch.nn.Module):
     """Stands in for a VAE class vaeshard has never heard of."""
 
 
-@pytest.mark.parametrize("make", [_tiny_autoencoder, AutoencoderKLHunyuanImage], ids=["AutoencoderTiny", "hypothetical"])
+@pytest.mark.parametrize(
+    "make", [_tiny_autoencoder, AutoencoderKLHunyuanImage], ids=["AutoencoderTiny", "hypothetical"]
+)
 def test_unsupported_class_is_refused_naming_it_and_the_supported_ones(make):
     vae = make()
     name = type(vae).__name__
@@ -91,7 +97,7 @@ def test_install_and_uninstall_keep_parameters_and_classes(cls_name):
     state = {k: v.clone() for k, v in vae.state_dict().items()}
     family.install_layers(vae)
     family.install_layers(vae)  # idempotent
-    assert any(shard.is_swapped(m) for m in vae.modules())
+    assert any(swap.is_swapped(m) for m in vae.modules())
     assert list(vae.state_dict()) == list(state)
     vae.load_state_dict(state, strict=True)
     family.uninstall_layers(vae)

@@ -10,16 +10,20 @@ import textwrap
 import pytest
 import torch
 
-from vaeshard import box_conv, conv_kernel
+from vaeshard.kernels import box_conv
+from vaeshard.kernels import conv3d as conv_kernel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 KERNEL_VALUES = textwrap.dedent(
     """
     import torch
     import torch.nn.functional as F
-    from vaeshard import conv_kernel, fast
-    from vaeshard.conv_kernel import ConvPlan
+    from vaeshard.kernels import conv3d as conv_kernel
+    from vaeshard.kernels import weights
+    from vaeshard.kernels import norm as norm_kernels
+    from vaeshard.layers import tier
+    from vaeshard.kernels.conv3d import ConvPlan
 
     torch.manual_seed(0)
     cases = [  # (N, Cin, Cout, T, H, W, padding, plan)
@@ -73,7 +77,7 @@ KERNEL_VALUES = textwrap.dedent(
                 plain = conv_kernel.conv3d(x, weight, None, padding, how)
                 for nb in (0.0, norm_bias):
                     norm = conv_kernel.NormEpilogue(gamma, nb, cout ** 0.5, pre_bias=pre)
-                    normed = fast.rms_norm(plain, gamma, nb, cout ** 0.5, True, pre_bias=pre)
+                    normed = norm_kernels.rms_norm(plain, gamma, nb, cout ** 0.5, True, pre_bias=pre)
                     buf = torch.zeros(n, cout, want.shape[2] + 2, want.shape[3] + 2, want.shape[4] + 2,
                                       dtype=dtype).contiguous(memory_format=torch.channels_last_3d)
                     out = buf[:, :, 2:, 1:-1, 1:-1]  # two cached frames in front, a halo row and column each side
@@ -123,13 +127,13 @@ KERNEL_VALUES = textwrap.dedent(
     with torch.inference_mode():  # no version counter: made each time, never kept
         frozen = torch.randn(16, 32, 3, 3, 3)
         assert torch.equal(conv_kernel.cached_gemm_weight(frozen), conv_kernel.gemm_weight_of(frozen))
-        assert not hasattr(frozen, "_vaeshard_gemm_weight")
+        assert not weights.holds(frozen, "gemm")
     # unparallelize drops the kept copies
     conv = torch.nn.Conv3d(32, 16, 3)
     conv_kernel.cached_gemm_weight(conv.weight)
-    assert hasattr(conv.weight, "_vaeshard_gemm_weight")
-    conv_kernel.forget_gemm_weights(conv)
-    assert not hasattr(conv.weight, "_vaeshard_gemm_weight")
+    assert weights.holds(conv.weight, "gemm")
+    weights.forget(conv)
+    assert not weights.holds(conv.weight, "gemm")
     # two samples of one frame each, added to (and written into) a tensor laid out as an upsampler
     # leaves its output after one frame: (N, C, H, W) channels-last frames seen as (N, C, 1, H, W),
     # whose one-frame axis has the channels' stride: samples are a sample stride apart
@@ -154,8 +158,9 @@ KERNEL_VALUES = textwrap.dedent(
 def test_conv_kernel_values_through_the_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", KERNEL_VALUES], capture_output=True, text=True, env=env, timeout=240,
-                         cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, "-c", KERNEL_VALUES], capture_output=True, text=True, env=env, timeout=240, cwd=ROOT
+    )
     assert run.returncode == 0 and "conv kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -164,14 +169,15 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     import torch
     import vaeshard
     from tests.models import build, latent
-    from vaeshard import conv_kernel
+    from vaeshard.kernels import conv3d as conv_kernel
+    from vaeshard.kernels import weights
 
     # the test model's 32-channel 3x3x3 convolutions (Wan's 96 / 384 scaled down) on tiles small
     # enough for its rows
     conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)
     calls = []
     kernel = conv_kernel.conv3d
-    from vaeshard import upsample
+    from vaeshard.kernels import phases as upsample
     phased = []  # the upsamplers' convolutions by phases (their interleaving pass on the Triton kernel)
     by_phases, interleave = upsample.conv2d_by_phases, upsample._interleave_kernel
     upsample.conv2d_by_phases = lambda *a, **k: phased.append(a[0].shape) or by_phases(*a, **k)
@@ -185,7 +191,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
         (a[6] if len(a) > 6 else k.get("add_to")) is not None) or normed.append(k.get("norm") is not None) or kernel(
         *a, **k)
     # the mid block's attention on the fast tier's own (attention.py)
-    from vaeshard import attention
+    from vaeshard.kernels import attention
     attended = []
     own_attention = attention.attention
     attention.attention = lambda *a: attended.append(a[0].shape) or own_attention(*a)
@@ -211,7 +217,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
         err = (got[i].float() - ref_pair[i]).abs()
         assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, ("pair", i, err.max().item(), err.mean().item())
     # where they do not fit, the buffers hold their padding as zero columns and the wrapping tiles
-    # take them (fast.zero_columns; on one rank nothing else wraps)
+    # take them (tier.zero_columns; on one rank nothing else wraps)
     wraps.clear()
     got = vae.decode(narrow.to(torch.float16)).sample
     assert wraps and all(wraps), wraps
@@ -225,17 +231,17 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     assert phased and len(interleaved) == len(phased), (phased, interleaved)
     # max_layer_frames (the setting for the lowest peak): conv1's output is stored and the norm runs
     # after it, so only one convolution input is alive at a time
-    vaeshard.parallelize(vae, max_layer_frames=2)
+    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(max_layer_frames=2))
     normed.clear()
     parts = vae.decode(z).sample
     assert normed and not any(normed), "max_layer_frames still computed norm2 in conv1's epilogue"
     err = (parts.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     vaeshard.parallelize(vae)
-    assert any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
+    assert any(weights.holds(p, "gemm") for p in vae.parameters())
     err = (out.float() - ref).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
-    vaeshard.parallelize(vae, triton_convs=False)
+    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(triton_convs=False))
     taken = len(calls)
     cudnn = vae.decode(z).sample
     assert len(calls) == taken, "triton_convs=False still ran the Triton convolution kernel"
@@ -255,7 +261,7 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     err = (got.float() - want).abs()
     assert err.max().item() <= 5e-2 and err.mean().item() <= 2e-3, (err.max().item(), err.mean().item())
     vaeshard.unparallelize(vae)  # leaves no kept weight copies behind
-    assert not any(hasattr(p, "_vaeshard_gemm_weight") for p in vae.parameters())
+    assert not any(weights.holds(p, "gemm") for p in vae.parameters())
     print("model ok", taken)
     """
 )
@@ -263,18 +269,26 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
 
 def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
     # Wan's decoder (and encoder) with its 32-channel convolutions on the Triton kernel (the interpreter,
-    # fp16), within DESIGN.md's half-precision tolerance of diffusers' fp32 decode (encode), rows the
+    # fp16), within the half-precision tolerance (tests/parity.py) of diffusers' fp32 decode (encode), rows the
     # row tiles do not fit taken by the wrapping tiles through zero columns, and none of them with
     # triton_convs=False
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", MODEL_THROUGH_CONV_KERNEL], capture_output=True, text=True, env=env,
-                         timeout=280, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, "-c", MODEL_THROUGH_CONV_KERNEL],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+        cwd=ROOT,
+    )
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 
-@pytest.mark.parametrize("mode, wrap, samples", [("spatial_shard_width", True, 1), ("spatial_shard_height", False, 1),
-                                                 ("spatial_shard_height", False, 2)])
+@pytest.mark.parametrize(
+    "mode, wrap, samples",
+    [("spatial_shard_width", True, 1), ("spatial_shard_height", False, 1), ("spatial_shard_height", False, 2)],
+)
 def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap, samples):
     # two gloo ranks running the Triton kernel in its interpreter (fp16): width shards take the
     # wrapping tiles, height shards the row tiles, the residual blocks' conv2 adds the residual in
@@ -285,12 +299,13 @@ def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap, 
     # norm then runs after conv1: its epilogue writes one sample's frames), whose second sample the
     # kernels once stored into the first's where an output had one frame (triton_support.frame_stride)
     pytest.importorskip("triton")
-    from .conv_kernel_ranks import sharded_through_the_kernel
-    from .dist_harness import run_ranks
+    from ..conv_kernel_ranks import sharded_through_the_kernel
+    from ..dist_harness import run_ranks
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the fresh rank processes
-    for calls, upsampled, attended, err_max, err_mean in run_ranks(sharded_through_the_kernel, 2, mode, samples,
-                                                                   fresh=True, timeout=240):
+    for calls, upsampled, attended, err_max, err_mean in run_ranks(
+        sharded_through_the_kernel, 2, mode, samples, fresh=True, timeout=240
+    ):
         assert calls and all(w == wrap for w, _, _ in calls), calls
         # the mid block's attention: the rank's own query rows against the whole frame's keys
         assert attended and all(lq * 2 == lk for lq, lk in attended), attended
@@ -331,7 +346,13 @@ def _shape_w(cout, cin, k=(3, 3, 3), dtype=torch.bfloat16):
         (_shape_x((1, 192, 6, 360, 640)), _shape_w(192, 192), 1, (0, 1, 1), False),  # half resolution, 720p
         (_shape_x((1, 192, 6, 182, 640)), _shape_w(192, 192), 1, (0, 0, 1), False),  # sharded by height
         (_shape_x((1, 192, 6, 360, 322)), _shape_w(192, 192), 1, (0, 1, 0), True),  # sharded by width
-        (_shape_x((1, 32, 4, 8, 512), torch.float16), _shape_w(8, 32, dtype=torch.float16), (1, 1, 1), (0, 1, 1), False),
+        (
+            _shape_x((1, 32, 4, 8, 512), torch.float16),
+            _shape_w(8, 32, dtype=torch.float16),
+            (1, 1, 1),
+            (0, 1, 1),
+            False,
+        ),
     ],
 )
 def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap):
@@ -347,15 +368,63 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
 @pytest.mark.parametrize(
     "x, w, stride, padding, dilation, groups, why",
     [
-        (_shape_x((1, 96, 6, 480, 832)), _shape_w(96, 96), 1, (0, 1, 1), 1, 1, "rows not a multiple of the tile, padded"),
-        (_shape_x((1, 96, 6, 720, 1280), torch.float32), _shape_w(96, 96, dtype=torch.float32), 1, (0, 1, 1), 1, 1, "fp32"),
+        (
+            _shape_x((1, 96, 6, 480, 832)),
+            _shape_w(96, 96),
+            1,
+            (0, 1, 1),
+            1,
+            1,
+            "rows not a multiple of the tile, padded",
+        ),
+        (
+            _shape_x((1, 96, 6, 720, 1280), torch.float32),
+            _shape_w(96, 96, dtype=torch.float32),
+            1,
+            (0, 1, 1),
+            1,
+            1,
+            "fp32",
+        ),
         (_shape_x((1, 384, 6, 180, 322)), _shape_w(384, 384), 1, (0, 1, 0), 1, 1, "384 output channels"),
-        (_shape_x((1, 256, 6, 352, 640)), _shape_w(256, 256), 1, (0, 1, 1), 1, 1, "256 output channels (Wan 2.2: no faster)"),
-        (_shape_x((1, 192, 6, 240, 416)), _shape_w(192, 192), 1, (0, 1, 1), 1, 1, "rows of 416 for 128-voxel tiles, padded"),
+        (
+            _shape_x((1, 256, 6, 352, 640)),
+            _shape_w(256, 256),
+            1,
+            (0, 1, 1),
+            1,
+            1,
+            "256 output channels (Wan 2.2: no faster)",
+        ),
+        (
+            _shape_x((1, 192, 6, 240, 416)),
+            _shape_w(192, 192),
+            1,
+            (0, 1, 1),
+            1,
+            1,
+            "rows of 416 for 128-voxel tiles, padded",
+        ),
         (_shape_x((1, 96, 6, 720, 322)), _shape_w(192, 96), 1, (0, 1, 0), 1, 1, "96 input channels for 64 per step"),
-        (_shape_x((1, 96, 6, 720, 642)), _shape_w(3, 96), 1, (0, 1, 0), 1, 1, "3 output channels (TMA rows of 6 bytes)"),
+        (
+            _shape_x((1, 96, 6, 720, 642)),
+            _shape_w(3, 96),
+            1,
+            (0, 1, 0),
+            1,
+            1,
+            "3 output channels (TMA rows of 6 bytes)",
+        ),
         (_shape_x((1, 16, 6, 720, 642)), _shape_w(96, 16), 1, (0, 1, 0), 1, 1, "16 input channels"),
-        (_shape_x((1, 96, 6, 720, 642), channels_last=False), _shape_w(96, 96), 1, (0, 1, 0), 1, 1, "not channels-last"),
+        (
+            _shape_x((1, 96, 6, 720, 642), channels_last=False),
+            _shape_w(96, 96),
+            1,
+            (0, 1, 0),
+            1,
+            1,
+            "not channels-last",
+        ),
         (_shape_x((1, 96, 6, 720, 642)), _shape_w(96, 96), (1, 2, 2), (0, 1, 0), 1, 1, "stride 2"),
         (_shape_x((1, 96, 6, 720, 642)), _shape_w(96, 96), 1, (0, 1, 0), (1, 2, 2), 1, "dilation 2"),
         (_shape_x((1, 96, 6, 720, 642)), _shape_w(48, 48), 1, (0, 1, 0), 1, 2, "groups"),
@@ -367,8 +436,6 @@ def test_plan_takes_the_measured_shapes(monkeypatch, x, w, stride, padding, wrap
 def test_plan_leaves_the_rest_to_cudnn(monkeypatch, x, w, stride, padding, dilation, groups, why):
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
     assert conv_kernel.plan(x, w, stride, padding, dilation, groups) is None, why
-
-
 
 
 @pytest.mark.parametrize(
@@ -399,8 +466,9 @@ def test_plan_needs_cuda_or_the_interpreter():
 
 
 @pytest.mark.parametrize("wrap", [False, True])
-@pytest.mark.parametrize("cout, epilogue", [(64, None), (96, None), (96, "add"), (192, "add"), (96, "norm"),
-                                            (192, "norm")])
+@pytest.mark.parametrize(
+    "cout, epilogue", [(64, None), (96, None), (96, "add"), (192, "add"), (96, "norm"), (192, "norm")]
+)
 def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
     # TMA box loads and warp-group matrix multiplies are Hopper instructions: compiled for
     # sm_90 with Triton's own ptxas, no GPU needed, with the tiles `plan` picks (add: the residual
@@ -408,20 +476,43 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
     # computed in the epilogue, as their first convolutions do)
     pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
     how = conv_kernel.TILES.get(cout, conv_kernel.TILE)._replace(wrap=wrap)
     bm, bn, bn2, bk = how.block_m, how.block_n, how.block_n2, how.block_k
     kernel = conv_kernel._conv3x3x3_kernel
     norm = epilogue == "norm"
-    constants = dict(CIN=cout, COUT=cout, BM=bm, BN=bn, BN2=bn2, BK=bk, WRAP=wrap, HAS_BIAS=not norm,
-                     ADD=epilogue == "add", NORM=norm, NORM_BIAS=False, PRE_BIAS=norm, SILU=True, STAGES=how.stages)
+    constants = dict(
+        CIN=cout,
+        COUT=cout,
+        BM=bm,
+        BN=bn,
+        BN2=bn2,
+        BK=bk,
+        WRAP=wrap,
+        HAS_BIAS=not norm,
+        ADD=epilogue == "add",
+        NORM=norm,
+        NORM_BIAS=False,
+        PRE_BIAS=norm,
+        SILU=True,
+        STAGES=how.stages,
+    )
     box = f"1, {bm}, {bk}" if wrap else f"1, 1, {bm}, {bk}"
     types = {
-        "xd": f"tensordesc<bf16[{box}]>", "wd": f"tensordesc<bf16[{bk}, {bn}]>",
-        "yd": f"tensordesc<bf16[1, 1, {bm}, {bn}]>", "wd2": f"tensordesc<bf16[{bk}, {bn2 or bn}]>",
-        "yd2": f"tensordesc<bf16[1, 1, {bm}, {bn2 or bn}]>", "y_ptr": "*bf16", "b_ptr": "*bf16",
-        "g_ptr": "*bf16", "nb_ptr": "*bf16", "p_ptr": "*bf16", "scale": "fp32", "eps": "fp32",
+        "xd": f"tensordesc<bf16[{box}]>",
+        "wd": f"tensordesc<bf16[{bk}, {bn}]>",
+        "yd": f"tensordesc<bf16[1, 1, {bm}, {bn}]>",
+        "wd2": f"tensordesc<bf16[{bk}, {bn2 or bn}]>",
+        "yd2": f"tensordesc<bf16[1, 1, {bm}, {bn2 or bn}]>",
+        "y_ptr": "*bf16",
+        "b_ptr": "*bf16",
+        "g_ptr": "*bf16",
+        "nb_ptr": "*bf16",
+        "p_ptr": "*bf16",
+        "scale": "fp32",
+        "eps": "fp32",
     }
     names = kernel.arg_names
     types = {n: types.get(n, "constexpr" if n in constants else "i32") for n in names}
@@ -434,26 +525,40 @@ def test_conv_kernel_compiles_for_hopper(wrap, cout, epilogue):
 def test_conv_with_bias_takes_the_kernel_only_in_the_fast_tier_with_triton_convs(monkeypatch):
     import torch.nn.functional as F
 
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # CPU tensors stand in for CUDA ones
     calls = []
-    monkeypatch.setattr(conv_kernel, "conv3d",
-                        lambda x, w, b, padding, how, gemm=None, add_to=None, front=None: calls.append(how) or "kernel")
+    monkeypatch.setattr(
+        conv_kernel,
+        "conv3d",
+        lambda x, w, b, padding, how, gemm=None, add_to=None, front=None: calls.append(how) or "kernel",
+    )
     x = _x((1, 96, 4, 3, 642), torch.float16)
     w, b = _w(96, 96, dtype=torch.float16), torch.zeros(96, dtype=torch.float16)
     args = (1, (0, 1, 0), 1, 1)
-    with fast.tier(True):
-        assert fast.conv_with_bias(F.conv3d, x, w, b, *args) == "kernel" and calls[-1].wrap
-    with fast.tier(True, triton_convs=False):
-        assert isinstance(fast.conv_with_bias(F.conv3d, x[:, :, :, :, :8].contiguous(memory_format=torch.channels_last_3d),
-                                              w, b, *args), torch.Tensor)
-    with fast.tier(False):  # the exact tier: PyTorch's convolution
-        assert isinstance(fast.conv_with_bias(F.conv3d, x[:, :, :, :, :8].contiguous(memory_format=torch.channels_last_3d),
-                                              w, b, *args), torch.Tensor)
+    with tier.active(tier.FastPlan()):
+        assert tier.conv_with_bias(F.conv3d, x, w, b, *args) == "kernel" and calls[-1].wrap
+    with tier.active(tier.FastPlan(triton_convs=False)):
+        assert isinstance(
+            tier.conv_with_bias(
+                F.conv3d, x[:, :, :, :, :8].contiguous(memory_format=torch.channels_last_3d), w, b, *args
+            ),
+            torch.Tensor,
+        )
+    with tier.active(None):  # the exact tier: PyTorch's convolution
+        assert isinstance(
+            tier.conv_with_bias(
+                F.conv3d, x[:, :, :, :, :8].contiguous(memory_format=torch.channels_last_3d), w, b, *args
+            ),
+            torch.Tensor,
+        )
     assert len(calls) == 1
-    with fast.tier(True), pytest.raises(RuntimeError, match="bias type"):  # another dtype: PyTorch's own error
-        fast.conv_with_bias(F.conv3d, x, w, b.float(), *args)
+    with (
+        tier.active(tier.FastPlan()),
+        pytest.raises(RuntimeError, match="bias type"),
+    ):  # another dtype: PyTorch's own error
+        tier.conv_with_bias(F.conv3d, x, w, b.float(), *args)
     assert len(calls) == 1
 
 
@@ -463,7 +568,8 @@ def test_conv_with_bias_adds_the_residual_in_the_epilogue_where_measured_faster(
     # `add_to` all the same; wrapping 128-voxel ones (192 channels) add it themselves
     import torch.nn.functional as F
 
-    from vaeshard import fast
+    from vaeshard.kernels import norm as norm_kernels
+    from vaeshard.layers import tier
 
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
     seen = []
@@ -473,20 +579,20 @@ def test_conv_with_bias_adds_the_residual_in_the_epilogue_where_measured_faster(
         return add_to if add_to is not None else torch.ones(conv_kernel.out_shape(x, w, padding), dtype=x.dtype)
 
     monkeypatch.setattr(conv_kernel, "conv3d", kernel)
-    monkeypatch.setattr(fast, "add_bias_and_residual_", lambda y, b, r, into_residual=False: r.add_(y))
+    monkeypatch.setattr(norm_kernels, "add_bias_and_residual_", lambda y, b, r, into_residual=False: r.add_(y))
     w, b = _w(96, 96, dtype=torch.float16), torch.zeros(96, dtype=torch.float16)
-    with fast.tier(True):
+    with tier.active(tier.FastPlan()):
         x = _x((1, 96, 4, 3, 512), torch.float16)  # rows
         r = torch.zeros(1, 96, 2, 3, 512, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
-        assert fast.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 1), 1, 1, add_to=r) is r and seen[-1] == (False, True)
+        assert tier.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 1), 1, 1, add_to=r) is r and seen[-1] == (False, True)
         x = _x((1, 96, 4, 3, 10), torch.float16)  # wrapping (no column padding)
         r = torch.zeros(1, 96, 2, 3, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
-        assert fast.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, False)
+        assert tier.conv_with_bias(F.conv3d, x, w, b, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, False)
         assert bool((r == 1).all())  # the kernel's output added into r after it
         w = _w(192, 192, dtype=torch.float16)
         x = _x((1, 192, 4, 3, 10), torch.float16)
         r = torch.zeros(1, 192, 2, 3, 8, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
-        assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, True)
+        assert tier.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, add_to=r) is r and seen[-1] == (True, True)
 
 
 def test_conv_with_bias_computes_the_next_norm_in_the_epilogue_where_the_kernel_runs(monkeypatch):
@@ -495,9 +601,9 @@ def test_conv_with_bias_computes_the_next_norm_in_the_epilogue_where_the_kernel_
     # into `out`, with the same values as the two steps by hand
     import torch.nn.functional as F
 
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
-    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # (fast.rms_norm stays eager on CPU)
+    monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)  # (norm_kernels.rms_norm stays eager on CPU)
     seen = []
 
     def kernel(x, w, b, padding, how, gemm=None, add_to=None, norm=None, out=None, front=None):
@@ -506,41 +612,42 @@ def test_conv_with_bias_computes_the_next_norm_in_the_epilogue_where_the_kernel_
 
     monkeypatch.setattr(conv_kernel, "conv3d", kernel)
     gamma, pre = torch.rand(96, 1, 1, 1) + 0.5, torch.randn(96)  # gamma shaped as diffusers' norms hold it
-    norm = conv_kernel.NormEpilogue(gamma.half(), 0.0, 96 ** 0.5, pre_bias=pre.half())
+    norm = conv_kernel.NormEpilogue(gamma.half(), 0.0, 96**0.5, pre_bias=pre.half())
     w = _w(96, 96, dtype=torch.float16)
     buf = torch.zeros(1, 96, 4, 3, 512, dtype=torch.float16).contiguous(memory_format=torch.channels_last_3d)
-    with fast.tier(True):
+    with tier.active(tier.FastPlan()):
         x = _x((1, 96, 4, 3, 512), torch.float16)  # rows
         out = buf[:, :, 2:]
-        assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 1), 1, 1, norm=norm, out=out) is out
+        assert tier.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 1), 1, 1, norm=norm, out=out) is out
         assert seen[-1] == (False, norm) and bool((out == 1).all())
         x = _x((1, 96, 4, 3, 10), torch.float16)  # wrapping (no column padding)
         out = buf[:, :, 2:, :, :8]
-        assert fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, norm=norm, out=out) is out
+        assert tier.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, norm=norm, out=out) is out
         assert seen[-1] == (True, norm)
         with pytest.raises(ValueError, match="norm needs"):
-            fast.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, norm=norm)
+            tier.conv_with_bias(F.conv3d, x, w, None, 1, (0, 1, 0), 1, 1, norm=norm)
         # a residual block takes that path for one sample (a causal input buffer holds a sample's
         # cached frames between the samples' new frames, so their frames do not follow each other)
         from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
-        from vaeshard import shard
+        from vaeshard.layers import convs
+        from vaeshard.runtime import swap
 
         conv = WanCausalConv3d(96, 96, 3, padding=1).half()
-        shard.swap(conv, shard.HaloCausalConv3d)
+        swap.swap(conv, convs.HaloCausalConv3d)
         assert conv.norms_in_epilogue(_x((1, 96, 6, 3, 512), torch.float16))
         assert not conv.norms_in_epilogue(_x((2, 96, 6, 3, 512), torch.float16))
         assert conv.output_shape(_x((2, 96, 6, 3, 512), torch.float16)) == (2, 96, 4, 3, 512)
     calls = len(seen)
     x = torch.randn(1, 96, 4, 3, 8, dtype=torch.float64)
     w64 = torch.randn(96, 96, 3, 3, 3, dtype=torch.float64) / 50
-    norm64 = conv_kernel.NormEpilogue(gamma.double(), 0.0, 96 ** 0.5, pre_bias=pre.double())
+    norm64 = conv_kernel.NormEpilogue(gamma.double(), 0.0, 96**0.5, pre_bias=pre.double())
     want = F.conv3d(x, w64, None, 1, (0, 1, 1)) + pre.double().reshape(1, -1, 1, 1, 1)
-    want = F.silu(F.normalize(want, dim=1) * 96 ** 0.5 * gamma.double().reshape(1, -1, 1, 1, 1))
+    want = F.silu(F.normalize(want, dim=1) * 96**0.5 * gamma.double().reshape(1, -1, 1, 1, 1))
     for settings in (dict(), dict(triton_convs=False)):  # fp64: no plan; triton_convs off
         out = torch.full((1, 96, 4, 3, 8), 7.0, dtype=torch.float64)[:, :, 2:]
-        with fast.tier(True, **settings):
-            got = fast.conv_with_bias(F.conv3d, x, w64, None, 1, (0, 1, 1), 1, 1, norm=norm64, out=out)
+        with tier.active(tier.FastPlan(**settings)):
+            got = tier.conv_with_bias(F.conv3d, x, w64, None, 1, (0, 1, 1), 1, 1, norm=norm64, out=out)
         assert got is out and torch.allclose(out, want, rtol=1e-6, atol=1e-6)  # (the eager norm: fp32)
     assert len(seen) == calls
 
@@ -585,8 +692,9 @@ def test_plan_takes_the_box_kernel_for_192_channels_on_hopper(hopper, x, padding
     assert box_conv.PLANS[192].block_n + box_conv.PLANS[192].block_n2 == 192  # one channel tile: all of them
 
 
-@pytest.mark.parametrize("x, padding", [(_shape_x((1, 96, 6, 720, 1280)), (0, 1, 1)),
-                                        (_shape_x((1, 96, 6, 362, 1280)), (0, 0, 1))])
+@pytest.mark.parametrize(
+    "x, padding", [(_shape_x((1, 96, 6, 720, 1280)), (0, 1, 1)), (_shape_x((1, 96, 6, 362, 1280)), (0, 0, 1))]
+)
 def test_plan_takes_the_box_kernel_for_the_head(hopper, monkeypatch, x, padding):
     # Wan's 96 -> 3 head: box_conv's one accumulator on Hopper (the Triton kernel's TMA rows of 3
     # channels are not 16-byte aligned: cuDNN elsewhere)
@@ -635,7 +743,7 @@ def test_conv3d_hands_a_box_plan_to_box_conv(monkeypatch):
     w = torch.randn(96, 96, 3, 3, 3).to(torch.float16)
     y = conv_kernel.conv3d(x, w, None, (0, 1, 1), how)
     assert y.shape == (1, 96, 2, 5, 7) and y.is_contiguous(memory_format=torch.channels_last_3d)
-    (args, _), = calls
+    ((args, _),) = calls
     assert args[3] == (0, 1, 1) and args[4] is y and torch.equal(args[5], box_conv.box_weight_of(w)) and not args[6]
     assert args[5].shape == (96, 27 * 96) and torch.equal(args[5][5, 96 * 13 + 7], w[5, 7, 1, 1, 1])
     residual = torch.randn(1, 96, 2, 5, 5).to(torch.float16).contiguous(memory_format=torch.channels_last_3d)
@@ -668,11 +776,22 @@ def _box_cin(cout: int) -> int:
     return 96 if cout == 3 else cout
 
 
-@pytest.mark.parametrize("cout, epilogue, how", [
-    (96, None, None), (96, "add", None), (96, "norm", None), (192, None, None), (192, "add", None), (192, "norm", None),
-    (192, None, box_conv.PLAN), (256, "add", box_conv.BoxPlan(block_n=64, block_n2=64, stages=3)),
-    (3, None, None), (96, "add", box_conv.BoxPlan()), (96, None, box_conv.PLAN._replace(a_regs=True)),
-])
+@pytest.mark.parametrize(
+    "cout, epilogue, how",
+    [
+        (96, None, None),
+        (96, "add", None),
+        (96, "norm", None),
+        (192, None, None),
+        (192, "add", None),
+        (192, "norm", None),
+        (192, None, box_conv.PLAN),
+        (256, "add", box_conv.BoxPlan(block_n=64, block_n2=64, stages=3)),
+        (3, None, None),
+        (96, "add", box_conv.BoxPlan()),
+        (96, None, box_conv.PLAN._replace(a_regs=True)),
+    ],
+)
 def test_box_kernel_compiles_for_hopper(cout, epilogue, how):
     # the warp-specialised Gluon kernel, compiled for sm_90 with Triton's own ptxas (no GPU): TMA
     # copies, warp-group multiplies, the producer warp's register budget, and the shared memory of
@@ -709,8 +828,12 @@ def test_box_kernel_compiles_reading_the_causal_cache(cout):
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(causal.asm["ptx"])
-        notes = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
-                               capture_output=True, text=True, timeout=120)
+        notes = subprocess.run(
+            [get_ptxas(90).path, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert notes.returncode == 0 and "C7514" not in notes.stderr, notes.stderr[-500:]
 
 
@@ -724,10 +847,18 @@ def _sass(compiled) -> list[str]:
         with open(src, "w") as f:
             f.write(compiled.asm["ptx"])
         subprocess.run([ptxas, "--gpu-name=sm_90a", src, "-o", cubin], check=True, capture_output=True, timeout=120)
-        dump = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin], check=True,
-                              capture_output=True, text=True, timeout=60).stdout
-    return [line.split("*/", 1)[1].split(";")[0].strip() for line in dump.splitlines() if line.strip().startswith("/*")
-            and "*/" in line]
+        dump = subprocess.run(
+            [os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    return [
+        line.split("*/", 1)[1].split(";")[0].strip()
+        for line in dump.splitlines()
+        if line.strip().startswith("/*") and "*/" in line
+    ]
 
 
 @pytest.mark.parametrize("cout", [96, 192])
@@ -758,15 +889,24 @@ def test_box_kernel_multiplies_are_not_serialised(cout):
 
     ptxas = get_ptxas(90).path
     cin = _box_cin(cout)
-    for bias, add, norm in [(False, False, False), (True, False, False), (False, True, False), (True, True, False),
-                            (False, False, True)]:
+    for bias, add, norm in [
+        (False, False, False),
+        (True, False, False),
+        (False, True, False),
+        (True, True, False),
+        (False, False, True),
+    ]:
         ptx = box_conv.compile_for_hopper(box_conv.PLANS[cout], cin, cout, add=add, norm=norm, bias=bias).asm["ptx"]
         with tempfile.TemporaryDirectory() as tmp:
             src = os.path.join(tmp, "k.ptx")
             with open(src, "w") as f:
                 f.write(ptx)
-            notes = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
-                                   capture_output=True, text=True, timeout=120)
+            notes = subprocess.run(
+                [ptxas, "-v", "--gpu-name=sm_90a", src, "-o", os.path.join(tmp, "k.cubin")],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
         assert notes.returncode == 0 and "Used" in notes.stderr, notes.stderr[-500:]
         assert "C7514" not in notes.stderr, (bias, add, norm)
 
@@ -830,8 +970,11 @@ def test_box_conv_reads_the_time_padding_from_the_cache(monkeypatch, frames):
     launched = _recorded_box_launches(monkeypatch)
     x = torch.randn(2, 96, 3, 16, 24).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
     w = torch.randn(96, 96, 3, 3, 3).to(torch.bfloat16)
-    cache = (torch.randn(2, 96, frames, 16, 24).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
-             if frames else None)
+    cache = (
+        torch.randn(2, 96, frames, 16, 24).to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+        if frames
+        else None
+    )
     out = torch.empty(2, 96, 3, 16, 24, dtype=torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
     box_conv.conv3d(x, w, None, (0, 1, 1), out, box_conv.box_weight_of(w), causal=True, cache=cache)
     (args,) = launched

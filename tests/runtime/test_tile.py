@@ -5,14 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vaeshard.tile import Tile, TileGrid, balance
+from vaeshard.runtime.tile import Tile, TileGrid, balance
 
-from .dist_harness import run_ranks
-from .models import build, latent
+from ..dist_harness import run_ranks
+from ..models import build, latent
 
 
 def test_regular_grid_matches_diffusers_loops():
-    grid = TileGrid.regular(10, 13, 4, 4, 3, 3, blend_rows=8, blend_cols=8, keep_rows=24, keep_cols=24, out_rows=80, out_cols=104)
+    grid = TileGrid.regular(
+        10, 13, 4, 4, 3, 3, blend_rows=8, blend_cols=8, keep_rows=24, keep_cols=24, out_rows=80, out_cols=104
+    )
     assert (grid.num_rows, grid.num_cols) == (len(range(0, 10, 3)), len(range(0, 13, 3)))
     last = grid.tiles[-1]
     assert (last.h0, last.h1, last.w0, last.w1) == (9, 10, 12, 13)  # clipped edge tile

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vaeshard import comm
-from vaeshard.shard import split_extents
+from vaeshard.runtime import comm
+from vaeshard.runtime.spatial import split_extents
 
 
 class _Work:
@@ -85,7 +85,7 @@ def _halo_with_prefix(rank, world, dim, layout_name):
 @pytest.mark.parametrize("dim", [3, 4], ids=["height", "width"])
 @pytest.mark.parametrize("layout_name", ["contiguous", "channels_last"])
 def test_halo_filled_into_a_buffer_with_cached_frames_equals_cat_then_pad(dim, layout_name):
-    from .dist_harness import run_ranks
+    from ..dist_harness import run_ranks
 
     assert run_ranks(_halo_with_prefix, 3, dim, layout_name) == [5, 4, 4]
 
@@ -107,10 +107,11 @@ def _uneven_halo(rank, world, before, after, num_ranks, dtype_name):
     return got.shape[3]
 
 
-@pytest.mark.parametrize("before,after,num_ranks,dtype_name", [
-    (0, 1, 3, "float32"), (2, 1, 3, "bfloat16"), (1, 1, 2, "float32")])
+@pytest.mark.parametrize(
+    "before,after,num_ranks,dtype_name", [(0, 1, 3, "float32"), (2, 1, 3, "bfloat16"), (1, 1, 2, "float32")]
+)
 def test_halo_rows_in_any_counts_come_from_the_neighbours(before, after, num_ranks, dtype_name):
-    from .dist_harness import run_ranks
+    from ..dist_harness import run_ranks
 
     expected = [4 + before + after] * num_ranks + [None] * (3 - num_ranks)
     assert run_ranks(_uneven_halo, 3, before, after, num_ranks, dtype_name) == expected
@@ -134,7 +135,7 @@ def _assemble(rank, world, dim, to_all, extents):
 @pytest.mark.parametrize("to_all", [True, False], ids=["to-all", "to-rank0"])
 @pytest.mark.parametrize("dim,extents", [(3, [3, 2, 1]), (4, [2, 0, 3])], ids=["height-uneven", "width-empty-rank"])
 def test_assemble_along_builds_the_whole_tensor_in_place(to_all, dim, extents):
-    from .dist_harness import run_ranks
+    from ..dist_harness import run_ranks
 
     expected = ["whole"] * 3 if to_all else ["whole", None, None]
     assert run_ranks(_assemble, 3, dim, to_all, extents) == expected

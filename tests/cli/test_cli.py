@@ -21,7 +21,7 @@ import torch
 
 from vaeshard.config import MODES
 
-from .models import build, latent
+from ..models import build, latent
 
 SMALL_SHAPE = (1, 4, 3, 6, 8)  # decodes to 9 frames of 48 x 64 with the small Wan 2.1 config
 
@@ -86,7 +86,7 @@ def _load_vae(folder):
 
 
 def _uint8(video_bcthw):
-    from vaeshard.io import to_uint8_frames
+    from vaeshard.cli.io import to_uint8_frames
 
     return to_uint8_frames(video_bcthw)
 
@@ -95,7 +95,7 @@ def _uint8(video_bcthw):
 def _threads_of_a_rank(nproc: int):
     """This process computes with the thread count of one of `nproc` CPU ranks: a convolution's
     result depends on how its work is split over threads, and bit-exact comparisons need the same split."""
-    from vaeshard.launch import cpu_threads_per_rank
+    from vaeshard.cli.launch import cpu_threads_per_rank
 
     before = torch.get_num_threads()
     torch.set_num_threads(cpu_threads_per_rank(nproc))
@@ -159,7 +159,7 @@ EXPECTED_FLAGS = {
         ("--timeout", None, 600.0, False),
     ],
     "bench": [
-        ("--config", ("wan21", "wan22", "qwenimage"), None, False),
+        ("--config", ("wan21", "wan22", "qwenimage", "sd15", "sdxl", "flux1"), None, False),
         ("--model", None, None, False),
         ("--subfolder", None, None, False),
         ("--offline", None, False, False),
@@ -198,7 +198,12 @@ def test_flags_and_choices_are_frozen():
     assert list(commands.choices) == ["demo", "decode", "bench"]
     for name, subparser in commands.choices.items():
         actual = [
-            (a.option_strings[-1] if a.option_strings else a.dest, tuple(a.choices) if a.choices else None, a.default, a.required)
+            (
+                a.option_strings[-1] if a.option_strings else a.dest,
+                tuple(a.choices) if a.choices else None,
+                a.default,
+                a.required,
+            )
             for a in subparser._actions
             if not isinstance(a, argparse._HelpAction)
         ]
@@ -230,7 +235,20 @@ def test_decode_writes_an_mp4(assets, tmp_path):
     import av
 
     out = tmp_path / "video.mp4"
-    run = vaeshard_cli("decode", assets / "z.safetensors", "--model", assets / "wan21", "--device", "cpu", "--nproc", 2, "--fps", 8, "--out", out)
+    run = vaeshard_cli(
+        "decode",
+        assets / "z.safetensors",
+        "--model",
+        assets / "wan21",
+        "--device",
+        "cpu",
+        "--nproc",
+        2,
+        "--fps",
+        8,
+        "--out",
+        out,
+    )
     assert run.returncode == 0, run.stderr
     with av.open(str(out)) as container:
         stream = container.streams.video[0]
@@ -255,7 +273,7 @@ def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(asse
         "--mode", "tile", "--tile-size", 32, "--tile-stride", 24, "--out", out, "--quiet",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
-    assert run.stdout == ""  # --quiet
+    assert run.stdout.startswith(f"wrote {out}: ") and run.stdout.count("\n") == 1  # --quiet: only what was written
     names = sorted(p.name for p in out.iterdir())
     assert names == [f"{t:05d}.png" for t in range(9)]
     vae = build("wan21", tile_sample=(32, 24))
@@ -276,12 +294,26 @@ def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, 
 
     out = tmp_path / "video.safetensors"
     layers = [] if max_layer_frames is None else ["--max-layer-frames", max_layer_frames]
-    run = vaeshard_cli("decode", assets / "z.npy", "--model", assets / "wan21", "--device", "cpu", "--out", out, "--quiet",
-                       "--frames-per-step", frames_per_step, *layers)
+    run = vaeshard_cli(
+        "decode",
+        assets / "z.npy",
+        "--model",
+        assets / "wan21",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+        "--quiet",
+        "--frames-per-step",
+        frames_per_step,
+        *layers,
+    )
     assert run.returncode == 0, run.stderr
     got = load_file(out)["sample"]
-    vae = vaeshard.parallelize(_load_vae(assets / "wan21"), frames_per_step=frames_per_step,
-                               max_layer_frames=max_layer_frames)
+    vae = vaeshard.parallelize(
+        _load_vae(assets / "wan21"),
+        fast=vaeshard.FastOptions(frames_per_step=frames_per_step, max_layer_frames=max_layer_frames),
+    )
     expected = vae.decode(latent(SMALL_SHAPE)).sample
     assert expected.std() > 0.01
     assert torch.equal(got, expected)
@@ -313,7 +345,18 @@ def test_decode_single_png_from_a_pipeline_folder(assets, tmp_path):
 
     out = tmp_path / "image.png"
     # the pipeline folder has the VAE under vae/, found without --subfolder; auto shards over 2 ranks
-    run = vaeshard_cli("decode", assets / "image.safetensors", "--model", assets / "pipeline", "--device", "cpu", "--nproc", 2, "--out", out)
+    run = vaeshard_cli(
+        "decode",
+        assets / "image.safetensors",
+        "--model",
+        assets / "pipeline",
+        "--device",
+        "cpu",
+        "--nproc",
+        2,
+        "--out",
+        out,
+    )
     assert run.returncode == 0, run.stderr
     assert "spatial_shard_width on 2 rank(s)" in run.stdout
     image = Image.open(out)
@@ -329,7 +372,8 @@ def test_decode_under_torchrun_uses_its_ranks(assets, tmp_path):
     out = tmp_path / "video.safetensors"
     run = subprocess.run(
         [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "vaeshard", "decode", str(assets / "z.safetensors"),
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "-m", "vaeshard", "decode", str(assets / "z.safetensors"),
             "--model", str(assets / "wan21"), "--device", "cpu", "--mode", "spatial_shard_height", "--out", str(out),
         ],
         capture_output=True, text=True, timeout=140, env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -355,9 +399,19 @@ ERROR_CASES = [
     ("folder-without-config", ["{a}/z.safetensors", "--model", "{a}"], "o.mp4", "no config.json"),
     ("folder-without-weights", ["{a}/z.safetensors", "--model", "{a}/config_only"], "o.mp4", "no weights"),
     ("not-a-vae", ["{a}/z.safetensors", "--model", "{a}/unet"], "o.mp4", "vaeshard decodes AutoencoderKLWan"),
-    ("tile-stride-without-size", ["{a}/z.safetensors", "--model", "{a}/wan21", "--tile-stride", "24"], "o.mp4", "go together"),
+    (
+        "tile-stride-without-size",
+        ["{a}/z.safetensors", "--model", "{a}/wan21", "--tile-stride", "24"],
+        "o.mp4",
+        "go together",
+    ),
     ("hub-id-offline", ["{a}/z.safetensors", "--model", "someone/some-vae"], "o.mp4", "cannot be reached"),
-    ("more-ranks-than-gpus", ["{a}/z.safetensors", "--model", "{a}/wan21", "--device", "cuda", "--nproc", "64"], "o.mp4", "GPU"),
+    (
+        "more-ranks-than-gpus",
+        ["{a}/z.safetensors", "--model", "{a}/wan21", "--device", "cuda", "--nproc", "64"],
+        "o.mp4",
+        "GPU",
+    ),
     ("unsupported-output", ["{a}/z.safetensors", "--model", "{a}/wan21"], "o.gif", "unsupported suffix"),
     ("png-of-a-video", ["{a}/z.safetensors", "--model", "{a}/wan21"], "o.png", "9 frames"),
 ]
@@ -455,7 +509,7 @@ def _echo(ctx, value):
 
 @pytest.mark.timeout(90)
 def test_launch_returns_values_in_rank_order():
-    from vaeshard import launch
+    from vaeshard.cli import launch
 
     values = launch.run(_echo, 2, "x", timeout=80)
     assert [v["rank"] for v in values] == [0, 1] and all(v["world"] == 2 and v["value"] == "x" for v in values)
@@ -463,9 +517,11 @@ def test_launch_returns_values_in_rank_order():
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("fn, words", [(_rank_fails_while_peer_waits, "rank 1 broke"), (_rank_dies, "exited with code 3")])
+@pytest.mark.parametrize(
+    "fn, words", [(_rank_fails_while_peer_waits, "rank 1 broke"), (_rank_dies, "exited with code 3")]
+)
 def test_launch_stops_every_rank_when_one_fails(fn, words):
-    from vaeshard import launch
+    from vaeshard.cli import launch
 
     t0 = time.monotonic()
     with pytest.raises(launch.WorkerFailed) as info:
@@ -478,7 +534,7 @@ def test_launch_stops_every_rank_when_one_fails(fn, words):
 def test_launch_kills_everything_at_the_deadline():
     import multiprocessing
 
-    from vaeshard import launch
+    from vaeshard.cli import launch
 
     before = set(multiprocessing.active_children())  # e.g. rank pools other tests keep alive
     t0 = time.monotonic()

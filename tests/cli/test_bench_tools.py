@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):
@@ -57,7 +57,9 @@ def test_idle_gaps_are_attributed_to_the_kernel_that_ends_them():
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
     def event(start, end, name, device=cuda):
-        return types.SimpleNamespace(time_range=types.SimpleNamespace(start=start, end=end), name=name, device_type=device)
+        return types.SimpleNamespace(
+            time_range=types.SimpleNamespace(start=start, end=end), name=name, device_type=device
+        )
 
     events = [
         event(0, 100, "sm90_xmma_fprop_implicit_gemm"),
@@ -82,23 +84,28 @@ def test_idle_gaps_are_attributed_to_the_kernel_that_ends_them():
 def test_timeline_splits_kernels_by_decoder_call_at_the_marker_kernels():
     prof = _load("profile_decode")
     spin = "void at::cuda::(anonymous namespace)::spin_kernel(long)"
-    spans = sorted([
-        (0, 1, spin),  # call 0
-        (1, 400, "sm90_xmma_fprop_implicit_gemm"),
-        (450, 500, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),  # 50 us idle before it
-        (500, 600, "_rms_norm_silu_kernel"),  # then 400 us idle until the next call's marker
-        (1000, 1001, spin),  # call 1
-        (1001, 1300, "sm90_xmma_fprop_implicit_gemm"),
-        (1100, 1200, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),  # overlaps: not idle
-        (1350, 1400, "Memcpy DtoD (Device -> Device)"),  # 50 us idle before it, the last kernel
-    ])
+    spans = sorted(
+        [
+            (0, 1, spin),  # call 0
+            (1, 400, "sm90_xmma_fprop_implicit_gemm"),
+            (450, 500, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),  # 50 us idle before it
+            (500, 600, "_rms_norm_silu_kernel"),  # then 400 us idle until the next call's marker
+            (1000, 1001, spin),  # call 1
+            (1001, 1300, "sm90_xmma_fprop_implicit_gemm"),
+            (1100, 1200, "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"),  # overlaps: not idle
+            (1350, 1400, "Memcpy DtoD (Device -> Device)"),  # 50 us idle before it, the last kernel
+        ]
+    )
     (nccl0, idle0), (nccl1, idle1) = prof.per_call(spans, 2)
     assert (nccl0, nccl1) == (0.05, 0.1)
     assert abs(idle0 - 0.451) < 1e-9  # 1000 us window: 1 us marker, 399 + 50 + 100 busy
     assert abs(idle1 - 0.051) < 1e-9  # up to the last kernel's end: 1 us marker, 299 + 50 busy
     assert prof.per_call(spans, 3) is None  # a marker missing: no split
     # kernel classes the tables rely on
-    assert prof.classify("fmha_cutlassF_bf16_aligned_32x128_gmem_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass") == "attention"
+    assert (
+        prof.classify("fmha_cutlassF_bf16_aligned_32x128_gmem_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass")
+        == "attention"
+    )
     assert prof.classify("Memcpy DtoD (Device -> Device)") == "cat / pad / copy"
     assert prof.classify("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "convolution"
 
@@ -185,17 +192,45 @@ def test_memory_model_sees_the_frame_settings():
 def test_bench_table_shows_reserved_memory_beside_allocated_on_cuda():
     """The CUDA table has a reserved column (the caching allocator's peak) after the allocated one,
     per rank; a CPU table (RSS) has none."""
-    from vaeshard.bench import BenchResult, bench_table
+    from vaeshard.cli.bench import BenchResult
+    from vaeshard.cli.report import bench_table
 
     gib = 2**30
-    result = BenchResult(subject="s", shape=(1, 16, 2, 4, 4), dtype="bf16", device="cuda", reps=3, flops=None,
-                         flops_source=None, peak_tflops=None,
-                         reference={"seconds": 1.0, "peak_bytes": gib, "peak_reserved_bytes": 2 * gib,
-                                    "seconds_reps": [1.0], "out_shape": [1], "peak_over_process_life": False})
-    result.rows.append(dict(mode="auto", nproc=2, strategy="spatial_shard_width", fallback=False, seconds=0.5,
-                            speedup_vs_diffusers=2.0, utilisation=None, peak_bytes_per_rank=[gib, gib // 2],
-                            peak_reserved_bytes_per_rank=[3 * gib, 5 * gib // 2], max_abs_diff=None,
-                            mean_abs_diff=None, reason="r", peak_over_process_life=False))
+    result = BenchResult(
+        subject="s",
+        shape=(1, 16, 2, 4, 4),
+        dtype="bf16",
+        device="cuda",
+        reps=3,
+        flops=None,
+        flops_source=None,
+        peak_tflops=None,
+        reference={
+            "seconds": 1.0,
+            "peak_bytes": gib,
+            "peak_reserved_bytes": 2 * gib,
+            "seconds_reps": [1.0],
+            "out_shape": [1],
+            "peak_over_process_life": False,
+        },
+    )
+    result.rows.append(
+        dict(
+            mode="auto",
+            nproc=2,
+            strategy="spatial_shard_width",
+            fallback=False,
+            seconds=0.5,
+            speedup_vs_diffusers=2.0,
+            utilisation=None,
+            peak_bytes_per_rank=[gib, gib // 2],
+            peak_reserved_bytes_per_rank=[3 * gib, 5 * gib // 2],
+            max_abs_diff=None,
+            mean_abs_diff=None,
+            reason="r",
+            peak_over_process_life=False,
+        )
+    )
     lines = bench_table(result).splitlines()
     header = next(line for line in lines if line.startswith("mode"))
     assert header.index("peak allocated GiB/rank") < header.index("reserved GiB/rank")
@@ -207,37 +242,46 @@ def test_bench_table_shows_reserved_memory_beside_allocated_on_cuda():
     assert "reserved" not in bench_table(result)
 
 
-@pytest.mark.parametrize("options,match", [({"mode": "tile"}, "not mode"), ({"frames_per_step": 0}, "at least 1"),
-                                           ({"max_layer_frames": 1}, "at least 2")])
+@pytest.mark.parametrize(
+    "options,match",
+    [
+        (lambda: {"mode": "tile"}, "not mode"),
+        (lambda: {"fast": __import__("vaeshard").FastOptions(frames_per_step=0)}, "at least 1"),
+        (lambda: {"fast": __import__("vaeshard").FastOptions(max_layer_frames=1)}, "at least 2"),
+        (lambda: {"frames_per_step": 2}, "not frames_per_step"),  # a knob outside FastOptions
+    ],
+)
 def test_run_bench_refuses_bad_options_before_starting(options, match):
-    from vaeshard import bench
-    from vaeshard.io import named_model
+    from vaeshard.cli import bench
+    from vaeshard.cli.io import named_model
 
     with pytest.raises(ValueError, match=match):
-        bench.run_bench(named_model("wan21"), (1, 16, 2, 4, 4), options=options, log=pytest.fail)
+        bench.run_bench(named_model("wan21"), (1, 16, 2, 4, 4), options=options(), log=pytest.fail)
 
 
 def test_interleaved_ab_patch_sets_an_attribute_and_sets_it_back():
     # `--setting patch`: the attribute takes the expression's value for "on" and the library's for "off"
     ab = _load("interleaved_ab")
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
-    library = fast.upsample_by_phases
-    patch = ab.Patch.parse("vaeshard.fast:upsample_by_phases=lambda x: False")
+    library = tier.upsample_by_phases
+    patch = ab.Patch.parse("vaeshard.layers.tier:upsample_by_phases=lambda x: False")
     try:
         patch.apply(True)
-        assert fast.upsample_by_phases is not library and fast.upsample_by_phases(None) is False
+        assert tier.upsample_by_phases is not library and tier.upsample_by_phases(None) is False
         patch.apply(False)
-        assert fast.upsample_by_phases is library
+        assert tier.upsample_by_phases is library
     finally:
-        fast.upsample_by_phases = library
+        tier.upsample_by_phases = library
     for wrong in ("vaeshard.fast:upsample_by_phases", "upsample_by_phases=None", "vaeshard.fast:=None"):
         with pytest.raises(ValueError, match="MODULE:ATTR=EXPR"):
             ab.Patch.parse(wrong)
 
 
-@pytest.mark.parametrize("settings,kept", [({}, False), ({"keep_cuda_graphs": True}, True),
-                                           ({"keep_cuda_graphs": True, "mode": "tile"}, False)])
+@pytest.mark.parametrize(
+    "settings,kept",
+    [({}, False), ({"keep_cuda_graphs": True}, True), ({"keep_cuda_graphs": True, "mode": "tile"}, False)],
+)
 def test_the_bench_warms_kept_graphs_up_and_counts_what_they_keep(settings, kept):
     # with kept CUDA graphs the warm-up is two whole requests (the timed decodes then replay every
     # call, as a serving loop's after its first two requests of a size) and the peak counts from
@@ -245,11 +289,12 @@ def test_the_bench_warms_kept_graphs_up_and_counts_what_they_keep(settings, kept
     import torch
 
     import vaeshard
-    from vaeshard import bench
+    from vaeshard.cli import bench
 
-    from .models import build, latent
+    from ..models import build, latent
 
-    vae = vaeshard.parallelize(build("wan21"), **settings)
+    mode = settings.pop("mode", "auto")
+    vae = vaeshard.parallelize(build("wan21"), mode, fast=vaeshard.FastOptions(**settings))
     seen = []
     real = vae.decode
     vae.decode = lambda z, **kw: seen.append(tuple(z.shape)) or real(z, **kw)
@@ -268,6 +313,9 @@ def test_the_bench_warms_kept_graphs_up_and_counts_what_they_keep(settings, kept
     z = latent((1, 4, 5, 3, 3))
     with torch.no_grad():
         bench._timed_runs(Ctx(), vae, z, 1, Memory(), together=False)
-    warm = ["reset", "mark_base", tuple(z.shape), tuple(z.shape), "reset_peak"] if kept else [
-        "reset", (1, 4, 2, 3, 3), "mark_base"]
+    warm = (
+        ["reset", "mark_base", tuple(z.shape), tuple(z.shape), "reset_peak"]
+        if kept
+        else ["reset", (1, 4, 2, 3, 3), "mark_base"]
+    )
     assert seen == warm + [tuple(z.shape)]

@@ -12,10 +12,9 @@ import torch.nn.functional as F
 
 import vaeshard
 
-from .dist_harness import run_ranks
-from .models import build, latent
-
-TOL_CPU_FP32 = 1e-5
+from ..dist_harness import run_ranks
+from ..models import build, latent
+from ..parity import CPU_FP32 as TOL_CPU_FP32
 
 
 def _build(model: str, tiles=None):
@@ -40,8 +39,9 @@ def _naive_group_norm(x, groups, weight, bias, eps):
 
 
 def _sharded_group_norm(rank, world, dim, offset):
-    from vaeshard import shard
-    from vaeshard.comm import Comm
+    from vaeshard.layers import norms
+    from vaeshard.runtime import spatial, swap
+    from vaeshard.runtime.comm import Comm
 
     g = torch.Generator().manual_seed(7)
     x = offset + (torch.rand(2, 8, 11, 9, generator=g) * 2 - 1)  # values offset +- 1
@@ -51,13 +51,13 @@ def _sharded_group_norm(rank, world, dim, offset):
         norm.bias.copy_(torch.randn(8, generator=g))
     exact = F.group_norm(x.double(), 4, norm.weight.double(), norm.bias.double(), norm.eps)  # whole tensor
 
-    extents = shard.split_extents(x.shape[dim], world)  # uneven: 11 rows over 3 ranks -> 4, 4, 3
+    extents = spatial.split_extents(x.shape[dim], world)  # uneven: 11 rows over 3 ranks -> 4, 4, 3
     start = sum(extents[:rank])
     local = x.narrow(dim, start, extents[rank])
-    shard.swap(norm, shard.GlobalGroupNorm)
-    axis = shard.HEIGHT if dim == 2 else shard.WIDTH
-    ctx = shard.ShardContext(comm=Comm.for_group(torch.distributed.group.WORLD), axis=axis, extents=extents)
-    with torch.no_grad(), shard.sharding(ctx):
+    swap.swap(norm, norms.GlobalGroupNorm)
+    axis = spatial.HEIGHT if dim == 2 else spatial.WIDTH
+    ctx = spatial.ShardContext(comm=Comm.for_group(torch.distributed.group.WORLD), axis=axis, extents=extents)
+    with torch.no_grad(), spatial.sharding(ctx):
         out = norm(local)
         tokens = norm(local.reshape(2, 8, -1))  # the (B, C, N) layout the attention's GroupNorm sees
     want = exact.narrow(dim, start, extents[rank])
@@ -250,4 +250,4 @@ def test_install_refuses_an_unknown_decoder_layer_before_swapping():
     vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
     with pytest.raises(ValueError, match="decoder.conv_act"):
         FAMILY.install_layers(vae)
-    assert not any(vaeshard.shard.is_swapped(m) for m in vae.modules())
+    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())

@@ -13,11 +13,11 @@ import contextlib
 import pytest
 import torch
 
-from .models import build, latent
+from ..models import build, latent
 
 
 def test_copy_back_writes_replaced_cache_entries_into_the_old_tensors():
-    from vaeshard.graphs import _copy_back
+    from vaeshard.runtime.graphs import _copy_back
 
     kept = torch.randn(2, 3)
     old = torch.randn(1, 2, 2, 3)
@@ -39,7 +39,7 @@ def test_copy_back_writes_replaced_cache_entries_into_the_old_tensors():
     ],
 )
 def test_copy_back_refuses_a_call_that_is_not_steady(old, new, message):
-    from vaeshard.graphs import CaptureFailed, _copy_back
+    from vaeshard.runtime.graphs import CaptureFailed, _copy_back
 
     with pytest.raises(CaptureFailed, match=message):
         _copy_back([old], [new])
@@ -48,7 +48,7 @@ def test_copy_back_refuses_a_call_that_is_not_steady(old, new, message):
 
 
 def test_decoder_steps_off_the_gpu_run_every_call_eagerly():
-    from vaeshard.graphs import DecoderSteps
+    from vaeshard.runtime.graphs import DecoderSteps
 
     seen = []
     with DecoderSteps(torch.device("cpu"), graphs=True, num_calls=21) as steps:
@@ -59,15 +59,18 @@ def test_decoder_steps_off_the_gpu_run_every_call_eagerly():
     assert len(seen) == 21 and not steps.captured
 
 
-@pytest.mark.parametrize("num_frames,per_step,expected", [
-    (6, 1, [False, True, True, True, True, True]),
-    (6, 2, [False, True, True, False]),  # 1 + 2 + 2 + 1 frames: the shorter last call is not steady
-    (7, 3, [False, True, True]),
-    (1, 2, [False]),
-])
+@pytest.mark.parametrize(
+    "num_frames,per_step,expected",
+    [
+        (6, 1, [False, True, True, True, True, True]),
+        (6, 2, [False, True, True, False]),  # 1 + 2 + 2 + 1 frames: the shorter last call is not steady
+        (7, 3, [False, True, True]),
+        (1, 2, [False]),
+    ],
+)
 def test_wan_loop_marks_the_calls_of_one_shape_steady(monkeypatch, num_frames, per_step, expected):
     import vaeshard
-    from vaeshard import graphs
+    from vaeshard.runtime import graphs
 
     made = []
 
@@ -83,7 +86,7 @@ def test_wan_loop_marks_the_calls_of_one_shape_steady(monkeypatch, num_frames, p
             return super().call(step, x, state, steady)
 
     monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
-    vae = vaeshard.parallelize(build("wan21"), frames_per_step=per_step)
+    vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(frames_per_step=per_step))
     z = latent((1, 4, num_frames, 4, 3))
     out = vae.decode(z).sample
     with torch.no_grad():
@@ -96,18 +99,32 @@ def test_wan_loop_marks_the_calls_of_one_shape_steady(monkeypatch, num_frames, p
     assert steady_frames <= {per_step}
 
 
-@pytest.mark.parametrize("exact,cuda_graphs,seen", [(False, True, True), (False, False, False), (True, True, False),
-                                                     (False, "auto", "auto")])
+@pytest.mark.parametrize(
+    "exact,cuda_graphs,seen",
+    [
+        (False, True, "(set, but"),
+        (False, False, "off (set)"),
+        (True, True, None),
+        (False, "auto", "(auto: the frame is at most"),
+    ],
+)
 def test_cuda_graphs_setting_reaches_the_request(exact, cuda_graphs, seen):
+    """The request's plan, resolved once before the decode (the same as vaeshard.plan's), carries the
+    setting's decision: on this CPU none replays, and the reason says why; the exact tier has none."""
     import vaeshard
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
     for wrong in (1, "on", None):
         with pytest.raises(TypeError, match="cuda_graphs must be True, False or 'auto'"):
-            vaeshard.parallelize(build("wan21"), cuda_graphs=wrong)
-    vae = vaeshard.parallelize(build("wan21"), exact=exact, cuda_graphs=cuda_graphs)
-    assert _seen_in_a_request(vae, fast.cuda_graphs) == {seen}
-    assert fast.cuda_graphs() is False  # outside a request
+            vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=wrong))
+    vae = vaeshard.parallelize(build("wan21"), exact=exact, fast=vaeshard.FastOptions(cuda_graphs=cuda_graphs))
+    (plan,) = _seen_in_a_request(vae, tier.current)
+    assert plan == vaeshard.plan(vae, (1, 4, 2, 3, 3)).fast
+    if seen is None:
+        assert plan is None
+    else:
+        assert plan.cuda_graphs is False and seen in dict(plan.reasons)["cuda_graphs"], plan.reasons
+    assert tier.current() is None  # outside a request
 
 
 def _seen_in_a_request(vae, setting) -> set:
@@ -124,37 +141,57 @@ def _seen_in_a_request(vae, setting) -> set:
 
 def test_auto_replays_where_a_rank_s_frames_are_small():
     # "auto": replayed at Wan 2.1 480p on 2 ranks (measured faster: the host paced the eager decode),
-    # not at 720p on 1 or 2 (measured slower: the GPU paced it); True and False as given
-    from vaeshard.graphs import AUTO_MAX_PIXELS, wanted
+    # not at 720p on 1 or 2 (measured slower: the GPU paced it); True and False as given; never with
+    # too few decoder calls to replay (the plan, as on a GPU)
+    import vaeshard
+    from vaeshard import policy, tuning
 
-    assert wanted("auto", 832 * 480 // 2) and not wanted("auto", 1280 * 720 // 2) and not wanted("auto", 1280 * 720)
-    assert wanted("auto", AUTO_MAX_PIXELS) and not wanted("auto", AUTO_MAX_PIXELS + 1)
-    assert wanted(True, 10**9) and not wanted(False, 1)
+    vae, cuda = build("wan21"), torch.device("cuda", 0)
+
+    def graphed(latent_hw, world, strategy, setting, frames=21):
+        options = vaeshard.FastOptions(cuda_graphs=setting, frames_per_step=1)
+        return policy.resolve_fast(vae, (1, 4, frames, *latent_hw), world, strategy, options, device=cuda).cuda_graphs
+
+    assert graphed((60, 104), 2, "spatial_shard_height", "auto")  # 832 x 240 pixels a rank
+    assert not graphed((90, 160), 2, "spatial_shard_height", "auto") and not graphed((90, 160), 1, "direct", "auto")
+    assert 64 * 64 * 64 == tuning.GRAPHS_MAX_PIXELS
+    assert graphed((64, 64), 1, "direct", "auto") and not graphed((64, 65), 1, "direct", "auto")
+    assert graphed((90, 160), 1, "direct", True) and not graphed((60, 104), 2, "spatial_shard_height", False)
+    assert not graphed((60, 104), 2, "spatial_shard_height", True, frames=4)  # 4 calls: too few to replay
 
 
 @pytest.mark.parametrize("mode,graphed", [("auto", True), ("off", False), ("on", True)])
 def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, graphed):
-    # the loop passes DecoderSteps what graphs.wanted answers for the rank's own output frame (a
-    # small model's frame is far below the threshold); off the GPU it then runs eagerly all the same
+    # the loop passes DecoderSteps the plan's decision for the rank's own output frame (a small
+    # model's frame is far below the threshold; the plan here as if the device could replay); the
+    # recorded steps then run eagerly all the same
     import vaeshard
-    from vaeshard import cli, graphs
+    import vaeshard.cli as cli
+    from vaeshard.layers import tier
+    from vaeshard.runtime import graphs
 
-    asked = []
-    real = graphs.wanted
-    monkeypatch.setattr(graphs, "wanted", lambda setting, pixels: asked.append((setting, pixels)) or real(setting, pixels))
-    made = _record_decoder_steps(monkeypatch)
-    setting = cli._graphs_setting(mode)
+    monkeypatch.setattr(graphs, "replays", lambda device, num_calls: True)
+    made, frames = [], []
+
+    class Recorder(graphs.DecoderSteps):
+        def __init__(self, device, enabled, num_calls, keep=None):
+            made.append(enabled)
+            frames.append(tier.current().frame_pixels)
+            super().__init__(device, False, num_calls, keep)
+
+    monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
+    setting = cli._argument(dict((k[0], k[4]) for k in vaeshard.FastOptions.knobs())["cuda_graphs"])(mode)
     with pytest.raises(Exception, match="expected auto, on or off"):
-        cli._graphs_setting("yes")
-    vae = vaeshard.parallelize(build("wan21"), cuda_graphs=setting)
+        cli._argument(dict((k[0], k[4]) for k in vaeshard.FastOptions.knobs())["cuda_graphs"])("yes")
+    vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=setting))
     vae.decode(latent((1, 4, 3, 4, 3)))
     ratio = vae.spatial_compression_ratio
-    assert asked == [(setting, 4 * 3 * ratio * ratio)] and [enabled for enabled, _ in made] == [graphed]
+    assert frames == [4 * 3 * ratio * ratio] and made == [graphed]
 
 
 def _record_decoder_steps(monkeypatch) -> list:
     """(graphs wanted, keep) of each graphs.DecoderSteps the Wan loop makes from now on."""
-    from vaeshard import graphs
+    from vaeshard.runtime import graphs
 
     made = []
 
@@ -167,16 +204,20 @@ def _record_decoder_steps(monkeypatch) -> list:
     return made
 
 
-@pytest.mark.parametrize("free, reserved, allocated, released", [
-    (1 << 30, 100 << 30, 2 << 30, True),  # 98 GiB cached, 1 GiB free: the pool could not reach it
-    (50 << 30, 30 << 30, 2 << 30, False),  # more free than cached: nothing to give back
-    (1 << 30, 2 << 30, 2 << 30, False),  # nothing cached
-])
-def test_cached_memory_goes_back_to_the_driver_before_a_graphed_request(monkeypatch, free, reserved, allocated,
-                                                                        released):
+@pytest.mark.parametrize(
+    "free, reserved, allocated, released",
+    [
+        (1 << 30, 100 << 30, 2 << 30, True),  # 98 GiB cached, 1 GiB free: the pool could not reach it
+        (50 << 30, 30 << 30, 2 << 30, False),  # more free than cached: nothing to give back
+        (1 << 30, 2 << 30, 2 << 30, False),  # nothing cached
+    ],
+)
+def test_cached_memory_goes_back_to_the_driver_before_a_graphed_request(
+    monkeypatch, free, reserved, allocated, released
+):
     # the allocator does not give cached blocks back while allocating to a user memory pool: a graphed
     # request releases them first where they exceed what the driver has free (graphs.release_if_cached)
-    from vaeshard import graphs
+    from vaeshard.runtime import graphs
 
     emptied = []
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 141 << 30))
@@ -190,17 +231,17 @@ def test_cached_memory_goes_back_to_the_driver_before_a_graphed_request(monkeypa
 
 def test_keep_cuda_graphs_is_checked_and_reaches_the_request():
     import vaeshard
-    from vaeshard import fast
+    from vaeshard.layers import tier
 
     for wrong in (1, "yes", None):
         with pytest.raises(TypeError, match="keep_cuda_graphs must be True or False"):
-            vaeshard.parallelize(build("wan21"), keep_cuda_graphs=wrong)
+            vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(keep_cuda_graphs=wrong))
     with pytest.raises(ValueError, match="cuda_graphs=False replays none"):
-        vaeshard.parallelize(build("wan21"), cuda_graphs=False, keep_cuda_graphs=True)
+        vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=False, keep_cuda_graphs=True))
     for exact, seen in ((False, True), (True, False)):
-        vae = vaeshard.parallelize(build("wan21"), exact=exact, keep_cuda_graphs=True)
-        assert _seen_in_a_request(vae, fast.keep_cuda_graphs) == {seen}
-    assert fast.keep_cuda_graphs() is False  # outside a request
+        vae = vaeshard.parallelize(build("wan21"), exact=exact, fast=vaeshard.FastOptions(keep_cuda_graphs=True))
+        assert _seen_in_a_request(vae, lambda: tier.current() is not None and tier.current().keep_cuda_graphs) == {seen}
+    assert tier.current() is None  # outside a request
 
 
 def _keeps_asked(monkeypatch, vae, latents, between=None):
@@ -217,7 +258,7 @@ def _keeps_asked(monkeypatch, vae, latents, between=None):
 def test_the_wan_loop_keeps_graphs_under_a_signature_of_shapes_settings_and_weights(monkeypatch):
     import vaeshard
 
-    vae = vaeshard.parallelize(build("wan21"), cuda_graphs=True, keep_cuda_graphs=True)
+    vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=True, keep_cuda_graphs=True))
     z, taller = latent((1, 4, 5, 4, 3)), latent((1, 4, 5, 5, 3))
     weight = vae.decoder.conv_in.weight
 
@@ -233,47 +274,49 @@ def test_the_wan_loop_keeps_graphs_under_a_signature_of_shapes_settings_and_weig
     assert signatures[2] != signatures[0]  # other frame sizes
     assert signatures[3] != signatures[0]  # the weights changed in place
     assert signatures[4] == signatures[3]
-    off = vaeshard.parallelize(build("wan21"), cuda_graphs=True)
+    off = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=True))
     assert _keeps_asked(monkeypatch, off, [z]) == [None]
 
 
 def test_the_keep_signature_names_the_shard_and_holds_its_group():
     import vaeshard
-    from vaeshard import comm as comm_mod
-    from vaeshard import fast, shard
-    from vaeshard.families import wan
+    from vaeshard.families.wan import frames as wan_frames
+    from vaeshard.layers import tier
+    from vaeshard.runtime import comm as comm_mod
+    from vaeshard.runtime import spatial
 
     vae = vaeshard.parallelize(build("wan21"))
     z = latent((1, 4, 5, 4, 3))
     group = object()
 
-    def keep(rank, extents, axis=shard.HEIGHT, g=group):
-        ctx = shard.ShardContext(comm=comm_mod.Comm(group=g, rank=rank, world=len(extents)), axis=axis,
-                                 extents=extents)
-        with fast.tier(True), shard.sharding(ctx):
-            return wan._keep_graphs(vae, z, 1)
+    def keep(rank, extents, axis=spatial.HEIGHT, g=group):
+        ctx = spatial.ShardContext(
+            comm=comm_mod.Comm(group=g, rank=rank, world=len(extents)), axis=axis, extents=extents
+        )
+        with tier.active(tier.FastPlan()), spatial.sharding(ctx):
+            return wan_frames._keep_graphs(vae, z, 1)
 
     first = keep(0, [4, 4])
     assert first[2] == (group,) and first[1] == keep(0, [4, 4])[1]
-    for other in (keep(1, [4, 4]), keep(0, [4, 3]), keep(0, [4, 4], shard.WIDTH), keep(0, [4, 4], g=object())):
+    for other in (keep(1, [4, 4]), keep(0, [4, 3]), keep(0, [4, 4], spatial.WIDTH), keep(0, [4, 4], g=object())):
         assert other[1] != first[1]
-    with fast.tier(True):
-        assert wan._keep_graphs(vae, z, 1)[1] != first[1]  # unsharded
-        assert wan._keep_graphs(vae, z, 2)[1] != wan._keep_graphs(vae, z, 1)[1]  # frames per call
+    with tier.active(tier.FastPlan()):
+        assert wan_frames._keep_graphs(vae, z, 1)[1] != first[1]  # unsharded
+        assert wan_frames._keep_graphs(vae, z, 2)[1] != wan_frames._keep_graphs(vae, z, 1)[1]  # frames per call
         tf32 = torch.backends.cudnn.allow_tf32
-        before = wan._keep_graphs(vae, z, 1)[1]
+        before = wan_frames._keep_graphs(vae, z, 1)[1]
         try:
             torch.backends.cudnn.allow_tf32 = not tf32  # other convolution kernels
-            assert wan._keep_graphs(vae, z, 1)[1] != before
+            assert wan_frames._keep_graphs(vae, z, 1)[1] != before
         finally:
             torch.backends.cudnn.allow_tf32 = tf32
 
 
 def test_kept_graphs_are_released_on_request_and_with_the_settings():
     import vaeshard
-    from vaeshard import graphs
+    from vaeshard.runtime import graphs
 
-    vae = vaeshard.parallelize(build("wan21"), keep_cuda_graphs=True)
+    vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(keep_cuda_graphs=True))
 
     freed = []
 
@@ -285,19 +328,21 @@ def test_kept_graphs_are_released_on_request_and_with_the_settings():
         graphs._kept.setdefault(vae, {}).update({0: Kept(), 1: Kept()})
 
     keep_some()
-    assert vaeshard.release_cuda_graphs(vae) == 2 and vaeshard.release_cuda_graphs(vae) == 0
+    assert vaeshard.release(vae) == 2 and vaeshard.release(vae) == 0
     assert len(freed) == 2
     keep_some()
-    vaeshard.parallelize(vae, keep_cuda_graphs=True, frames_per_step=2)  # new settings: captured under the old
+    vaeshard.parallelize(
+        vae, fast=vaeshard.FastOptions(keep_cuda_graphs=True, frames_per_step=2)
+    )  # new settings: captured under the old
     assert graphs._kept.get(vae) is None and len(freed) == 4
     keep_some()
     vaeshard.unparallelize(vae)
     assert graphs._kept.get(vae) is None and len(freed) == 6
-    assert vaeshard.release_cuda_graphs(build("wan21")) == 0
+    assert vaeshard.release(build("wan21")) == 0
 
 
 def test_decoder_steps_off_the_gpu_keep_nothing():
-    from vaeshard import graphs
+    from vaeshard.runtime import graphs
 
     owner = build("wan21")
     with graphs.DecoderSteps(torch.device("cpu"), graphs=True, num_calls=21, keep=(owner, ("sig",), ())) as steps:
@@ -306,14 +351,15 @@ def test_decoder_steps_off_the_gpu_keep_nothing():
     assert graphs._kept.get(owner) is None
 
 
-@pytest.mark.parametrize("old_frames,new_frames",
-                         [(1, 4), (1, 2), (1, 1), ("Rep", 1), ("Rep", 2), (None, 4), (2, 1), (None, 1), ("last", 1),
-                          ("last", 4)])
+@pytest.mark.parametrize(
+    "old_frames,new_frames",
+    [(1, 4), (1, 2), (1, 1), ("Rep", 1), ("Rep", 2), (None, 4), (2, 1), (None, 1), ("last", 1), ("last", 4)],
+)
 def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_frames, new_frames):
     # capturing a request's second call with kept graphs, the call writes each new cache entry into
     # the tensor the steady graph reads (graphs.cache_target): the same values as without a target
-    from vaeshard import graphs
-    from vaeshard.families.wan import _store_cache
+    from vaeshard.layers.buffers import _store_cache
+    from vaeshard.runtime import graphs
 
     # ("last": the old entry is the first call's one-frame cache kept in the target's last frame)
     g = torch.Generator().manual_seed(0)
@@ -345,7 +391,7 @@ def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_fra
 def test_a_failed_capture_of_the_first_calls_runs_them_eagerly_without_cache_targets():
     # (the capture itself needs CUDA: here it fails as an uncapturable call's would) the call then
     # runs eagerly, writing its caches as any eager call does, and the next request will not try again
-    from vaeshard import graphs
+    from vaeshard.runtime import graphs
 
     kept_state = [torch.zeros(1, 2, 2, 3)]
     steps = graphs.DecoderSteps(torch.device("cpu"), graphs=False, num_calls=21)

@@ -20,17 +20,24 @@ from pathlib import Path
 
 import pytest
 
-from . import reliability_report as report
+from .. import reliability_report as report
+from ..parity import CPU_FP32 as TOLERANCE
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 3.0  # the agreement's bound in these scenarios (timeout= or VAESHARD_AGREEMENT_TIMEOUT)
 RAISE_SLACK_S = 3.0  # allowed past a bound before a rank raises (a loaded 2-core CI machine)
 EXIT_SLACK_S = 8.0  # allowed between a rank's last event and its process's exit (interpreter teardown)
 DEADLINE_S = 90.0  # a scenario's processes are killed past this: a hang fails, it never blocks the suite
-TOLERANCE = 1e-5  # spatial shard against diffusers' untiled decode, CPU fp32 (the tests' small sizes)
 # the rows these tests write into docs/reliability.md
-REPORT_IDS = ["lonely-rank-timeout", "lonely-rank-default", "rank-exits-before-request", "late-rank",
-              "rank-arrives-after-give-up", "ranks-differ-then-agree", "rank-stalls-mid-decode"]
+REPORT_IDS = [
+    "lonely-rank-timeout",
+    "lonely-rank-default",
+    "rank-exits-before-request",
+    "late-rank",
+    "rank-arrives-after-give-up",
+    "ranks-differ-then-agree",
+    "rank-stalls-mid-decode",
+]
 
 
 def _free_port() -> int:
@@ -43,13 +50,23 @@ def _run(scenario: str, **env_extra) -> tuple[dict[int, list[dict]], dict[int, f
     """Run `scenario` on 2 processes: ({rank: events}, {rank: exit time}, {rank: exit code}, start time)."""
     port = _free_port()
     base = {k: v for k, v in os.environ.items() if k not in ("VAESHARD_AGREEMENT_TIMEOUT",)}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1",
-                **{k: str(v) for k, v in env_extra.items()})
+    base.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE="2",
+        OMP_NUM_THREADS="1",
+        **{k: str(v) for k, v in env_extra.items()},
+    )
     logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
     started = time.time()
     procs = [
-        subprocess.Popen([sys.executable, "-m", "tests.arrival_ranks", scenario], cwd=ROOT,
-                         env=dict(base, RANK=str(r), LOCAL_RANK=str(r)), stdout=logs[r], stderr=subprocess.STDOUT)
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.arrival_ranks", scenario],
+            cwd=ROOT,
+            env=dict(base, RANK=str(r), LOCAL_RANK=str(r)),
+            stdout=logs[r],
+            stderr=subprocess.STDOUT,
+        )
         for r in range(2)
     ]
     exits: dict[int, float] = {}
@@ -71,13 +88,15 @@ def _run(scenario: str, **env_extra) -> tuple[dict[int, list[dict]], dict[int, f
         log.close()
         for line in outputs[r].splitlines():
             if line.startswith("EVENTS "):
-                events[r] = json.loads(line[len("EVENTS "):])["events"]
+                events[r] = json.loads(line[len("EVENTS ") :])["events"]
     stuck = [r for r in range(2) if r not in exits]
     assert not stuck, f"{scenario}: rank(s) {stuck} did not exit within {DEADLINE_S:g} s:\n" + "\n".join(
-        f"--- rank {r}\n{outputs[r][-3000:]}" for r in range(2))
+        f"--- rank {r}\n{outputs[r][-3000:]}" for r in range(2)
+    )
     missing = [r for r in range(2) if r not in events]
     assert not missing, f"{scenario}: rank(s) {missing} reported nothing:\n" + "\n".join(
-        f"--- rank {r}\n{outputs[r][-3000:]}" for r in missing)
+        f"--- rank {r}\n{outputs[r][-3000:]}" for r in missing
+    )
     return events, exits, {r: p.returncode for r, p in enumerate(procs)}, started
 
 
@@ -94,9 +113,12 @@ def _outcome(events: list[dict], label: str) -> str:
 
 
 def _record(case: str, what: str, bound: str, events, exits, labels=("decode",)) -> None:
-    outcome = "; ".join(f"rank {r}: " + ", then ".join(_outcome(events[r], label) for label in labels
-                                                        if _event(events[r], f"{label} called"))
-                        for r in sorted(events) if any(_event(events[r], f"{lb} called") for lb in labels))
+    outcome = "; ".join(
+        f"rank {r}: "
+        + ", then ".join(_outcome(events[r], label) for label in labels if _event(events[r], f"{label} called"))
+        for r in sorted(events)
+        if any(_event(events[r], f"{lb} called") for lb in labels)
+    )
     timing = []
     for r in sorted(events):
         called, raised = _event(events[r], f"{labels[0]} called"), _event(events[r], f"{labels[0]} raised")
@@ -104,8 +126,9 @@ def _record(case: str, what: str, bound: str, events, exits, labels=("decode",))
             timing.append(f"rank {r} raised {raised['at'] - called['at']:.1f} s after its call")
     end = {r: _event(events[r], "end of script")["at"] for r in events}
     exit_text = ", ".join(f"rank {r} {exits[r] - end[r]:.1f} s after its script ended" for r in sorted(exits))
-    report.record("arrival", case, what=what, bound=bound, outcome=outcome, time="; ".join(timing) or "-",
-                  exit=exit_text)
+    report.record(
+        "arrival", case, what=what, bound=bound, outcome=outcome, time="; ".join(timing) or "-", exit=exit_text
+    )
 
 
 def _check_exit(events, exits, codes):
@@ -123,8 +146,13 @@ def _check_gave_up(events, bound_text: str):
     waited = raised["at"] - called["at"]
     assert BOUND_S - 0.5 <= waited <= BOUND_S + RAISE_SLACK_S, f"rank 0 raised after {waited:.1f} s"
     message = raised["message"]
-    for part in ("rank(s) [1] did not call decode", "Every rank of the group must call decode with the same request",
-                 "output='rank0' still needs every rank", "vaeshard.unparallelize(vae)", bound_text):
+    for part in (
+        "rank(s) [1] did not call decode",
+        "Every rank of the group must call decode with the same request",
+        "output='rank0' still needs every rank",
+        "vaeshard.unparallelize(vae)",
+        bound_text,
+    ):
         assert part in message, f"{part!r} not in {message!r}"
 
 
@@ -138,8 +166,9 @@ def test_a_rank_decoding_alone_raises_within_its_bound_and_exits(how):
     # rank 1's own barrier ends when rank 0's process has gone (its connection closes)
     assert _event(events[1], "barrier raised") is not None, events[1]
     _check_exit(events, exits, codes)
-    what = ("rank 0 calls decode, rank 1 waits in its own dist.barrier() "
-            + ("(parallelize(timeout=3))" if how == "timeout" else "(no timeout; VAESHARD_AGREEMENT_TIMEOUT=3)"))
+    what = "rank 0 calls decode, rank 1 waits in its own dist.barrier() " + (
+        "(parallelize(timeout=3))" if how == "timeout" else "(no timeout; VAESHARD_AGREEMENT_TIMEOUT=3)"
+    )
     _record(f"lonely-rank-{how}", what, f"{BOUND_S:g} s", events, exits)
 
 
@@ -148,8 +177,9 @@ def test_a_rank_that_exits_without_decoding_is_named_and_the_others_exit():
     events, exits, codes, _ = _run("rank-exits", VAESHARD_AGREEMENT_TIMEOUT=BOUND_S)
     _check_gave_up(events, "VAESHARD_AGREEMENT_TIMEOUT")
     _check_exit(events, exits, codes)
-    _record("rank-exits-before-request", "rank 1 exits before the request, rank 0 decodes", f"{BOUND_S:g} s",
-            events, exits)
+    _record(
+        "rank-exits-before-request", "rank 1 exits before the request, rank 0 decodes", f"{BOUND_S:g} s", events, exits
+    )
 
 
 @pytest.mark.timeout(120)
@@ -162,8 +192,9 @@ def test_a_late_rank_within_the_default_bound_decodes_like_diffusers():
     waited = _event(events[0], "decode returned")["at"] - _event(events[0], "decode called")["at"]
     assert waited >= delay - 0.5  # rank 0 really waited for rank 1
     _check_exit(events, exits, codes)
-    _record("late-rank", f"rank 1 calls decode {delay:g} s after rank 0", "30 s (VAESHARD_AGREEMENT_TIMEOUT)",
-            events, exits)
+    _record(
+        "late-rank", f"rank 1 calls decode {delay:g} s after rank 0", "30 s (VAESHARD_AGREEMENT_TIMEOUT)", events, exits
+    )
 
 
 @pytest.mark.timeout(120)
@@ -178,8 +209,14 @@ def test_a_rank_arriving_after_the_others_gave_up_raises_at_once_and_the_group_s
         assert _event(events[r], "second decode returned") is not None, events[r]
         assert _event(events[r], "max diff")["value"] <= TOLERANCE
     _check_exit(events, exits, codes)
-    _record("rank-arrives-after-give-up", f"rank 1 calls decode {BOUND_S + 2:g} s after rank 0, then both decode "
-            "again", f"{BOUND_S:g} s", events, exits, labels=("decode", "second decode"))
+    _record(
+        "rank-arrives-after-give-up",
+        f"rank 1 calls decode {BOUND_S + 2:g} s after rank 0, then both decode again",
+        f"{BOUND_S:g} s",
+        events,
+        exits,
+        labels=("decode", "second decode"),
+    )
 
 
 @pytest.mark.timeout(120)
@@ -191,8 +228,14 @@ def test_ranks_with_different_requests_raise_and_the_group_still_works():
         assert _event(events[r], "second decode returned") is not None, events[r]
         assert _event(events[r], "max diff")["value"] <= TOLERANCE
     _check_exit(events, exits, codes)
-    _record("ranks-differ-then-agree", "latent width 8 on rank 0 and 9 on rank 1, then the same request",
-            "30 s", events, exits, labels=("decode", "second decode"))
+    _record(
+        "ranks-differ-then-agree",
+        "latent width 8 on rank 0 and 9 on rank 1, then the same request",
+        "30 s",
+        events,
+        exits,
+        labels=("decode", "second decode"),
+    )
 
 
 @pytest.mark.timeout(120)
@@ -212,6 +255,11 @@ def test_a_rank_stalled_mid_decode_makes_the_other_raise_report_the_group_and_ex
     # rank 0's process ended while rank 1 was still stalled: nothing of the failed exchange held it
     assert exits[0] < stalled + stall, f"rank 0 exited {exits[0] - stalled:.1f} s after rank 1 stalled"
     _check_exit(events, exits, codes)
-    _record("rank-stalls-mid-decode", f"rank 1 stops {stall:g} s in its 2nd decoder call; rank 0 then decodes "
-            "again and destroys the group", f"{BOUND_S:g} s (gloo)", events, exits,
-            labels=("decode", "second decode"))
+    _record(
+        "rank-stalls-mid-decode",
+        f"rank 1 stops {stall:g} s in its 2nd decoder call; rank 0 then decodes again and destroys the group",
+        f"{BOUND_S:g} s (gloo)",
+        events,
+        exits,
+        labels=("decode", "second decode"),
+    )

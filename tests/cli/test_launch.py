@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vaeshard import triton_support
+from vaeshard.kernels import triton_support
 
 
 class _Compiled:
