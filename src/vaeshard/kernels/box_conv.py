@@ -124,8 +124,6 @@ def _on_hopper(x: torch.Tensor) -> bool:
     return x.is_cuda and torch.cuda.get_device_capability(x.device) == (9, 0)
 
 
-
-
 def box_weight_of(weight: torch.Tensor) -> torch.Tensor:
     """(Cout, Cin, 3, 3, 3) -> (Cout, 27 * Cin): each output channel's row of (tap, input channel),
     taps in (t, h, w) order (the weight tiles' input channels innermost, as the multiplies read them)."""

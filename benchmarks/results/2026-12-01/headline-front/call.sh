@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# the library reading the causal caches where they lie (1 GPU; no 2-GPU machine lent): Wan 2.1 720p with diffusers in the same call, 480p, the norm in box_conv's epilogue interleaved (now that both convolutions' buffers hold only new frames), a profile with the memory at the peak
+# the library reading the causal caches where they lie (1 GPU; no 2-GPU machine available): Wan 2.1 720p with diffusers in the same call, 480p, the norm in box_conv's epilogue interleaved (now that both convolutions' buffers hold only new frames), a profile with the memory at the peak
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
