@@ -15,9 +15,11 @@ def sharded_through_the_kernel(rank, world, mode, samples=1):
     from vaeshard.kernels import conv3d as conv_kernel
     from vaeshard.kernels import triton_support
 
+    from . import interpreter
     from .models import build, latent
 
     assert triton_support.interpreting()
+    interpreter.for_model_decodes()
     conv_kernel.TILE = conv_kernel.ConvPlan(wrap=False, block_m=16, block_n=32)  # the model's 32 channels
     from vaeshard.kernels import phases as upsample
 

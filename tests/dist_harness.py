@@ -4,10 +4,14 @@ Ranks are spawned processes (no state shared with pytest) with a one-thread torc
 rendezvous in a temporary directory (no ports to collide) and a process-group timeout, so a rank
 stuck in a collective raises instead of hanging; the parent kills whatever is left at the deadline.
 
-Importing torch and diffusers costs seconds per process, so by default a pool of ranks per world
-size is kept for the whole test session and each call runs on it. A pool whose run failed or timed
-out is discarded (its group may be half-way through a collective) and the next call starts a new
-one. `fresh=True` runs on new processes, for tests that deliberately break their group.
+Importing torch and diffusers costs seconds per process (on two cores, eight ranks took half a
+minute to start), so ranks are forked from a forkserver that has imported them once, and by default
+a pool of ranks per world size is kept for the whole test session and each call runs on it. A pool
+whose run failed or timed out is discarded (its group may be half-way through a collective) and the
+next call starts a new one. `fresh=True` runs on new processes, for tests that deliberately break
+their group. A forked rank has the forkserver's environment, so where a test has changed the
+environment since the forkserver started (an environment variable the ranks must read at import),
+its ranks are spawned afresh instead.
 """
 
 from __future__ import annotations
@@ -24,6 +28,33 @@ from datetime import timedelta
 
 GROUP_TIMEOUT_S = 60
 _STOP = "stop"
+# what the forkserver imports before it forks any rank: what every rank function needs
+_PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "diffusers.models.autoencoders.autoencoder_kl",
+    "diffusers.models.autoencoders.autoencoder_kl_qwenimage",
+    "diffusers.models.autoencoders.autoencoder_kl_wan",
+    "tests.models",
+    "vaeshard",
+]
+_forkserver_env: dict | None = None  # the environment the forkserver was started with
+
+
+def _environment() -> dict:
+    """os.environ less what pytest sets per test (PYTEST_CURRENT_TEST), which no rank reads."""
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
+def _context():
+    """The forkserver context where the environment is the forkserver's, else a spawn context."""
+    global _forkserver_env
+    if _forkserver_env is None:
+        _forkserver_env = _environment()
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    return mp.get_context("forkserver" if _environment() == _forkserver_env else "spawn")
 
 
 def _worker(rank, world, init_file, tasks, results, group_timeout):
@@ -61,7 +92,7 @@ def _worker(rank, world, init_file, tasks, results, group_timeout):
 class _Pool:
     def __init__(self, world: int, group_timeout: float):
         self.world = world
-        self.ctx = mp.get_context("spawn")
+        self.ctx = _context()
         self.tmp = tempfile.mkdtemp(prefix="vaeshard-ranks-")
         self.results = self.ctx.Queue()
         self.tasks = [self.ctx.Queue() for _ in range(world)]

@@ -59,3 +59,16 @@ def assert_half_close(got: torch.Tensor, ref_fp32: torch.Tensor, what: str = "")
     err_max, err_mean = err.max().item(), err.mean().item()
     assert err_max <= HALF_MAX and err_mean <= HALF_MEAN, f"{what}: max {err_max:.3g}, mean {err_mean:.3g}"
     return err_max, err_mean
+
+
+def reference_from_rank0(rank: int, compute):
+    """`compute()` (diffusers' result) run on rank 0 only and sent to every rank of the default group.
+
+    Every rank builds the same weights and input (tests/models.py seeds them) and runs one torch
+    thread, so rank 0's result is each rank's own; computing it once keeps N ranks on a small CI
+    machine from repeating the single-process decode N times."""
+    import torch.distributed as dist
+
+    box = [compute() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -2,8 +2,6 @@
 run by Triton's CPU interpreter; when the fast tier takes it; that its kernel compiles for Hopper."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -12,6 +10,8 @@ import torch.nn.functional as F
 
 from vaeshard.kernels import attention
 from vaeshard.layers import tier
+
+from .. import interpreter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -58,8 +58,7 @@ VALUES = textwrap.dedent(
 
 def test_attention_values_through_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", VALUES], capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    run = interpreter.run(VALUES, timeout=240)
     assert run.returncode == 0 and "attention ok" in run.stdout, run.stdout + run.stderr
 
 

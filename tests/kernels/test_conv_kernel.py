@@ -3,7 +3,6 @@ by Triton's CPU interpreter; which convolutions it takes; that it compiles for H
 
 import os
 import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -12,6 +11,8 @@ import torch
 
 from vaeshard.kernels import box_conv
 from vaeshard.kernels import conv3d as conv_kernel
+
+from .. import interpreter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -157,10 +158,7 @@ KERNEL_VALUES = textwrap.dedent(
 
 def test_conv_kernel_values_through_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", KERNEL_VALUES], capture_output=True, text=True, env=env, timeout=240, cwd=ROOT
-    )
+    run = interpreter.run(KERNEL_VALUES, timeout=240)
     assert run.returncode == 0 and "conv kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -168,6 +166,8 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
     """
     import torch
     import vaeshard
+    from tests import interpreter
+    interpreter.for_model_decodes()
     from tests.models import build, latent
     from vaeshard.kernels import conv3d as conv_kernel
     from vaeshard.kernels import weights
@@ -273,15 +273,7 @@ def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
     # row tiles do not fit taken by the wrapping tiles through zero columns, and none of them with
     # triton_convs=False
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", MODEL_THROUGH_CONV_KERNEL],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=280,
-        cwd=ROOT,
-    )
+    run = interpreter.run(MODEL_THROUGH_CONV_KERNEL, timeout=280)
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 

@@ -3,15 +3,13 @@ frames, alone and inside the decoders, one rank and sharded."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from .. import interpreter
 from ..dist_harness import run_ranks
 from ..models import build, latent
 from ..parity import CPU_FP32 as TOL_CPU_FP32
@@ -246,6 +244,8 @@ DECODE_WITH_ADDEND = textwrap.dedent(
     """
     import torch
     import vaeshard
+    from tests import interpreter
+    interpreter.for_model_decodes()
     from tests.models import build, latent
     from vaeshard.kernels import norm as norm_kernels
     from vaeshard.layers import tier
@@ -278,13 +278,9 @@ DECODE_WITH_ADDEND = textwrap.dedent(
 
 def test_interleave_kernel_adds_the_duplicating_shortcut():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    run = subprocess.run([sys.executable, "-c", ADDEND_CHECK], capture_output=True, text=True, env=env, timeout=240)
+    run = interpreter.run(ADDEND_CHECK, timeout=240)
     assert run.returncode == 0 and "addend ok" in run.stdout, run.stdout + run.stderr
-    run = subprocess.run(
-        [sys.executable, "-c", DECODE_WITH_ADDEND], capture_output=True, text=True, env=env, timeout=280, cwd=root
-    )
+    run = interpreter.run(DECODE_WITH_ADDEND, timeout=280)
     assert run.returncode == 0 and "decode ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -301,8 +297,7 @@ def test_addend_only_where_the_triton_pass_runs():
 
 def test_interleave_kernel_through_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", INTERLEAVE_CHECK], capture_output=True, text=True, env=env, timeout=240)
+    run = interpreter.run(INTERLEAVE_CHECK, timeout=240)
     assert run.returncode == 0 and "interleave ok" in run.stdout, run.stdout + run.stderr
 
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
+from .. import interpreter
 from ..dist_harness import run_ranks
 from ..models import build, latent
 from ..parity import CPU_FP32 as TOL_CPU_FP32
@@ -502,8 +500,7 @@ def test_kernels_index_in_64_bits_only_where_offsets_can_pass_2_31():
 
 def test_triton_rms_norm_kernel_through_the_interpreter():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True, env=env, timeout=240)
+    run = interpreter.run(KERNEL_CHECK, timeout=240)
     assert run.returncode == 0 and "kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -511,6 +508,8 @@ MODEL_THROUGH_KERNELS = textwrap.dedent(
     """
     import torch
     import vaeshard
+    from tests import interpreter
+    interpreter.for_model_decodes()
     from tests.models import build, latent
     from vaeshard import tuning
     from vaeshard.kernels import norm as norm_kernels
@@ -534,15 +533,7 @@ def test_fast_tier_decode_through_the_triton_kernels_on_cpu():
     # the CUDA code path of the residual blocks (Triton kernels, conv2 without its bias), run by
     # Triton's CPU interpreter in fp32 against diffusers' decode
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", MODEL_THROUGH_KERNELS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    )
+    run = interpreter.run(MODEL_THROUGH_KERNELS, timeout=240)
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 
