@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -63,7 +64,16 @@ class CaptureCounter(logging.Handler):
 
 # 9 latent frames: the fast tier's default at these frame sizes on CUDA takes 2 per decoder call
 # (frames_per_step "auto"), 5 calls, of which the last two replay a CUDA graph (cuda_graphs "auto")
-SHAPES = {"wan21": (1, 16, 9, 30, 52), "wan22": (1, 48, 9, 22, 40), "qwenimage": (1, 16, 3, 30, 52)}
+SHAPES = {
+    "wan21": (1, 16, 9, 30, 52),
+    "wan22": (1, 48, 9, 22, 40),
+    "qwenimage": (1, 16, 3, 30, 52),
+    "flux2": (1, 32, 64, 64),  # 512 x 512
+    "hunyuanvideo15": (1, 32, 3, 16, 24),  # 9 frames of 256 x 384
+    "qwenimage21": (1, 64, 1, 32, 32),  # 512 x 512
+    "ltx": (1, 128, 2, 8, 12),  # 9 frames of 256 x 384
+    "ltx2": (1, 128, 2, 8, 12),
+}
 TILES = (128, 96)  # diffusers' tile size and stride in sample pixels for the tiled decodes
 # seconds a request waits for every rank (its agreement): rank 0 makes diffusers' decodes (the tiled
 # ones when the first tile row needs them) while the other ranks wait for it in their next request
@@ -94,8 +104,24 @@ SMALL_CONFIGS = {
         },
     ),
     "qwenimage": ("AutoencoderKLQwenImage", _SMALL_WAN),
+    "flux2": (
+        "AutoencoderKLFlux2",
+        {
+            "block_out_channels": (8, 16),
+            "down_block_types": ("DownEncoderBlock2D",) * 2,
+            "up_block_types": ("UpDecoderBlock2D",) * 2,
+            "layers_per_block": 1,
+            "norm_num_groups": 4,
+            "latent_channels": 8,
+        },
+    ),
 }
-SMALL_SHAPES = {"wan21": (1, 4, 2, 4, 6), "wan22": (1, 4, 2, 2, 3), "qwenimage": (1, 4, 2, 4, 6)}
+SMALL_SHAPES = {
+    "wan21": (1, 4, 2, 4, 6),
+    "wan22": (1, 4, 2, 2, 3),
+    "qwenimage": (1, 4, 2, 4, 6),
+    "flux2": (1, 8, 20, 24),
+}
 SMALL_TILES = (32, 16)
 
 # --- the exactness contract (BENCHMARKS.md, "Exactness on the GPU") -----------------------------------
@@ -221,7 +247,11 @@ def format_row(r: dict) -> str:
 
 def _parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="wan21,wan22", help="named configs (vaeshard.cli.io): wan21, wan22, qwenimage")
+    ap.add_argument(
+        "--models",
+        default="wan21,wan22",
+        help="named configs (vaeshard.cli.io) with a shape in SHAPES (default wan21,wan22)",
+    )
     ap.add_argument("--dtypes", default="fp32,bf16", help="fp32, bf16 or both (default fp32,bf16)")
     ap.add_argument("--modes", default=",".join(vaeshard.MODES))
     ap.add_argument("--out", default=None, help="write each row as a JSON line here")
@@ -344,18 +374,29 @@ def _run(args, device: torch.device, rank: int, world: int, captures: CaptureCou
         torch.manual_seed(0)
         class_name, config = configs[model]
         base = getattr(diffusers, class_name)(**config).eval()
-        base.enable_tiling(
-            tile_sample_min_height=tile,
-            tile_sample_min_width=tile,
-            tile_sample_stride_height=stride,
-            tile_sample_stride_width=stride,
-        )
-        base.use_tiling = False
+        set_tiles(base, tile, stride)
         for dname in args.dtypes.split(","):
             ok_all &= _check(args, base, model, dname, shapes[model], runs, device, rank, world, captures, emit)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return ok_all
+
+
+def set_tiles(vae, tile: int, stride: int) -> None:
+    """diffusers' tile size and stride in sample pixels for the tiled decodes, under the names the
+    class uses; tiling itself stays off (the untiled decodes are the references)."""
+    if hasattr(vae, "tile_sample_stride_height"):  # Wan, Qwen-Image, LTX: size and stride
+        vae.tile_sample_min_height = vae.tile_sample_min_width = tile
+        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+    elif hasattr(vae, "tile_latent_min_height"):  # HunyuanVideo 1.5: sample and latent sizes, an overlap
+        vae.tile_sample_min_height = vae.tile_sample_min_width = tile
+        vae.tile_latent_min_height = vae.tile_latent_min_width = tile // vae.spatial_compression_ratio
+        vae.tile_overlap_factor = 1 - stride / tile
+    else:  # the AutoencoderKL layout: square tiles, their overlap as a fraction of the tile
+        ratio = 2 ** (len(vae.config.block_out_channels) - 1)
+        vae.tile_sample_min_size, vae.tile_latent_min_size = tile, tile // ratio
+        vae.tile_overlap_factor = 1 - stride / tile
+    vae.use_tiling = False
 
 
 def _check(
@@ -373,7 +414,10 @@ def _check(
         if kind not in refs:
 
             def decode(m, x):
-                return (m.decode(x) if kind == "untiled" else m.tiled_decode(x)).sample
+                # (LTX-Video's tiled_decode requires its `temb`, None without timestep conditioning)
+                extra = {"temb": None} if "temb" in inspect.signature(m.tiled_decode).parameters else {}
+                out = m.decode(x) if kind == "untiled" else m.tiled_decode(x, **extra)
+                return out.sample if hasattr(out, "sample") else out  # (some classes' tiled_decode: a tensor)
 
             with torch.no_grad():
                 same = decode(plain, z)

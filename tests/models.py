@@ -101,3 +101,165 @@ BUILDERS["autoencoder_kl"] = autoencoder_kl_small
 BUILDERS["autoencoder_kl_flux"] = lambda: autoencoder_kl_small(
     block_out_channels=(8, 8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False
 )
+
+
+def flux2_small():
+    """A seeded AutoencoderKLFlux2: FLUX.2's layout (32 latent channels in the real model; quant convs,
+    mid-block attention) at tiny widths."""
+    from diffusers import AutoencoderKLFlux2
+
+    return _seeded(
+        lambda: AutoencoderKLFlux2(
+            block_out_channels=(8, 16),
+            down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2,
+            layers_per_block=1,
+            norm_num_groups=4,
+            latent_channels=8,
+            sample_size=32,
+        )
+    )
+
+
+def flux2_real():
+    from diffusers import AutoencoderKLFlux2
+
+    return _seeded(lambda: AutoencoderKLFlux2())  # its defaults are the FLUX.2 VAE's config
+
+
+BUILDERS["flux2"] = flux2_small
+BUILDERS["flux2_real"] = flux2_real
+
+
+def qwenimage21_small():
+    """A seeded AutoencoderKLQwenImage21 with every kind of layer the real one has: residual up and
+    down blocks with pixel (un)shuffle shortcuts, a temporal and a spatial-only resample each way, a
+    decoder wider than the encoder, the mid-block attention; 4x spatial, z=4, RGBA."""
+    from diffusers import AutoencoderKLQwenImage21
+
+    vae = _seeded(
+        lambda: AutoencoderKLQwenImage21(
+            base_dim=8,
+            decoder_base_dim=12,
+            z_dim=4,
+            dim_mult=[1, 2, 2],
+            num_res_blocks=1,
+            temperal_downsample=[False, True],
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
+            scale_factor_spatial=4,
+        )
+    )
+    # diffusers' 256-pixel tiles are 64 latent rows at this model's 4x (16x for the real one): half that
+    vae.tile_sample_min_height = vae.tile_sample_min_width = 128
+    vae.tile_sample_stride_height = vae.tile_sample_stride_width = 96
+    return vae
+
+
+BUILDERS["qwenimage21"] = qwenimage21_small
+
+
+def hunyuanvideo15_small(**overrides):
+    """A seeded AutoencoderKLHunyuanVideo15 keeping every kind of layer of the real one: up/down blocks
+    that resample space and time, space only, and neither; causal replicate-padded convs, RMS norms,
+    1x1x1 shortcuts, the frame-causal mid-block attention. 4x spatial, 2x temporal by default."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    config = dict(
+        latent_channels=4,
+        block_out_channels=(8, 8, 16),
+        layers_per_block=1,
+        spatial_compression_ratio=4,
+        temporal_compression_ratio=2,
+    )
+    config.update(overrides)
+    vae = _seeded(lambda: AutoencoderKLHunyuanVideo15(**config))
+    # diffusers' tiles are 256 sample pixels; a tiny model's are 64, so small latents tile
+    vae.tile_sample_min_height = vae.tile_sample_min_width = 64
+    vae.tile_latent_min_height = vae.tile_latent_min_width = 64 // config["spatial_compression_ratio"]
+    return vae
+
+
+BUILDERS["hunyuanvideo15"] = hunyuanvideo15_small
+# the real config's layout (five levels, 16x spatial, 4x temporal, 32 latent channels, two layers per
+# block) with every width a sixteenth of the real one, for numerical checks at 16x
+BUILDERS["hunyuanvideo15_layout"] = lambda: hunyuanvideo15_small(
+    latent_channels=32,
+    block_out_channels=(8, 16, 32, 64, 64),
+    layers_per_block=2,
+    spatial_compression_ratio=16,
+    temporal_compression_ratio=4,
+)
+
+
+def qwenimage21_real():
+    from diffusers import AutoencoderKLQwenImage21
+
+    return _seeded(lambda: AutoencoderKLQwenImage21())  # its defaults are the Qwen-Image 2.1 VAE's config
+
+
+BUILDERS["qwenimage21_real"] = qwenimage21_real
+
+
+def ltx_small(**overrides):
+    """A seeded LTX-Video 0.9.5-style VAE: timestep-conditioned decoder with noise injection, residual
+    pixel-shuffle upsamplers, and the 0.9.5 encoder's spatial / temporal / spatiotemporal pixel-unshuffle
+    downsamplers (32x spatial, 8x temporal)."""
+    from diffusers import AutoencoderKLLTXVideo
+
+    config = dict(
+        latent_channels=4,
+        block_out_channels=(8, 8, 16, 16, 16),
+        down_block_types=("LTXVideo095DownBlock3D",) * 4,
+        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+        spatio_temporal_scaling=(True, True, True, True),
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_block_out_channels=(8, 16, 32),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(True, True, True, False),
+        upsample_residual=(True, True, True),
+        upsample_factor=(2, 2, 2),
+        timestep_conditioning=True,
+        spatial_compression_ratio=32,
+        temporal_compression_ratio=8,
+    )
+    config.update(overrides)
+    return _with_noise_scales(_seeded(lambda: AutoencoderKLLTXVideo(**config)))
+
+
+def ltx2_small(**overrides):
+    """A seeded LTX-2-style VAE: reflect-padded causal decoder with spatial-only and spatiotemporal
+    upsamplers, timestep conditioning and noise injection; encoder with LTX-2's downsamplers."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    config = dict(
+        latent_channels=4,
+        block_out_channels=(8, 8, 16, 16),
+        layers_per_block=(1, 1, 1, 1, 1),
+        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+        decoder_block_out_channels=(8, 16, 32),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        upsample_type=("spatial", "spatiotemporal", "spatiotemporal"),
+        decoder_inject_noise=(True, True, False, True),
+        timestep_conditioning=True,
+        spatial_compression_ratio=32,
+        temporal_compression_ratio=8,
+    )
+    config.update(overrides)
+    return _with_noise_scales(_seeded(lambda: AutoencoderKLLTX2Video(**config)))
+
+
+def _with_noise_scales(vae):
+    """diffusers starts the noise scales at zero (the noise then changes nothing): seeded values, so a
+    wrong draw shows in the decode."""
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if "per_channel_scale" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return vae
+
+
+BUILDERS["ltx"] = ltx_small
+BUILDERS["ltx2"] = ltx2_small

@@ -20,7 +20,7 @@ import torch
 from . import kernels
 from .config import SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
 from .families import family_for
-from .families.base import Family
+from .families.base import Family, inputs_of_sample, passing_inputs, request_inputs
 from .layers import tier
 from .policy import hooks_reason, plan_for
 from .runtime import comm as comm_mod
@@ -223,18 +223,22 @@ def _checksums(vae) -> tuple[list[str], list[int]]:
 # --- requests --------------------------------------------------------------------------------------
 
 
-def _decode(vae, z, return_dict: bool = True):
+def _decode(vae, z, *args, **kwargs):
     from diffusers.models.autoencoders.vae import DecoderOutput
 
-    sample = _run(vae, "decode", z)
+    inputs, return_dict = getattr(vae, STATE_ATTR).family.call_arguments("decode", args, kwargs)
+    with passing_inputs(inputs):  # e.g. LTX-Video's decoder timestep
+        sample = _run(vae, "decode", z)
     return DecoderOutput(sample=sample) if return_dict else (sample,)
 
 
-def _encode(vae, x, return_dict: bool = True):
+def _encode(vae, x, *args, **kwargs):
     from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
     from diffusers.models.modeling_outputs import AutoencoderKLOutput
 
-    moments = _run(vae, "encode", x)
+    inputs, return_dict = getattr(vae, STATE_ATTR).family.call_arguments("encode", args, kwargs)
+    with passing_inputs(inputs):
+        moments = _run(vae, "encode", x)
     if moments.numel() == 0:  # output="rank0" on another rank: nothing to wrap
         return AutoencoderKLOutput(latent_dist=None) if return_dict else (None,)
     posterior = DiagonalGaussianDistribution(moments)
@@ -287,7 +291,11 @@ def _run(vae, op: str, x):
     x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
     with comm.bounded():
         if vae.use_slicing and x.shape[0] > 1:
-            parts = [_run_one(vae, family, config, comm, op, part, hooked) for part in x.split(1)]
+            whole = request_inputs()
+            parts = []
+            for k, part in enumerate(x.split(1)):
+                with passing_inputs(inputs_of_sample(whole, k, x.shape[0])):
+                    parts.append(_run_one(vae, family, config, comm, op, part, hooked))
             return torch.cat(parts) if parts[0].numel() else parts[0]
         return _run_one(vae, family, config, comm, op, x, hooked)
 
@@ -329,7 +337,7 @@ def _direct(vae, family: Family, op: str, x):
     own untiled decode loop where that gives the VAE's result, see Family.direct_decode)."""
     if op == "decode":
         return family.direct_decode(vae, x)
-    return type(vae).encode(vae, x, return_dict=False)[0].parameters
+    return type(vae).encode(vae, x, return_dict=False, **request_inputs())[0].parameters
 
 
 __all__ = ["config_of", "parallelize", "release", "unparallelize", "verify_weights"]

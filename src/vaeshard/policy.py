@@ -30,10 +30,12 @@ class Plan(NamedTuple):
     reason: str  # one line, shown by the debug log and `vaeshard bench`
     fallback: bool = False  # a forced mode could not run and `tile` (or `direct`) runs instead
     fast: FastPlan | None = None  # the fast tier's choices; None: the exact tier (diffusers' own layers)
+    tier_reason: str = ""  # why a request that asked for the fast tier runs diffusers' own layers
 
     def explain(self) -> str:
         """The strategy and every choice with its reason, one per line."""
         tier = "the fast tier" if self.fast is not None else "the exact tier (diffusers' own layers)"
+        tier += f": {self.tier_reason}" if self.tier_reason else ""
         lines = [f"strategy: {self.strategy} ({self.reason})", f"tier: {tier}"]
         if self.fast is not None:
             lines += [f"  {name}: {why}" for name, why in self.fast.reasons]
@@ -81,6 +83,10 @@ def plan_for(vae, latent_shape, world_size: int, config: ParallelConfig, *, op: 
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     if hooked or config.exact or config.mode == "tile" or chosen.strategy == "tile":
         return chosen
+    from .families import family_for
+
+    if not family_for(vae).fast_tier:
+        return chosen._replace(tier_reason=f"{type(vae).__name__} has no fast-tier layers (docs/families.md)")
     return chosen._replace(fast=resolve_fast(vae, latent_shape, world_size, chosen.strategy, config.fast, op=op))
 
 

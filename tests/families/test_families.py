@@ -18,6 +18,10 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 # One small config per registered class: a new family adds its builder here and gets these checks.
 FAMILY_MODELS = {"AutoencoderKLWan": "wan21", "AutoencoderKLQwenImage": "qwenimage", "AutoencoderKL": "autoencoder_kl"}
+FAMILY_MODELS["AutoencoderKLFlux2"] = "flux2"
+FAMILY_MODELS["AutoencoderKLQwenImage21"] = "qwenimage21"
+FAMILY_MODELS["AutoencoderKLHunyuanVideo15"] = "hunyuanvideo15"
+FAMILY_MODELS.update(AutoencoderKLLTXVideo="ltx", AutoencoderKLLTX2Video="ltx2")
 
 
 def _tiny_autoencoder():

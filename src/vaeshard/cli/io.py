@@ -87,6 +87,11 @@ NAMED_CONFIGS = {
     "sd15": ("AutoencoderKL", SD15_CONFIG),
     "sdxl": ("AutoencoderKL", SDXL_CONFIG),
     "flux1": ("AutoencoderKL", FLUX1_CONFIG),
+    "flux2": ("AutoencoderKLFlux2", {}),  # AutoencoderKLFlux2's defaults are the FLUX.2 VAE
+    "hunyuanvideo15": ("AutoencoderKLHunyuanVideo15", {}),  # likewise the HunyuanVideo 1.5 VAE
+    "qwenimage21": ("AutoencoderKLQwenImage21", {}),  # likewise the Qwen-Image 2.1 VAE
+    "ltx": ("AutoencoderKLLTXVideo", {}),  # likewise the LTX-Video 0.9 VAE
+    "ltx2": ("AutoencoderKLLTX2Video", {}),  # likewise the LTX-2 VAE
 }
 
 

@@ -24,7 +24,12 @@ class Support(NamedTuple):
 _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLWan": ("vaeshard.families.wan", "FAMILY"),
     "AutoencoderKLQwenImage": ("vaeshard.families.qwenimage", "FAMILY"),
+    "AutoencoderKLQwenImage21": ("vaeshard.families.qwenimage21", "FAMILY"),
     "AutoencoderKL": ("vaeshard.families.autoencoder_kl", "FAMILY"),
+    "AutoencoderKLFlux2": ("vaeshard.families.autoencoder_kl", "FAMILY"),
+    "AutoencoderKLHunyuanVideo15": ("vaeshard.families.hunyuanvideo15", "FAMILY"),
+    "AutoencoderKLLTXVideo": ("vaeshard.families.ltx", "LTX_FAMILY"),
+    "AutoencoderKLLTX2Video": ("vaeshard.families.ltx", "LTX2_FAMILY"),
 }
 
 

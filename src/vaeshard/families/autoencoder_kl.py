@@ -1,4 +1,8 @@
-"""AutoencoderKL (diffusers `AutoencoderKL`): the image VAE of SD 1.x/2.x, SDXL, SD3 and FLUX.1.
+"""AutoencoderKL (diffusers `AutoencoderKL`): the image VAE of SD 1.x/2.x, SDXL, SD3 and FLUX.1, and
+`AutoencoderKLFlux2` (FLUX.2 and the models built on its VAE), which holds the same Encoder and
+Decoder with FLUX.2's config and whose decode, encode and tiled loops are AutoencoderKL's line for
+line (both are mirrored below, so a change to either fails the drift test). FLUX.2's pipeline runs
+its 2x2 patchify and BatchNorm outside `decode` / `encode`; vaeshard sees the same 4-D latents.
 
 Latents are 4-D (B, C, H, W). Declared: which decoder layers get which treatment when the feature map
 is sharded: 3x3 convs take halo rows, every GroupNorm (resnets, attention, `conv_norm_out`) takes
@@ -218,8 +222,8 @@ def _check_halo_conv2d(name: str, conv: nn.Conv2d) -> None:
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
     return ValueError(
-        f"vaeshard cannot shard the AutoencoderKL decoder: decoder.{name} ({type(module).__name__}) is {what}. "
-        "This VAE is not the AutoencoderKL layout vaeshard supports; decode it without vaeshard"
+        f"vaeshard cannot shard this AutoencoderKL-layout decoder: decoder.{name} ({type(module).__name__}) is "
+        f"{what}. This VAE is not the AutoencoderKL layout vaeshard supports; decode it without vaeshard"
     )
 
 
@@ -233,11 +237,12 @@ def release(vae) -> None:
 
 
 _KL = "diffusers.models.autoencoders.autoencoder_kl:"
+_FLUX2 = "diffusers.models.autoencoders.autoencoder_kl_flux2:"
 
 
 class _AutoencoderKL(Family):
     name = "autoencoder_kl"
-    classes = ("AutoencoderKL",)
+    classes = ("AutoencoderKL", "AutoencoderKLFlux2")
     mirrors = (
         Mirror(
             _KL + "AutoencoderKL.tiled_decode",
@@ -246,6 +251,16 @@ class _AutoencoderKL(Family):
         ),
         Mirror(
             _KL + "AutoencoderKL._tiled_encode",
+            "families/autoencoder_kl.py encode_tile_ops, _tile_ops",
+            "bbb7495e91377277",
+        ),
+        Mirror(
+            _FLUX2 + "AutoencoderKLFlux2.tiled_decode",
+            "families/autoencoder_kl.py decode_tile_ops, _tile_ops",
+            "2a6e434fca5643e3",
+        ),
+        Mirror(
+            _FLUX2 + "AutoencoderKLFlux2._tiled_encode",
             "families/autoencoder_kl.py encode_tile_ops, _tile_ops",
             "bbb7495e91377277",
         ),

@@ -9,6 +9,8 @@ sharding (runtime/swap.py). docs/adding-a-family.md walks through writing one.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import importlib
 import inspect
@@ -48,11 +50,15 @@ class Family(ABC):
 
     Declared (class attributes): `name`, the diffusers `classes`, `latent_ndim` (5 for
     (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
-    decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply).
+    decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply);
+    `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers).
     `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
     """
 
     mirrors: tuple[Mirror, ...] = ()
+    # the arguments diffusers' decode / encode take between the tensor and `return_dict`, in order
+    # (LTX-Video: the decoder's timestep `temb`): a request passes them on (`request_inputs`)
+    call_inputs: dict[str, tuple[str, ...]] = {}
     name: str
     classes: tuple[str, ...]
     latent_ndim: int
@@ -61,6 +67,9 @@ class Family(ABC):
     spatial_decode: bool = False
     spatial_encode: bool = False
     frame_loop: bool = False
+    # the fast tier (kernels, channels-last, fused norms) serves this family's layers, measured faster
+    # than diffusers' own on the GPU (BENCHMARKS.md); otherwise every request runs diffusers' layers
+    fast_tier: bool = False
 
     @abstractmethod
     def latent_channels(self, vae) -> int:
@@ -89,7 +98,21 @@ class Family(ABC):
 
     def direct_decode(self, vae, z) -> torch.Tensor:
         """One rank's whole decode: the VAE's own `decode` unless the family runs its own loop."""
-        return type(vae).decode(vae, z, return_dict=False)[0]
+        return type(vae).decode(vae, z, return_dict=False, **request_inputs())[0]
+
+    def call_arguments(self, op: str, args: tuple, kwargs: dict) -> tuple[dict, bool]:
+        """(the inputs of `call_inputs[op]` given, return_dict) of a call `vae.<op>(x, *args, **kwargs)`
+        with diffusers' signature; TypeError for an argument diffusers' method does not take."""
+        names = (*self.call_inputs.get(op, ()), "return_dict")
+        if len(args) > len(names):
+            raise TypeError(f"{op}() takes at most {len(names) + 1} positional arguments ({len(args) + 1} given)")
+        given = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in given:
+                raise TypeError(f"{op}() got an unexpected or repeated argument {key!r}")
+            given[key] = value
+        return_dict = bool(given.pop("return_dict", True))
+        return {k: v for k, v in given.items() if v is not None}, return_dict
 
     def install_layers(self, vae) -> None:
         """Swap in request-aware layers (halo, fast tier); idempotent. May raise ValueError for a VAE
@@ -123,6 +146,33 @@ class Family(ABC):
         return "(B, C, T, H, W)" if self.latent_ndim == 5 else "(B, C, H, W)"
 
 
+_inputs: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vaeshard_inputs", default=None)
+
+
+def request_inputs() -> dict:
+    """The current request's extra inputs (Family.call_inputs) by name; empty outside one."""
+    return dict(_inputs.get() or {})
+
+
+@contextlib.contextmanager
+def passing_inputs(values: dict):
+    """Make `values` the extra inputs of the request run inside (reset afterwards)."""
+    token = _inputs.set(dict(values))
+    try:
+        yield
+    finally:
+        _inputs.reset(token)
+
+
+def inputs_of_sample(values: dict, index: int, batch: int) -> dict:
+    """The inputs of sample `index` of a batch of `batch` decoded one at a time (the VAE's slicing):
+    a tensor with one entry per sample is cut to that sample's; anything else is shared."""
+    return {
+        k: v[index : index + 1] if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == batch > 1 else v
+        for k, v in values.items()
+    }
+
+
 def frames_out(num_frames: int, temporal_factor: int) -> int:
     """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
     return 1 + (num_frames - 1) * temporal_factor if num_frames > 0 else 0
@@ -139,4 +189,14 @@ def with_tiling_off(vae, fn, *args):
         vae.use_tiling, vae.use_slicing = tiling, slicing
 
 
-__all__ = ["Family", "Mirror", "TileOps", "frames_out", "source_hash", "with_tiling_off"]
+__all__ = [
+    "Family",
+    "Mirror",
+    "TileOps",
+    "frames_out",
+    "inputs_of_sample",
+    "passing_inputs",
+    "request_inputs",
+    "source_hash",
+    "with_tiling_off",
+]

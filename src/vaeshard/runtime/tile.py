@@ -70,6 +70,9 @@ class TileOps:
     finish: Callable[[torch.Tensor], torch.Tensor]  # merged result -> final result (unpatchify, clamp)
     out_shape: Callable[[tuple[int, ...]], tuple[int, ...]]  # input tile shape -> finished tile shape
     out_dtype: torch.dtype
+    # what a rank does in place of a tile another rank runs (in grid order, interleaved with its own):
+    # e.g. replay the RNG draws that tile's decode makes, so every tile sees diffusers' RNG state
+    skip: Callable[[torch.Tensor], None] | None = None
 
 
 def balance(tiles: tuple[Tile, ...], num_ranks: int) -> list[list[Tile]]:
@@ -108,7 +111,14 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     max_count = max(len(a) for a in assignment)
 
     stack = None
-    for k, t in enumerate(mine):
+    mine_set = set(mine)
+    order = grid.tiles if ops.skip is not None else mine
+    k = -1
+    for t in order:
+        if t not in mine_set:
+            ops.skip(x_bcthw[..., t.h0 : t.h1, t.w0 : t.w1])
+            continue
+        k += 1
         out = ops.run(x_bcthw[..., t.h0 : t.h1, t.w0 : t.w1])
         if tuple(out.shape) != out_shapes[(t.row, t.col)]:
             raise RuntimeError(

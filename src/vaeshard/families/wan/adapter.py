@@ -32,6 +32,7 @@ class WanLike(Family):
     spatial_decode = True
     spatial_encode = True
     frame_loop = True
+    fast_tier = True
 
     causal_conv_cls: type
     attention_cls: type

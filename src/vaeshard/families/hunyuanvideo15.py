@@ -1,0 +1,302 @@
+"""HunyuanVideo 1.5 (diffusers `AutoencoderKLHunyuanVideo15`, also the HunyuanImage refiner's VAE).
+
+Latents are 5-D (B, C, T, H, W), 16x spatial and 4x temporal compression in the real config. The
+VAE is diffusers' own loops over whole clips (no causal frame cache), so `tile` is diffusers'
+`tiled_decode` / `tiled_encode` cut into tiles spread over ranks, and a sharded request runs
+diffusers' `_decode` / `_encode` on each rank's rows with leaf layers swapped:
+
+- `HunyuanVideo15CausalConv3d` (replicate-padded causal 3x3x3): halo rows from the neighbours,
+  the edge row repeated at the global edges (layers/replicate_conv.py);
+- `HunyuanVideo15AttnBlock` (the mid-block attention, causal by frame): local queries against the
+  whole video's keys and values of the frames each query frame may see, without diffusers'
+  (T*H*W)^2 mask (layers/frame_causal_attention.py);
+- per pixel and left as they are: the RMS norms (over channels), SiLU, 1x1x1 convolutions, and the
+  up/downsamplers' pixel (un)shuffles and channel shortcuts (local: shards are whole latent rows).
+
+The encoder is made of the same kinds of layer, so encode shards too.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..layers.frame_causal_attention import FrameCausalAttention
+from ..layers.replicate_conv import HaloReplicateCausalConv3d
+from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.tile import TileGrid, TileOps
+from .base import Family, Mirror, frames_out, with_tiling_off
+
+# Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in
+# a swapped child). The up/downsamplers' rearranges and channel shortcuts are local too.
+_LOCAL = (
+    "HunyuanVideo15Encoder3D",
+    "HunyuanVideo15Decoder3D",
+    "HunyuanVideo15DownBlock3D",
+    "HunyuanVideo15UpBlock3D",
+    "HunyuanVideo15MidBlock",
+    "HunyuanVideo15ResnetBlock",
+    "HunyuanVideo15Upsample",
+    "HunyuanVideo15Downsample",
+    "ModuleList",
+    "SiLU",
+    "Identity",
+)
+
+
+def latent_channels(vae) -> int:
+    return vae.config.latent_channels
+
+
+def _resamplers(blocks, attr: str, flag: str) -> list[bool]:
+    """One entry per block that resamples (2x in height and width): whether it resamples time too."""
+    return [bool(getattr(getattr(b, attr)[0], flag)) for b in blocks if getattr(b, attr, None) is not None]
+
+
+def _ups(vae) -> list[bool]:
+    return _resamplers(vae.decoder.up_blocks, "upsamplers", "add_temporal_upsample")
+
+
+def _downs(vae) -> list[bool]:
+    return _resamplers(vae.encoder.down_blocks, "downsamplers", "add_temporal_downsample")
+
+
+def _decoded_frames(frames: int, ups: list[bool]) -> int:
+    # a temporal upsampler turns the first frame into one and every later one into two
+    return frames_out(frames, 2 ** sum(ups))
+
+
+def _encoded_frames(frames: int, downs: list[bool]) -> int:
+    # a temporal downsampler keeps the first frame and packs every two later ones into one
+    for temporal in downs:
+        frames = 1 + (frames - 1) // 2 if temporal else frames
+    return frames
+
+
+def _concat_extent(tiles_along, keep: int, scale_out) -> int:
+    """Extent of diffusers' concatenation of tiles each cut to `keep` (it never crops the result)."""
+    return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
+
+
+def _tile_ops(vae, x, tile_in: tuple[int, int], keep_out: int, blends: tuple[int, int], scale_out, run, out_shape):
+    """diffusers' tile grid over `x`: tiles of `tile_in` (rows, cols) every `int(tile * (1 - overlap))`,
+    blended over `blends` (rows, cols) and cut to `keep_out` (rows, cols), concatenated unclipped."""
+    height, width = x.shape[-2:]
+    stride_h = int(tile_in[0] * (1 - vae.tile_overlap_factor))
+    stride_w = int(tile_in[1] * (1 - vae.tile_overlap_factor))
+    keep_h, keep_w = keep_out
+    rows = [(h, min(h + tile_in[0], height)) for h in range(0, height, stride_h)]
+    cols = [(w, min(w + tile_in[1], width)) for w in range(0, width, stride_w)]
+    grid = TileGrid.regular(
+        height,
+        width,
+        tile_in[0],
+        tile_in[1],
+        stride_h,
+        stride_w,
+        blend_rows=blends[0],
+        blend_cols=blends[1],
+        keep_rows=keep_h,
+        keep_cols=keep_w,
+        out_rows=_concat_extent(rows, keep_h, scale_out),
+        out_cols=_concat_extent(cols, keep_w, scale_out),
+    )
+    return TileOps(
+        grid=grid,
+        source=x,
+        run=run,
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=out_shape,
+        out_dtype=x.dtype,
+    )
+
+
+def decode_tile_ops(vae, z):
+    """diffusers' `tiled_decode`: latent tiles of `tile_latent_min_*` every `int(tile_latent_min_* *
+    (1 - overlap))`, blended over `int(tile_sample_min_* * overlap)` sample rows, cut to the rest."""
+    _, _, _, height, width = z.shape
+    if not (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height):
+        return None  # diffusers' _decode does not tile this latent
+    ups = _ups(vae)
+    up = 2 ** len(ups)
+    blend_h = int(vae.tile_sample_min_height * vae.tile_overlap_factor)
+    blend_w = int(vae.tile_sample_min_width * vae.tile_overlap_factor)
+    channels = vae.decoder.conv_out.conv.out_channels
+    return _tile_ops(
+        vae,
+        z,
+        (vae.tile_latent_min_height, vae.tile_latent_min_width),
+        (vae.tile_sample_min_height - blend_h, vae.tile_sample_min_width - blend_w),
+        (blend_h, blend_w),
+        lambda n: n * up,
+        vae.decoder,
+        lambda s: (s[0], channels, _decoded_frames(s[2], ups), s[3] * up, s[4] * up),
+    )
+
+
+def encode_tile_ops(vae, x):
+    """diffusers' `tiled_encode`: sample tiles of `tile_sample_min_*` every `int(tile_sample_min_* *
+    (1 - overlap))`, blended over `int(tile_latent_min_* * overlap)` latent rows, cut to the rest."""
+    _, _, _, height, width = x.shape
+    if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+        return None  # diffusers' _encode does not tile this sample
+    downs = _downs(vae)
+    stages = len(downs)
+    blend_h = int(vae.tile_latent_min_height * vae.tile_overlap_factor)
+    blend_w = int(vae.tile_latent_min_width * vae.tile_overlap_factor)
+    channels = vae.encoder.conv_out.conv.out_channels
+    return _tile_ops(
+        vae,
+        x,
+        (vae.tile_sample_min_height, vae.tile_sample_min_width),
+        (vae.tile_latent_min_height - blend_h, vae.tile_latent_min_width - blend_w),
+        (blend_h, blend_w),
+        lambda n: n >> stages,
+        vae.encoder,
+        lambda s: (s[0], channels, _encoded_frames(s[2], downs), s[3] >> stages, s[4] >> stages),
+    )
+
+
+def untiled_decode(vae, z):
+    return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
+
+
+def untiled_encode(vae, x):
+    return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
+
+
+# -- spatial shard ----------------------------------------------------------------------------------
+
+
+def install_layers(vae) -> None:
+    """Treatment by layer class, encoder and decoder.
+
+    HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the sharded axis
+    (its child Conv3d is then unpadded and local); HunyuanVideo15AttnBlock -> frame-causal attention
+    against the whole video's keys and values; an RMS norm over channels, a 1x1x1 Conv3d (shortcuts,
+    the attention's projections) -> local. Any other layer could couple rows in a way vaeshard does not know, so it
+    is refused here, before anything is swapped, rather than decoded wrongly.
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (
+        HunyuanVideo15AttnBlock,
+        HunyuanVideo15CausalConv3d,
+        HunyuanVideo15RMS_norm,
+    )
+
+    swaps = []
+    for part in ("encoder", "decoder"):
+        causal_children = set()
+        for name, module in getattr(vae, part).named_modules():
+            where = f"{part}.{name}"
+            if isinstance(module, HunyuanVideo15CausalConv3d):
+                _check_causal_conv(where, module)
+                causal_children.add(id(module.conv))
+                swaps.append((module, HaloReplicateCausalConv3d))
+            elif isinstance(module, HunyuanVideo15AttnBlock):
+                swaps.append((module, FrameCausalAttention))
+            elif isinstance(module, HunyuanVideo15RMS_norm):
+                if not module.channel_first:  # it would normalize over the width
+                    raise _refuse(where, module, "an RMS norm over the last axis rather than the channels")
+            elif type(module) is nn.Conv3d:
+                if id(module) not in causal_children and (
+                    module.kernel_size != (1, 1, 1) or module.stride != (1, 1, 1) or any(module.padding)
+                ):
+                    raise _refuse(where, module, "a convolution other than 1x1x1")
+            elif type(module).__name__ not in _LOCAL and not is_swapped(module):
+                raise _refuse(where, module, "a layer vaeshard does not know")
+    for module, mixin in swaps:  # only after the whole model was accepted
+        swap(module, mixin)
+
+
+def _check_causal_conv(name: str, module) -> None:
+    conv = module.conv
+    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
+    _, kh, kw = conv.kernel_size
+    if (
+        module.pad_mode != "replicate"
+        or conv.stride != (1, 1, 1)
+        or conv.dilation != (1, 1, 1)
+        or any(conv.padding)
+        or h_top + h_bottom != kh - 1
+        or w_left + w_right != kw - 1
+    ):
+        raise _refuse(name, module, "a causal convolution that is not stride-1, undilated, replicate-padded 'same'")
+
+
+def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"vaeshard cannot shard this AutoencoderKLHunyuanVideo15: {name} ({type(module).__name__}) is {what}. "
+        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+    )
+
+
+def uninstall_layers(vae) -> None:
+    for module in vae.modules():
+        unswap(module)
+
+
+def release(vae) -> None:
+    """The VAE keeps no feature cache between calls: nothing to drop."""
+
+
+_HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:"
+
+
+class _HunyuanVideo15(Family):
+    name = "hunyuanvideo15"
+    classes = ("AutoencoderKLHunyuanVideo15",)
+    mirrors = (
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo15._decode",
+            "families/hunyuanvideo15.py decode_tile_ops (when diffusers tiles a latent)",
+            "d6a3eced27ea28fd",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo15._encode",
+            "families/hunyuanvideo15.py encode_tile_ops (when diffusers tiles a sample)",
+            "1732c850c2ec5136",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo15.tiled_decode",
+            "families/hunyuanvideo15.py decode_tile_ops, _tile_ops",
+            "3ea9dbab91554de4",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo15.tiled_encode",
+            "families/hunyuanvideo15.py encode_tile_ops, _tile_ops",
+            "80aa21e33700c932",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15CausalConv3d.forward",
+            "layers/replicate_conv.py HaloReplicateCausalConv3d.forward",
+            "45611c78196e07d8",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15AttnBlock.forward",
+            "layers/frame_causal_attention.py FrameCausalAttention.forward, frame_causal_attention",
+            "50d98b5153065a21",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15AttnBlock.prepare_causal_attention_mask",
+            "layers/frame_causal_attention.py frame_causal_attention (frame i sees frames 0..i)",
+            "c5cd46ad781ea999",
+        ),
+    )
+    latent_ndim = 5
+    spatial_decode = True
+    spatial_encode = True
+    latent_channels = staticmethod(latent_channels)
+    decode_tile_ops = staticmethod(decode_tile_ops)
+    encode_tile_ops = staticmethod(encode_tile_ops)
+    untiled_decode = staticmethod(untiled_decode)
+    untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
+    uninstall_layers = staticmethod(uninstall_layers)
+    release = staticmethod(release)
+
+    def spatial_ratio(self, vae) -> int:
+        return 2 ** len(_ups(vae))
+
+
+FAMILY = _HunyuanVideo15()

@@ -1,0 +1,356 @@
+"""LTX-Video 0.9.x (diffusers AutoencoderKLLTXVideo) and LTX-2 / 2.3 (AutoencoderKLLTX2Video).
+
+Latents are 5-D (B, C, T, H, W). The decoder may be conditioned on a timestep (`decode(z, temb)`;
+LTX-2 also takes `causal`), which a request passes on to every rank's decoder, and may inject noise
+drawn from the global RNG. Declared: which layers get which treatment when the feature map is
+sharded. The causal convolutions pad time themselves (local) and leave the spatial padding to an
+inner nn.Conv3d (zeros; reflect in LTX-2's decoder), which takes halo rows (`HaloConv3d`); a residual
+block that injects noise draws the whole map and keeps its slice (`NoiseSliceResnet`); the per-channel
+RMS and layer norms, the timestep embeddings and scale/shift, and the pixel (un)shuffles of the
+up- and downsamplers are per pixel or local to whole latent rows. Code, because it cannot be data:
+the tile grid and per-tile run, kept line for line with diffusers' `tiled_decode` / `tiled_encode`,
+and the noise draws a tile's decode makes, which a rank replays for the tiles other ranks decode so
+every tile sees the RNG state it has in diffusers' tiled decode.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..layers.halo_conv3d import PADDING_MODES, HaloConv3d
+from ..layers.noise_slice import NoiseSliceResnet
+from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.tile import TileGrid, TileOps
+from .base import Family, Mirror, request_inputs, with_tiling_off
+
+# containers and per-pixel leaves (the convolutions and noise blocks are treated by class below)
+_LOCAL = {
+    "ModuleList",
+    "Dropout",
+    "SiLU",
+    "LayerNorm",
+    "RMSNorm",
+    "PerChannelRMSNorm",
+    "LTXVideoEncoder3d",
+    "LTXVideoDecoder3d",
+    "LTXVideoDownBlock3D",
+    "LTXVideo095DownBlock3D",
+    "LTXVideoMidBlock3d",
+    "LTXVideoUpBlock3d",
+    "LTXVideoResnetBlock3d",
+    "LTXVideoCausalConv3d",
+    "LTXVideoDownsampler3d",
+    "LTXVideoUpsampler3d",
+    "LTX2VideoEncoder3d",
+    "LTX2VideoDecoder3d",
+    "LTX2VideoDownBlock3D",
+    "LTX2VideoMidBlock3d",
+    "LTX2VideoUpBlock3d",
+    "LTX2VideoResnetBlock3d",
+    "LTX2VideoCausalConv3d",
+    "LTX2VideoDownsampler3d",
+    "LTX2VideoUpsampler3d",
+}
+
+
+class LTXLike(Family):
+    """Tile and shard behaviour of an LTX-Video VAE; the subclasses name the classes and mirrors."""
+
+    latent_ndim = 5
+    spatial_decode = True
+    spatial_encode = True
+    call_inputs = {"decode": ("temb",)}
+
+    def latent_channels(self, vae) -> int:
+        return vae.config.latent_channels
+
+    # -- shapes ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _upsamplers(vae):
+        return [u for block in vae.decoder.up_blocks for u in (block.upsamplers or ())]
+
+    def spatial_ratio(self, vae) -> int:
+        """The decoder's own: the patch times each upsampler's spatial stride (LTX-2's class default
+        `spatial_compression_ratio` counts temporal-only stages too, so it is not read here)."""
+        ratio = vae.decoder.patch_size
+        for up in self._upsamplers(vae):
+            ratio *= up.stride[1]
+        return ratio
+
+    def _decoded_shape(self, vae, s):
+        """A latent of shape `s` decoded (the upsamplers' shuffles, then the unpatchify)."""
+        frames, height, width = s[2], s[3], s[4]
+        for up in self._upsamplers(vae):
+            frames = frames * up.stride[0] - (up.stride[0] - 1)
+            height, width = height * up.stride[1], width * up.stride[2]
+        dec = vae.decoder
+        p, pt = dec.patch_size, dec.patch_size_t
+        return (s[0], dec.conv_out.conv.out_channels // (p * p * pt), frames * pt, height * p, width * p)
+
+    def _encoded_shape(self, vae, s):
+        """A sample of shape `s` encoded: the patchify, then each downsampler (strided causal conv or
+        pixel unshuffle)."""
+        enc = vae.encoder
+        frames, height, width = s[2] // enc.patch_size_t, s[3] // enc.patch_size, s[4] // enc.patch_size
+        for block in enc.down_blocks:
+            for down in block.downsamplers or ():
+                if hasattr(down, "group_size"):  # pixel unshuffle after repeating the first frames
+                    st = down.stride
+                    frames, height, width = (frames + st[0] - 1) // st[0], height // st[1], width // st[2]
+                else:
+                    conv = down.conv
+                    k, st = conv.kernel_size, conv.stride
+                    tpad = k[0] - 1 if _is_causal(down) else 2 * ((k[0] - 1) // 2)
+                    frames = (frames + tpad - k[0]) // st[0] + 1
+                    height = (height + 2 * conv.padding[1] - k[1]) // st[1] + 1
+                    width = (width + 2 * conv.padding[2] - k[2]) // st[2] + 1
+        return (s[0], 2 * enc.conv_out.conv.out_channels - 2, frames, height, width)
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def _decoder_call(self, vae, z, inputs):
+        return vae.decoder(z, inputs.get("temb"))
+
+    def decode_tile_ops(self, vae, z):
+        _, _, _, height, width = z.shape
+        ratio = vae.spatial_compression_ratio
+        tile_h = vae.tile_sample_min_height // ratio
+        tile_w = vae.tile_sample_min_width // ratio
+        if not (width > tile_w or height > tile_h):
+            return None  # diffusers' _decode does not tile this latent
+        grid = TileGrid.regular(
+            height,
+            width,
+            tile_h,
+            tile_w,
+            vae.tile_sample_stride_height // ratio,
+            vae.tile_sample_stride_width // ratio,
+            blend_rows=vae.tile_sample_min_height - vae.tile_sample_stride_height,
+            blend_cols=vae.tile_sample_min_width - vae.tile_sample_stride_width,
+            keep_rows=vae.tile_sample_stride_height,
+            keep_cols=vae.tile_sample_stride_width,
+            out_rows=height * ratio,
+            out_cols=width * ratio,
+        )
+        inputs = request_inputs()
+        return TileOps(
+            grid=grid,
+            source=z,
+            run=lambda tile: self._decoder_call(vae, tile, inputs),
+            blend_v=vae.blend_v,
+            blend_h=vae.blend_h,
+            finish=lambda merged: merged,
+            out_shape=lambda s: self._decoded_shape(vae, s),
+            out_dtype=z.dtype,
+            skip=(lambda tile: self._replay_noise(vae, tile)) if self._noise_blocks(vae) else None,
+        )
+
+    @staticmethod
+    def _noise_blocks(vae):
+        return [m for m in vae.decoder.modules() if getattr(m, "per_channel_scale1", None) is not None]
+
+    def _replay_noise(self, vae, tile):
+        """The RNG draws the decode of `tile` makes, in its order, without decoding it: each noise
+        block draws an (H, W) map after each of its convolutions, at its level's extent."""
+        dec = vae.decoder
+        height, width = tile.shape[-2:]
+        draws = []
+
+        def block(resnet):
+            if resnet is not None and resnet.per_channel_scale1 is not None:
+                draws.extend([(height, width)] * (1 + (resnet.per_channel_scale2 is not None)))
+
+        for resnet in dec.mid_block.resnets:
+            block(resnet)
+        for up_block in dec.up_blocks:
+            block(up_block.conv_in)
+            for up in up_block.upsamplers or ():
+                height, width = height * up.stride[1], width * up.stride[2]
+            for resnet in up_block.resnets:
+                block(resnet)
+        dtype = dec.conv_in.conv.weight.dtype  # the features' dtype, which diffusers draws in
+        for shape in draws:
+            torch.randn(shape, device=tile.device, dtype=dtype)
+
+    def untiled_decode(self, vae, z):
+        inputs = request_inputs()
+        return with_tiling_off(vae, lambda: vae._decode(z, **inputs, return_dict=False)[0]).contiguous()
+
+    def untiled_encode(self, vae, x):
+        inputs = request_inputs()
+        return with_tiling_off(vae, lambda: vae._encode(x, **inputs)).contiguous()
+
+    # -- encode ---------------------------------------------------------------------------------
+
+    def _encoder_call(self, vae, x, inputs):
+        return vae.encoder(x)
+
+    def encode_tile_ops(self, vae, x):
+        _, _, _, height, width = x.shape
+        if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+            return None  # diffusers' _encode does not tile this sample
+        ratio = vae.spatial_compression_ratio
+        tile_lh, tile_lw = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+        keep_h, keep_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+        grid = TileGrid.regular(
+            height,
+            width,
+            vae.tile_sample_min_height,
+            vae.tile_sample_min_width,
+            vae.tile_sample_stride_height,
+            vae.tile_sample_stride_width,
+            blend_rows=tile_lh - keep_h,
+            blend_cols=tile_lw - keep_w,
+            keep_rows=keep_h,
+            keep_cols=keep_w,
+            out_rows=height // ratio,
+            out_cols=width // ratio,
+        )
+        inputs = request_inputs()
+        return TileOps(
+            grid=grid,
+            source=x,
+            run=lambda tile: self._encoder_call(vae, tile, inputs),
+            blend_v=vae.blend_v,
+            blend_h=vae.blend_h,
+            finish=lambda merged: merged,
+            out_shape=lambda s: self._encoded_shape(vae, s),
+            out_dtype=x.dtype,
+        )
+
+    # -- spatial shard --------------------------------------------------------------------------
+
+    def install_layers(self, vae) -> None:
+        """Treatment by layer class, in the decoder and the encoder.
+
+        nn.Conv3d with spatial padding (inside every causal conv) -> halo rows in place of that
+        padding, in its own mode at the global edges; an unpadded nn.Conv3d must be 1x1 spatially
+        (LTX-2's shortcut); a residual block that injects noise -> whole-map noise, sliced; the
+        timestep embedders are per sample. Any other layer could couple rows in a way vaeshard does
+        not know, so it is refused here (before anything is swapped) rather than decoded wrongly.
+        """
+        swaps = []
+        for part_name in ("decoder", "encoder"):
+            part = getattr(vae, part_name, None)
+            if part is None:  # a VAE kept for one direction only
+                continue
+            skip = set()
+            for name, module in part.named_modules():
+                if any(name == s or name.startswith(s + ".") for s in skip):
+                    continue
+                kind = type(module).__name__
+                if is_swapped(module):
+                    continue  # installed already
+                if name.endswith("time_embedder"):
+                    skip.add(name)  # per sample: the timestep's embedding, no feature map
+                elif type(module) is nn.Conv3d:
+                    if module.padding[1] or module.padding[2]:
+                        _check_halo_conv3d(part_name, name, module)
+                        swaps.append((module, HaloConv3d))
+                    elif module.kernel_size[1:] != (1, 1):
+                        raise _refuse(part_name, name, module, "an unpadded convolution wider than 1x1")
+                elif getattr(module, "per_channel_scale1", None) is not None:
+                    swaps.append((module, NoiseSliceResnet))
+                elif kind not in _LOCAL:
+                    raise _refuse(part_name, name, module, "a layer vaeshard does not know")
+        for module, mixin in swaps:
+            swap(module, mixin)
+
+    def uninstall_layers(self, vae) -> None:
+        for module in vae.modules():
+            unswap(module)
+
+
+def _is_causal(conv) -> bool:
+    return getattr(conv, "is_causal", True)
+
+
+def _check_halo_conv3d(part: str, name: str, conv: nn.Conv3d) -> None:
+    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size[1:], conv.padding[1:]))
+    if conv.dilation[1:] != (1, 1) or conv.padding_mode not in PADDING_MODES or not same:
+        raise _refuse(
+            part, name, conv, "a convolution that is not undilated 'same' with zeros/reflect/replicate padding"
+        )
+
+
+def _refuse(part: str, name: str, module: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"vaeshard cannot shard this LTX-Video VAE: {part}.{name} ({type(module).__name__}) is {what}; use mode='tile'"
+    )
+
+
+_LTX = "diffusers.models.autoencoders.autoencoder_kl_ltx:"
+_LTX2 = "diffusers.models.autoencoders.autoencoder_kl_ltx2:"
+
+
+def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[Mirror, ...]:
+    ours = {
+        f"{cls}.tiled_decode": "families/ltx.py decode_tile_ops",
+        f"{cls}.tiled_encode": "families/ltx.py encode_tile_ops",
+        f"{prefix}ResnetBlock3d.forward": "layers/noise_slice.py NoiseSliceResnet; families/ltx.py _replay_noise",
+        f"{prefix}MidBlock3d.forward": "families/ltx.py _replay_noise (order of the noise draws)",
+        f"{prefix}UpBlock3d.forward": "families/ltx.py _replay_noise (order of the noise draws)",
+        f"{prefix}Upsampler3d.forward": "families/ltx.py _decoded_shape, _replay_noise (extents)",
+        f"{prefix}Downsampler3d.forward": "families/ltx.py _encoded_shape",
+        f"{prefix}Decoder3d.forward": "families/ltx.py _decoded_shape (unpatchify)",
+        f"{prefix}Encoder3d.forward": "families/ltx.py _encoded_shape (patchify, output channels)",
+        f"{prefix}CausalConv3d.forward": "layers/halo_conv3d.py HaloConv3d (pads time, leaves space to self.conv)",
+    }
+    return tuple(Mirror(module + theirs, where, shas[theirs]) for theirs, where in ours.items())
+
+
+class _LTXVideo(LTXLike):
+    name = "ltx"
+    classes = ("AutoencoderKLLTXVideo",)
+    mirrors = _mirrors(
+        _LTX,
+        "AutoencoderKLLTXVideo",
+        "LTXVideo",
+        {
+            "AutoencoderKLLTXVideo.tiled_decode": "f5e5eea05f5cafe8",
+            "AutoencoderKLLTXVideo.tiled_encode": "1a8dda86ddb837d0",
+            "LTXVideoResnetBlock3d.forward": "08c7d0a813e922a8",
+            "LTXVideoMidBlock3d.forward": "6097bc2f085edb90",
+            "LTXVideoUpBlock3d.forward": "afba7d71e0cf162b",
+            "LTXVideoUpsampler3d.forward": "a4e78415a16cfb00",
+            "LTXVideoDownsampler3d.forward": "472ad4a8f0c9966c",
+            "LTXVideoDecoder3d.forward": "2be406b37a295abd",
+            "LTXVideoEncoder3d.forward": "991b83d8cd14f556",
+            "LTXVideoCausalConv3d.forward": "9c8e3f9c4707609b",
+        },
+    )
+
+
+class _LTX2Video(LTXLike):
+    name = "ltx2"
+    classes = ("AutoencoderKLLTX2Video",)
+    call_inputs = {"decode": ("temb", "causal"), "encode": ("causal",)}
+    mirrors = _mirrors(
+        _LTX2,
+        "AutoencoderKLLTX2Video",
+        "LTX2Video",
+        {
+            "AutoencoderKLLTX2Video.tiled_decode": "0e1f07d8950dd168",
+            "AutoencoderKLLTX2Video.tiled_encode": "0eacb232edb0c438",
+            "LTX2VideoResnetBlock3d.forward": "ace29674f0c831ba",
+            "LTX2VideoMidBlock3d.forward": "2e251c5f6fe55330",
+            "LTX2VideoUpBlock3d.forward": "9f083ffc90a0c4c3",
+            "LTX2VideoUpsampler3d.forward": "d8ffe7d1d71c84ea",
+            "LTX2VideoDownsampler3d.forward": "3045048f0b6e08d3",
+            "LTX2VideoDecoder3d.forward": "9b636b882880eb5f",
+            "LTX2VideoEncoder3d.forward": "26753daac3fdb3af",
+            "LTX2VideoCausalConv3d.forward": "a36ffb016bcb1d81",
+        },
+    )
+
+    def _decoder_call(self, vae, z, inputs):
+        return vae.decoder(z, inputs.get("temb"), causal=inputs.get("causal"))
+
+    def _encoder_call(self, vae, x, inputs):
+        return vae.encoder(x, causal=inputs.get("causal"))
+
+
+LTX_FAMILY = _LTXVideo()
+LTX2_FAMILY = _LTX2Video()
