@@ -276,7 +276,7 @@ def _run(vae, op: str, x):
     agree(
         comm,
         op,
-        describe(op, x, config.mode, config.output, config.size, bool(hooked)),
+        describe(op, x, config.mode, config.output, config.size, bool(hooked), _compared_inputs(vae, family, op, x)),
         code,
         error,
         config.timeout_seconds,
@@ -300,6 +300,16 @@ def _run(vae, op: str, x):
         return _run_one(vae, family, config, comm, op, x, hooked)
 
 
+def _compared_inputs(vae, family: Family, op: str, x) -> dict:
+    """What every rank must pass alike beyond the tensor: the family's extra inputs and, where the
+    decode draws noise from the global RNG, that generator's state on the latent's device."""
+    inputs = request_inputs()
+    if op == "decode" and family.draws_noise(vae):
+        on_cuda = isinstance(x, torch.Tensor) and x.is_cuda
+        inputs["global RNG state"] = torch.cuda.get_rng_state(x.device) if on_cuda else torch.get_rng_state()
+    return inputs
+
+
 def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hooked: list[str]):
     """One sample (or batch) of an agreed request; `hooked`: the VAE's hooked layers, which keep it
     unsharded and, as the fast tier's blocks call their layers' computations rather than their hooks,
@@ -315,6 +325,8 @@ def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hook
         with torch.no_grad(), tier.active(chosen.fast):
             if chosen.strategy == "direct":
                 out = _direct(vae, family, op, x) if comm.rank == 0 else None
+                if comm.rank != 0 and op == "decode":
+                    family.replay_draws(vae, x)  # the RNG draws rank 0's decode made (LTX's noise)
                 if to_all:
                     out = comm.share_from_rank0(out)
             elif chosen.strategy == "tile":

@@ -139,6 +139,8 @@ EXPECTED_FLAGS = {
         ("--subfolder", None, None, False),
         ("--key", None, "latents", False),
         ("--denormalize", None, False, False),
+        ("--decode-timestep", None, None, False),
+        ("--seed", None, 0, False),
         ("--dtype", ("bf16", "fp16", "fp32"), None, False),
         ("--device", ("cpu", "cuda"), None, False),
         ("--nproc", None, None, False),
@@ -225,7 +227,7 @@ def test_flags_and_choices_are_frozen():
             if not isinstance(a, argparse._HelpAction)
         ]
         assert actual == EXPECTED_FLAGS[name], name
-    assert tuple(EXPECTED_FLAGS["decode"][8][1]) == MODES
+    assert tuple(EXPECTED_FLAGS["decode"][10][1]) == MODES
 
 
 # --- demo ------------------------------------------------------------------------------------------
@@ -559,3 +561,28 @@ def test_launch_kills_everything_at_the_deadline():
         launch.run(_hangs, 2, timeout=8)
     assert time.monotonic() - t0 < 40
     assert set(multiprocessing.active_children()) - before == set()
+
+
+def test_decode_passes_the_timestep_and_seed_of_a_noisy_ltx_decoder(tmp_path):
+    # LTX-Video's timestep-conditioned decoder with noise, on two ranks: the file equals diffusers'
+    # decode for that timestep and seed; without --decode-timestep the command says what to pass
+    from safetensors.torch import load_file, save_file
+
+    from ..models import BUILDERS
+
+    vae = BUILDERS["ltx"]()
+    vae.save_pretrained(tmp_path / "ltx")
+    z = latent((1, 4, 2, 5, 7))
+    save_file({"latents": z}, tmp_path / "z.safetensors")
+    out = tmp_path / "video.safetensors"
+    common = ["decode", tmp_path / "z.safetensors", "--model", tmp_path / "ltx", "--device", "cpu", "--quiet"]
+    run = vaeshard_cli(*common, "--out", out, "--decode-timestep", "0.05", "--seed", "7", "--nproc", "2")
+    assert run.returncode == 0, run.stderr
+    torch.manual_seed(7)
+    with torch.no_grad():
+        want = vae.decode(z, torch.tensor([0.05])).sample
+    got = load_file(out)["sample"]
+    assert got.shape == want.shape and (got - want).abs().max().item() <= 1e-5
+    missing = vaeshard_cli(*common, "--out", tmp_path / "other.safetensors")
+    assert missing.returncode == 2 and "--decode-timestep" in missing.stderr
+    assert not (tmp_path / "other.safetensors").exists()

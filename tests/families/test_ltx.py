@@ -180,3 +180,45 @@ def test_real_config_shapes_and_layers_from_the_meta_device(cls_name):
     assert family._encoded_shape(vae, x.shape) == tuple(enc.shape)
     assert family.spatial_ratio(vae) == 32 and family.latent_channels(vae) == 128
     assert len(family.decode_tile_ops(vae, z).grid.tiles) > 1 and family.encode_tile_ops(vae, x) is not None
+
+
+def _different_timesteps(rank, world):
+    vae = vaeshard.parallelize(build_model("ltx", decoder_inject_noise=(False,) * 4), mode="spatial_shard_width")
+    z = latent((1, 4, 2, 5, 7))
+    with pytest.raises(ValueError, match="same extra inputs") as refused:
+        vae.decode(z, TEMB * (rank + 1))  # each rank its own timestep: refused on every rank, before any work
+    assert "inputs " in str(refused.value)  # each rank's digest is shown
+    return tuple(vae.decode(z, TEMB).sample.shape)  # the group still decodes
+
+
+def test_ranks_with_different_timesteps_are_refused():
+    assert len(set(run_ranks(_different_timesteps, 2))) == 1
+
+
+def _noise_needs_one_seed(rank, world):
+    vae = build_model("ltx")  # noise on
+    z = latent((1, 4, 2, 5, 7))
+    torch.manual_seed(SEED + rank)  # each rank its own RNG state: its noise would differ
+    vaeshard.parallelize(vae, mode="spatial_shard_width")
+    with pytest.raises(ValueError, match="seed every rank alike"):
+        vae.decode(z, TEMB)
+    # a direct decode (one latent pixel: no axis covers the group) keeps every rank's RNG in step
+    # with rank 0's, which alone decodes: two requests in a row equal diffusers' two decodes
+    small = latent((1, 4, 2, 1, 1), seed=4)
+    vaeshard.unparallelize(vae)
+
+    def twice():
+        torch.manual_seed(SEED)
+        return vae.decode(small, TEMB).sample, vae.decode(small, TEMB).sample
+
+    want = reference_from_rank0(rank, twice)
+    vaeshard.parallelize(vae)
+    assert vaeshard.plan(vae, small.shape).strategy == "direct"
+    torch.manual_seed(SEED)
+    got = vae.decode(small, TEMB).sample, vae.decode(small, TEMB).sample
+    for g, w in zip(got, want):
+        assert_identical(g, w, "direct decode with noise")
+
+
+def test_decoder_noise_needs_one_seed_and_direct_keeps_ranks_in_step():
+    run_ranks(_noise_needs_one_seed, 2)

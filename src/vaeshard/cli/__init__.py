@@ -128,6 +128,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="undo the pipeline's latent normalisation first: latents_mean/latents_std (Wan, Qwen-Image) "
         "or scaling_factor/shift_factor (AutoencoderKL), as the diffusers pipelines do",
     )
+    dec.add_argument(
+        "--decode-timestep",
+        type=float,
+        default=None,
+        help="the decoder's timestep for a timestep-conditioned VAE (LTX-Video 0.9.1 and later: the "
+        "pipeline's decode_timestep); refused for VAEs that take none",
+    )
+    dec.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the global RNG's seed on every rank, for decoders that draw noise (LTX-Video) (default 0)",
+    )
     dec.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
     dec.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
     dec.add_argument(
@@ -344,6 +357,8 @@ class DecodeJob:
     mode: str
     tile: tuple[int | None, int | None]
     denormalize: bool
+    timestep: float | None
+    seed: int
     out: str
     out_kind: str
     fps: int
@@ -395,6 +410,20 @@ def _tier_options(args) -> dict:
     return {"exact": args.exact, "fast": FastOptions(**{name: getattr(args, name) for name, *_ in FastOptions.knobs()})}
 
 
+def _check_timestep(timestep: float | None, model) -> None:
+    """--decode-timestep where the VAE's decoder is timestep-conditioned, and only there."""
+    from .io import InputError
+
+    conditioned = bool(model.config.get("timestep_conditioning", False))
+    if conditioned and timestep is None:
+        raise InputError(
+            f"{model.description} has a timestep-conditioned decoder: pass --decode-timestep T "
+            "(the pipeline's decode_timestep)"
+        )
+    if timestep is not None and not conditioned:
+        raise InputError(f"--decode-timestep: {model.description} takes no decoder timestep; drop the flag")
+
+
 def _decode(args) -> int:
     from . import io, launch
 
@@ -407,6 +436,7 @@ def _decode(args) -> int:
     io.check_latents(z, model, source=f"latents in {args.latents!r}")
     if args.denormalize:
         io.check_denormalize(model.config, z.shape[1])
+    _check_timestep(args.decode_timestep, model)
     _check_tiles(args.tile_size, args.tile_stride, model)
     frames = model.frames_out(z.shape[2]) if z.dim() == 5 else 1
     io.check_output(args.out, out_kind, z.shape[0], frames, model.sample_channels())
@@ -418,6 +448,8 @@ def _decode(args) -> int:
         mode=args.mode,
         tile=(args.tile_size, args.tile_stride),
         denormalize=args.denormalize,
+        timestep=args.decode_timestep,
+        seed=args.seed,
         out=args.out,
         out_kind=out_kind,
         fps=args.fps,
@@ -489,7 +521,10 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     try:
         t0 = time.perf_counter()
         with torch.no_grad():
-            sample = vae.decode(z).sample
+            # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
+            temb = () if job.timestep is None else (torch.full((z.shape[0],), job.timestep, device=z.device),)
+            torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
+            sample = vae.decode(z, *temb).sample
         ctx.synchronize()
         seconds = time.perf_counter() - t0
     finally:

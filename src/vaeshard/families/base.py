@@ -114,6 +114,15 @@ class Family(ABC):
         return_dict = bool(given.pop("return_dict", True))
         return {k: v for k, v in given.items() if v is not None}, return_dict
 
+    def draws_noise(self, vae) -> bool:
+        """Whether this VAE's decode draws from the global RNG (LTX's decoder noise): every rank must
+        then hold the same RNG state, which the request agreement checks."""
+        return False
+
+    def replay_draws(self, vae, z) -> None:
+        """The global-RNG draws one rank's whole decode of `z` makes, without decoding: what a rank
+        that does not decode a `direct` request does, so its RNG stays in step with rank 0's."""
+
     def install_layers(self, vae) -> None:
         """Swap in request-aware layers (halo, fast tier); idempotent. May raise ValueError for a VAE
         whose layers cannot be sharded (the caller then undoes any swap made)."""

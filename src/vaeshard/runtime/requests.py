@@ -8,6 +8,7 @@ What is refused, where and with which message is listed (and measured) in docs/r
 
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
 
 import torch
@@ -93,8 +94,30 @@ def validate(op: str, x, expected: Expected) -> tuple[int, str | None]:
     return 0, None
 
 
-def describe(op: str, x, mode: str, output: str, size: int | None, hooked: bool) -> list[int]:
-    """A fixed-length integer description of this rank's request, compared across ranks."""
+def inputs_digest(inputs: dict | None) -> int:
+    """A 31-bit digest of a request's extra decoder inputs (names, and the values of tensors and
+    scalars: LTX-Video's `temb`), 0 where there are none. Ranks that pass different values would
+    decode different things and assemble them into one wrong result, so the agreement compares it."""
+    if not inputs:
+        return 0
+    h = hashlib.sha256()
+    for name in sorted(inputs):
+        value = inputs[name]
+        h.update(name.encode() + b"\0")
+        if isinstance(value, torch.Tensor):
+            t = value.detach().to("cpu").contiguous().reshape(-1)
+            h.update(f"{t.dtype}{tuple(value.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+    return int.from_bytes(h.digest()[:4], "big") & 0x7FFFFFFF
+
+
+def describe(
+    op: str, x, mode: str, output: str, size: int | None, hooked: bool, inputs: dict | None = None
+) -> list[int]:
+    """A fixed-length integer description of this rank's request, compared across ranks (`inputs`:
+    the family's extra decoder inputs, compared by `inputs_digest`)."""
     if isinstance(x, torch.Tensor):
         shape = list(x.shape)[:6]
         dtype = DTYPES.index(x.dtype) if x.dtype in DTYPES else 99
@@ -110,12 +133,12 @@ def describe(op: str, x, mode: str, output: str, size: int | None, hooked: bool)
         ndim,
         dtype,
     ]
-    return head + shape + [-1] * (6 - len(shape))
+    return head + shape + [-1] * (6 - len(shape)) + [inputs_digest(inputs)]
 
 
 def describe_verify(num_parameters: int) -> list[int]:
     """`describe`'s layout for a `verify_weights` call: the parameters' count where the shape goes."""
-    return [OPS.index("verify_weights"), -1, -1, -1, 0, -1, -1, num_parameters] + [-1] * 5
+    return [OPS.index("verify_weights"), -1, -1, -1, 0, -1, -1, num_parameters] + [-1] * 5 + [0]
 
 
 def explain(desc: list[int]) -> str:
@@ -129,6 +152,7 @@ def explain(desc: list[int]) -> str:
         what = f"shape {tuple(desc[7 : 7 + min(ndim, 6)])} {dt}"
     extra = "" if size < 0 else f", size {size}"
     extra += ", layers hooked" if hooked else ""
+    extra += f", inputs {desc[13]:08x}" if len(desc) > 13 and desc[13] else ""
     return f"{OPS[op]} {what}, mode {MODES[mode]}, output {OUTPUTS[output]}{extra}"
 
 
@@ -144,8 +168,10 @@ def agree(comm: Comm, op: str, desc: list[int], code: int, error: str | None, ti
             lines = "; ".join(f"rank {r}: {explain(d)}" for r, d in enumerate(descs))
             raise ValueError(
                 f"ranks disagree on the {op} request ({lines}): every rank of the group must call "
-                f"{op} with the same shape, dtype, mode, output and size, on a VAE hooked alike "
-                "(hooks that replace its layers' forwards on every rank or none)"
+                f"{op} with the same shape, dtype, mode, output and size and the same extra inputs (such as "
+                "LTX-Video's temb, and the global RNG's state where the decoder draws noise: seed every rank "
+                "alike; 'inputs' is their digest), on a VAE hooked alike (hooks that replace its layers' "
+                "forwards on every rank or none)"
             )
         bad = [r for r, d in enumerate(descs) if d[-1]]
         if bad and error is None:
