@@ -8,10 +8,11 @@ the tests that decode a whole small model through the kernels (wiring, not arith
 - `norm.TILE` with more voxels per program: the norm and bias kernels then take a small test frame
   in one program (a partial, masked block still), where the GPU's tile of 128 voxels would need
   dozens. The kernels' values at the GPU's tile are checked by the kernel-level scripts, which keep it.
-- no int32 overflow sanitizing: the interpreter checks every integer add and multiply for int32
-  overflow, at about three extra operations each. An index overflows int32 only in tensors of 2**31
-  elements, which no CPU test builds; `_wide`, the choice of 64-bit indices there, is checked by
-  tests/layers/test_fast.py on meta tensors.
+- no int32 overflow sanitizing (`unsanitized()`, also in the convolution kernel's value script): the
+  interpreter checks every integer add and multiply for int32 overflow, at about three extra
+  operations each. An index overflows int32 only in tensors of 2**31 elements, which no CPU test
+  builds; `_wide`, the choice of 64-bit indices there, is checked by tests/layers/test_fast.py on
+  meta tensors.
 """
 
 from __future__ import annotations
@@ -37,10 +38,15 @@ def run(script: str, timeout: float) -> subprocess.CompletedProcess:
 
 def for_model_decodes() -> None:
     """The settings above, in a process that runs the interpreter (call before the first launch)."""
-    from triton.runtime import interpreter
-
     from vaeshard.kernels import norm, triton_support
 
     assert triton_support.interpreting(), "for_model_decodes() outside Triton's interpreter"
     norm.TILE = dict(MODEL_NORM_TILE)
+    unsanitized()
+
+
+def unsanitized() -> None:
+    """The interpreter without its int32 overflow checks (see above)."""
+    from triton.runtime import interpreter
+
     interpreter.interpreter_builder.options = interpreter.InterpreterOptions(sanitize_overflow=False)

@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..runtime.tile import TileOps
+from ..runtime.tile import TileGrid, TileOps
 
 
 class Mirror(NamedTuple):
@@ -182,6 +182,29 @@ def inputs_of_sample(values: dict, index: int, batch: int) -> dict:
     }
 
 
+def strided_encode_grid(vae, rows: int, cols: int, ratio: int) -> TileGrid:
+    """The encode grid of diffusers' video VAEs that tile by sample size and stride (Wan, Qwen-Image,
+    LTX; their `tiled_encode`): sample tiles of `tile_sample_min_*` every `tile_sample_stride_*` over
+    `rows` x `cols`, blended over the latent tile less its stride and cut to the stride, `ratio`
+    sample pixels per latent pixel; the latent is `rows // ratio` x `cols // ratio`."""
+    tile_lh, tile_lw = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+    keep_h, keep_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
+    return TileGrid.regular(
+        rows,
+        cols,
+        vae.tile_sample_min_height,
+        vae.tile_sample_min_width,
+        vae.tile_sample_stride_height,
+        vae.tile_sample_stride_width,
+        blend_rows=tile_lh - keep_h,
+        blend_cols=tile_lw - keep_w,
+        keep_rows=keep_h,
+        keep_cols=keep_w,
+        out_rows=rows // ratio,
+        out_cols=cols // ratio,
+    )
+
+
 def frames_out(num_frames: int, temporal_factor: int) -> int:
     """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
     return 1 + (num_frames - 1) * temporal_factor if num_frames > 0 else 0
@@ -207,5 +230,6 @@ __all__ = [
     "passing_inputs",
     "request_inputs",
     "source_hash",
+    "strided_encode_grid",
     "with_tiling_off",
 ]

@@ -22,7 +22,7 @@ from ..layers.halo_conv3d import PADDING_MODES, HaloConv3d
 from ..layers.noise_slice import NoiseSliceResnet
 from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, request_inputs, with_tiling_off
+from .base import Family, Mirror, request_inputs, strided_encode_grid, with_tiling_off
 
 # containers and per-pixel leaves (the convolutions and noise blocks are treated by class below)
 _LOCAL = {
@@ -203,23 +203,7 @@ class LTXLike(Family):
         _, _, _, height, width = x.shape
         if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
             return None  # diffusers' _encode does not tile this sample
-        ratio = vae.spatial_compression_ratio
-        tile_lh, tile_lw = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
-        keep_h, keep_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
-        grid = TileGrid.regular(
-            height,
-            width,
-            vae.tile_sample_min_height,
-            vae.tile_sample_min_width,
-            vae.tile_sample_stride_height,
-            vae.tile_sample_stride_width,
-            blend_rows=tile_lh - keep_h,
-            blend_cols=tile_lw - keep_w,
-            keep_rows=keep_h,
-            keep_cols=keep_w,
-            out_rows=height // ratio,
-            out_cols=width // ratio,
-        )
+        grid = strided_encode_grid(vae, height, width, vae.spatial_compression_ratio)
         inputs = request_inputs()
         return TileOps(
             grid=grid,

@@ -20,7 +20,7 @@ from ...layers.convs import HaloCausalConv3d, HaloConv2d, HaloZeroPad2d
 from ...layers.norms import FusedRMSNormSiLU, NearestUpsample, PassThroughSiLU, forget_moved_bias, move_bias_into_norm
 from ...runtime.swap import is_swapped, swap, unswap
 from ...runtime.tile import TileGrid, TileOps
-from ..base import Family, Mirror, frames_out, with_tiling_off
+from ..base import Family, Mirror, frames_out, strided_encode_grid, with_tiling_off
 from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample
 from .frames import decode_in_steps
 
@@ -166,23 +166,7 @@ class WanLike(Family):
             return None
         xp = self.encode_prepare(vae, x)
         _, _, _, rows, cols = xp.shape
-        ratio = vae.spatial_compression_ratio // self.patch(vae)
-        tile_lh, tile_lw = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
-        keep_h, keep_w = vae.tile_sample_stride_height // ratio, vae.tile_sample_stride_width // ratio
-        grid = TileGrid.regular(
-            rows,
-            cols,
-            vae.tile_sample_min_height,
-            vae.tile_sample_min_width,
-            vae.tile_sample_stride_height,
-            vae.tile_sample_stride_width,
-            blend_rows=tile_lh - keep_h,
-            blend_cols=tile_lw - keep_w,
-            keep_rows=keep_h,
-            keep_cols=keep_w,
-            out_rows=rows // ratio,
-            out_cols=cols // ratio,
-        )
+        grid = strided_encode_grid(vae, rows, cols, vae.spatial_compression_ratio // self.patch(vae))
         stages = self.num_spatial_stages(vae)
         channels = vae.quant_conv.out_channels
         return TileOps(
