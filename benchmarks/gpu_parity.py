@@ -72,7 +72,7 @@ SHAPES = {
     "hunyuanvideo15": (1, 32, 3, 16, 24),  # 9 frames of 256 x 384
     "qwenimage21": (1, 64, 1, 32, 32),  # 512 x 512
     "ltx": (1, 128, 2, 8, 12),  # 9 frames of 256 x 384
-    "ltx2": (1, 128, 2, 8, 12),
+    "ltx2": (1, 128, 2, 8, 11),  # edge tiles of 2 latent columns: LTX-2's reflect padding needs them
 }
 TILES = (128, 96)  # diffusers' tile size and stride in sample pixels for the tiled decodes
 # seconds a request waits for every rank (its agreement): rank 0 makes diffusers' decodes (the tiled

@@ -229,6 +229,10 @@ def test_plan_answers_for_4d_latents():
     assert (forced.strategy, forced.fallback) == ("tile", True)  # never the other axis
     video = vaeshard.plan(vae, (1, 4, 2, 16, 24), 4, "spatial_shard_width")
     assert video.fallback and "4-D" in video.reason
+    # the fast tier measured slower than diffusers' layers on this layout (BENCHMARKS.md): requests
+    # run diffusers' layers, and the plan says why
+    sharded = vaeshard.plan(vae, (1, 4, 16, 24), 4)
+    assert sharded.fast is None and "has no fast-tier layers" in sharded.explain()
     encode = vaeshard.plan(vae, (1, 3, 64, 64), 2, "spatial_shard_width", op="encode")
     assert (encode.strategy, encode.fallback) == ("tile", True)
     assert "no spatial-shard encode" in encode.reason
