@@ -23,7 +23,7 @@ from ..layers.convs import HaloConv2d
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, with_tiling_off
+from .base import Family, Mirror, concat_extent, with_tiling_off
 
 # Leaf or container classes of the decoder whose forward is local to a slice of rows, or whose
 # coupling is handled by a swapped child (ResnetBlock2D's GroupNorms and convs, Upsample2D's conv).
@@ -74,11 +74,6 @@ def _num_downsamplers(vae) -> int:
     return sum(1 for block in vae.encoder.down_blocks if getattr(block, "downsamplers", None) is not None)
 
 
-def _concat_extent(tiles_along, keep: int, scale_out) -> int:
-    """Extent of diffusers' concatenation of tiles each cut to `keep` (it never crops the result)."""
-    return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
-
-
 def _tile_ops(vae, x, tile_in: int, tile_out: int, scale_out, run, channels: int) -> TileOps:
     """diffusers' square tile grid over `x`: tiles of `tile_in` every `(1 - overlap) * tile_in`,
     blended over `overlap * tile_out` and cut to the rest; `scale_out` maps an input extent to the
@@ -100,8 +95,8 @@ def _tile_ops(vae, x, tile_in: int, tile_out: int, scale_out, run, channels: int
         blend_cols=blend,
         keep_rows=keep,
         keep_cols=keep,
-        out_rows=_concat_extent(rows, keep, scale_out),
-        out_cols=_concat_extent(cols, keep, scale_out),
+        out_rows=concat_extent(rows, keep, scale_out),
+        out_cols=concat_extent(cols, keep, scale_out),
     )
     return TileOps(
         grid=grid,

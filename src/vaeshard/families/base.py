@@ -182,6 +182,34 @@ def inputs_of_sample(values: dict, index: int, batch: int) -> dict:
     }
 
 
+def concat_extent(tiles_along, keep: int, scale_out) -> int:
+    """The extent of diffusers' concatenation of tiles (start, end) each cut to `keep` output rows,
+    `scale_out` mapping an input extent to the output's; diffusers never crops the result."""
+    return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
+
+
+def strided_decode_grid(vae, rows: int, cols: int, ratio: int, patch: int = 1) -> TileGrid:
+    """The decode grid of diffusers' video VAEs that tile by sample size and stride (Wan, Qwen-Image,
+    LTX; their `tiled_decode`): latent tiles of `tile_sample_min_* // ratio` every
+    `tile_sample_stride_* // ratio` over `rows` x `cols`, blended over the sample tile less its stride
+    and cut to the stride, both in units of `patch` (Wan 2.2's patchified output)."""
+    keep_h, keep_w = vae.tile_sample_stride_height // patch, vae.tile_sample_stride_width // patch
+    return TileGrid.regular(
+        rows,
+        cols,
+        vae.tile_sample_min_height // ratio,
+        vae.tile_sample_min_width // ratio,
+        vae.tile_sample_stride_height // ratio,
+        vae.tile_sample_stride_width // ratio,
+        blend_rows=vae.tile_sample_min_height // patch - keep_h,
+        blend_cols=vae.tile_sample_min_width // patch - keep_w,
+        keep_rows=keep_h,
+        keep_cols=keep_w,
+        out_rows=rows * ratio // patch,
+        out_cols=cols * ratio // patch,
+    )
+
+
 def strided_encode_grid(vae, rows: int, cols: int, ratio: int) -> TileGrid:
     """The encode grid of diffusers' video VAEs that tile by sample size and stride (Wan, Qwen-Image,
     LTX; their `tiled_encode`): sample tiles of `tile_sample_min_*` every `tile_sample_stride_*` over
@@ -225,11 +253,13 @@ __all__ = [
     "Family",
     "Mirror",
     "TileOps",
+    "concat_extent",
     "frames_out",
     "inputs_of_sample",
     "passing_inputs",
     "request_inputs",
     "source_hash",
+    "strided_decode_grid",
     "strided_encode_grid",
     "with_tiling_off",
 ]

@@ -24,7 +24,7 @@ from ..layers.frame_causal_attention import FrameCausalAttention
 from ..layers.replicate_conv import HaloReplicateCausalConv3d
 from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, frames_out, with_tiling_off
+from .base import Family, Mirror, concat_extent, frames_out, with_tiling_off
 
 # Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in
 # a swapped child). The up/downsamplers' rearranges and channel shortcuts are local too.
@@ -72,11 +72,6 @@ def _encoded_frames(frames: int, downs: list[bool]) -> int:
     return frames
 
 
-def _concat_extent(tiles_along, keep: int, scale_out) -> int:
-    """Extent of diffusers' concatenation of tiles each cut to `keep` (it never crops the result)."""
-    return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
-
-
 def _tile_ops(vae, x, tile_in: tuple[int, int], keep_out: int, blends: tuple[int, int], scale_out, run, out_shape):
     """diffusers' tile grid over `x`: tiles of `tile_in` (rows, cols) every `int(tile * (1 - overlap))`,
     blended over `blends` (rows, cols) and cut to `keep_out` (rows, cols), concatenated unclipped."""
@@ -97,8 +92,8 @@ def _tile_ops(vae, x, tile_in: tuple[int, int], keep_out: int, blends: tuple[int
         blend_cols=blends[1],
         keep_rows=keep_h,
         keep_cols=keep_w,
-        out_rows=_concat_extent(rows, keep_h, scale_out),
-        out_cols=_concat_extent(cols, keep_w, scale_out),
+        out_rows=concat_extent(rows, keep_h, scale_out),
+        out_cols=concat_extent(cols, keep_w, scale_out),
     )
     return TileOps(
         grid=grid,

@@ -21,8 +21,8 @@ import torch.nn as nn
 from ..layers.halo_conv3d import PADDING_MODES, HaloConv3d
 from ..layers.noise_slice import NoiseSliceResnet
 from ..runtime.swap import is_swapped, swap, unswap
-from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, request_inputs, strided_encode_grid, with_tiling_off
+from ..runtime.tile import TileOps
+from .base import Family, Mirror, request_inputs, strided_decode_grid, strided_encode_grid, with_tiling_off
 
 # containers and per-pixel leaves (the convolutions and noise blocks are treated by class below)
 _LOCAL = {
@@ -120,20 +120,7 @@ class LTXLike(Family):
         tile_w = vae.tile_sample_min_width // ratio
         if not (width > tile_w or height > tile_h):
             return None  # diffusers' _decode does not tile this latent
-        grid = TileGrid.regular(
-            height,
-            width,
-            tile_h,
-            tile_w,
-            vae.tile_sample_stride_height // ratio,
-            vae.tile_sample_stride_width // ratio,
-            blend_rows=vae.tile_sample_min_height - vae.tile_sample_stride_height,
-            blend_cols=vae.tile_sample_min_width - vae.tile_sample_stride_width,
-            keep_rows=vae.tile_sample_stride_height,
-            keep_cols=vae.tile_sample_stride_width,
-            out_rows=height * ratio,
-            out_cols=width * ratio,
-        )
+        grid = strided_decode_grid(vae, height, width, ratio)
         inputs = request_inputs()
         return TileOps(
             grid=grid,

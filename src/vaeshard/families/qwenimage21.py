@@ -147,8 +147,8 @@ class _QwenImage21(WanLike):
         ),
     )
     frame_loop = False  # one frame: no causal frame loop, no frames_per_step or CUDA graphs
-    # Wan's fast tier measured slower than diffusers' layers on this class (BENCHMARKS.md, 0.84x at
-    # 1328^2 on one H200: channels-last convolutions between channels-first norms), so it is off
+    # Wan's fast tier measured slower than diffusers' layers on this class (BENCHMARKS.md, "The other
+    # families"): channels-last convolutions between channels-first norms; so it is off
     fast_tier = False
     decoder_takes_first_chunk = True
     clamp_tiled_decode = True

@@ -19,8 +19,8 @@ from ...layers.attention import WholeFrameAttention
 from ...layers.convs import HaloCausalConv3d, HaloConv2d, HaloZeroPad2d
 from ...layers.norms import FusedRMSNormSiLU, NearestUpsample, PassThroughSiLU, forget_moved_bias, move_bias_into_norm
 from ...runtime.swap import is_swapped, swap, unswap
-from ...runtime.tile import TileGrid, TileOps
-from ..base import Family, Mirror, frames_out, strided_encode_grid, with_tiling_off
+from ...runtime.tile import TileOps
+from ..base import Family, Mirror, frames_out, strided_decode_grid, strided_encode_grid, with_tiling_off
 from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample
 from .frames import decode_in_steps
 
@@ -72,26 +72,9 @@ class WanLike(Family):
     def decode_tile_ops(self, vae, z):
         _, _, _, height, width = z.shape
         ratio, patch = vae.spatial_compression_ratio, self.patch(vae)
-        tile_h = vae.tile_sample_min_height // ratio
-        tile_w = vae.tile_sample_min_width // ratio
         if not self._exceeds_one_tile(vae, z):
             return None  # one tile: diffusers decodes it directly
-        keep_h = vae.tile_sample_stride_height // patch
-        keep_w = vae.tile_sample_stride_width // patch
-        grid = TileGrid.regular(
-            height,
-            width,
-            tile_h,
-            tile_w,
-            vae.tile_sample_stride_height // ratio,
-            vae.tile_sample_stride_width // ratio,
-            blend_rows=vae.tile_sample_min_height // patch - keep_h,
-            blend_cols=vae.tile_sample_min_width // patch - keep_w,
-            keep_rows=keep_h,
-            keep_cols=keep_w,
-            out_rows=height * ratio // patch,
-            out_cols=width * ratio // patch,
-        )
+        grid = strided_decode_grid(vae, height, width, ratio, patch)
         up = 2 ** self.num_spatial_stages(vae)
         channels = vae.decoder.conv_out.out_channels
         tf = self.temporal_factor(vae)
