@@ -73,8 +73,15 @@ SHAPES = {
     "qwenimage21": (1, 64, 1, 32, 32),  # 512 x 512
     "ltx": (1, 128, 2, 8, 12),  # 9 frames of 256 x 384
     "ltx2": (1, 128, 2, 8, 11),  # edge tiles of 2 latent columns: LTX-2's reflect padding needs them
+    "hunyuanvideo": (1, 16, 3, 32, 48),  # 9 frames of 256 x 384 (too few for diffusers' temporal tiles)
+    "cogvideox": (1, 16, 3, 32, 48),  # 9 frames of 256 x 384, two latent-frame batches
+    "mochi": (1, 12, 3, 32, 48),  # 13 frames of 256 x 384
 }
 TILES = (128, 96)  # diffusers' tile size and stride in sample pixels for the tiled decodes
+# where a model needs others: LTX-2's tiled decode divides sample sizes by its spatial_compression_ratio,
+# 64 in diffusers' default config (whose decoder is 32x), so 128-pixel tiles would be 2 latent columns
+# every 1, and the last tile's single column is more than its reflect padding can take
+TILES_FOR = {"ltx2": (256, 192)}
 # seconds a request waits for every rank (its agreement): rank 0 makes diffusers' decodes (the tiled
 # ones when the first tile row needs them) while the other ranks wait for it in their next request
 AGREEMENT_TIMEOUT_S = 900.0
@@ -374,7 +381,7 @@ def _run(args, device: torch.device, rank: int, world: int, captures: CaptureCou
         torch.manual_seed(0)
         class_name, config = configs[model]
         base = getattr(diffusers, class_name)(**config).eval()
-        set_tiles(base, tile, stride)
+        set_tiles(base, *((tile, stride) if args.small else TILES_FOR.get(model, (tile, stride))))
         for dname in args.dtypes.split(","):
             ok_all &= _check(args, base, model, dname, shapes[model], runs, device, rank, world, captures, emit)
             if device.type == "cuda":
@@ -385,9 +392,14 @@ def _run(args, device: torch.device, rank: int, world: int, captures: CaptureCou
 def set_tiles(vae, tile: int, stride: int) -> None:
     """diffusers' tile size and stride in sample pixels for the tiled decodes, under the names the
     class uses; tiling itself stays off (the untiled decodes are the references)."""
-    if hasattr(vae, "tile_sample_stride_height"):  # Wan, Qwen-Image, LTX: size and stride
+    if hasattr(vae, "tile_sample_stride_height"):  # Wan, Qwen-Image, LTX, HunyuanVideo, Mochi: size, stride
         vae.tile_sample_min_height = vae.tile_sample_min_width = tile
         vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+    elif hasattr(vae, "tile_overlap_factor_height"):  # CogVideoX: sample and latent sizes, overlaps per axis
+        ratio = 2 ** (len(vae.config.block_out_channels) - 1)
+        vae.tile_sample_min_height = vae.tile_sample_min_width = tile
+        vae.tile_latent_min_height = vae.tile_latent_min_width = tile // ratio
+        vae.tile_overlap_factor_height = vae.tile_overlap_factor_width = 1 - stride / tile
     elif hasattr(vae, "tile_latent_min_height"):  # HunyuanVideo 1.5: sample and latent sizes, an overlap
         vae.tile_sample_min_height = vae.tile_sample_min_width = tile
         vae.tile_latent_min_height = vae.tile_latent_min_width = tile // vae.spatial_compression_ratio

@@ -35,6 +35,12 @@ _PRELOAD = [
     "diffusers.models.autoencoders.autoencoder_kl",
     "diffusers.models.autoencoders.autoencoder_kl_qwenimage",
     "diffusers.models.autoencoders.autoencoder_kl_wan",
+    "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video",
+    "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15",
+    "diffusers.models.autoencoders.autoencoder_kl_ltx",
+    "diffusers.models.autoencoders.autoencoder_kl_ltx2",
+    "diffusers.models.autoencoders.autoencoder_kl_cogvideox",
+    "diffusers.models.autoencoders.autoencoder_kl_mochi",
     "tests.models",
     "vaeshard",
 ]

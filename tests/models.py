@@ -263,3 +263,109 @@ def _with_noise_scales(vae):
 
 BUILDERS["ltx"] = ltx_small
 BUILDERS["ltx2"] = ltx2_small
+
+
+def mochi_small(**overrides):
+    """A seeded AutoencoderKLMochi keeping every kind of layer of the real one: the real expansions
+    (8x spatial; 1x, 2x, 3x temporal), replicate-padded causal convs and the encoder's patchifying
+    downsamplers, chunked per-frame GroupNorms (2 channels per group at 64), attention over each
+    pixel's frames in the encoder's down blocks and last mid block, Fourier features, Linear
+    projections and depth-to-space upsampling; one resnet per block below full resolution (none at
+    it: the encoder's first and the decoder's last mid block are empty), widths of 32 and 64 (diffusers'
+    GroupNorm has 32 groups and its attention heads are 32 wide). The GroupNorms' affine weights are
+    seeded (diffusers starts them at one and zero)."""
+    from diffusers import AutoencoderKLMochi
+
+    config = dict(
+        encoder_block_out_channels=(32, 32, 32, 64),
+        decoder_block_out_channels=(32, 32, 32, 64),
+        latent_channels=4,
+        layers_per_block=(0, 1, 1, 1, 1),  # none at full resolution (the slowest level on CPU)
+        latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    )
+    config.update(overrides)
+    vae = _seeded(lambda: AutoencoderKLMochi(**config))
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if ".norm_layer." in name:
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.2 * torch.randn(p.shape, generator=g))
+    return vae
+
+
+BUILDERS["mochi"] = mochi_small
+
+
+def cogvideox_small(**overrides):
+    """A seeded AutoencoderKLCogVideoX keeping every kind of layer of the real one (CogVideoX 1.0 and
+    1.5 share the layers; 1.5 changes only scaling_factor and invert_scale_latents): constant-mode
+    causal convs with conv caches over frame batches, GroupNorms in the encoder, SpatialNorm3D in the
+    decoder, 1x1x1 shortcuts, up/downsamplers that compress time and ones that do not. Three levels
+    (4x spatial, 2x temporal), one resnet per block; GroupNorm affine weights seeded (diffusers starts
+    them at one and zero). diffusers' tiles are half of sample_height / sample_width: 32 x 40 sample
+    pixels here, 8 x 10 latent rows."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    config = dict(
+        block_out_channels=(8, 8, 16),
+        down_block_types=("CogVideoXDownBlock3D",) * 3,
+        up_block_types=("CogVideoXUpBlock3D",) * 3,
+        latent_channels=4,
+        layers_per_block=1,
+        norm_num_groups=4,
+        temporal_compression_ratio=2,
+        sample_height=64,
+        sample_width=80,
+    )
+    config.update(overrides)
+    vae = _seeded(lambda: AutoencoderKLCogVideoX(**config))
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for module in vae.modules():
+            if type(module) is torch.nn.GroupNorm:
+                module.weight.copy_(1.0 + 0.2 * torch.randn(module.weight.shape, generator=g))
+                module.bias.copy_(0.2 * torch.randn(module.bias.shape, generator=g))
+    return vae
+
+
+BUILDERS["cogvideox"] = cogvideox_small
+# the real config's layout (four levels: 8x spatial, 4x temporal with two time-compressing resamplers
+# each way, 16 latent channels, three layers per block) with small widths, for numerical checks at 8x
+BUILDERS["cogvideox_layout"] = lambda: cogvideox_small(
+    block_out_channels=(8, 16, 16, 32),
+    down_block_types=("CogVideoXDownBlock3D",) * 4,
+    up_block_types=("CogVideoXUpBlock3D",) * 4,
+    latent_channels=16,
+    layers_per_block=3,
+    temporal_compression_ratio=4,
+    sample_height=128,
+    sample_width=160,
+)
+
+
+def hunyuanvideo_small(**overrides):
+    """A seeded AutoencoderKLHunyuanVideo keeping every kind of layer of the real one: four levels
+    (8x spatial, 4x temporal) whose up/downsamplers resample space and time, space only, and neither;
+    replicate-padded causal convs (stride 2 in the downsamplers), GroupNorms (affine weights seeded:
+    diffusers starts them at one and zero), 1x1x1 shortcuts where the width changes, the mid-block
+    attention with its causal frame mask and GroupNorm. diffusers' spatial tiles are 256 sample
+    pixels every 192; here 32 every 24 (4 latent rows every 3), so small latents tile; its temporal
+    tiles are diffusers' own (16 sample frames every 12: chunks of 5 latent frames every 3)."""
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    config = dict(latent_channels=4, block_out_channels=(4, 8, 16, 16), layers_per_block=1, norm_num_groups=2)
+    config.update(overrides)
+    vae = _seeded(lambda: AutoencoderKLHunyuanVideo(**config))
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for module in vae.modules():
+            if type(module) is torch.nn.GroupNorm:
+                module.weight.copy_(1.0 + 0.2 * torch.randn(module.weight.shape, generator=g))
+                module.bias.copy_(0.2 * torch.randn(module.bias.shape, generator=g))
+    vae.tile_sample_min_height = vae.tile_sample_min_width = 32
+    vae.tile_sample_stride_height = vae.tile_sample_stride_width = 24
+    return vae
+
+
+BUILDERS["hunyuanvideo"] = hunyuanvideo_small

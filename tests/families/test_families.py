@@ -21,6 +21,8 @@ FAMILY_MODELS = {"AutoencoderKLWan": "wan21", "AutoencoderKLQwenImage": "qwenima
 FAMILY_MODELS["AutoencoderKLFlux2"] = "flux2"
 FAMILY_MODELS["AutoencoderKLQwenImage21"] = "qwenimage21"
 FAMILY_MODELS["AutoencoderKLHunyuanVideo15"] = "hunyuanvideo15"
+FAMILY_MODELS.update(AutoencoderKLHunyuanVideo="hunyuanvideo", AutoencoderKLCogVideoX="cogvideox")
+FAMILY_MODELS["AutoencoderKLMochi"] = "mochi"
 FAMILY_MODELS.update(AutoencoderKLLTXVideo="ltx", AutoencoderKLLTX2Video="ltx2")
 
 

@@ -92,6 +92,9 @@ NAMED_CONFIGS = {
     "qwenimage21": ("AutoencoderKLQwenImage21", {}),  # likewise the Qwen-Image 2.1 VAE
     "ltx": ("AutoencoderKLLTXVideo", {}),  # likewise the LTX-Video 0.9 VAE
     "ltx2": ("AutoencoderKLLTX2Video", {}),  # likewise the LTX-2 VAE
+    "hunyuanvideo": ("AutoencoderKLHunyuanVideo", {}),  # likewise the HunyuanVideo VAE
+    "cogvideox": ("AutoencoderKLCogVideoX", {}),  # likewise CogVideoX's (1.0 and 1.5 share it)
+    "mochi": ("AutoencoderKLMochi", {}),  # likewise the Mochi 1 VAE
 }
 
 

@@ -28,8 +28,11 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKL": ("vaeshard.families.autoencoder_kl", "FAMILY"),
     "AutoencoderKLFlux2": ("vaeshard.families.autoencoder_kl", "FAMILY"),
     "AutoencoderKLHunyuanVideo15": ("vaeshard.families.hunyuanvideo15", "FAMILY"),
+    "AutoencoderKLHunyuanVideo": ("vaeshard.families.hunyuanvideo", "FAMILY"),
+    "AutoencoderKLCogVideoX": ("vaeshard.families.cogvideox", "FAMILY"),
     "AutoencoderKLLTXVideo": ("vaeshard.families.ltx", "LTX_FAMILY"),
     "AutoencoderKLLTX2Video": ("vaeshard.families.ltx", "LTX2_FAMILY"),
+    "AutoencoderKLMochi": ("vaeshard.families.mochi", "FAMILY"),
 }
 
 

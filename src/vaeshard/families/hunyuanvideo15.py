@@ -8,8 +8,8 @@ diffusers' `_decode` / `_encode` on each rank's rows with leaf layers swapped:
 - `HunyuanVideo15CausalConv3d` (replicate-padded causal 3x3x3): halo rows from the neighbours,
   the edge row repeated at the global edges (layers/replicate_conv.py);
 - `HunyuanVideo15AttnBlock` (the mid-block attention, causal by frame): local queries against the
-  whole video's keys and values of the frames each query frame may see, without diffusers'
-  (T*H*W)^2 mask (layers/frame_causal_attention.py);
+  keys and values of the whole frames each query frame may see, one frame's at a time, without
+  diffusers' (T*H*W)^2 mask (layers/frame_causal_attention.py);
 - per pixel and left as they are: the RMS norms (over channels), SiLU, 1x1x1 convolutions, and the
   up/downsamplers' pixel (un)shuffles and channel shortcuts (local: shards are whole latent rows).
 
@@ -169,9 +169,9 @@ def install_layers(vae) -> None:
 
     HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the sharded axis
     (its child Conv3d is then unpadded and local); HunyuanVideo15AttnBlock -> frame-causal attention
-    against the whole video's keys and values; an RMS norm over channels, a 1x1x1 Conv3d (shortcuts,
-    the attention's projections) -> local. Any other layer could couple rows in a way vaeshard does not know, so it
-    is refused here, before anything is swapped, rather than decoded wrongly.
+    against the whole frames' keys and values, one frame at a time; an RMS norm over channels, a 1x1x1
+    Conv3d (shortcuts, the attention's projections) -> local. Any other layer could couple rows in a way
+    vaeshard does not know, so it is refused here, before anything is swapped, rather than decoded wrongly.
     """
     from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (
         HunyuanVideo15AttnBlock,

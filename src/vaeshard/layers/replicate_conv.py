@@ -1,11 +1,21 @@
-"""Halo rows for a causal Conv3d that pads by replication (HunyuanVideo 1.5's causal convolution).
+"""Halo rows for causal Conv3d modules that pad by replication: HunyuanVideo's and HunyuanVideo 1.5's
+causal convolutions (`HaloReplicateCausalConv3d`) and diffusers' `CogVideoXCausalConv3d` in its
+"replicate" mode, Mochi 1's, whose forward also takes and returns a time cache
+(`HaloReplicateCachedCausalConv3d`).
 
-The module pads its input with `F.pad(..., mode="replicate")` (time: the first frame repeated in
-front; height and width: the edge rows and columns repeated) and then runs an unpadded nn.Conv3d
-child (`conv`). Replication pads each axis by clamping indices along it alone, so the axes can be
-padded one after the other: sharded, the sharded axis is extended by the rows of the neighbouring
-ranks, with the edge row repeated at the global edges only, then the other axes are padded as in the
-original.
+The module pads its input with `F.pad(..., mode="replicate")` by `time_causal_padding` (time: the
+first frame repeated in front; height and width: the edge rows and columns repeated) and then runs
+an unpadded nn.Conv3d child (`conv`). Replication pads each axis by clamping indices along it alone,
+so the axes can be padded one after the other: sharded, the sharded axis is extended by the rows of
+the neighbouring ranks, with the edge row repeated at the global edges only, then the other axes
+are padded as in the original. Time is never sharded, so the time padding is diffusers' own.
+
+A child strided along the sharded axis (the encoders' downsamplers: stride 2, pads summing to the
+kernel less one) gives each rank its own output rows where every rank's extent is a multiple of the
+stride (shards are whole latent rows, so this holds above the latent's resolution); otherwise it
+raises. `CogVideoXCausalConv3d`'s "constant" mode (CogVideoX's, and Mochi's after diffusers'
+`_enable_framewise_decoding`) pads from its cache and its child's zero padding instead:
+layers/cached_causal_conv.py.
 """
 
 from __future__ import annotations
@@ -18,19 +28,46 @@ from ..runtime.spatial import HEIGHT, current
 
 class HaloReplicateCausalConv3d:
     """Mixin for a module with `time_causal_padding` (w_left, w_right, h_top, h_bottom, t_front,
-    t_back), `pad_mode` "replicate" and an unpadded stride-1 Conv3d child `conv`. Outside a sharded
-    request the original forward runs."""
+    t_back), `pad_mode` "replicate" and an unpadded Conv3d child `conv`. Outside a sharded request the
+    original forward runs."""
 
     def forward(self, hidden_states):
         ctx = current()
         if ctx is None:
             return super().forward(hidden_states)
+        return self._sharded_forward(ctx, hidden_states)
+
+    def _sharded_forward(self, ctx, hidden_states):
+        dim = ctx.dim(hidden_states)
+        stride = self.conv.stride[dim - 2]
+        if stride > 1 and any(e % stride for e in ctx.extents_at(hidden_states.shape[dim])):
+            raise RuntimeError(
+                f"a causal convolution of stride {stride} along the sharded {ctx.axis} cannot run on shards of "
+                f"{ctx.extents_at(hidden_states.shape[dim])} rows: each must be a multiple of the stride"
+            )
         padding = list(self.time_causal_padding)
         slot = 2 if ctx.axis == HEIGHT else 0
         before, after = padding[slot], padding[slot + 1]
         x = replicate_halo(ctx, hidden_states, before, after)
         padding[slot] = padding[slot + 1] = 0
-        return self.conv(F.pad(x, tuple(padding), mode=self.pad_mode))
+        return self.conv(F.pad(x, tuple(padding), mode="replicate"))
+
+
+class HaloReplicateCachedCausalConv3d(HaloReplicateCausalConv3d):
+    """Mixin for `CogVideoXCausalConv3d` (`forward(inputs, conv_cache=None)` -> `(output, cache)`) in its
+    "replicate" mode, where diffusers ignores the cache and returns None for it. Sharded in another
+    mode it raises (use mode='tile')."""
+
+    def forward(self, inputs, conv_cache=None):
+        ctx = current()
+        if ctx is None:
+            return super(HaloReplicateCausalConv3d, self).forward(inputs, conv_cache)
+        if self.pad_mode != "replicate":
+            raise ValueError(
+                f"vaeshard shards {type(self).__name__} only in its 'replicate' padding mode, not {self.pad_mode!r} "
+                "(frame-wise decoding); use mode='tile'"
+            )
+        return self._sharded_forward(ctx, inputs), None
 
 
 def replicate_halo(ctx, x: torch.Tensor, before: int, after: int) -> torch.Tensor:

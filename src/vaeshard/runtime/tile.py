@@ -2,14 +2,17 @@
 
 A family describes its tile grid (`TileGrid`) and how to run one tile; this module spreads the tiles
 over ranks, gathers the finished ones and blends them in exactly the order diffusers does, so the
-result is bit-identical to the family's single-process tiled decode/encode.
+result is bit-identical to the family's single-process tiled decode/encode. Where diffusers also
+tiles in time (`TimeChunks`: HunyuanVideo's temporal tiled decode), the grid is cut in every chunk
+of frames, the tiles of all chunks are spread over the ranks together, each chunk's tiles are
+merged as one grid and the chunks are then merged in time by the family's mirror of diffusers' loop.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,11 +27,31 @@ class Tile:
     h1: int
     w0: int
     w1: int
+    chunk: int = 0  # the time chunk (TimeChunks) the tile is cut from; 0 without one
+    t0: int = 0  # frames [t0, t1) of the source in a time chunk; t1 None: every frame
+    t1: int | None = None
 
     @property
     def workload(self) -> int:
-        # Cost scales with the tile's area; edge tiles are clipped and so cheaper.
-        return (self.h1 - self.h0) * (self.w1 - self.w0)
+        # Cost scales with the tile's area (and frames); edge tiles are clipped and so cheaper.
+        frames = 1 if self.t1 is None else self.t1 - self.t0
+        return (self.h1 - self.h0) * (self.w1 - self.w0) * frames
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.chunk, self.row, self.col)
+
+    def cut(self, x: torch.Tensor) -> torch.Tensor:
+        """The tile's input: its rows and columns of `x` (and its frames, in a time chunk)."""
+        if self.t1 is None:
+            return x[..., self.h0 : self.h1, self.w0 : self.w1]
+        return x[..., self.t0 : self.t1, self.h0 : self.h1, self.w0 : self.w1]
+
+    def in_shape(self, shape) -> tuple[int, ...]:
+        """The shape of the tile's input, cut from a source of `shape`."""
+        if self.t1 is None:
+            return (*shape[:-2], self.h1 - self.h0, self.w1 - self.w0)
+        return (*shape[:-3], self.t1 - self.t0, self.h1 - self.h0, self.w1 - self.w0)
 
 
 @dataclass(frozen=True)
@@ -59,6 +82,16 @@ class TileGrid:
 
 
 @dataclass(frozen=True)
+class TimeChunks:
+    """diffusers' tiling in time: the source's frames [t0, t1) of each span, in order, are tiled as
+    one grid each; `merge` takes the merged chunks in order and blends them in time as diffusers'
+    loop does (a family's mirror of it, with the VAE's own blend)."""
+
+    spans: tuple[tuple[int, int], ...]  # frames (dim -3 of the source)
+    merge: Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+@dataclass(frozen=True)
 class TileOps:
     """What a family supplies to the executor for one request."""
 
@@ -73,11 +106,21 @@ class TileOps:
     # what a rank does in place of a tile another rank runs (in grid order, interleaved with its own):
     # e.g. replay the RNG draws that tile's decode makes, so every tile sees diffusers' RNG state
     skip: Callable[[torch.Tensor], None] | None = None
+    # diffusers' tiling in time around the grid (None: the grid covers every frame at once)
+    time: TimeChunks | None = None
+
+    def all_tiles(self) -> tuple[Tile, ...]:
+        """The grid's tiles, once per time chunk where there are chunks (chunk by chunk, row-major)."""
+        if self.time is None:
+            return self.grid.tiles
+        return tuple(
+            replace(t, chunk=c, t0=t0, t1=t1) for c, (t0, t1) in enumerate(self.time.spans) for t in self.grid.tiles
+        )
 
 
 def balance(tiles: tuple[Tile, ...], num_ranks: int) -> list[list[Tile]]:
     """Largest tile first to the least-loaded rank (ties: lower rank). Deterministic on every rank."""
-    order = sorted(tiles, key=lambda t: (-t.workload, t.row, t.col))
+    order = sorted(tiles, key=lambda t: (-t.workload, *t.key))
     heap = [(0, r) for r in range(num_ranks)]
     assignment: list[list[Tile]] = [[] for _ in range(num_ranks)]
     for tile in order:
@@ -85,7 +128,7 @@ def balance(tiles: tuple[Tile, ...], num_ranks: int) -> list[list[Tile]]:
         assignment[rank].append(tile)
         heapq.heappush(heap, (load + tile.workload, rank))
     for tiles_of_rank in assignment:
-        tiles_of_rank.sort(key=lambda t: (t.row, t.col))
+        tiles_of_rank.sort(key=lambda t: t.key)
     return assignment
 
 
@@ -96,54 +139,59 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     result on receiving ranks (all, or rank 0 only) and None elsewhere.
     """
     grid, x_bcthw = ops.grid, ops.source
-    assignment = balance(grid.tiles, num_ranks)
+    tiles = ops.all_tiles()
+    assignment = balance(tiles, num_ranks)
     mine = assignment[comm.rank] if comm.rank < num_ranks else []
 
     # Every rank knows every tile's output shape from the grid alone, so tiles are padded to one
     # common shape (and each rank to the largest per-rank count) and one gather suffices.
-    def in_shape(t: Tile) -> tuple[int, ...]:
-        return (*x_bcthw.shape[:-2], t.h1 - t.h0, t.w1 - t.w0)
-
-    out_shapes = {(t.row, t.col): tuple(ops.out_shape(in_shape(t))) for t in grid.tiles}
-    lead = next(iter(out_shapes.values()))[:-2]
-    max_h = max(s[-2] for s in out_shapes.values())
-    max_w = max(s[-1] for s in out_shapes.values())
+    out_shapes = {t.key: tuple(ops.out_shape(t.in_shape(x_bcthw.shape))) for t in tiles}
+    common = tuple(max(dims) for dims in zip(*out_shapes.values()))
     max_count = max(len(a) for a in assignment)
+
+    def within(shape) -> tuple[slice, ...]:
+        return tuple(slice(0, n) for n in shape)
 
     stack = None
     mine_set = set(mine)
-    order = grid.tiles if ops.skip is not None else mine
+    order = tiles if ops.skip is not None else mine
     k = -1
     for t in order:
         if t not in mine_set:
-            ops.skip(x_bcthw[..., t.h0 : t.h1, t.w0 : t.w1])
+            ops.skip(t.cut(x_bcthw))
             continue
         k += 1
-        out = ops.run(x_bcthw[..., t.h0 : t.h1, t.w0 : t.w1])
-        if tuple(out.shape) != out_shapes[(t.row, t.col)]:
+        out = ops.run(t.cut(x_bcthw))
+        if tuple(out.shape) != out_shapes[t.key]:
+            where = f"({t.row}, {t.col})" if ops.time is None else f"({t.row}, {t.col}) of time chunk {t.chunk}"
             raise RuntimeError(
-                f"tile ({t.row}, {t.col}) decoded to shape {tuple(out.shape)}, but the family predicted "
-                f"{out_shapes[(t.row, t.col)]}: the family's out_shape does not match this model"
+                f"tile {where} decoded to shape {tuple(out.shape)}, but the family predicted "
+                f"{out_shapes[t.key]}: the family's out_shape does not match this model"
             )
         if stack is None:
-            stack = out.new_zeros((max_count, *lead, max_h, max_w))
-        stack[k, ..., : out.shape[-2], : out.shape[-1]] = out
+            stack = out.new_zeros((max_count, *common))
+        stack[k][within(out.shape)] = out
         del out
     if stack is None:  # a rank with no tile still enters the gather
-        stack = x_bcthw.new_zeros((max_count, *lead, max_h, max_w), dtype=ops.out_dtype)
+        stack = x_bcthw.new_zeros((max_count, *common), dtype=ops.out_dtype)
     gathered = comm.gather_stacks(stack, to_all=to_all)
     del stack
     if gathered is None:
         return None
 
-    by_position: dict[tuple[int, int], torch.Tensor] = {}
+    by_position: dict[tuple[int, int, int], torch.Tensor] = {}
     for rank, tiles_of_rank in enumerate(assignment):
         for k, t in enumerate(tiles_of_rank):
-            h, w = out_shapes[(t.row, t.col)][-2:]
-            by_position[(t.row, t.col)] = gathered[rank][k, ..., :h, :w]
+            by_position[t.key] = gathered[rank][k][within(out_shapes[t.key])]
     del gathered
-    rows = [[by_position[(i, j)] for j in range(grid.num_cols)] for i in range(grid.num_rows)]
-    return ops.finish(merge(rows, grid, ops))
+
+    def merged(chunk: int) -> torch.Tensor:
+        rows = [[by_position[(chunk, i, j)] for j in range(grid.num_cols)] for i in range(grid.num_rows)]
+        return merge(rows, grid, ops)
+
+    if ops.time is None:
+        return ops.finish(merged(0))
+    return ops.finish(ops.time.merge([merged(c) for c in range(len(ops.time.spans))]))
 
 
 def merge(rows: list[list[torch.Tensor]], grid: TileGrid, ops: TileOps) -> torch.Tensor:

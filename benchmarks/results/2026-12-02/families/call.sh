@@ -24,5 +24,10 @@ bash benchmarks/families_gpu.sh $OUT/fam "qwenimage21=1,64,1,32,32;hunyuanvideo1
 bash benchmarks/families_gpu.sh $OUT/fam "hunyuanvideo15=1,32,3,16,24;ltx=1,128,2,8,12;ltx2=1,128,2,8,12" \
   "ltx=1,128,16,22,38"
 #   -> parity-hunyuanvideo15.jsonl, bench-ltx-704x1216-121f.json; the ltx and ltx2 parity runs failed in the
-#      script (parity-ltx-failed.txt: LTX-Video's tiled_decode needs `temb`, fixed since; LTX-2's tiled
+#      script (LTX-Video's tiled_decode needs `temb`, fixed since; LTX-2's tiled
 #      decode with 128-pixel tiles leaves a one-column edge tile its reflect padding cannot take)
+# call 5 (commit a5db3ca's code; LTX-2's parity subject with 128-pixel tiles hit the one-column edge tile again:
+#   LTX-2's tiled decode divides by spatial_compression_ratio, 64 in diffusers' default config)
+bash benchmarks/families_gpu.sh $OUT/fam "ltx=1,128,2,8,12;ltx2=1,128,2,8,11" ""   # -> parity-ltx.jsonl
+# call 6 (a5db3ca's code and gpu_parity.py's TILES_FOR: LTX-2 tiles of 256 pixels every 192)
+bash benchmarks/families_gpu.sh $OUT/fam "ltx2=1,128,2,8,11" ""                    # -> parity-ltx2.jsonl

@@ -1,0 +1,391 @@
+"""CogVideoX (diffusers `AutoencoderKLCogVideoX`: CogVideoX 1.0 and 1.5, ConsisID).
+
+Latents are 5-D (B, C, T, H, W), 8x spatial and 4x temporal compression in the real config
+(CogVideoX 1.5 changes only `scaling_factor` and `invert_scale_latents`, which the pipeline applies:
+the same layers). diffusers' `_decode` / `_encode` run the decoder on batches of 2 latent frames
+(the encoder on 8 sample frames), threading a per-layer `conv_cache` of the previous batch's last
+input frames through every causal convolution; `tiled_decode` / `tiled_encode` run that same frame
+loop inside each spatial tile. So `tile` is diffusers' tile grid with each tile's frame loop (its
+`_decode` / `_encode` with tiling off) spread over ranks, and a sharded request runs `_decode` /
+`_encode` on each rank's rows with leaf layers swapped, every rank keeping the conv caches of its own
+rows:
+
+- `CogVideoXCausalConv3d` (constant mode: time padded from the cache or the first frame, per pixel):
+  left as it is; its child `CogVideoXSafeConv3d` takes halo rows in place of its spatial zero padding
+  and keeps diffusers' time chunks (layers/cached_causal_conv.py);
+- every `nn.GroupNorm` (the encoder's resnets and `norm_out`; the decoder's `CogVideoXSpatialNorm3D`,
+  whose statistics span a frame batch) -> whole-map statistics (layers/norms.py);
+- `CogVideoXSpatialNorm3D`'s conditioning: nearest interpolation of the decoder's input latent to the
+  feature map (first frame apart). Each rank interpolates its own latent rows to its own feature
+  rows, which are the whole map's rows of that slice: the feature map is the latent times 2^k, and
+  nearest interpolation by a power of two maps output row r to input row r >> k on a slice as on
+  the whole (tests check it on vaeshard's splits); its 1x1x1 convolutions are per pixel;
+- `CogVideoXUpsample3D`: nearest 2x (time too where it compresses time): local to whole latent rows;
+  its 3x3 Conv2d takes halo rows (layers/convs.py HaloConv2d);
+- `CogVideoXDownsample3D` (encoder): the time average is per pixel; its inline (0, 1, 0, 1) zero pad
+  before the 3x3 stride-2 Conv2d takes the next rank's first row instead (layers/inline_pad_conv.py):
+  exact, since shards of whole latent rows start on even rows at every level;
+- SiLU, dropout, the 1x1x1 shortcuts and quant convolutions: per pixel.
+
+The VAE has no attention. Every other layer is refused before anything is swapped.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..layers.cached_causal_conv import HaloSafeConv3d
+from ..layers.convs import HaloConv2d
+from ..layers.inline_pad_conv import HaloInlinePadConv2d
+from ..layers.norms import GlobalGroupNorm
+from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.tile import TileGrid, TileOps
+from .base import Family, Mirror, concat_extent, with_tiling_off
+
+# containers and per-pixel leaves (their coupling, if any, is in a child treated by class below)
+_LOCAL = (
+    "CogVideoXEncoder3D",
+    "CogVideoXDecoder3D",
+    "CogVideoXDownBlock3D",
+    "CogVideoXMidBlock3D",
+    "CogVideoXUpBlock3D",
+    "CogVideoXResnetBlock3D",
+    "CogVideoXSpatialNorm3D",
+    "ModuleList",
+    "SiLU",
+    "Dropout",
+    "Identity",
+)
+
+
+def latent_channels(vae) -> int:
+    return vae.config.latent_channels
+
+
+def _upsamplers(vae) -> list:
+    return [u for b in vae.decoder.up_blocks for u in (b.upsamplers or ())]
+
+
+def _downsamplers(vae) -> list:
+    return [d for b in vae.encoder.down_blocks for d in (b.downsamplers or ())]
+
+
+def _frame_batches(frames: int, size: int) -> list[int]:
+    """The frame counts of diffusers' `_decode` / `_encode` batches of `size` (the remainder goes to
+    the first batch)."""
+    rest = frames % size
+    counts = []
+    for k in range(max(frames // size, 1)):
+        start = size * k + (0 if k == 0 else rest)
+        counts.append(min(size * (k + 1) + rest, frames) - start)
+    return counts
+
+
+def _decoded_frames(vae, frames: int) -> int:
+    """Output frames of a latent of `frames` frames: each batch through every upsampler that
+    compresses time (one frame stays one; an odd count keeps its first frame and doubles the rest)."""
+    total = 0
+    for t in _frame_batches(frames, vae.num_latent_frames_batch_size):
+        for up in _upsamplers(vae):
+            if up.compress_time and t > 1:
+                t = 1 + 2 * (t - 1) if t % 2 else 2 * t
+        total += t
+    return total
+
+
+def _encoded_frames(vae, frames: int) -> int:
+    """Latent frames of a sample of `frames` frames: each batch through every downsampler that
+    compresses time (an odd count keeps its first frame and averages the rest in pairs)."""
+    total = 0
+    for t in _frame_batches(frames, vae.num_sample_frames_batch_size):
+        for down in _downsamplers(vae):
+            if down.compress_time:
+                t = 1 + (t - 1) // 2 if t % 2 else t // 2
+        total += t
+    return total
+
+
+def _encoded_extent(vae, n: int) -> int:
+    # each downsampler pads one row after and runs a 3x3 stride-2 convolution
+    for _ in _downsamplers(vae):
+        n = (n + 1 - 3) // 2 + 1
+    return n
+
+
+def _tile_ops(vae, x, tile_in, stride, blend, keep, scale_out, run, out_shape) -> TileOps:
+    """diffusers' grid over `x`: tiles of `tile_in` (rows, cols) every `stride`, blended over `blend`
+    and cut to `keep`, concatenated unclipped."""
+    height, width = x.shape[-2:]
+    for what, value in (("stride", stride), ("kept extent", keep)):
+        if min(value) <= 0:
+            raise ValueError(
+                f"AutoencoderKLCogVideoX's tile settings give a tile {what} of {value}: diffusers' tiled loop "
+                "cannot run; raise tile_sample_min_height / _width (the latent tile is that over the spatial ratio)"
+            )
+    rows = [(h, min(h + tile_in[0], height)) for h in range(0, height, stride[0])]
+    cols = [(w, min(w + tile_in[1], width)) for w in range(0, width, stride[1])]
+    grid = TileGrid.regular(
+        height,
+        width,
+        tile_in[0],
+        tile_in[1],
+        stride[0],
+        stride[1],
+        blend_rows=blend[0],
+        blend_cols=blend[1],
+        keep_rows=keep[0],
+        keep_cols=keep[1],
+        out_rows=concat_extent(rows, keep[0], scale_out),
+        out_cols=concat_extent(cols, keep[1], scale_out),
+    )
+    return TileOps(
+        grid=grid,
+        source=x,
+        run=run,
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=out_shape,
+        out_dtype=x.dtype,
+    )
+
+
+def decode_tile_ops(vae, z):
+    """diffusers' `tiled_decode`: latent tiles of `tile_latent_min_*` every `int(tile_latent_min_* *
+    (1 - overlap_*))`, each decoded by the frame loop of `_decode`, blended over `int(tile_sample_min_*
+    * overlap_*)` sample rows and cut to the rest of `tile_sample_min_*`."""
+    _, _, _, height, width = z.shape
+    if not (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height):
+        return None  # diffusers' _decode does not tile this latent
+    up = 2 ** len(_upsamplers(vae))
+    blend = (
+        int(vae.tile_sample_min_height * vae.tile_overlap_factor_height),
+        int(vae.tile_sample_min_width * vae.tile_overlap_factor_width),
+    )
+    channels = vae.decoder.conv_out.conv.out_channels
+    return _tile_ops(
+        vae,
+        z,
+        (vae.tile_latent_min_height, vae.tile_latent_min_width),
+        (
+            int(vae.tile_latent_min_height * (1 - vae.tile_overlap_factor_height)),
+            int(vae.tile_latent_min_width * (1 - vae.tile_overlap_factor_width)),
+        ),
+        blend,
+        (vae.tile_sample_min_height - blend[0], vae.tile_sample_min_width - blend[1]),
+        lambda n: n * up,
+        lambda tile: untiled_decode(vae, tile),
+        lambda s: (s[0], channels, _decoded_frames(vae, s[2]), s[3] * up, s[4] * up),
+    )
+
+
+def encode_tile_ops(vae, x):
+    """diffusers' `tiled_encode`: sample tiles of `tile_sample_min_*` every `int(tile_sample_min_* *
+    (1 - overlap_*))`, each encoded by the frame loop of `_encode`, blended over `int(tile_latent_min_*
+    * overlap_*)` latent rows and cut to the rest of `tile_latent_min_*`."""
+    _, _, _, height, width = x.shape
+    if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+        return None  # diffusers' _encode does not tile this sample
+    blend = (
+        int(vae.tile_latent_min_height * vae.tile_overlap_factor_height),
+        int(vae.tile_latent_min_width * vae.tile_overlap_factor_width),
+    )
+    last = vae.quant_conv if vae.quant_conv is not None else vae.encoder.conv_out.conv
+    channels = last.out_channels
+    return _tile_ops(
+        vae,
+        x,
+        (vae.tile_sample_min_height, vae.tile_sample_min_width),
+        (
+            int(vae.tile_sample_min_height * (1 - vae.tile_overlap_factor_height)),
+            int(vae.tile_sample_min_width * (1 - vae.tile_overlap_factor_width)),
+        ),
+        blend,
+        (vae.tile_latent_min_height - blend[0], vae.tile_latent_min_width - blend[1]),
+        lambda n: _encoded_extent(vae, n),
+        lambda tile: untiled_encode(vae, tile),
+        lambda s: (s[0], channels, _encoded_frames(vae, s[2]), _encoded_extent(vae, s[3]), _encoded_extent(vae, s[4])),
+    )
+
+
+def untiled_decode(vae, z):
+    """diffusers' `_decode` (its frame loop) with tiling off: also the per-tile run of `tiled_decode`."""
+    return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+
+def untiled_encode(vae, x):
+    """diffusers' `_encode` (its frame loop) with tiling off: also the per-tile run of `tiled_encode`."""
+    return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
+
+
+# -- spatial shard ----------------------------------------------------------------------------------
+
+
+def install_layers(vae) -> None:
+    """Treatment by layer class, encoder and decoder (the module docstring says why each is exact).
+
+    CogVideoXCausalConv3d (constant mode) -> its CogVideoXSafeConv3d child takes halo rows;
+    nn.GroupNorm -> whole-map statistics; CogVideoXUpsample3D's 3x3 Conv2d -> halo rows;
+    CogVideoXDownsample3D's 3x3 stride-2 Conv2d -> the next rank's first row for the inline zero pad;
+    other CogVideoXSafeConv3d (shortcuts, quant convs) must be 1x1x1. Any other layer could couple rows
+    in a way vaeshard does not know, so it is refused here, before anything is swapped.
+    """
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d, CogVideoXSafeConv3d
+    from diffusers.models.downsampling import CogVideoXDownsample3D
+    from diffusers.models.upsampling import CogVideoXUpsample3D
+
+    swaps = []
+    for part in ("encoder", "decoder"):
+        treated = set()  # children a parent's check covers
+        for name, module in getattr(vae, part).named_modules():
+            where = f"{part}.{name}"
+            if id(module) in treated or is_swapped(module):
+                continue
+            if isinstance(module, CogVideoXCausalConv3d):
+                _check_causal_conv(where, module)
+                treated.add(id(module.conv))
+                if any(module.conv.padding):
+                    swaps.append((module.conv, HaloSafeConv3d))
+            elif isinstance(module, CogVideoXUpsample3D):
+                _check_conv2d(f"{where}.conv", module.conv, stride=1, padding=1)
+                treated.add(id(module.conv))
+                swaps.append((module.conv, HaloConv2d))
+            elif isinstance(module, CogVideoXDownsample3D):
+                _check_conv2d(f"{where}.conv", module.conv, stride=2, padding=0)
+                treated.add(id(module.conv))
+                swaps.append((module.conv, HaloInlinePadConv2d))
+            elif isinstance(module, CogVideoXSafeConv3d):
+                _check_pointwise(where, module)
+            elif type(module) is nn.GroupNorm:
+                swaps.append((module, GlobalGroupNorm))
+            elif type(module).__name__ not in _LOCAL:
+                raise _refuse(where, module, "a layer vaeshard does not know")
+    for name in ("quant_conv", "post_quant_conv"):
+        if getattr(vae, name, None) is not None:
+            _check_pointwise(name, getattr(vae, name))
+    for module, mixin in swaps:  # only after the whole model was accepted
+        swap(module, mixin)
+
+
+def _check_causal_conv(name: str, module) -> None:
+    conv = module.conv
+    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size[1:], conv.padding[1:]))
+    if (
+        module.pad_mode == "replicate"
+        or conv.stride != (1, 1, 1)
+        or conv.dilation != (1, 1, 1)
+        or conv.padding[0]
+        or conv.padding_mode != "zeros"
+        or not same
+    ):
+        raise _refuse(name, module, "a causal convolution that is not stride-1, undilated, zero-padded 'same'")
+
+
+def _check_conv2d(name: str, conv, stride: int, padding: int) -> None:
+    if (
+        getattr(type(conv), "_vaeshard_base", type(conv)) is not nn.Conv2d  # swapped already: its base
+        or conv.kernel_size != (3, 3)
+        or conv.stride != (stride, stride)
+        or conv.padding != (padding, padding)
+        or conv.dilation != (1, 1)
+        or conv.padding_mode != "zeros"
+    ):
+        raise _refuse(name, conv, f"not the 3x3 stride-{stride} zero-padded convolution diffusers builds there")
+
+
+def _check_pointwise(name: str, conv) -> None:
+    if conv.kernel_size != (1, 1, 1) or conv.stride != (1, 1, 1) or any(conv.padding):
+        raise _refuse(name, conv, "a convolution other than 1x1x1")
+
+
+def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"vaeshard cannot shard this AutoencoderKLCogVideoX: {name} ({type(module).__name__}) is {what}. "
+        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+    )
+
+
+def uninstall_layers(vae) -> None:
+    for module in vae.modules():
+        unswap(module)
+
+
+def release(vae) -> None:
+    """The conv caches live inside one `_decode` / `_encode` call: nothing to drop."""
+
+
+_COG = "diffusers.models.autoencoders.autoencoder_kl_cogvideox:"
+
+
+class _CogVideoX(Family):
+    name = "cogvideox"
+    classes = ("AutoencoderKLCogVideoX",)
+    mirrors = (
+        Mirror(
+            _COG + "AutoencoderKLCogVideoX.tiled_decode",
+            "families/cogvideox.py decode_tile_ops, _tile_ops (per tile: _decode's frame loop)",
+            "3603f0ab5c4bfa2b",
+        ),
+        Mirror(
+            _COG + "AutoencoderKLCogVideoX.tiled_encode",
+            "families/cogvideox.py encode_tile_ops, _tile_ops (per tile: _encode's frame loop)",
+            "27795081fc5294e5",
+        ),
+        Mirror(
+            _COG + "AutoencoderKLCogVideoX._decode",
+            "families/cogvideox.py decode_tile_ops (when it tiles; its loop is tiled_decode's), _frame_batches",
+            "66ba211bf9ef8651",
+        ),
+        Mirror(
+            _COG + "AutoencoderKLCogVideoX._encode",
+            "families/cogvideox.py encode_tile_ops (when it tiles; its loop is tiled_encode's), _frame_batches",
+            "62828496752c050d",
+        ),
+        Mirror(
+            _COG + "CogVideoXSafeConv3d.forward",
+            "layers/cached_causal_conv.py safe_conv3d",
+            "e9cfcc39cf5c6cf3",
+        ),
+        Mirror(
+            _COG + "CogVideoXCausalConv3d.forward",
+            "layers/cached_causal_conv.py (time padding and cache local; spatial padding in the child)",
+            "bae9401dabb7f044",
+        ),
+        Mirror(
+            _COG + "CogVideoXCausalConv3d.fake_context_parallel_forward",
+            "layers/cached_causal_conv.py (the cache holds no spatial padding)",
+            "ef6a7f17d4baf334",
+        ),
+        Mirror(
+            _COG + "CogVideoXSpatialNorm3D.forward",
+            "families/cogvideox.py (nearest interpolation of the rank's latent rows is local)",
+            "69d22683f0e3af2d",
+        ),
+        Mirror(
+            "diffusers.models.upsampling:CogVideoXUpsample3D.forward",
+            "families/cogvideox.py _decoded_frames; nearest 2x local, conv -> HaloConv2d",
+            "437e3367153e8d7e",
+        ),
+        Mirror(
+            "diffusers.models.downsampling:CogVideoXDownsample3D.forward",
+            "layers/inline_pad_conv.py HaloInlinePadConv2d (the inline pad); families/cogvideox.py _encoded_*",
+            "cee4ce635b34b404",
+        ),
+    )
+    latent_ndim = 5
+    spatial_decode = True
+    spatial_encode = True
+    latent_channels = staticmethod(latent_channels)
+    decode_tile_ops = staticmethod(decode_tile_ops)
+    encode_tile_ops = staticmethod(encode_tile_ops)
+    untiled_decode = staticmethod(untiled_decode)
+    untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
+    uninstall_layers = staticmethod(uninstall_layers)
+    release = staticmethod(release)
+
+    def spatial_ratio(self, vae) -> int:
+        return 2 ** len(_upsamplers(vae))
+
+
+FAMILY = _CogVideoX()

@@ -1,0 +1,378 @@
+"""HunyuanVideo (diffusers `AutoencoderKLHunyuanVideo`; also Kandinsky 5's VAE).
+
+Latents are 5-D (B, C, T, H, W), 8x spatial and 4x temporal compression in the real config; every
+norm is a GroupNorm, whose statistics span the whole clip (its channels of a group, over T, H, W).
+
+`tile` is diffusers' decode and encode with tiling on (`enable_tiling()`), bit for bit: above
+`tile_sample_min_num_frames` sample frames (4 latent frames by default; `use_framewise_decoding` /
+`use_framewise_encoding`, on by default) diffusers' default decode is itself tiled in time
+(`_temporal_tiled_decode`: overlapping chunks of frames, each cut into `tiled_decode`'s spatial tiles
+where it is larger than one, blended in time). vaeshard cuts the same spatial grid in every chunk,
+spreads the tiles of all chunks over the ranks together (runtime/tile.py TimeChunks), merges each
+chunk's tiles as diffusers does and then the chunks in time with diffusers' own blend.
+
+The spatial modes are compared with diffusers' untiled decode and encode: `_decode` / `_encode` with
+tiling and framewise decoding off (`use_tiling = use_framewise_decoding = use_framewise_encoding =
+False`), the whole clip through the decoder (encoder) at once. Above 4 latent frames that is not
+diffusers' default decode, which is tiled in time; mode `tile` gives that one. Each rank runs the
+untiled decode on its whole latent rows (or columns) of every frame, with leaf layers swapped:
+
+- `HunyuanVideoCausalConv3d` (replicate-padded causal convolutions; stride 2 in the encoder's
+  downsamplers): halo rows from the neighbours, the edge row repeated at the global edges
+  (layers/replicate_conv.py);
+- `nn.GroupNorm` (the resnets', the output norms', the attention's): whole-clip statistics combined
+  over the ranks (layers/norms.py);
+- `HunyuanVideoMidBlock3D`'s `Attention` with the causal frame mask: the mask is never built; each
+  query frame attends to the whole frames it may see, one frame's keys and values held at a time
+  (layers/frame_causal_attention.py);
+- per pixel or local and left as they are: SiLU, dropout, the 1x1x1 convolutions (quant convs,
+  shortcuts), the attention's projections (per token) and the nearest upsampling (whole latent rows).
+
+The encoder is made of the same kinds of layer, so encode shards too (sample extents a multiple of 8).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
+from ..layers.norms import GlobalGroupNorm
+from ..layers.replicate_conv import HaloReplicateCausalConv3d
+from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.tile import TileGrid, TileOps, TimeChunks
+from .base import Family, Mirror, frames_out, strided_decode_grid, strided_encode_grid, with_tiling_off
+
+# Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in a
+# swapped child). The upsamplers' nearest interpolation is local too (checked: integer factors).
+_LOCAL = (
+    "HunyuanVideoEncoder3D",
+    "HunyuanVideoDecoder3D",
+    "HunyuanVideoDownBlock3D",
+    "HunyuanVideoUpBlock3D",
+    "HunyuanVideoResnetBlockCausal3D",
+    "HunyuanVideoDownsampleCausal3D",
+    "ModuleList",
+    "SiLU",
+    "Mish",
+    "GELU",
+    "Dropout",
+    "Identity",
+)
+
+
+def latent_channels(vae) -> int:
+    return vae.config.latent_channels
+
+
+def _upsamplers(vae) -> list:
+    return [u for b in vae.decoder.up_blocks if b.upsamplers is not None for u in b.upsamplers]
+
+
+def _downsamplers(vae) -> list:
+    return [d for b in vae.encoder.down_blocks if b.downsamplers is not None for d in b.downsamplers]
+
+
+def _decoded(vae, shape) -> tuple[int, ...]:
+    """The decoder's output shape for a latent of `shape`: a temporal upsampler turns the first frame
+    into one and every later one into `factor`; the spatial ones scale rows and columns."""
+    frames, rows, cols = shape[2], shape[3], shape[4]
+    for up in _upsamplers(vae):
+        ft, fh, fw = (int(f) for f in up.upsample_factor)
+        frames, rows, cols = frames_out(frames, ft), rows * fh, cols * fw
+    return (shape[0], vae.decoder.conv_out.conv.out_channels, frames, rows, cols)
+
+
+def _encoded(vae, shape) -> tuple[int, ...]:
+    """The encoder's output shape (the moments) for a sample of `shape`: each downsampler's causal
+    3x3x3 convolution, padded by two frames in front and one row and column each side, keeps
+    `(n - 1) // stride + 1` of n along every axis."""
+    frames, rows, cols = shape[2], shape[3], shape[4]
+    for down in _downsamplers(vae):
+        st, sh, sw = down.conv.conv.stride
+        frames, rows, cols = (frames - 1) // st + 1, (rows - 1) // sh + 1, (cols - 1) // sw + 1
+    return (shape[0], vae.quant_conv.out_channels, frames, rows, cols)
+
+
+def _whole_grid(rows: int, cols: int, out_rows: int, out_cols: int) -> TileGrid:
+    """One tile of every row and column: a chunk diffusers decodes (encodes) without spatial tiles."""
+    return TileGrid.regular(
+        rows,
+        cols,
+        rows,
+        cols,
+        rows,
+        cols,
+        blend_rows=0,
+        blend_cols=0,
+        keep_rows=out_rows,
+        keep_cols=out_cols,
+        out_rows=out_rows,
+        out_cols=out_cols,
+    )
+
+
+def _merge_in_time(vae, chunks: list[torch.Tensor], blend: int, keep: int, frames: int) -> torch.Tensor:
+    """diffusers' temporal blend loop (`_temporal_tiled_decode` / `_temporal_tiled_encode`): every chunk
+    but the first without its first frame, blended over `blend` frames with the one before (in place),
+    cut to `keep` frames (the first to `keep + 1`), concatenated and cut to `frames`."""
+    row = [chunk if i == 0 else chunk[:, :, 1:, :, :] for i, chunk in enumerate(chunks)]
+    result_row = []
+    for i, tile in enumerate(row):
+        if i > 0:
+            tile = vae.blend_t(row[i - 1], tile, blend)
+            result_row.append(tile[:, :, :keep, :, :])
+        else:
+            result_row.append(tile[:, :, : keep + 1, :, :])
+    return torch.cat(result_row, dim=2)[:, :, :frames]
+
+
+def _ops(vae, x, grid: TileGrid, run, out_shape, time: TimeChunks | None) -> TileOps:
+    return TileOps(
+        grid=grid,
+        source=x,
+        run=run,
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=out_shape,
+        out_dtype=x.dtype,
+        time=time,
+    )
+
+
+def decode_tile_ops(vae, z):
+    """diffusers' `_decode` with tiling on: in time (`_temporal_tiled_decode`: latent chunks of
+    `tile_sample_min_num_frames // ratio + 1` frames every `tile_sample_stride_num_frames // ratio`)
+    where framewise decoding is on and the latent has more frames than a chunk less one; in space
+    (`tiled_decode`'s grid) where the latent is larger than one tile; None where neither."""
+    _, _, frames, height, width = z.shape
+    ratio, t_ratio = vae.spatial_compression_ratio, vae.temporal_compression_ratio
+    min_frames = vae.tile_sample_min_num_frames // t_ratio
+    temporal = vae.use_framewise_decoding and frames > min_frames
+    spatial = width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
+    if not (temporal or spatial):
+        return None  # diffusers' _decode decodes it directly
+    if spatial:
+        grid = strided_decode_grid(vae, height, width, ratio)
+    else:
+        grid = _whole_grid(height, width, *_decoded(vae, z.shape)[-2:])
+    time = None
+    if temporal:
+        stride = vae.tile_sample_stride_num_frames // t_ratio
+        spans = tuple((i, min(i + min_frames + 1, frames)) for i in range(0, frames, stride))
+        blend = vae.tile_sample_min_num_frames - vae.tile_sample_stride_num_frames
+        keep, out_frames = vae.tile_sample_stride_num_frames, (frames - 1) * t_ratio + 1
+        time = TimeChunks(spans, lambda chunks: _merge_in_time(vae, chunks, blend, keep, out_frames))
+    return _ops(vae, z, grid, lambda tile: vae.decoder(vae.post_quant_conv(tile)), lambda s: _decoded(vae, s), time)
+
+
+def encode_tile_ops(vae, x):
+    """diffusers' `_encode` with tiling on: in time (`_temporal_tiled_encode`: sample chunks of
+    `tile_sample_min_num_frames + 1` frames every `tile_sample_stride_num_frames`) where framewise
+    encoding is on and the sample has more frames than `tile_sample_min_num_frames`; in space
+    (`tiled_encode`'s grid) where it is larger than one tile; None where neither."""
+    _, _, frames, height, width = x.shape
+    ratio, t_ratio = vae.spatial_compression_ratio, vae.temporal_compression_ratio
+    temporal = vae.use_framewise_encoding and frames > vae.tile_sample_min_num_frames
+    spatial = width > vae.tile_sample_min_width or height > vae.tile_sample_min_height
+    if not (temporal or spatial):
+        return None  # diffusers' _encode encodes it directly
+    if spatial:
+        grid = strided_encode_grid(vae, height, width, ratio)
+    else:
+        grid = _whole_grid(height, width, *_encoded(vae, x.shape)[-2:])
+    time = None
+    if temporal:
+        size, stride = vae.tile_sample_min_num_frames, vae.tile_sample_stride_num_frames
+        spans = tuple((i, min(i + size + 1, frames)) for i in range(0, frames, stride))
+        blend = size // t_ratio - stride // t_ratio
+        keep, out_frames = stride // t_ratio, (frames - 1) // t_ratio + 1
+        time = TimeChunks(spans, lambda chunks: _merge_in_time(vae, chunks, blend, keep, out_frames))
+    return _ops(vae, x, grid, lambda tile: vae.quant_conv(vae.encoder(tile)), lambda s: _encoded(vae, s), time)
+
+
+def _untiled(vae, fn):
+    """`fn()` with diffusers' tiling, slicing and framewise (temporal) tiling switched off."""
+    saved = vae.use_framewise_decoding, vae.use_framewise_encoding
+    vae.use_framewise_decoding = vae.use_framewise_encoding = False
+    try:
+        return with_tiling_off(vae, fn)
+    finally:
+        vae.use_framewise_decoding, vae.use_framewise_encoding = saved
+
+
+def untiled_decode(vae, z):
+    return _untiled(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+
+def untiled_encode(vae, x):
+    return _untiled(vae, lambda: vae._encode(x)).contiguous()
+
+
+# -- spatial shard ----------------------------------------------------------------------------------
+
+
+def install_layers(vae) -> None:
+    """Treatment by layer class, the whole VAE (encoder, decoder, quant convs).
+
+    HunyuanVideoCausalConv3d -> halo rows in place of its replicate padding on the sharded axis (its
+    child Conv3d is then unpadded and local); nn.GroupNorm -> whole-clip statistics;
+    HunyuanVideoMidBlock3D -> its attentions causal by frame without the mask (each must be plain
+    self-attention with AttnProcessor2_0 or AttnProcessor); the attention's Linear projections (per
+    token), 1x1x1 Conv3d, nearest upsampling by integer factors -> local. Any other layer could couple
+    rows in a way vaeshard does not know, so it is refused here, before anything is swapped, rather
+    than decoded wrongly.
+    """
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
+        HunyuanVideoCausalConv3d,
+        HunyuanVideoMidBlock3D,
+        HunyuanVideoUpsampleCausal3D,
+    )
+
+    swaps, inner = [], set()  # inner: children whose parent's treatment covers them
+    for name, module in vae.named_modules():
+        if module is vae:
+            continue
+        if isinstance(module, HunyuanVideoCausalConv3d):
+            _check_causal_conv(name, module)
+            inner.add(id(module.conv))
+            swaps.append((module, HaloReplicateCausalConv3d))
+        elif isinstance(module, nn.GroupNorm):
+            swaps.append((module, GlobalGroupNorm))
+        elif isinstance(module, HunyuanVideoMidBlock3D):
+            for k, attn in enumerate(module.attentions):
+                if attn is None:
+                    continue
+                why = unsupported_attention(attn) if isinstance(attn, Attention) else "not diffusers' Attention"
+                if why is not None:
+                    raise _refuse(f"{name}.attentions.{k}", attn, f"an attention vaeshard cannot shard: {why}")
+                inner.add(id(attn))
+                inner.update(id(m) for m in attn.modules() if isinstance(m, (nn.Linear, nn.Dropout, nn.ModuleList)))
+            swaps.append((module, FrameCausalMidBlock))
+        elif isinstance(module, HunyuanVideoUpsampleCausal3D):
+            factors = tuple(module.upsample_factor)
+            if any(float(f) != int(f) or f < 1 for f in factors) or factors[1] != factors[2]:
+                raise _refuse(name, module, f"an upsampler by {factors}, not integer and alike in height and width")
+        elif type(module) is nn.Conv3d:
+            if id(module) not in inner and (
+                module.kernel_size != (1, 1, 1) or module.stride != (1, 1, 1) or any(module.padding)
+            ):
+                raise _refuse(name, module, "a convolution other than 1x1x1")
+        elif id(module) in inner:
+            continue
+        elif type(module).__name__ not in _LOCAL and not is_swapped(module):
+            raise _refuse(name, module, "a layer vaeshard does not know")
+    for module, mixin in swaps:  # only after the whole model was accepted
+        swap(module, mixin)
+
+
+def _check_causal_conv(name: str, module) -> None:
+    conv = module.conv
+    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
+    _, kh, kw = conv.kernel_size
+    if (
+        module.pad_mode != "replicate"
+        or conv.dilation != (1, 1, 1)
+        or any(conv.padding)
+        or h_top + h_bottom != kh - 1
+        or w_left + w_right != kw - 1
+    ):
+        raise _refuse(name, module, "a causal convolution that is not undilated, replicate-padded 'same'")
+
+
+def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"vaeshard cannot shard this AutoencoderKLHunyuanVideo: {name} ({type(module).__name__}) is {what}. "
+        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+    )
+
+
+def uninstall_layers(vae) -> None:
+    for module in vae.modules():
+        unswap(module)
+
+
+def release(vae) -> None:
+    """The VAE keeps no feature cache between calls: nothing to drop."""
+
+
+_HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video:"
+
+
+class _HunyuanVideo(Family):
+    name = "hunyuanvideo"
+    classes = ("AutoencoderKLHunyuanVideo",)
+    mirrors = (
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo._decode",
+            "families/hunyuanvideo.py decode_tile_ops (when diffusers tiles in time and space)",
+            "a01a72ec30fead40",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo._encode",
+            "families/hunyuanvideo.py encode_tile_ops (when diffusers tiles in time and space)",
+            "ddd33a252ffa3384",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo.tiled_decode",
+            "families/hunyuanvideo.py decode_tile_ops (base.strided_decode_grid)",
+            "7b03fca15e588b2e",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo.tiled_encode",
+            "families/hunyuanvideo.py encode_tile_ops (base.strided_encode_grid)",
+            "3ccc216c9065ca37",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo._temporal_tiled_decode",
+            "families/hunyuanvideo.py decode_tile_ops (spans), _merge_in_time",
+            "bea359257447972e",
+        ),
+        Mirror(
+            _HV + "AutoencoderKLHunyuanVideo._temporal_tiled_encode",
+            "families/hunyuanvideo.py encode_tile_ops (spans), _merge_in_time",
+            "f73cacefd2b8f5e2",
+        ),
+        Mirror(
+            _HV + "HunyuanVideoCausalConv3d.forward",
+            "layers/replicate_conv.py HaloReplicateCausalConv3d.forward",
+            "45611c78196e07d8",
+        ),
+        Mirror(
+            _HV + "HunyuanVideoMidBlock3D.forward",
+            "layers/frame_causal_attention.py FrameCausalMidBlock.forward",
+            "867906b6a211ccf3",
+        ),
+        Mirror(
+            _HV + "prepare_causal_attention_mask",
+            "layers/frame_causal_attention.py frame_causal_attention (frame i sees frames 0..i)",
+            "6923366e09e9dd1c",
+        ),
+        Mirror(
+            "diffusers.models.attention_processor:AttnProcessor2_0.__call__",
+            "layers/frame_causal_attention.py attention_causal_by_frame",
+            "d5a292e89ccd77a2",
+        ),
+    )
+    latent_ndim = 5
+    spatial_decode = True
+    spatial_encode = True
+    latent_channels = staticmethod(latent_channels)
+    decode_tile_ops = staticmethod(decode_tile_ops)
+    encode_tile_ops = staticmethod(encode_tile_ops)
+    untiled_decode = staticmethod(untiled_decode)
+    untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
+    uninstall_layers = staticmethod(uninstall_layers)
+    release = staticmethod(release)
+
+    def spatial_ratio(self, vae) -> int:
+        ratio = 1
+        for up in _upsamplers(vae):
+            ratio *= int(up.upsample_factor[1])
+        return ratio
+
+
+FAMILY = _HunyuanVideo()

@@ -1,0 +1,339 @@
+"""Mochi 1 (diffusers `AutoencoderKLMochi`).
+
+Latents are 5-D (B, C, T, H, W), 8x spatial and 6x temporal compression in the real config (12
+latent channels). diffusers decodes a clip in one shot by default (`_decode` calls the decoder on the
+whole latent; frame-wise decoding is a private switch, `_enable_framewise_decoding`, which sets every
+causal convolution to the "constant" mode: in diffusers 0.42 it then loses its spatial padding and
+the decode fails, so vaeshard refuses such a VAE rather than decode it). `tile` is diffusers'
+`tiled_decode` / `tiled_encode` (one-shot tiles) cut into tiles spread over ranks, and a sharded
+request runs diffusers' `_decode` / `_encode` on each rank's rows with leaf layers swapped:
+
+- `CogVideoXCausalConv3d` in "replicate" mode (3x3x3 stride 1 in the resnets; the encoder's
+  downsamplers, kernel = stride = (t, 2, 2) without spatial padding): halo rows from the
+  neighbours, the edge row repeated at the global edges (layers/replicate_conv.py);
+- the nn.GroupNorm inside `MochiChunkedGroupNorm3D`: that norm runs the GroupNorm on chunks of
+  frames, each frame a sample of its own, so its statistics are per (frame, group); sharded, each
+  frame's sums are combined over the ranks (layers/norms.py GlobalGroupNorm, two all-reduces per
+  chunk) and diffusers' chunking is kept as it is;
+- per pixel and left as they are: SiLU, the 1x1x1 `conv_in`, the Linear projections (`proj_in`,
+  `proj_out`, the up blocks' `proj`), the Fourier features, and the up blocks' depth-to-space
+  rearrange (local: shards are whole latent rows);
+- the encoder's attention (`Attention` with `MochiVaeAttnProcessor2_0`): diffusers runs it over
+  the frames of each pixel (a batch of H*W sequences of T tokens, causal over frames), so it is
+  local to a pixel and sees exactly the frames diffusers' causal mask allows, sharded or not.
+
+The encoder is made of the same kinds of layer, so encode shards too. Every feature map is held
+by rows: no layer gathers one.
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..layers.norms import GlobalGroupNorm
+from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d
+from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.tile import TileOps
+from .base import Family, Mirror, strided_decode_grid, strided_encode_grid, with_tiling_off
+
+# Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in a
+# swapped child). The up blocks' depth-to-space rearrange is local too.
+_LOCAL = (
+    "MochiEncoder3D",
+    "MochiDecoder3D",
+    "MochiMidBlock3D",
+    "MochiDownBlock3D",
+    "MochiUpBlock3D",
+    "MochiResnetBlock3D",
+    "MochiChunkedGroupNorm3D",
+    "FourierFeatures",
+    "ModuleList",
+    "Linear",
+    "SiLU",
+    "Identity",
+    "Dropout",
+)
+
+
+def latent_channels(vae) -> int:
+    return vae.config.latent_channels
+
+
+def _causal_convs(vae):
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
+
+    return [(n, m) for n, m in vae.named_modules() if isinstance(m, CogVideoXCausalConv3d)]
+
+
+def check_one_shot(vae) -> None:
+    """ValueError for a VAE switched to frame-wise decoding or encoding (diffusers' private
+    `_enable_framewise_decoding` / `_enable_framewise_encoding`): its causal convolutions are then in
+    the "constant" mode, which diffusers 0.42 builds without spatial padding (its decode fails, and
+    its frame-wise encode raises NotImplementedError), so vaeshard does not run it."""
+    constant = [n for n, m in _causal_convs(vae) if m.pad_mode != "replicate"]
+    if vae.use_framewise_decoding or vae.use_framewise_encoding or constant:
+        where = f" ({constant[0]} has pad_mode {dict(_causal_convs(vae))[constant[0]].pad_mode!r})" if constant else ""
+        raise ValueError(
+            "vaeshard runs AutoencoderKLMochi's one-shot decode and encode only (diffusers' default); this VAE "
+            f"was switched to frame-wise decoding or encoding{where}, which diffusers' causal convolutions "
+            "do not support without their spatial padding. Build the VAE again without "
+            "_enable_framewise_decoding / _enable_framewise_encoding"
+        )
+
+
+# -- shapes ---------------------------------------------------------------------------------------
+
+
+def _decoded_shape(vae, s):
+    """A latent of shape `s` decoded: each up block multiplies frames, height and width by its
+    expansions; then diffusers drops the first `temporal_compression_ratio - 1` frames."""
+    frames, height, width = s[2], s[3], s[4]
+    for up in vae.decoder.up_blocks:
+        frames *= up.temporal_expansion
+        height *= up.spatial_expansion
+        width *= up.spatial_expansion
+    if vae.drop_last_temporal_frames and frames >= vae.temporal_compression_ratio:
+        frames -= vae.temporal_compression_ratio - 1
+    return (s[0], vae.decoder.proj_out.out_features, frames, height, width)
+
+
+def _encoded_shape(vae, s):
+    """A sample of shape `s` encoded: each down block's causal convolution (time padded in front by
+    kernel - 1), then the moments (2 x latent channels) of `proj_out`."""
+    frames, height, width = s[2], s[3], s[4]
+    for down in vae.encoder.down_blocks:
+        conv = down.conv_in
+        (kt, kh, kw), (st, sh, sw) = conv.conv.kernel_size, conv.conv.stride
+        w_left, w_right, h_top, h_bottom, t_front, t_back = conv.time_causal_padding
+        frames = (frames + t_front + t_back - kt) // st + 1
+        height = (height + h_top + h_bottom - kh) // sh + 1
+        width = (width + w_left + w_right - kw) // sw + 1
+    return (s[0], vae.encoder.proj_out.out_features, frames, height, width)
+
+
+# -- tile -----------------------------------------------------------------------------------------
+
+
+def _decode_tile(vae, tile):
+    """diffusers' `tiled_decode` loop body for one tile (one-shot): the decoder, then the first
+    frames dropped."""
+    time, _ = vae.decoder(tile)
+    if vae.drop_last_temporal_frames and time.size(2) >= vae.temporal_compression_ratio:
+        time = time[:, :, vae.temporal_compression_ratio - 1 :]
+    return time
+
+
+def decode_tile_ops(vae, z):
+    """diffusers' `tiled_decode`: latent tiles of `tile_sample_min_* // ratio` every
+    `tile_sample_stride_* // ratio`, blended over the sample tile less its stride, cut to the stride,
+    the result cropped to the latent times the ratio."""
+    check_one_shot(vae)
+    _, _, _, height, width = z.shape
+    ratio = vae.spatial_compression_ratio
+    if not (width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio):
+        return None  # diffusers' _decode does not tile this latent
+    return TileOps(
+        grid=strided_decode_grid(vae, height, width, ratio),
+        source=z,
+        run=lambda tile: _decode_tile(vae, tile),
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=lambda s: _decoded_shape(vae, s),
+        out_dtype=z.dtype,
+    )
+
+
+def encode_tile_ops(vae, x):
+    """diffusers' `tiled_encode`: sample tiles of `tile_sample_min_*` every `tile_sample_stride_*`,
+    blended over the latent tile less its stride, cut to the stride, cropped to the sample over the
+    ratio."""
+    check_one_shot(vae)
+    _, _, _, height, width = x.shape
+    if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+        return None  # diffusers' _encode does not tile this sample
+    return TileOps(
+        grid=strided_encode_grid(vae, height, width, vae.spatial_compression_ratio),
+        source=x,
+        run=lambda tile: vae.encoder(tile)[0],
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=lambda s: _encoded_shape(vae, s),
+        out_dtype=x.dtype,
+    )
+
+
+def untiled_decode(vae, z):
+    check_one_shot(vae)
+    return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+
+def untiled_encode(vae, x):
+    check_one_shot(vae)
+    return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
+
+
+# -- spatial shard --------------------------------------------------------------------------------
+
+
+def install_layers(vae) -> None:
+    """Treatment by layer class, encoder and decoder.
+
+    CogVideoXCausalConv3d ("replicate" mode) -> halo rows in place of its replicate padding on the
+    sharded axis (its child convolution is unpadded); nn.GroupNorm (inside MochiChunkedGroupNorm3D,
+    per frame) -> statistics combined over the ranks; Attention (over each pixel's frames) -> local;
+    a 1x1x1 nn.Conv3d, Linear, SiLU, Fourier features -> local. Any other layer could couple rows in
+    a way vaeshard does not know, so it is refused here, before anything is swapped, rather than
+    decoded wrongly.
+    """
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
+
+    check_one_shot(vae)
+    swaps = []
+    for part in ("encoder", "decoder"):
+        inside_causal, inside_attention = set(), []
+        for name, module in getattr(vae, part).named_modules():
+            where = f"{part}.{name}"
+            if any(name.startswith(prefix) for prefix in inside_attention):
+                continue  # the attention's projections and q/k norms act on its per-pixel sequences
+            if isinstance(module, CogVideoXCausalConv3d):
+                _check_causal_conv(where, module)
+                inside_causal.add(id(module.conv))
+                swaps.append((module, HaloReplicateCachedCausalConv3d))
+            elif id(module) in inside_causal:
+                continue  # the unpadded child convolution, run by the swapped parent
+            elif type(module) is nn.GroupNorm:
+                swaps.append((module, GlobalGroupNorm))
+            elif isinstance(module, Attention):
+                if (
+                    getattr(module, "is_cross_attention", False)
+                    or getattr(module, "spatial_norm", None) is not None
+                    or getattr(module, "added_kv_proj_dim", None) is not None
+                ):
+                    raise _refuse(where, module, "attention with a spatial norm or cross/added keys")
+                inside_attention.append(name + ".")
+            elif type(module) is nn.Conv3d:
+                if module.kernel_size != (1, 1, 1) or module.stride != (1, 1, 1) or any(module.padding):
+                    raise _refuse(where, module, "a convolution other than 1x1x1")
+            elif type(module).__name__ not in _LOCAL and not is_swapped(module):
+                raise _refuse(where, module, "a layer vaeshard does not know")
+    for module, mixin in swaps:  # only after the whole model was accepted
+        swap(module, mixin)
+
+
+def _check_causal_conv(name: str, module) -> None:
+    """Replicate-padded, unpadded child, and along each spatial axis kernel - padding = stride (a
+    stride-1 'same' convolution, or a patchify with kernel = stride and no padding)."""
+    conv = module.conv
+    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
+    _, kh, kw = conv.kernel_size
+    _, sh, sw = conv.stride
+    if (
+        module.pad_mode != "replicate"
+        or any(conv.padding)
+        or conv.dilation[1:] != (1, 1)
+        or kh - h_top - h_bottom != sh
+        or kw - w_left - w_right != sw
+    ):
+        raise _refuse(
+            name, module, "a causal convolution that is not replicate-padded 'same' (or an unpadded kernel = stride)"
+        )
+
+
+def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
+    return ValueError(
+        f"vaeshard cannot shard this AutoencoderKLMochi: {name} ({type(module).__name__}) is {what}. "
+        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+    )
+
+
+def uninstall_layers(vae) -> None:
+    for module in vae.modules():
+        unswap(module)
+
+
+def release(vae) -> None:
+    """The one-shot decode keeps no feature cache between calls: nothing to drop."""
+
+
+_M = "diffusers.models.autoencoders.autoencoder_kl_mochi:"
+_COG = "diffusers.models.autoencoders.autoencoder_kl_cogvideox:"
+
+
+class _Mochi(Family):
+    name = "mochi"
+    classes = ("AutoencoderKLMochi",)
+    mirrors = (
+        Mirror(
+            _M + "AutoencoderKLMochi._decode",
+            "families/mochi.py decode_tile_ops (when diffusers tiles), _decoded_shape (frames dropped)",
+            "404f79215d20c1f0",
+        ),
+        Mirror(
+            _M + "AutoencoderKLMochi._encode",
+            "families/mochi.py encode_tile_ops (when diffusers tiles)",
+            "b3e4dbfdb9a8028b",
+        ),
+        Mirror(
+            _M + "AutoencoderKLMochi.tiled_decode",
+            "families/mochi.py decode_tile_ops, _decode_tile",
+            "cf2a6d6b8dd004b3",
+        ),
+        Mirror(_M + "AutoencoderKLMochi.tiled_encode", "families/mochi.py encode_tile_ops", "20f412a2903f327f"),
+        Mirror(
+            _M + "AutoencoderKLMochi._enable_framewise_decoding",
+            "families/mochi.py check_one_shot (the switch sets pad_mode 'constant')",
+            "90b5600501920c4e",
+        ),
+        Mirror(
+            _M + "MochiUpBlock3D.forward",
+            "families/mochi.py _decoded_shape; depth-to-space kept local",
+            "aa044c20321c63b9",
+        ),
+        Mirror(_M + "MochiDecoder3D.forward", "families/mochi.py _decoded_shape (output channels)", "ef4c4b601c7f247d"),
+        Mirror(
+            _M + "MochiEncoder3D.forward", "families/mochi.py _encoded_shape (moments of proj_out)", "37bfa7d19e337c14"
+        ),
+        Mirror(
+            _M + "MochiChunkedGroupNorm3D.forward",
+            "families/mochi.py install_layers (per-frame GroupNorm chunks: GlobalGroupNorm on each)",
+            "15e1b1ffbfad5413",
+        ),
+        Mirror(
+            _M + "MochiDownBlock3D.forward",
+            "families/mochi.py install_layers (attention over each pixel's frames: local)",
+            "2ff2c963ceed8f89",
+        ),
+        Mirror(
+            _COG + "CogVideoXCausalConv3d.forward",
+            "layers/replicate_conv.py HaloReplicateCachedCausalConv3d.forward",
+            "bae9401dabb7f044",
+        ),
+        Mirror(
+            _COG + "CogVideoXCausalConv3d.fake_context_parallel_forward",
+            "layers/replicate_conv.py HaloReplicateCachedCausalConv3d.forward (replicate padding)",
+            "ef6a7f17d4baf334",
+        ),
+    )
+    latent_ndim = 5
+    spatial_decode = True
+    spatial_encode = True
+    latent_channels = staticmethod(latent_channels)
+    decode_tile_ops = staticmethod(decode_tile_ops)
+    encode_tile_ops = staticmethod(encode_tile_ops)
+    untiled_decode = staticmethod(untiled_decode)
+    untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
+    uninstall_layers = staticmethod(uninstall_layers)
+    release = staticmethod(release)
+
+    def spatial_ratio(self, vae) -> int:
+        ratio = 1
+        for up in vae.decoder.up_blocks:
+            ratio *= up.spatial_expansion
+        return ratio
+
+
+FAMILY = _Mochi()
