@@ -128,7 +128,11 @@ class Family(ABC):
         whose layers cannot be sharded (the caller then undoes any swap made)."""
 
     def uninstall_layers(self, vae) -> None:
-        """Undo `install_layers`."""
+        """Undo `install_layers`: by default every swapped module of the VAE gets its class back."""
+        from ..runtime.swap import unswap
+
+        for module in vae.modules():
+            unswap(module)
 
     def release(self, vae) -> None:
         """Drop request scratch the model keeps between calls (e.g. feature caches)."""
@@ -233,6 +237,15 @@ def strided_encode_grid(vae, rows: int, cols: int, ratio: int) -> TileGrid:
     )
 
 
+def refusal(vae_class: str, where: str, module, what: str) -> ValueError:
+    """The error a family's `install_layers` raises, before swapping anything, for a layer `where` it
+    cannot shard: a wrong decode would be worse than a refusal."""
+    return ValueError(
+        f"vaeshard cannot shard this {vae_class}: {where} ({type(module).__name__}) is {what}. "
+        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+    )
+
+
 def frames_out(num_frames: int, temporal_factor: int) -> int:
     """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
     return 1 + (num_frames - 1) * temporal_factor if num_frames > 0 else 0
@@ -257,6 +270,7 @@ __all__ = [
     "frames_out",
     "inputs_of_sample",
     "passing_inputs",
+    "refusal",
     "request_inputs",
     "source_hash",
     "strided_decode_grid",

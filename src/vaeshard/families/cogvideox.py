@@ -38,9 +38,9 @@ from ..layers.cached_causal_conv import HaloSafeConv3d
 from ..layers.convs import HaloConv2d
 from ..layers.inline_pad_conv import HaloInlinePadConv2d
 from ..layers.norms import GlobalGroupNorm
-from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, concat_extent, with_tiling_off
+from .base import Family, Mirror, concat_extent, refusal, with_tiling_off
 
 # containers and per-pixel leaves (their coupling, if any, is in a child treated by class below)
 _LOCAL = (
@@ -299,19 +299,7 @@ def _check_pointwise(name: str, conv) -> None:
 
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return ValueError(
-        f"vaeshard cannot shard this AutoencoderKLCogVideoX: {name} ({type(module).__name__}) is {what}. "
-        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
-    )
-
-
-def uninstall_layers(vae) -> None:
-    for module in vae.modules():
-        unswap(module)
-
-
-def release(vae) -> None:
-    """The conv caches live inside one `_decode` / `_encode` call: nothing to drop."""
+    return refusal("AutoencoderKLCogVideoX", name, module, what)
 
 
 _COG = "diffusers.models.autoencoders.autoencoder_kl_cogvideox:"
@@ -381,8 +369,6 @@ class _CogVideoX(Family):
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)
-    uninstall_layers = staticmethod(uninstall_layers)
-    release = staticmethod(release)
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** len(_upsamplers(vae))

@@ -39,9 +39,9 @@ import torch.nn as nn
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
 from ..layers.norms import GlobalGroupNorm
 from ..layers.replicate_conv import HaloReplicateCausalConv3d
-from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
-from .base import Family, Mirror, frames_out, strided_decode_grid, strided_encode_grid, with_tiling_off
+from .base import Family, Mirror, frames_out, refusal, strided_decode_grid, strided_encode_grid, with_tiling_off
 
 # Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in a
 # swapped child). The upsamplers' nearest interpolation is local too (checked: integer factors).
@@ -283,19 +283,7 @@ def _check_causal_conv(name: str, module) -> None:
 
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return ValueError(
-        f"vaeshard cannot shard this AutoencoderKLHunyuanVideo: {name} ({type(module).__name__}) is {what}. "
-        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
-    )
-
-
-def uninstall_layers(vae) -> None:
-    for module in vae.modules():
-        unswap(module)
-
-
-def release(vae) -> None:
-    """The VAE keeps no feature cache between calls: nothing to drop."""
+    return refusal("AutoencoderKLHunyuanVideo", name, module, what)
 
 
 _HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video:"
@@ -365,8 +353,6 @@ class _HunyuanVideo(Family):
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)
-    uninstall_layers = staticmethod(uninstall_layers)
-    release = staticmethod(release)
 
     def spatial_ratio(self, vae) -> int:
         ratio = 1

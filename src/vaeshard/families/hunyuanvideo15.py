@@ -22,9 +22,9 @@ import torch.nn as nn
 
 from ..layers.frame_causal_attention import FrameCausalAttention
 from ..layers.replicate_conv import HaloReplicateCausalConv3d
-from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, concat_extent, frames_out, with_tiling_off
+from .base import Family, Mirror, concat_extent, frames_out, refusal, with_tiling_off
 
 # Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in
 # a swapped child). The up/downsamplers' rearranges and channel shortcuts are local too.
@@ -220,19 +220,7 @@ def _check_causal_conv(name: str, module) -> None:
 
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return ValueError(
-        f"vaeshard cannot shard this AutoencoderKLHunyuanVideo15: {name} ({type(module).__name__}) is {what}. "
-        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
-    )
-
-
-def uninstall_layers(vae) -> None:
-    for module in vae.modules():
-        unswap(module)
-
-
-def release(vae) -> None:
-    """The VAE keeps no feature cache between calls: nothing to drop."""
+    return refusal("AutoencoderKLHunyuanVideo15", name, module, what)
 
 
 _HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:"
@@ -287,8 +275,6 @@ class _HunyuanVideo15(Family):
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)
-    uninstall_layers = staticmethod(uninstall_layers)
-    release = staticmethod(release)
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** len(_ups(vae))

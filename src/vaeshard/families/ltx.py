@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from ..layers.halo_conv3d import PADDING_MODES, HaloConv3d
 from ..layers.noise_slice import NoiseSliceResnet
-from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileOps
 from .base import Family, Mirror, request_inputs, strided_decode_grid, strided_encode_grid, with_tiling_off
 
@@ -240,10 +240,6 @@ class LTXLike(Family):
                     raise _refuse(part_name, name, module, "a layer vaeshard does not know")
         for module, mixin in swaps:
             swap(module, mixin)
-
-    def uninstall_layers(self, vae) -> None:
-        for module in vae.modules():
-            unswap(module)
 
 
 def _is_causal(conv) -> bool:

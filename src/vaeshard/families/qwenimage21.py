@@ -25,7 +25,7 @@ import torch.nn as nn
 from ..layers.attention import WholeFrameAttention
 from ..layers.convs import HaloConv2d, HaloZeroPad2d
 from ..layers.halo_frame import HaloFrameConv2d
-from ..runtime.swap import is_swapped, swap, unswap
+from ..runtime.swap import is_swapped, swap
 from .base import Family, Mirror, with_tiling_off
 from .wan import WanLike
 
@@ -202,10 +202,6 @@ class _QwenImage21(WanLike):
         and values for the attention; decoder and encoder. Every layer is checked before any swap."""
         for module, mixin in _treatments(vae):
             swap(module, mixin)
-
-    def uninstall_layers(self, vae) -> None:
-        for module in vae.modules():
-            unswap(module)
 
     def decode_axis(self, vae, ranks, device):
         return None  # not measured: auto's baseline rule (the longer axis)
