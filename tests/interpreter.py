@@ -36,6 +36,29 @@ def run(script: str, timeout: float) -> subprocess.CompletedProcess:
     )
 
 
+def run_together(scripts: dict[str, str], timeout: float) -> dict[str, subprocess.CompletedProcess]:
+    """`run` of several scripts at once, each its own process (the interpreter runs one Python
+    thread: two scripts use two cores), every one bounded by `timeout` seconds; by name."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+        for name, script in scripts.items()
+    }
+    results = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=timeout)
+            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return results
+
+
 def for_model_decodes() -> None:
     """The settings above, in a process that runs the interpreter (call before the first launch)."""
     from vaeshard.kernels import norm, triton_support

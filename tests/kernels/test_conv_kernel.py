@@ -158,9 +158,16 @@ KERNEL_VALUES = textwrap.dedent(
 )
 
 
-def test_conv_kernel_values_through_the_interpreter():
+@pytest.fixture(scope="module")
+def interpreted():
+    """This module's two interpreter scripts, run at once (one core each) the first time either is
+    needed: {"values": ..., "model": ...} completed processes."""
     pytest.importorskip("triton")
-    run = interpreter.run(KERNEL_VALUES, timeout=240)
+    return interpreter.run_together({"values": KERNEL_VALUES, "model": MODEL_THROUGH_CONV_KERNEL}, timeout=280)
+
+
+def test_conv_kernel_values_through_the_interpreter(interpreted):
+    run = interpreted["values"]
     assert run.returncode == 0 and "conv kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -270,13 +277,12 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
 )
 
 
-def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
+def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu(interpreted):
     # Wan's decoder (and encoder) with its 32-channel convolutions on the Triton kernel (the interpreter,
     # fp16), within the half-precision tolerance (tests/parity.py) of diffusers' fp32 decode (encode), rows the
     # row tiles do not fit taken by the wrapping tiles through zero columns, and none of them with
     # triton_convs=False
-    pytest.importorskip("triton")
-    run = interpreter.run(MODEL_THROUGH_CONV_KERNEL, timeout=280)
+    run = interpreted["model"]
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 
