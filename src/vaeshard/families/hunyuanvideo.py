@@ -38,7 +38,7 @@ import torch.nn as nn
 
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
 from ..layers.norms import GlobalGroupNorm
-from ..layers.replicate_conv import HaloReplicateCausalConv3d
+from ..layers.replicate_conv import HaloReplicateCausalConv3d, replicate_causal_problem
 from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
 from .base import Family, Mirror, frames_out, refusal, strided_decode_grid, strided_encode_grid, with_tiling_off
@@ -269,17 +269,9 @@ def install_layers(vae) -> None:
 
 
 def _check_causal_conv(name: str, module) -> None:
-    conv = module.conv
-    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
-    _, kh, kw = conv.kernel_size
-    if (
-        module.pad_mode != "replicate"
-        or conv.dilation != (1, 1, 1)
-        or any(conv.padding)
-        or h_top + h_bottom != kh - 1
-        or w_left + w_right != kw - 1
-    ):
-        raise _refuse(name, module, "a causal convolution that is not undilated, replicate-padded 'same'")
+    problem = replicate_causal_problem(module)
+    if problem:
+        raise _refuse(name, module, problem)
 
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:

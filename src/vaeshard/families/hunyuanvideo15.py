@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..layers.frame_causal_attention import FrameCausalAttention
-from ..layers.replicate_conv import HaloReplicateCausalConv3d
+from ..layers.replicate_conv import HaloReplicateCausalConv3d, replicate_causal_problem
 from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileGrid, TileOps
 from .base import Family, Mirror, concat_extent, frames_out, refusal, with_tiling_off
@@ -205,18 +205,11 @@ def install_layers(vae) -> None:
 
 
 def _check_causal_conv(name: str, module) -> None:
-    conv = module.conv
-    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
-    _, kh, kw = conv.kernel_size
-    if (
-        module.pad_mode != "replicate"
-        or conv.stride != (1, 1, 1)
-        or conv.dilation != (1, 1, 1)
-        or any(conv.padding)
-        or h_top + h_bottom != kh - 1
-        or w_left + w_right != kw - 1
-    ):
-        raise _refuse(name, module, "a causal convolution that is not stride-1, undilated, replicate-padded 'same'")
+    if module.conv.stride != (1, 1, 1):
+        raise _refuse(name, module, "a strided causal convolution (its encoder downsamples by pixel unshuffle)")
+    problem = replicate_causal_problem(module)
+    if problem:
+        raise _refuse(name, module, problem)
 
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 from ..layers.norms import GlobalGroupNorm
-from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d
+from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d, replicate_causal_problem
 from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileOps
 from .base import Family, Mirror, refusal, strided_decode_grid, strided_encode_grid, with_tiling_off
@@ -224,22 +224,9 @@ def install_layers(vae) -> None:
 
 
 def _check_causal_conv(name: str, module) -> None:
-    """Replicate-padded, unpadded child, and along each spatial axis kernel - padding = stride (a
-    stride-1 'same' convolution, or a patchify with kernel = stride and no padding)."""
-    conv = module.conv
-    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
-    _, kh, kw = conv.kernel_size
-    _, sh, sw = conv.stride
-    if (
-        module.pad_mode != "replicate"
-        or any(conv.padding)
-        or conv.dilation[1:] != (1, 1)
-        or kh - h_top - h_bottom != sh
-        or kw - w_left - w_right != sw
-    ):
-        raise _refuse(
-            name, module, "a causal convolution that is not replicate-padded 'same' (or an unpadded kernel = stride)"
-        )
+    problem = replicate_causal_problem(module)
+    if problem:
+        raise _refuse(name, module, problem)
 
 
 def _refuse(name: str, module: nn.Module, what: str) -> ValueError:

@@ -70,6 +70,23 @@ class HaloReplicateCachedCausalConv3d(HaloReplicateCausalConv3d):
         return self._sharded_forward(ctx, inputs), None
 
 
+def replicate_causal_problem(module) -> str | None:
+    """What keeps this mixin from sharding `module` exactly, or None: it must pad by replication,
+    its child must not pad itself nor be dilated in space, and along each spatial axis the padding
+    must be 'same' (kernel - 1, any stride) or kernel - stride (a patchify: kernel = stride, none)."""
+    conv = module.conv
+    w_left, w_right, h_top, h_bottom = module.time_causal_padding[:4]
+    if module.pad_mode != "replicate":
+        return f"a causal convolution padding in mode {module.pad_mode!r}, not 'replicate'"
+    if any(conv.padding) or conv.dilation[1:] != (1, 1):
+        return "a causal convolution whose child pads itself or is dilated in space"
+    spatial = zip(conv.kernel_size[1:], conv.stride[1:], (h_top + h_bottom, w_left + w_right))
+    for k, stride, pads in spatial:
+        if pads != k - 1 and k - pads != stride:
+            return "a causal convolution padded neither 'same' nor as a patchify (kernel - padding = stride)"
+    return None
+
+
 def replicate_halo(ctx, x: torch.Tensor, before: int, after: int) -> torch.Tensor:
     """`x` extended along the sharded axis by `before` rows of the previous rank and `after` of the
     next; at the global edges the edge row repeated instead (what replicate padding gives there)."""
