@@ -6,8 +6,12 @@ with the same seed; `output_type="latent"` gives every rank the same latents (ch
 pipeline with its plain VAE and `output_type="pt"`: diffusers' own decode, the reference. Then the VAE is
 parallelized and the same pipeline call decodes through vaeshard, so what is tested is the pipeline's own call
 into `vae.decode`, with whatever it passes (LTX's decode timestep and noise, Qwen-Image 2.1's one-frame 5-D
-latents, FLUX.2's batch-norm-denormalized latents). spatial shard: within CPU_FP32 (RMS-norm families) or
-CPU_FP32_GROUPNORM (FLUX.2) of it; tile, where the pipeline's VAE has tiling enabled: bit-identical.
+latents, FLUX.2's batch-norm-denormalized latents, CogVideoX's frames-first latents, Mochi's latents
+denormalized with latents_mean / latents_std). spatial shard: within CPU_FP32 (RMS-norm families) or
+CPU_FP32_GROUPNORM (FLUX.2, HunyuanVideo, CogVideoX, Mochi) of it; tile, where the pipeline's VAE has tiling
+enabled: bit-identical. HunyuanVideo's latents are 2 frames: above 4 latent frames diffusers' default decode is
+tiled in time and vaeshard's spatial modes compare with its untiled decode instead; at 2 they are one and the
+same, so the reference here is diffusers' default decode itself.
 
 All classes run in one launch on the shared 2-rank pool (starting ranks is the expensive part); each class's
 outcome is its own test.
@@ -276,11 +280,141 @@ def _ltx2():
     return pipe, call, "frames"
 
 
+def _hunyuanvideo():
+    from diffusers import FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline, HunyuanVideoTransformer3DModel
+
+    from .models import BUILDERS
+
+    vae = BUILDERS["hunyuanvideo"]()  # 8x spatial, 4x temporal: the real ratios, which the pipeline reads off it
+    torch.manual_seed(0)
+    transformer = HunyuanVideoTransformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        text_embed_dim=16,
+        pooled_projection_dim=8,
+        rope_axes_dim=(4, 6, 6),
+    )
+    pipe = HunyuanVideoPipeline(
+        text_encoder=None,
+        tokenizer=None,
+        transformer=transformer.eval(),
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        text_encoder_2=None,
+        tokenizer_2=None,
+    )
+    g = torch.Generator().manual_seed(5)
+    call = dict(
+        prompt_embeds=torch.randn(1, 4, 16, generator=g),
+        pooled_prompt_embeds=torch.randn(1, 8, generator=g),
+        prompt_attention_mask=torch.ones(1, 4, dtype=torch.long),
+        height=32,
+        width=48,
+        num_frames=5,
+    )  # latents of 2 frames (<= 4: diffusers' default decode is not tiled in time), 4 x 6 rows
+    return pipe, call, "frames"
+
+
+def _cogvideox():
+    from diffusers import CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
+
+    from .models import BUILDERS
+
+    vae = BUILDERS["cogvideox"]()
+    torch.manual_seed(0)
+    transformer = CogVideoXTransformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=8,
+        in_channels=4,
+        out_channels=4,
+        time_embed_dim=8,
+        text_embed_dim=16,
+        num_layers=1,
+        sample_width=8,
+        sample_height=6,
+        sample_frames=3,
+        temporal_compression_ratio=2,
+        max_text_seq_length=4,
+    )
+    pipe = CogVideoXPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        vae=vae,
+        transformer=transformer.eval(),
+        scheduler=CogVideoXDDIMScheduler(),
+    )
+    # the pipeline's latent grid is the VAE's own: 2 ** (levels - 1) spatial (4x for the tiny VAE's three
+    # levels), its config's temporal_compression_ratio (2x)
+    call = dict(prompt_embeds=_embeds(1, 4, 16), height=24, width=32, num_frames=3, guidance_scale=1.0)
+    return pipe, call, "frames"  # latents of 2 frames, 6 x 8 rows
+
+
+def _mochi():
+    from diffusers import FlowMatchEulerDiscreteScheduler, MochiPipeline, MochiTransformer3DModel
+
+    from .models import BUILDERS
+
+    # 12 latent channels: the pipeline denormalizes with latents_mean / latents_std viewed as 12 channels
+    g = torch.Generator().manual_seed(6)
+    vae = BUILDERS["mochi"](
+        latent_channels=12,
+        latents_mean=tuple((0.1 * torch.randn(12, generator=g)).tolist()),
+        latents_std=tuple((1.0 + 0.1 * torch.rand(12, generator=g)).tolist()),
+    )
+    torch.manual_seed(0)
+    transformer = MochiTransformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        num_layers=1,
+        pooled_projection_dim=16,
+        in_channels=12,
+        text_embed_dim=16,
+        time_embed_dim=8,
+        max_sequence_length=4,
+    )
+    pipe = MochiPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        transformer=transformer.eval(),
+    )
+    # the pipeline hard-codes the real VAE's 8x spatial and 6x temporal compression, which the tiny VAE keeps
+    call = dict(
+        prompt_embeds=_embeds(1, 4, 16),
+        prompt_attention_mask=torch.ones(1, 4, dtype=torch.long),
+        height=32,
+        width=48,
+        num_frames=7,
+        guidance_scale=1.0,
+    )  # latents of 2 frames, 4 x 6 rows
+    return pipe, call, "frames"
+
+
 def _enable_tiling(vae):
     """Tiles a few latent rows wide, so the pipelines' small latents make several."""
-    if type(vae).__name__ == "AutoencoderKLFlux2":
+    name = type(vae).__name__
+    if name == "AutoencoderKLFlux2":
         vae.enable_tiling()
         vae.tile_sample_min_size, vae.tile_latent_min_size, vae.tile_overlap_factor = 16, 8, 0.25
+    elif name == "AutoencoderKLHunyuanVideo":  # tests/models.py's tiles: 32 pixels (4 latent rows) every 24
+        vae.enable_tiling()
+    elif name == "AutoencoderKLCogVideoX":
+        # 24 x 20-pixel tiles (6 x 5 latent rows) every 5 x 4 latent rows: diffusers' default overlaps (a sixth, a
+        # fifth) with sizes whose latent and sample strides agree (diffusers' tiled decode is the wrong size else)
+        vae.enable_tiling(tile_sample_min_height=24, tile_sample_min_width=20)
+    elif name == "AutoencoderKLMochi":  # 32-pixel tiles (4 latent rows) every 24
+        vae.enable_tiling(
+            tile_sample_min_height=32,
+            tile_sample_min_width=32,
+            tile_sample_stride_height=24,
+            tile_sample_stride_width=24,
+        )
     else:  # LTX-Video: 96-pixel tiles (3 latent rows) every 64
         size, stride = 96, 64
         vae.enable_tiling(
@@ -298,6 +432,9 @@ CASES = {
     "AutoencoderKLHunyuanVideo15": (_hunyuanvideo15, "spatial_shard_width", CPU_FP32, False),
     "AutoencoderKLLTXVideo": (_ltx, "spatial_shard_width", CPU_FP32, True),
     "AutoencoderKLLTX2Video": (_ltx2, "spatial_shard_height", CPU_FP32, False),
+    "AutoencoderKLHunyuanVideo": (_hunyuanvideo, "spatial_shard_height", CPU_FP32_GROUPNORM, True),
+    "AutoencoderKLCogVideoX": (_cogvideox, "spatial_shard_width", CPU_FP32_GROUPNORM, True),
+    "AutoencoderKLMochi": (_mochi, "spatial_shard_width", CPU_FP32_GROUPNORM, True),
 }
 
 
