@@ -22,8 +22,8 @@ from ..layers.attention import WholeImageAttention
 from ..layers.convs import HaloConv2d
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.swap import is_swapped, swap, unswap
-from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, concat_extent, with_tiling_off
+from ..runtime.tile import TileOps
+from .base import Family, Mirror, concatenated_tile_ops, with_tiling_off
 
 # Leaf or container classes of the decoder whose forward is local to a slice of rows, or whose
 # coupling is handled by a swapped child (ResnetBlock2D's GroupNorms and convs, Upsample2D's conv).
@@ -78,35 +78,19 @@ def _tile_ops(vae, x, tile_in: int, tile_out: int, scale_out, run, channels: int
     """diffusers' square tile grid over `x`: tiles of `tile_in` every `(1 - overlap) * tile_in`,
     blended over `overlap * tile_out` and cut to the rest; `scale_out` maps an input extent to the
     finished tile's extent."""
-    height, width = x.shape[-2:]
     stride = int(tile_in * (1 - vae.tile_overlap_factor))
     blend = int(tile_out * vae.tile_overlap_factor)
     keep = tile_out - blend
-    rows = [(h, min(h + tile_in, height)) for h in range(0, height, stride)]
-    cols = [(w, min(w + tile_in, width)) for w in range(0, width, stride)]
-    grid = TileGrid.regular(
-        height,
-        width,
-        tile_in,
-        tile_in,
-        stride,
-        stride,
-        blend_rows=blend,
-        blend_cols=blend,
-        keep_rows=keep,
-        keep_cols=keep,
-        out_rows=concat_extent(rows, keep, scale_out),
-        out_cols=concat_extent(cols, keep, scale_out),
-    )
-    return TileOps(
-        grid=grid,
-        source=x,
-        run=run,
-        blend_v=vae.blend_v,
-        blend_h=vae.blend_h,
-        finish=lambda merged: merged,
-        out_shape=lambda s: (s[0], channels, scale_out(s[2]), scale_out(s[3])),
-        out_dtype=x.dtype,
+    return concatenated_tile_ops(
+        vae,
+        x,
+        (tile_in, tile_in),
+        (stride, stride),
+        (blend, blend),
+        (keep, keep),
+        scale_out,
+        run,
+        lambda s: (s[0], channels, scale_out(s[2]), scale_out(s[3])),
     )
 
 

@@ -192,6 +192,40 @@ def concat_extent(tiles_along, keep: int, scale_out) -> int:
     return sum(min(keep, scale_out(t1 - t0)) for t0, t1 in tiles_along)
 
 
+def concatenated_tile_ops(vae, x, tile, stride, blend, keep, scale_out, run, out_shape) -> TileOps:
+    """diffusers' tiled loop of the VAEs that concatenate their blended tiles without a final crop
+    (AutoencoderKL, HunyuanVideo 1.5, CogVideoX): tiles of `tile` every `stride` over `x`'s last two
+    axes, blended with the VAE's `blend_v` / `blend_h` over `blend` and cut to `keep` (each a (rows,
+    cols) pair); `scale_out` maps an input extent to a finished tile's, `run` decodes (encodes) one."""
+    height, width = x.shape[-2:]
+    rows = [(h, min(h + tile[0], height)) for h in range(0, height, stride[0])]
+    cols = [(w, min(w + tile[1], width)) for w in range(0, width, stride[1])]
+    grid = TileGrid.regular(
+        height,
+        width,
+        tile[0],
+        tile[1],
+        stride[0],
+        stride[1],
+        blend_rows=blend[0],
+        blend_cols=blend[1],
+        keep_rows=keep[0],
+        keep_cols=keep[1],
+        out_rows=concat_extent(rows, keep[0], scale_out),
+        out_cols=concat_extent(cols, keep[1], scale_out),
+    )
+    return TileOps(
+        grid=grid,
+        source=x,
+        run=run,
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=out_shape,
+        out_dtype=x.dtype,
+    )
+
+
 def strided_decode_grid(vae, rows: int, cols: int, ratio: int, patch: int = 1) -> TileGrid:
     """The decode grid of diffusers' video VAEs that tile by sample size and stride (Wan, Qwen-Image,
     LTX; their `tiled_decode`): latent tiles of `tile_sample_min_* // ratio` every
@@ -267,6 +301,7 @@ __all__ = [
     "Mirror",
     "TileOps",
     "concat_extent",
+    "concatenated_tile_ops",
     "frames_out",
     "inputs_of_sample",
     "passing_inputs",

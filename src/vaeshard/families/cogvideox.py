@@ -39,8 +39,8 @@ from ..layers.convs import HaloConv2d
 from ..layers.inline_pad_conv import HaloInlinePadConv2d
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.swap import is_swapped, swap
-from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, concat_extent, refusal, with_tiling_off
+from ..runtime.tile import TileOps
+from .base import Family, Mirror, concatenated_tile_ops, refusal, with_tiling_off
 
 # containers and per-pixel leaves (their coupling, if any, is in a child treated by class below)
 _LOCAL = (
@@ -115,39 +115,13 @@ def _encoded_extent(vae, n: int) -> int:
 def _tile_ops(vae, x, tile_in, stride, blend, keep, scale_out, run, out_shape) -> TileOps:
     """diffusers' grid over `x`: tiles of `tile_in` (rows, cols) every `stride`, blended over `blend`
     and cut to `keep`, concatenated unclipped."""
-    height, width = x.shape[-2:]
     for what, value in (("stride", stride), ("kept extent", keep)):
         if min(value) <= 0:
             raise ValueError(
                 f"AutoencoderKLCogVideoX's tile settings give a tile {what} of {value}: diffusers' tiled loop "
                 "cannot run; raise tile_sample_min_height / _width (the latent tile is that over the spatial ratio)"
             )
-    rows = [(h, min(h + tile_in[0], height)) for h in range(0, height, stride[0])]
-    cols = [(w, min(w + tile_in[1], width)) for w in range(0, width, stride[1])]
-    grid = TileGrid.regular(
-        height,
-        width,
-        tile_in[0],
-        tile_in[1],
-        stride[0],
-        stride[1],
-        blend_rows=blend[0],
-        blend_cols=blend[1],
-        keep_rows=keep[0],
-        keep_cols=keep[1],
-        out_rows=concat_extent(rows, keep[0], scale_out),
-        out_cols=concat_extent(cols, keep[1], scale_out),
-    )
-    return TileOps(
-        grid=grid,
-        source=x,
-        run=run,
-        blend_v=vae.blend_v,
-        blend_h=vae.blend_h,
-        finish=lambda merged: merged,
-        out_shape=out_shape,
-        out_dtype=x.dtype,
-    )
+    return concatenated_tile_ops(vae, x, tile_in, stride, blend, keep, scale_out, run, out_shape)
 
 
 def decode_tile_ops(vae, z):

@@ -23,8 +23,7 @@ import torch.nn as nn
 from ..layers.frame_causal_attention import FrameCausalAttention
 from ..layers.replicate_conv import HaloReplicateCausalConv3d, replicate_causal_problem
 from ..runtime.swap import is_swapped, swap
-from ..runtime.tile import TileGrid, TileOps
-from .base import Family, Mirror, concat_extent, frames_out, refusal, with_tiling_off
+from .base import Family, Mirror, concatenated_tile_ops, frames_out, refusal, with_tiling_off
 
 # Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in
 # a swapped child). The up/downsamplers' rearranges and channel shortcuts are local too.
@@ -75,36 +74,8 @@ def _encoded_frames(frames: int, downs: list[bool]) -> int:
 def _tile_ops(vae, x, tile_in: tuple[int, int], keep_out: int, blends: tuple[int, int], scale_out, run, out_shape):
     """diffusers' tile grid over `x`: tiles of `tile_in` (rows, cols) every `int(tile * (1 - overlap))`,
     blended over `blends` (rows, cols) and cut to `keep_out` (rows, cols), concatenated unclipped."""
-    height, width = x.shape[-2:]
-    stride_h = int(tile_in[0] * (1 - vae.tile_overlap_factor))
-    stride_w = int(tile_in[1] * (1 - vae.tile_overlap_factor))
-    keep_h, keep_w = keep_out
-    rows = [(h, min(h + tile_in[0], height)) for h in range(0, height, stride_h)]
-    cols = [(w, min(w + tile_in[1], width)) for w in range(0, width, stride_w)]
-    grid = TileGrid.regular(
-        height,
-        width,
-        tile_in[0],
-        tile_in[1],
-        stride_h,
-        stride_w,
-        blend_rows=blends[0],
-        blend_cols=blends[1],
-        keep_rows=keep_h,
-        keep_cols=keep_w,
-        out_rows=concat_extent(rows, keep_h, scale_out),
-        out_cols=concat_extent(cols, keep_w, scale_out),
-    )
-    return TileOps(
-        grid=grid,
-        source=x,
-        run=run,
-        blend_v=vae.blend_v,
-        blend_h=vae.blend_h,
-        finish=lambda merged: merged,
-        out_shape=out_shape,
-        out_dtype=x.dtype,
-    )
+    stride = tuple(int(t * (1 - vae.tile_overlap_factor)) for t in tile_in)
+    return concatenated_tile_ops(vae, x, tile_in, stride, blends, keep_out, scale_out, run, out_shape)
 
 
 def decode_tile_ops(vae, z):
