@@ -2,6 +2,8 @@
 
 vae = vaeshard.parallelize(vae)          # every rank of the default process group
 video = vae.decode(latents).sample       # the same call as before, spread over the ranks
+for chunk in vaeshard.stream_decode(vae, latents):  # or its frames, as the decoder makes them
+    ...
 """
 
 from .api import parallelize, release, unparallelize, verify_weights
@@ -9,17 +11,21 @@ from .config import MODES, FastOptions
 from .families import supported_classes
 from .policy import Plan, plan
 from .runtime.comm import CommTimeout
+from .stream import DecodeStream, StreamClosed, stream_decode
 
 __version__ = "0.2.0"
 
 __all__ = [
     "MODES",
     "CommTimeout",
+    "DecodeStream",
     "FastOptions",
     "Plan",
     "parallelize",
     "plan",
     "release",
+    "StreamClosed",
+    "stream_decode",
     "supported_classes",
     "unparallelize",
     "verify_weights",

@@ -42,6 +42,7 @@ class _State:
     original_encode: object
     layers_installed: bool = False
     hooks_noted: bool = False  # the warning that hooked layers keep this VAE on diffusers' own layers was given
+    streaming: bool = False  # a stream_decode of this VAE is open on this rank
 
 
 def parallelize(
@@ -258,7 +259,30 @@ def _expected(family: Family, vae, op: str) -> Expected:
 
 
 def _run(vae, op: str, x):
+    state, comm, hooked = admit(vae, op, x)
+    config, family = state.config, state.family
+    x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
+    with comm.bounded():
+        if vae.use_slicing and x.shape[0] > 1:
+            whole = request_inputs()
+            parts = []
+            for k, part in enumerate(x.split(1)):
+                with passing_inputs(inputs_of_sample(whole, k, x.shape[0])):
+                    parts.append(_run_one(vae, family, config, comm, op, part, hooked))
+            return torch.cat(parts) if parts[0].numel() else parts[0]
+        return _run_one(vae, family, config, comm, op, x, hooked)
+
+
+def admit(vae, op: str, x):
+    """A request's admission on this rank: membership, this rank's check of its input, the
+    agreement with every rank (all raise alike) and the once-per-VAE note on hooked layers. Returns
+    (state, comm, hooked layers)."""
     state: _State = getattr(vae, STATE_ATTR)
+    if state.streaming:
+        raise RuntimeError(
+            f"a vaeshard.stream_decode of this VAE is still open on this rank: iterate it to the end or "
+            f"close it (use it in a `with` block) before the next {op}; its request holds the VAE's caches"
+        )
     config, family = state.config, state.family
     group = comm_mod.default_group_if_any(state.group)
     rank = comm_mod.group_rank(group)
@@ -288,16 +312,7 @@ def _run(vae, op: str, x):
             hooks_reason(hooked),
         )
         state.hooks_noted = True
-    x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
-    with comm.bounded():
-        if vae.use_slicing and x.shape[0] > 1:
-            whole = request_inputs()
-            parts = []
-            for k, part in enumerate(x.split(1)):
-                with passing_inputs(inputs_of_sample(whole, k, x.shape[0])):
-                    parts.append(_run_one(vae, family, config, comm, op, part, hooked))
-            return torch.cat(parts) if parts[0].numel() else parts[0]
-        return _run_one(vae, family, config, comm, op, x, hooked)
+    return state, comm, hooked
 
 
 def _compared_inputs(vae, family: Family, op: str, x) -> dict:
@@ -315,16 +330,12 @@ def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hook
     unsharded and, as the fast tier's blocks call their layers' computations rather than their hooks,
     in the exact tier."""
     workers = comm.world if config.size is None else min(config.size, comm.world)
-    chosen = plan_for(vae, x.shape, comm.world, config, op=op, hooked=hooked)
-    if chosen.fallback:
-        log.warning("vaeshard: %s", chosen.reason)
-    elif log.isEnabledFor(logging.DEBUG):
-        log.debug("vaeshard: %s -> %s", op, chosen.explain())
+    chosen = choose(vae, config, comm, op, x, hooked)
     to_all = config.output == "all"
     try:
         with torch.no_grad(), tier.active(chosen.fast):
             if chosen.strategy == "direct":
-                out = _direct(vae, family, op, x) if comm.rank == 0 else None
+                out = direct(vae, family, op, x) if comm.rank == 0 else None
                 if comm.rank != 0 and op == "decode":
                     family.replay_draws(vae, x)  # the RNG draws rank 0's decode made (LTX's noise)
                 if to_all:
@@ -344,7 +355,17 @@ def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hook
     return out
 
 
-def _direct(vae, family: Family, op: str, x):
+def choose(vae, config: ParallelConfig, comm, op: str, x, hooked: list[str]):
+    """The request's plan (`vaeshard.plan`), a fallback's reason logged as a warning."""
+    chosen = plan_for(vae, x.shape, comm.world, config, op=op, hooked=hooked)
+    if chosen.fallback:
+        log.warning("vaeshard: %s", chosen.reason)
+    elif log.isEnabledFor(logging.DEBUG):
+        log.debug("vaeshard: %s -> %s", op, chosen.explain())
+    return chosen
+
+
+def direct(vae, family: Family, op: str, x):
     """The VAE's own single-process path, with its own tiling/slicing settings (a family may run its
     own untiled decode loop where that gives the VAE's result, see Family.direct_decode)."""
     if op == "decode":

@@ -9,6 +9,7 @@ measuring lives in cli/bench.py. A mistake in what was asked for prints one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import os
@@ -464,7 +465,12 @@ def _decode(args) -> int:
     what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"
     _main_print(
         f"wrote {args.out}: {what} {summary['width']}x{summary['height']}"
-        + ("" if args.quiet else f", {summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s")
+        + (
+            ""
+            if args.quiet
+            else f", {summary['strategy']} on {nproc} rank(s), decode {summary['seconds']:.2f} s, "
+            f"written {summary['total_seconds']:.2f} s after the decode began"
+        )
     )
     return EXIT_OK
 
@@ -504,6 +510,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
 
     from . import io
     from .bench import torch_dtype
+    from .writer import ChunkWriter
 
     if not ctx.is_main:
         logging.getLogger("vaeshard").setLevel(logging.ERROR)
@@ -518,27 +525,40 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     vaeshard.parallelize(vae, job.mode, output="rank0", timeout=job.timeout, **job.options)
     chosen = vaeshard.plan(vae, z.shape)
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
+    # rank 0 writes each chunk as the decode makes it: quantised on the GPU, copied to pinned memory on
+    # a side stream and encoded in a worker thread (cli/writer.py) while the decode goes on
+    out = ChunkWriter(job.out, job.out_kind, job.fps) if ctx.is_main else contextlib.nullcontext()
     try:
         t0 = time.perf_counter()
         with torch.no_grad():
             # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
-            temb = () if job.timestep is None else (torch.full((z.shape[0],), job.timestep, device=z.device),)
+            temb = {} if job.timestep is None else {"temb": torch.full((z.shape[0],), job.timestep, device=z.device)}
             torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
-            sample = vae.decode(z, *temb).sample
-        ctx.synchronize()
-        seconds = time.perf_counter() - t0
+            with out as writer, vaeshard.stream_decode(vae, z, **temb) as chunks:
+                shape = None
+                for chunk in chunks:
+                    if writer is not None:
+                        chunk = chunk if chunk.dim() == 5 else chunk.unsqueeze(2)  # an image: one frame
+                        writer.write(chunk)
+                        shape = (
+                            *chunk.shape[:2],
+                            (0 if shape is None else shape[2]) + chunk.shape[2],
+                            *chunk.shape[3:],
+                        )
+                ctx.synchronize()
+                seconds = time.perf_counter() - t0
+        total = time.perf_counter() - t0
     finally:
         if bar is not None:
             bar.finish()
     if not ctx.is_main:
         return {}
-    video = sample if sample.dim() == 5 else sample.unsqueeze(2)  # an image: one frame
-    io.write_output(video, job.out, job.out_kind, job.fps)
-    b, c, t, h, w = video.shape
+    b, c, t, h, w = shape
     return {
         "strategy": chosen.strategy,
         "reason": chosen.reason,
         "seconds": seconds,
+        "total_seconds": total,
         "frames": t,
         "batch": b,
         "height": h,

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -475,6 +473,14 @@ def check_output(path: str | os.PathLike, kind: str, batch: int, frames: int, ch
         raise InputError(f"cannot write {str(p)!r}: the folder {str(parent)!r} does not exist; create it first")
     if p.exists() and kind != "frames" and p.is_dir():
         raise InputError(f"cannot write {str(p)!r}: it is a folder")
+    check_video(kind, batch, frames, channels)
+    if kind == "mp4" and importlib.util.find_spec("av") is None:
+        raise InputError("writing .mp4 needs PyAV (pip install av): install it, or write PNG frames or a tensor")
+
+
+def check_video(kind: str, batch: int, frames: int, channels: int, size: tuple[int, int] | None = None) -> None:
+    """InputError if a (batch, channels, frames, H, W) video cannot be written as `kind`; `size` is (H, W)
+    when known (H.264 needs it even)."""
     if kind in ("mp4", "png", "frames") and channels != 3:
         raise InputError(
             f"this VAE decodes {channels}-channel samples, which are not RGB images: write .safetensors or .pt"
@@ -484,103 +490,35 @@ def check_output(path: str | os.PathLike, kind: str, batch: int, frames: int, ch
             f"the latents hold a batch of {batch}; {kind} holds one video: write a folder of frames, "
             ".safetensors or .pt, or pass one batch item"
         )
-    if kind == "mp4" and importlib.util.find_spec("av") is None:
-        raise InputError("writing .mp4 needs PyAV (pip install av): install it, or write PNG frames or a tensor")
     if kind == "png" and frames != 1:
         raise InputError(f"the latents decode to {frames} frames; a .png holds one: write .mp4 or a folder of frames")
+    if kind == "mp4" and size is not None and (size[0] % 2 or size[1] % 2):
+        height, width = size
+        raise InputError(f"H.264 needs an even frame size, got {width}x{height}: write PNG frames or a tensor instead")
+
+
+def quantize(video_bcthw):
+    """[-1, 1] samples (B, C, T, H, W) -> contiguous uint8 (B, T, H, W, C) on the same device, rounded the
+    way diffusers' image processor does."""
+    import torch
+
+    x = (video_bcthw.detach().to(torch.float32) / 2 + 0.5).clamp(0, 1)
+    return (x.permute(0, 2, 3, 4, 1) * 255).round().to(torch.uint8).contiguous()
 
 
 def to_uint8_frames(video_bcthw):
-    """[-1, 1] samples -> uint8 numpy (B, T, H, W, C), rounded the way diffusers' image processor does."""
-    import torch
-
-    x = (video_bcthw.detach().to("cpu", torch.float32) / 2 + 0.5).clamp(0, 1)
-    return (x.permute(0, 2, 3, 4, 1) * 255).round().to(torch.uint8).numpy()
+    """[-1, 1] samples -> uint8 numpy (B, T, H, W, C) on the host (`quantize`)."""
+    return quantize(video_bcthw).cpu().numpy()
 
 
 def write_output(video_bcthw, path: str | os.PathLike, kind: str, fps: int = 16) -> list[str]:
-    """Write the decoded video; returns the paths written. Nothing is left at `path` on failure."""
-    p = Path(path)
-    if kind == "frames":
-        return _write_frames(video_bcthw, p)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.resolve().parent))
-    os.close(fd)
-    try:
-        if kind == "mp4":
-            _write_mp4(video_bcthw, tmp, fps)
-        elif kind == "png":
-            _write_png(to_uint8_frames(video_bcthw)[0, 0], tmp)
-        elif kind == "safetensors":
-            from safetensors.torch import save_file
+    """Write the decoded video (one chunk of a `writer.ChunkWriter`); returns the paths written. Nothing is
+    left at `path` on failure."""
+    from .writer import ChunkWriter
 
-            save_file({SAFETENSORS_OUTPUT_KEY: video_bcthw.detach().cpu().contiguous()}, tmp)
-        elif kind == "pt":
-            import torch
-
-            torch.save(video_bcthw.detach().cpu(), tmp)
-        else:
-            raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(OUTPUT_KINDS)}")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, p)
-    except BaseException:
-        _remove(tmp)
-        raise
-    return [str(p)]
-
-
-def _write_mp4(video_bcthw, path: str, fps: int) -> None:
-    import av
-
-    frames = to_uint8_frames(video_bcthw)[0]
-    _, height, width, _ = frames.shape
-    if height % 2 or width % 2:
-        raise InputError(f"H.264 needs an even frame size, got {width}x{height}: write PNG frames or a tensor instead")
-    container = av.open(path, mode="w", format="mp4")
-    try:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"crf": "17"}
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    finally:
-        container.close()
-
-
-def _write_png(frame_hwc, path: str) -> None:
-    from PIL import Image
-
-    Image.fromarray(frame_hwc).save(path, format="PNG")
-
-
-def _write_frames(video_bcthw, p: Path) -> list[str]:
-    """PNG frames `00000.png`... (`b00_00000.png`... for a batch) into folder `p`."""
-    frames = to_uint8_frames(video_bcthw)
-    batch, count = frames.shape[:2]
-    existing = p.is_dir()
-    tmp_dir = tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.resolve().parent))
-    names = []
-    try:
-        for b in range(batch):
-            for t in range(count):
-                name = f"{t:05d}.png" if batch == 1 else f"b{b:02d}_{t:05d}.png"
-                _write_png(frames[b, t], os.path.join(tmp_dir, name))
-                names.append(name)
-        for name in names:
-            os.chmod(os.path.join(tmp_dir, name), 0o666 & ~_umask())
-        if existing:
-            for name in names:
-                os.replace(os.path.join(tmp_dir, name), p / name)
-            os.rmdir(tmp_dir)
-        else:
-            os.chmod(tmp_dir, 0o777 & ~_umask())
-            os.replace(tmp_dir, p)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    return [str(p / name) for name in names]
+    with ChunkWriter(path, kind, fps) as writer:
+        writer.write(video_bcthw)
+        return writer.close()
 
 
 def _umask() -> int:
@@ -613,9 +551,11 @@ __all__ = [
     "check_latent_shape",
     "check_latents",
     "check_output",
+    "check_video",
     "denormalize",
     "load_latents",
     "output_kind",
+    "quantize",
     "to_uint8_frames",
     "write_output",
 ]

@@ -100,6 +100,15 @@ class Family(ABC):
         """One rank's whole decode: the VAE's own `decode` unless the family runs its own loop."""
         return type(vae).decode(vae, z, return_dict=False, **request_inputs())[0]
 
+    def stream_decode(self, vae, z, whole: bool):
+        """The decode of `z` as (number of chunks, an iterator of the chunks): each final (what the
+        decode returns for those frames) as soon as the decoder has made it, in frame order, their
+        concatenation the decode bit for bit. `whole`: `z` is a direct request's whole latent (the
+        family's `direct_decode`, with the VAE's own tiling and hooks); else a rank's slice of a
+        sharded one (`untiled_decode`). The count is the same on every rank of a request (ranks that
+        do not decode read it without iterating). None: no frame loop there; the stream yields once."""
+        return None
+
     def call_arguments(self, op: str, args: tuple, kwargs: dict) -> tuple[dict, bool]:
         """(the inputs of `call_inputs[op]` given, return_dict) of a call `vae.<op>(x, *args, **kwargs)`
         with diffusers' signature; TypeError for an argument diffusers' method does not take."""

@@ -187,6 +187,31 @@ def untiled_decode(vae, z):
     return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
 
 
+def stream_decode(vae, z, whole: bool):
+    """`_decode`'s frame batches as they are decoded (Family.stream_decode); None where a direct
+    request runs the VAE's own decode: it tiles this latent or a hook wraps `decode`."""
+    _, _, frames, height, width = z.shape
+    tiles = vae.use_tiling and (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height)
+    if whole and (tiles or hasattr(vae, "_hf_hook")):
+        return None
+    counts = _frame_batches(frames, vae.num_latent_frames_batch_size)
+    return len(counts), _decoded_batches(vae, z, counts)
+
+
+def _decoded_batches(vae, z, counts: list[int]):
+    """diffusers' `_decode` loop without its final `torch.cat`: each batch's frames as decoded, the
+    decoder's conv cache carried to the next (dropped when the stream is closed)."""
+    conv_cache, start = None, 0
+    for count in counts:
+        part = z[:, :, start : start + count]
+        start += count
+        if vae.post_quant_conv is not None:
+            part = vae.post_quant_conv(part)
+        part, conv_cache = vae.decoder(part, conv_cache=conv_cache)
+        yield part.contiguous()
+        del part
+
+
 def untiled_encode(vae, x):
     """diffusers' `_encode` (its frame loop) with tiling off: also the per-tile run of `tiled_encode`."""
     return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
@@ -295,7 +320,8 @@ class _CogVideoX(Family):
         ),
         Mirror(
             _COG + "AutoencoderKLCogVideoX._decode",
-            "families/cogvideox.py decode_tile_ops (when it tiles; its loop is tiled_decode's), _frame_batches",
+            "families/cogvideox.py decode_tile_ops (when it tiles; its loop is tiled_decode's), _frame_batches, "
+            "stream_decode, _decoded_batches (the loop, streamed)",
             "66ba211bf9ef8651",
         ),
         Mirror(
@@ -342,6 +368,7 @@ class _CogVideoX(Family):
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
+    stream_decode = staticmethod(stream_decode)
     install_layers = staticmethod(install_layers)
 
     def spatial_ratio(self, vae) -> int:

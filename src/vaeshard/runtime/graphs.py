@@ -190,7 +190,8 @@ def tensors_signature(module: torch.nn.Module) -> tuple:
 
 class DecoderSteps:
     """Runs a request's decoder calls: eagerly, or (`graphs=True` on CUDA) the steady ones through
-    one CUDA graph. Use as a context manager around the request's loop; `call` for each call.
+    one CUDA graph. Use as a context manager around the request's loop, each call inside `region()`
+    (the side stream the calls run on); `call` for each call.
 
     `keep` = (owner, signature, anchors): the graphs stay with `owner` after the request
     (`KeptCalls`), and a later request with the same signature replays them instead of capturing;
@@ -226,8 +227,6 @@ class DecoderSteps:
             self._user_stream = torch.cuda.current_stream(self.device)
             self.stream.wait_stream(self._user_stream)
             self.pool = self.kept.pool if self.kept is not None else torch.cuda.MemPool()
-            self._stream_ctx = torch.cuda.stream(self.stream)
-            self._stream_ctx.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -242,9 +241,22 @@ class DecoderSteps:
                     signature=signature, pool=self.pool, steady=self.steady, state=self.state, anchors=anchors
                 )
         self.kept = self.steady = self.state = None
-        self._stream_ctx.__exit__(*exc)
         self._user_stream.wait_stream(self.stream)
         self.pool = None  # the pool's memory goes back once nothing allocated in it is alive
+
+    @contextlib.contextmanager
+    def region(self):
+        """Run the request's GPU work inside on the request's stream; afterwards the caller's stream
+        waits for it, so what was made inside may be read there (a streamed chunk between two steps).
+        A region spans no yield: code between two regions runs on the caller's stream."""
+        if not self.enabled:
+            yield
+            return
+        try:
+            with torch.cuda.stream(self.stream):
+                yield
+        finally:
+            self._user_stream.wait_stream(self.stream)
 
     def hand_over(self, t: torch.Tensor) -> torch.Tensor:
         """A tensor made on the request's stream that outlives the request (the output): freeing it

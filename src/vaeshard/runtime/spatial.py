@@ -110,16 +110,27 @@ def split_extents(extent: int, num_ranks: int) -> list[int]:
     return [base + (1 if r < extra else 0) for r in range(num_ranks)]
 
 
-def run_spatial(comm: Comm, x: torch.Tensor, axis: str, rows_per_latent_row: int, run, to_all: bool):
-    """The spatial executor: each rank runs `run(local)` (the untiled model) on its slice of whole
-    latent rows (or columns) of `x` inside a shard context, then the slices are assembled in global
-    order (every rank, or group rank 0 only: the others get None). `rows_per_latent_row`: 1 for a
-    latent, the compression ratio for an encode's sample."""
+def shard_of(comm: Comm, x: torch.Tensor, axis: str, rows_per_latent_row: int):
+    """(this rank's slice, the shard context, the sharded dim) of a request: consecutive whole latent
+    rows (or columns) of `x` per rank. `rows_per_latent_row`: 1 for a latent, the compression ratio
+    for an encode's sample."""
     dim = x.dim() - 2 if axis == HEIGHT else x.dim() - 1
     extents = split_extents(x.shape[dim] // rows_per_latent_row, comm.world)
     start = sum(extents[: comm.rank]) * rows_per_latent_row
     local = x.narrow(dim, start, extents[comm.rank] * rows_per_latent_row)
-    ctx = ShardContext(comm=comm, axis=axis, extents=extents)
+    return local, ShardContext(comm=comm, axis=axis, extents=extents), dim
+
+
+def assemble(ctx: ShardContext, out_local: torch.Tensor, dim: int, to_all: bool) -> torch.Tensor | None:
+    """Every rank's part of an output in global order (on every rank, or group rank 0 only: the others
+    get None)."""
+    return ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), to_all)
+
+
+def run_spatial(comm: Comm, x: torch.Tensor, axis: str, rows_per_latent_row: int, run, to_all: bool):
+    """The spatial executor: each rank runs `run(local)` (the untiled model) on its slice of `x`
+    (`shard_of`) inside its shard context, then the slices are assembled (`assemble`)."""
+    local, ctx, dim = shard_of(comm, x, axis, rows_per_latent_row)
     with sharding(ctx):
         out_local = run(local)
-    return comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), to_all)
+    return assemble(ctx, out_local, dim, to_all)

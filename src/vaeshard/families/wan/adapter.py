@@ -22,7 +22,7 @@ from ...runtime.swap import is_swapped, swap, unswap
 from ...runtime.tile import TileOps
 from ..base import Family, Mirror, frames_out, strided_decode_grid, strided_encode_grid, with_tiling_off
 from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample
-from .frames import decode_in_steps
+from .frames import decode_in_steps, stream_steps
 
 
 class WanLike(Family):
@@ -128,6 +128,13 @@ class WanLike(Family):
         if fast.enabled() and not (tiles or hasattr(vae, "_hf_hook")):
             return self.untiled_decode(vae, z)
         return type(vae).decode(vae, z, return_dict=False)[0]
+
+    def stream_decode(self, vae, z, whole: bool):
+        """The frame loop's steps (frames.stream_steps), or None where a direct request runs the VAE's
+        own decode: its tiling applies or a hook wraps `decode`."""
+        if whole and ((vae.use_tiling and self._exceeds_one_tile(vae, z)) or hasattr(vae, "_hf_hook")):
+            return None
+        return stream_steps(self, vae, z)
 
     def untiled_encode(self, vae, x):
         """diffusers' untiled `_encode`: the moments (mean and logvar stacked on channels)."""

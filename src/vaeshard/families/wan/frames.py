@@ -29,11 +29,32 @@ def decode_in_steps(family, vae, z):
     diffusers' own, and so are the bits. On CUDA the steady calls may be replayed as one CUDA
     graph (runtime/graphs.py, `cuda_graphs`): the same kernels, the same bits.
     """
+    (whole,) = _steps(family, vae, z, whole=True)
+    return whole
+
+
+def num_steps(z, per_step: int) -> int:
+    """The decoder calls of `z`: the first latent frame alone, then `per_step` frames per call."""
+    return 1 + -(-(z.shape[2] - 1) // per_step)
+
+
+def stream_steps(family, vae, z):
+    """`decode_in_steps` as (number of chunks, an iterator of them): each decoder call's frames,
+    final (clamped, unpatchified), as soon as the call is done; their concatenation is
+    `decode_in_steps(z)` bit for bit. In the exact tier one latent frame per call, as diffusers'."""
+    per_step = (fast.current() or fast.FastPlan()).frames_per_step
+    return num_steps(z, per_step), _steps(family, vae, z, whole=False)
+
+
+def _steps(family, vae, z, whole: bool):
+    """The frame loop, a generator: yields each call's final frames (`whole=False`), or once the whole
+    output clamped into one buffer (`whole=True`). Between two yields nothing of the request is
+    active (its GPU work runs in `steps.region()`), so a consumer runs on its own stream and state.
+    Closing it early clears the feature cache and ends the request's graphs alike."""
     _, _, num_frames, _, _ = z.shape
     total = frames_out(num_frames, family.temporal_factor(vae))
-    plan = fast.current()  # the request's choices, made alike on every rank (vaeshard.plan)
+    plan = fast.current() or fast.FastPlan()  # the request's choices, made alike on every rank (vaeshard.plan)
     per_step = plan.frames_per_step
-    num_calls = 1 + -(-(num_frames - 1) // per_step)
 
     def step(chunk, first: bool):
         vae._conv_idx = [0]
@@ -43,33 +64,43 @@ def decode_in_steps(family, vae, z):
 
     # the calls after the first that take `per_step` frames have one shape: CUDA graphs replay them
     keep = _keep_graphs(vae, z, per_step) if plan.keep_cuda_graphs else None
-    with graphs.DecoderSteps(z.device, plan.cuda_graphs, num_calls, keep) as steps:
+    with graphs.DecoderSteps(z.device, plan.cuda_graphs, num_steps(z, per_step), keep) as steps:
         vae.clear_cache()
         try:
-            x = vae.post_quant_conv(z)
+            with steps.region():
+                x = vae.post_quant_conv(z)
             out, filled, start = None, 0, 0
             while start < num_frames:
                 stop = 1 if start == 0 else min(start + per_step, num_frames)
-                y = steps.call(
-                    lambda c, first=(start == 0): step(c, first),
-                    x[:, :, start:stop],
-                    vae._feat_map,
-                    steady=start > 0 and stop - start == per_step,
-                )
-                if out is None:  # contiguous, as diffusers'
-                    out = steps.hand_over(y.new_empty((*y.shape[:2], total, *y.shape[3:])))
-                if filled + y.shape[2] > total:
-                    raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
-                torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
-                filled += y.shape[2]
+                with steps.region():
+                    y = steps.call(
+                        lambda c, first=(start == 0): step(c, first),
+                        x[:, :, start:stop],
+                        vae._feat_map,
+                        steady=start > 0 and stop - start == per_step,
+                    )
+                    if filled + y.shape[2] > total:
+                        raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
+                    if whole:
+                        if out is None:  # contiguous, as diffusers'
+                            out = steps.hand_over(y.new_empty((*y.shape[:2], total, *y.shape[3:])))
+                        torch.clamp(y, min=-1.0, max=1.0, out=out[:, :, filled : filled + y.shape[2]])
+                    else:
+                        chunk = steps.hand_over(torch.clamp(y, min=-1.0, max=1.0))
+                    filled += y.shape[2]
+                    del y
                 start = stop
-                del y
+                if not whole:
+                    # a permutation: clamping before it gives diffusers' values
+                    yield family._unpatchify(vae, chunk)
+                    del chunk
             del x
         finally:
             vae.clear_cache()
     if filled != total:
         raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
-    return family._unpatchify(vae, out)  # a permutation: clamping before it gives diffusers' values
+    if whole:
+        yield family._unpatchify(vae, out)
 
 
 def _keep_graphs(vae, z: torch.Tensor, per_step: int) -> tuple:
