@@ -158,6 +158,7 @@ EXPECTED_FLAGS = {
         ("--max-layer-frames", None, None, False),
         ("--no-triton-convs", None, True, False),
         ("--quiet", None, False, False),
+        ("--timings", None, None, False),
         ("--timeout", None, 600.0, False),
     ],
     "bench": [
@@ -195,6 +196,10 @@ EXPECTED_FLAGS = {
         ("--no-ref", None, False, False),
         ("--peak-tflops", None, None, False),
         ("--tflop", None, None, False),
+        ("--e2e", None, False, False),
+        ("--latents", None, None, False),
+        ("--fps", None, 16, False),
+        ("--out-dir", None, None, False),
         ("--json", None, None, False),
         ("--plot", None, None, False),
         ("--exact", None, False, False),
@@ -311,11 +316,14 @@ def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(asse
 # both frame options passed on, and the default: each value's effect is tests/layers/test_fast.py's
 @pytest.mark.parametrize("frames_per_step,max_layer_frames", [(2, 2), ("auto", None)])
 def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, frames_per_step, max_layer_frames):
+    from PIL import Image
     from safetensors.torch import load_file
 
     import vaeshard
 
-    out = tmp_path / "video.safetensors"
+    # the default's output, PNG frames, is written chunk by chunk as the decoder steps (1 + 1 + 1 frames)
+    frames = max_layer_frames is None
+    out = tmp_path / ("frames" if frames else "video.safetensors")
     layers = [] if max_layer_frames is None else ["--max-layer-frames", max_layer_frames]
     run = vaeshard_cli(
         "decode",
@@ -329,17 +337,27 @@ def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, 
         "--quiet",
         "--frames-per-step",
         frames_per_step,
+        "--timings",
+        tmp_path / "timings.json",
         *layers,
     )
     assert run.returncode == 0, run.stderr
-    got = load_file(out)["sample"]
     vae = vaeshard.parallelize(
         _load_vae(assets / "wan21"),
         fast=vaeshard.FastOptions(frames_per_step=frames_per_step, max_layer_frames=max_layer_frames),
     )
     expected = vae.decode(latent(SMALL_SHAPE)).sample
     assert expected.std() > 0.01
-    assert torch.equal(got, expected)
+    if frames:
+        names = sorted(p.name for p in out.iterdir())
+        assert names == [f"{t:05d}.png" for t in range(9)]
+        for t, name in enumerate(names):
+            got = torch.from_numpy(np.array(Image.open(out / name).convert("RGB")))
+            assert torch.equal(got, torch.from_numpy(_uint8(expected)[0, t])), name
+    else:
+        assert torch.equal(load_file(out)["sample"], expected)
+    stamps = json.loads((tmp_path / "timings.json").read_text())
+    assert stamps["loaded"] < stamps["decoded"] <= stamps["written"] < time.time()
 
 
 @pytest.mark.timeout(120)
@@ -510,6 +528,41 @@ def test_bench_writes_json_and_plot(assets, tmp_path):
     assert env["command"][1:3] == ["bench", "--model"]
     with Image.open(figure) as image:
         assert image.format == "PNG" and image.size[0] > 600
+
+
+@pytest.mark.timeout(240)
+def test_bench_e2e_times_each_route_from_a_fresh_process_to_the_closed_file(assets, tmp_path):
+    import av
+
+    from vaeshard import cli
+
+    report, folder = tmp_path / "e2e.json", tmp_path / "runs"
+    code = cli.main(
+        [
+            "bench", "--e2e", "--model", str(assets / "wan21"), "--latents", str(assets / "z.safetensors"),
+            "--device", "cpu", "--reps", "1", "--out-dir", str(folder), "--json", str(report),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(report.read_text())
+    pictures = {}
+    for route in ("vaeshard", "diffusers"):
+        (row,) = data["rows"][route]
+        phases = row["load_s"] + row["decode_s"] + row["encode_s"]
+        assert all(row[k] > 0 for k in ("load_s", "decode_s", "encode_s")) and phases < row["wall_s"], row
+        with av.open(str(folder / f"{route}.mp4")) as container:
+            pictures[route] = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(pictures[route]) == 9 and pictures[route][0].shape == (48, 64, 3), route
+    # the two routes wrote the same video (each lossy in its own encoder)
+    error = np.abs(pictures["vaeshard"][4].astype(float) - pictures["diffusers"][4].astype(float)).mean()
+    assert error < 12, error
+    warm = data["warm"]["median_s"]
+    assert set(warm) == {"decode", "decode_then_encode", "streamed"} and min(warm.values()) > 0
+    ratios = data["ratios"]
+    assert ratios["diffusers_over_vaeshard_cold"] == pytest.approx(
+        data["median"]["diffusers"]["wall_s"] / data["median"]["vaeshard"]["wall_s"]
+    )
+    assert data["environment"]["device"] == "cpu"
 
 
 @pytest.mark.timeout(60)

@@ -12,10 +12,12 @@ import argparse
 import contextlib
 import functools
 import importlib.util
+import json
 import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import vaeshard
 from vaeshard import MODES, FastOptions
@@ -160,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tier_arguments(dec)
     dec.add_argument("--quiet", action="store_true", help="no progress bar; only the line naming what was written")
     dec.add_argument(
+        "--timings",
+        default=None,
+        metavar="JSON",
+        help="write when the model and latents were ready, the decode done and the output closed (Unix times)",
+    )
+    dec.add_argument(
         "--timeout",
         type=_positive_float,
         default=DEFAULT_TIMEOUT_S,
@@ -219,6 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=None,
         help="FLOPs of one decode in TFLOP (default: the preset's, else counted)",
+    )
+    ben.add_argument(
+        "--e2e",
+        action="store_true",
+        help="time fresh processes from start to the closed MP4: `vaeshard decode`, the plain diffusers route, "
+        "and warm requests (with --config and --shape, or --model and --latents)",
+    )
+    ben.add_argument("--latents", default=None, metavar="FILE", help="--e2e with --model: the latent file to decode")
+    ben.add_argument("--fps", type=_positive_int, default=16, help="--e2e: frame rate of the MP4s (default 16)")
+    ben.add_argument(
+        "--out-dir", default=None, metavar="DIR", help="--e2e: where the runs write (default: a temporary folder)"
     )
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
@@ -462,6 +481,8 @@ def _decode(args) -> int:
         summary = _decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
     else:
         summary = launch.run(_decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
+    if args.timings:
+        Path(args.timings).write_text(json.dumps(summary["stamps"]))
     what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"
     _main_print(
         f"wrote {args.out}: {what} {summary['width']}x{summary['height']}"
@@ -510,7 +531,7 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
 
     from . import io
     from .bench import torch_dtype
-    from .writer import ChunkWriter
+    from .writer import ChunkWriter, write_stream
 
     if not ctx.is_main:
         logging.getLogger("vaeshard").setLevel(logging.ERROR)
@@ -527,39 +548,32 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
     bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
     # rank 0 writes each chunk as the decode makes it: quantised on the GPU, copied to pinned memory on
     # a side stream and encoded in a worker thread (cli/writer.py) while the decode goes on
-    out = ChunkWriter(job.out, job.out_kind, job.fps) if ctx.is_main else contextlib.nullcontext()
+    stamps = {"loaded": time.time()}
     try:
         t0 = time.perf_counter()
         with torch.no_grad():
             # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
             temb = {} if job.timestep is None else {"temb": torch.full((z.shape[0],), job.timestep, device=z.device)}
             torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
-            with out as writer, vaeshard.stream_decode(vae, z, **temb) as chunks:
-                shape = None
-                for chunk in chunks:
-                    if writer is not None:
-                        chunk = chunk if chunk.dim() == 5 else chunk.unsqueeze(2)  # an image: one frame
-                        writer.write(chunk)
-                        shape = (
-                            *chunk.shape[:2],
-                            (0 if shape is None else shape[2]) + chunk.shape[2],
-                            *chunk.shape[3:],
-                        )
+            with ChunkWriter(job.out, job.out_kind, job.fps) if ctx.is_main else contextlib.nullcontext() as writer:
+                frames, shape = write_stream(vae, z, writer, **temb)
                 ctx.synchronize()
                 seconds = time.perf_counter() - t0
-        total = time.perf_counter() - t0
+                stamps["decoded"] = time.time()
+        stamps["written"] = time.time()
     finally:
         if bar is not None:
             bar.finish()
     if not ctx.is_main:
         return {}
-    b, c, t, h, w = shape
+    b, _, h, w = shape
     return {
         "strategy": chosen.strategy,
         "reason": chosen.reason,
         "seconds": seconds,
-        "total_seconds": total,
-        "frames": t,
+        "total_seconds": stamps["written"] - stamps["loaded"],
+        "stamps": stamps,
+        "frames": frames,
         "batch": b,
         "height": h,
         "width": w,
@@ -611,6 +625,9 @@ def _progress(vae, z, strategy: str, ctx):
 
 def _bench(args) -> int:
     from . import bench, io, launch, report
+
+    if args.e2e:
+        return _bench_e2e(args)
 
     world = launch.torchrun_world()
     nprocs = [world] if world else (args.nproc or [1, 2])
@@ -677,6 +694,58 @@ def _bench(args) -> int:
     if args.plot:
         report.plot(result, args.plot)
         print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def _bench_e2e(args) -> int:
+    import tempfile
+
+    from . import e2e, io
+
+    if args.nproc is not None and len(args.nproc) != 1:
+        raise InputError("--e2e measures one rank count: give one --nproc")
+    if args.config is not None:
+        if args.shape is None or args.latents is not None:
+            raise InputError("--e2e with --config needs --shape B,C,T,H,W (its latent is made and saved), no --latents")
+        model = io.named_model(args.config)
+    elif args.model is not None:
+        if args.latents is None or args.shape is not None:
+            raise InputError("--e2e with --model needs --latents FILE (and no --shape): the routes load both from disk")
+        model = io.resolve_model(args.model, args.subfolder, offline=True)
+        if model.path is None or not Path(model.path).is_dir():
+            raise InputError("--e2e loads the model from a local folder: give --model a folder")
+    else:
+        raise InputError("--e2e needs --config NAME --shape B,C,T,H,W, or --model DIR --latents FILE")
+    if model.latent_ndim() != 5:
+        raise InputError("--e2e writes an MP4: it needs a video VAE")
+    device = _pick_device(args.device, 1)
+    folder = Path(args.out_dir or tempfile.mkdtemp(prefix="vaeshard-e2e-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    if args.config is not None:
+        io.check_latent_shape(args.shape, model, source=f"latent shape {tuple(args.shape)}")
+        model_dir, latents = e2e.prepare(model, args.shape, folder, dtype)
+    else:
+        model_dir, latents = model.path, args.latents
+        io.check_latents(io.load_latents(latents), model, source=f"latents in {latents!r}")
+    nproc = args.nproc[0] if args.nproc else 1
+    result = e2e.run_e2e(
+        model_dir,
+        latents,
+        folder,
+        dtype=dtype,
+        fps=args.fps,
+        reps=args.reps,
+        nproc=nproc,
+        device=device,
+        log=_bench_log,
+    )
+    print(e2e.table(result), flush=True)
+    if args.json:
+        from .bench import environment
+
+        Path(args.json).write_text(json.dumps({"environment": environment(device), **result}, indent=1))
+        print(f"wrote {args.json}")
     return EXIT_OK
 
 

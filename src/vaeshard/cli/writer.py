@@ -136,6 +136,25 @@ class ChunkWriter:
         check_video(self.kind, b, self._frames + t, c, (h, w))
 
 
+def write_stream(vae, z, writer: ChunkWriter | None, **decode_kwargs) -> tuple[int, tuple[int, ...] | None]:
+    """Decode `z` with a parallelized `vae` through `vaeshard.stream_decode` into `writer` (None on a rank
+    that receives no chunks), each chunk written as it comes (an image decode as one frame). Returns
+    (frames written, the (B, C, H, W) of a chunk or None). An error on either side ends both: the stream
+    on every rank, the output left as nothing."""
+    import vaeshard
+
+    frames, shape = 0, None
+    with vaeshard.stream_decode(vae, z, **decode_kwargs) as chunks:
+        for chunk in chunks:
+            if writer is None:
+                continue
+            chunk = chunk if chunk.dim() == 5 else chunk.unsqueeze(2)
+            writer.write(chunk)
+            frames += chunk.shape[2]
+            shape = (chunk.shape[0], chunk.shape[1], chunk.shape[3], chunk.shape[4])
+    return frames, shape
+
+
 class _Slot:
     """One of `depth` pending chunks: its reusable pinned buffer, and while copying, the GPU tensor and event."""
 
@@ -415,4 +434,4 @@ _SINKS: dict[str, type[_Sink]] = {
     "pt": _Tensor,
 }
 
-__all__ = ["ChunkWriter", "InputError", "frame_name", "MP4_CODEC", "MP4_OPTIONS", "MP4_PIX_FMT"]
+__all__ = ["ChunkWriter", "InputError", "frame_name", "MP4_CODEC", "MP4_OPTIONS", "MP4_PIX_FMT", "write_stream"]
