@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 
+from . import tuning
+
 MODES: tuple[str, ...] = ("tile", "auto", "spatial_shard_height", "spatial_shard_width")
 OUTPUTS: tuple[str, ...] = ("all", "rank0")
 SPATIAL_MODES: tuple[str, ...] = ("spatial_shard_height", "spatial_shard_width")
@@ -83,9 +85,10 @@ class FastOptions:
     """
 
     cudnn_benchmark: bool = _knob(
-        True,
-        "cuDNN times its algorithms for each new convolution shape, once per process, and keeps the fastest",
-        "--no-cudnn-benchmark",
+        tuning.CUDNN_BENCHMARK,
+        "cuDNN times its algorithms for each new convolution shape, once per process, and keeps the fastest "
+        "(off: its heuristics choose, with no search on a process's first request)",
+        "--cudnn-benchmark",
     )
     cuda_graphs: bool | str = _knob(
         "auto",

@@ -30,6 +30,9 @@ SHARDED_PARTS_FROM_PIXELS = 3 << 17
 GRAPHS_MAX_PIXELS = 1 << 18
 GRAPHS_MIN_REPLAYS = 2
 
+# --- the first request ------------------------------------------------------------------------------
+CUDNN_BENCHMARK = False  # FastOptions.cudnn_benchmark's default
+
 # --- copies -------------------------------------------------------------------------------------------
 COPY_FRAMES_MAX = 32
 
@@ -47,6 +50,14 @@ class Entry(NamedTuple):
 
 
 TABLE: tuple[Entry, ...] = (
+    Entry(
+        "CUDNN_BENCHMARK",
+        "whether the fast tier turns cuDNN's benchmark mode on (FastOptions.cudnn_benchmark's default): on, "
+        "a process's first request of each convolution shape times cuDNN's algorithms",
+        "Wan 2.1 720p 81 frames, a fresh process each: the first decode 3.42 s with benchmark mode, 2.31 s "
+        "without; the later ones 1.27 / 1.20 s with it, 1.27 / 1.25 s without "
+        "(benchmarks/results/2026-12-02/first-request/)",
+    ),
     Entry(
         "AUTO_STEP_FRAMES",
         "latent frames per decoder call after the first, for frames_per_step='auto' where the "

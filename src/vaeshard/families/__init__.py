@@ -73,13 +73,15 @@ def support_table() -> str:
         return "yes" if yes else "no"
 
     lines = [
-        "| diffusers class | family | latent | tile decode | tile encode | spatial decode | spatial encode |",
-        "|---|---|---|---|---|---|---|",
+        "| diffusers class | family | latent | tile decode | tile encode | spatial decode | spatial encode "
+        "| streamed decode |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, (module_name, attr) in _REGISTRY.items():
         family = getattr(importlib.import_module(module_name), attr)
         lines.append(
             f"| `{name}` | {family.name} | {family.layout} | {mark(family.tile_decode)} | {mark(family.tile_encode)} "
-            f"| {mark(family.spatial_decode)} | {mark(family.spatial_encode)} |"
+            f"| {mark(family.spatial_decode)} | {mark(family.spatial_encode)} "
+            f"| {'per step' if family.streams_steps else 'once'} |"
         )
     return "\n".join(lines) + "\n"

@@ -51,6 +51,7 @@ class Family(ABC):
     Declared (class attributes): `name`, the diffusers `classes`, `latent_ndim` (5 for
     (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
     decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply);
+    `streams_steps`: `stream_decode` yields once per decoder step;
     `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers).
     `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
     """
@@ -67,6 +68,8 @@ class Family(ABC):
     spatial_decode: bool = False
     spatial_encode: bool = False
     frame_loop: bool = False
+    # `stream_decode` yields once per decoder step (the decoder has a frame loop it can be cut at)
+    streams_steps: bool = False
     # the fast tier (kernels, channels-last, fused norms) serves this family's layers, measured faster
     # than diffusers' own on the GPU (BENCHMARKS.md); otherwise every request runs diffusers' layers
     fast_tier: bool = False

@@ -363,6 +363,7 @@ class _CogVideoX(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
+    streams_steps = True  # diffusers' frame batches
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)

@@ -147,6 +147,7 @@ class _QwenImage21(WanLike):
         ),
     )
     frame_loop = False  # one frame: no causal frame loop, no frames_per_step or CUDA graphs
+    streams_steps = False  # stream_decode yields the one frame once
     # Wan's fast tier measured slower than diffusers' layers on this class (BENCHMARKS.md, "The other
     # families"): channels-last convolutions between channels-first norms; so it is off
     fast_tier = False

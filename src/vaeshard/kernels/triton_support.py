@@ -57,7 +57,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     kept = kernel.__dict__.setdefault(_COMPILED, {})
     compiled = kept.get(key) if key is not None else None
     if compiled is None:
-        compiled = kernel[grid](*args, **kwargs)
+        compiled = _first_launch(kernel, grid, args, kwargs)
         if key is not None and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
             if len(kept) >= _KEYS_KEPT:
                 kept.clear()
@@ -66,6 +66,25 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     # every parameter in order, as the JIT function hands them to the compiled kernel's launcher
     # (which skips the constexprs: they are compiled in)
     compiled[(*grid, *(1,) * (3 - len(grid)))](*args, *(kwargs[name] for name in kernel.arg_names[len(args) :]))
+
+
+def _first_launch(kernel, grid: tuple, args: tuple, kwargs: dict):
+    """A launch whose compiled kernel is not kept here yet: Triton finds it in vaeshard's cache folder,
+    or compiles it into it (vaeshard/cache.py). An entry there that Triton cannot read makes the
+    folder stale: it is discarded with a warning and the kernel compiled again."""
+    if interpreting():
+        return kernel[grid](*args, **kwargs)
+    from .. import cache
+
+    with cache.triton_kernels() as place:
+        try:
+            return kernel[grid](*args, **kwargs)
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            if place is None:
+                raise
+            cache.discard(place.parent, f"Triton could not read a kernel from it ({type(exc).__name__}: {exc})")
+    with cache.triton_kernels():
+        return kernel[grid](*args, **kwargs)
 
 
 def _key(args, kwargs):

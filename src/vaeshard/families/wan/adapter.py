@@ -32,6 +32,7 @@ class WanLike(Family):
     spatial_decode = True
     spatial_encode = True
     frame_loop = True
+    streams_steps = True
     fast_tier = True
 
     causal_conv_cls: type
@@ -132,6 +133,8 @@ class WanLike(Family):
     def stream_decode(self, vae, z, whole: bool):
         """The frame loop's steps (frames.stream_steps), or None where a direct request runs the VAE's
         own decode: its tiling applies or a hook wraps `decode`."""
+        if not self.streams_steps:
+            return None  # no frame loop (Qwen-Image 2.1: one frame)
         if whole and ((vae.use_tiling and self._exceeds_one_tile(vae, z)) or hasattr(vae, "_hf_hook")):
             return None
         return stream_steps(self, vae, z)
