@@ -23,6 +23,7 @@ import vaeshard
 from vaeshard import MODES, FastOptions
 
 from .io import InputError
+from .writer import MP4_PRESET, MP4_PRESETS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_TIMEOUT_S = 600.0
@@ -158,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dec.add_argument("--out", required=True, metavar="OUT", help="output: .mp4, .png, folder, .safetensors or .pt")
     dec.add_argument("--fps", type=_positive_int, default=16, help="frame rate of an .mp4 (default 16)")
+    dec.add_argument(
+        "--preset",
+        choices=MP4_PRESETS,
+        default=MP4_PRESET,
+        help=f"x264 preset of an .mp4: slower gives a smaller file at the same quality (default {MP4_PRESET})",
+    )
     dec.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     _add_tier_arguments(dec)
     dec.add_argument("--quiet", action="store_true", help="no progress bar; only the line naming what was written")
@@ -382,6 +389,7 @@ class DecodeJob:
     out: str
     out_kind: str
     fps: int
+    preset: str
     progress: bool
     timeout: float
     options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast (see _tier_options)
@@ -473,6 +481,7 @@ def _decode(args) -> int:
         out=args.out,
         out_kind=out_kind,
         fps=args.fps,
+        preset=args.preset,
         progress=not args.quiet,
         timeout=args.timeout,
         options=_tier_options(args),
@@ -555,7 +564,8 @@ def _decode_worker(ctx, job: DecodeJob) -> dict:
             # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
             temb = {} if job.timestep is None else {"temb": torch.full((z.shape[0],), job.timestep, device=z.device)}
             torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
-            with ChunkWriter(job.out, job.out_kind, job.fps) if ctx.is_main else contextlib.nullcontext() as writer:
+            writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset) if ctx.is_main else None
+            with writer or contextlib.nullcontext():
                 frames, shape = write_stream(vae, z, writer, **temb)
                 ctx.synchronize()
                 seconds = time.perf_counter() - t0

@@ -25,6 +25,10 @@ from .io import OUTPUT_KINDS, SAFETENSORS_OUTPUT_KEY, InputError, check_video, q
 MP4_CODEC = "libx264"
 MP4_PIX_FMT = "yuv420p"
 MP4_OPTIONS = {"crf": "17"}
+# x264's presets, fastest first; the default keeps up with a one-GPU Wan 720p decode (BENCHMARKS.md,
+# "Streamed decode and the first request"), where "medium" took several times the decode
+MP4_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
+MP4_PRESET = "veryfast"
 IMAGE_KINDS = ("mp4", "png", "frames")  # encoded from uint8 frames by the worker
 _POLL_S = 0.05  # how often a blocked producer or an idle worker looks for an error or a stop
 _DONE, _STOP = object(), object()  # what the producer can put to the worker, besides a chunk
@@ -47,13 +51,17 @@ class ChunkWriter:
     context manager it closes on a clean exit and aborts on an exception. A tensor output keeps the
     chunks it is given (on the host); they must not be changed in place before close."""
 
-    def __init__(self, path: str | os.PathLike, kind: str, fps: int = 16, *, depth: int = 2) -> None:
+    def __init__(
+        self, path: str | os.PathLike, kind: str, fps: int = 16, *, depth: int = 2, preset: str = MP4_PRESET
+    ) -> None:
         if kind not in OUTPUT_KINDS:
             raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(OUTPUT_KINDS)}")
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self.path, self.kind, self.fps = Path(path), kind, fps
-        self._sink = _SINKS[kind](self.path, fps)
+        if preset not in MP4_PRESETS:
+            raise ValueError(f"unknown x264 preset {preset!r}: expected one of {', '.join(MP4_PRESETS)}")
+        self._sink = _SINKS[kind](self.path, fps, preset)
         self._worker = _Worker(self._sink, depth) if kind in IMAGE_KINDS else None
         self._finalizer = weakref.finalize(self, _abandon, self._sink, self._worker)
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
@@ -298,8 +306,8 @@ def _quietly(fn) -> None:
 class _Sink:
     """A temporary file next to `path`: frames or chunks are added, then it is finished and renamed into place."""
 
-    def __init__(self, path: Path, fps: int) -> None:
-        self.path, self.fps = path, fps
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+        self.path, self.fps, self.preset = path, fps, preset
         fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.resolve().parent))
         os.close(fd)
 
@@ -321,8 +329,8 @@ class _Sink:
 class _Mp4(_Sink):
     """H.264 in an MP4, encoded frame by frame."""
 
-    def __init__(self, path: Path, fps: int) -> None:
-        super().__init__(path, fps)
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+        super().__init__(path, fps, preset)
         self.container = self.stream = None
 
     def add(self, frames, start: int) -> None:
@@ -333,7 +341,7 @@ class _Mp4(_Sink):
             self.container = av.open(self.tmp, mode="w", format="mp4")
             self.stream = self.container.add_stream(MP4_CODEC, rate=self.fps)
             self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, MP4_PIX_FMT
-            self.stream.options = dict(MP4_OPTIONS)
+            self.stream.options = {**MP4_OPTIONS, "preset": self.preset}
         for frame in frames[0]:
             for packet in self.stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 self.container.mux(packet)
@@ -364,8 +372,8 @@ class _Frames(_Sink):
     """PNG frames (`frame_name`) in a temporary folder, which becomes `path`, or whose frames are moved
     into `path` when it is an existing folder."""
 
-    def __init__(self, path: Path, fps: int) -> None:
-        self.path, self.fps = path, fps
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+        self.path, self.fps, self.preset = path, fps, preset
         self.tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.resolve().parent))
         self.written: list[tuple[int, int, str]] = []
 
@@ -397,8 +405,8 @@ class _Frames(_Sink):
 class _Tensor(_Sink):
     """The raw chunks, concatenated along T and saved at finish with torch.save."""
 
-    def __init__(self, path: Path, fps: int) -> None:
-        super().__init__(path, fps)
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+        super().__init__(path, fps, preset)
         self.chunks: list = []
 
     def add(self, chunk, start: int) -> None:
@@ -434,4 +442,14 @@ _SINKS: dict[str, type[_Sink]] = {
     "pt": _Tensor,
 }
 
-__all__ = ["ChunkWriter", "InputError", "frame_name", "MP4_CODEC", "MP4_OPTIONS", "MP4_PIX_FMT", "write_stream"]
+__all__ = [
+    "ChunkWriter",
+    "InputError",
+    "MP4_CODEC",
+    "MP4_OPTIONS",
+    "MP4_PIX_FMT",
+    "MP4_PRESET",
+    "MP4_PRESETS",
+    "frame_name",
+    "write_stream",
+]
