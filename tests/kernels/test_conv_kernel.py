@@ -288,8 +288,26 @@ def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu(interpreted)
 
 # (height shards with one sample, row tiles with the norm epilogue, add nothing here: the direct decode
 # above takes the row tiles with that epilogue, and the two-sample case below the height halo rows)
-@pytest.mark.parametrize("mode, wrap, samples", [("spatial_shard_width", True, 1), ("spatial_shard_height", False, 2)])
-def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap, samples):
+SHARDED_CASES = [("spatial_shard_width", True, 1), ("spatial_shard_height", False, 2)]
+
+
+@pytest.fixture(scope="module")
+def sharded_through_the_kernel():
+    """The sharded decodes of SHARDED_CASES, every case on the same two fresh gloo ranks (one start of
+    rank processes in Triton's interpreter for both): {(mode, samples): [each rank's result]}."""
+    pytest.importorskip("triton")
+    from ..conv_kernel_ranks import sharded_cases
+    from ..dist_harness import run_ranks
+
+    cases = [(mode, samples) for mode, _, samples in SHARDED_CASES]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRITON_INTERPRET", "1")  # inherited by the fresh rank processes
+        per_rank = run_ranks(sharded_cases, 2, cases, fresh=True, timeout=400)
+    return {case: [results[case] for results in per_rank] for case in cases}
+
+
+@pytest.mark.parametrize("mode, wrap, samples", SHARDED_CASES)
+def test_sharded_decode_through_the_conv_kernel_on_cpu(sharded_through_the_kernel, mode, wrap, samples):
     # two gloo ranks running the Triton kernel in its interpreter (fp16): width shards take the
     # wrapping tiles, height shards the row tiles, the residual blocks' conv2 adds the residual in
     # the epilogue, their conv1 computes norm2 in its epilogue, the upsamplers compute their phases
@@ -298,14 +316,7 @@ def test_sharded_decode_through_the_conv_kernel_on_cpu(monkeypatch, mode, wrap, 
     # half-precision tolerance of diffusers' fp32 decode; with two samples in the request too (the
     # norm then runs after conv1: its epilogue writes one sample's frames), whose second sample the
     # kernels once stored into the first's where an output had one frame (triton_support.frame_stride)
-    pytest.importorskip("triton")
-    from ..conv_kernel_ranks import sharded_through_the_kernel
-    from ..dist_harness import run_ranks
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # inherited by the fresh rank processes
-    for calls, upsampled, attended, err_max, err_mean in run_ranks(
-        sharded_through_the_kernel, 2, mode, samples, fresh=True, timeout=240
-    ):
+    for calls, upsampled, attended, err_max, err_mean in sharded_through_the_kernel[(mode, samples)]:
         assert calls and all(w == wrap for w, _, _ in calls), calls
         # the mid block's attention: the rank's own query rows against the whole frame's keys
         assert attended and all(lq * 2 == lk for lq, lk in attended), attended

@@ -20,8 +20,8 @@ def test_direct_fast_tier_within_tolerance_and_exact_tier_bit_identical(model):
     import vaeshard
 
     vae = build(model)
-    z = latent((1, 4, 3, 6, 5))
-    x = latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
+    z = latent((1, 4, 3, 3, 3))  # (the tiers' bits and tolerance do not depend on the size)
+    x = latent((1, 3, 5, 16, 32), seed=3).clamp(-1, 1)
     with torch.no_grad():
         ref = vae.decode(z).sample
         enc_ref = vae.encode(x).latent_dist.mean
@@ -143,7 +143,7 @@ def test_fast_blocks_give_the_same_bits(monkeypatch, model, mixin):
     vae = vaeshard.parallelize(build(model))
     blocks = [m for m in vae.modules() if isinstance(m, getattr(wan_blocks, mixin))]
     assert blocks
-    z, x = latent((1, 4, 3, 5, 4)), latent((1, 3, 5, 32, 48), seed=3).clamp(-1, 1)
+    z, x = latent((1, 4, 3, 3, 3)), latent((1, 3, 5, 16, 32), seed=3).clamp(-1, 1)
     viewed, dup_up_views = [], wan_blocks._dup_up_views
     wan_blocks._dup_up_views = lambda *a: viewed.append(dup_up_views(*a)) or viewed[-1]
     try:
@@ -498,9 +498,16 @@ def test_kernels_index_in_64_bits_only_where_offsets_can_pass_2_31():
     assert norm_kernels._wide(torch.empty(8, device="meta").as_strided((2, 4), (2**31, 1)))  # one far-apart stride
 
 
-def test_triton_rms_norm_kernel_through_the_interpreter():
+@pytest.fixture(scope="module")
+def interpreted():
+    """This module's two interpreter scripts, run at once (one core each) the first time either is
+    needed: {"kernel": ..., "model": ...} completed processes."""
     pytest.importorskip("triton")
-    run = interpreter.run(KERNEL_CHECK, timeout=240)
+    return interpreter.run_together({"kernel": KERNEL_CHECK, "model": MODEL_THROUGH_KERNELS}, timeout=300)
+
+
+def test_triton_rms_norm_kernel_through_the_interpreter(interpreted):
+    run = interpreted["kernel"]
     assert run.returncode == 0 and "kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -529,11 +536,10 @@ MODEL_THROUGH_KERNELS = textwrap.dedent(
 )
 
 
-def test_fast_tier_decode_through_the_triton_kernels_on_cpu():
+def test_fast_tier_decode_through_the_triton_kernels_on_cpu(interpreted):
     # the CUDA code path of the residual blocks (Triton kernels, conv2 without its bias), run by
     # Triton's CPU interpreter in fp32 against diffusers' decode
-    pytest.importorskip("triton")
-    run = interpreter.run(MODEL_THROUGH_KERNELS, timeout=240)
+    run = interpreted["model"]
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -632,7 +638,7 @@ def test_frames_per_step_direct(model):
     from vaeshard.layers import tier
 
     vae = build(model)
-    z = latent((1, 4, 6, 6, 5))
+    z = latent((1, 4, 6, 3, 3))  # six frames: every split below; the frames' size does not matter
     with torch.no_grad():
         ref = vae.decode(z).sample
     vaeshard.parallelize(vae)
@@ -649,7 +655,7 @@ def test_frames_per_step_direct(model):
         if per_step == 1:
             assert torch.equal(out, diffusers_loop)
     # a one-frame latent (an image): the first call only
-    image = latent((1, 4, 1, 6, 5), seed=5)
+    image = latent((1, 4, 1, 3, 3), seed=5)
     with torch.no_grad():
         vaeshard.unparallelize(vae)
         image_ref = vae.decode(image).sample
@@ -677,15 +683,16 @@ def test_frames_per_step_where_the_vaes_own_decode_runs():
     assert not torch.equal(tiled_ref, untiled_ref)  # these tiles change the result: the tiling case is one
     for setup, exact, calls in [("tiling", False, None), ("plain", True, [1, 1, 1]), ("slicing", False, [1, 2, 1, 2])]:
         vae.use_tiling, vae.use_slicing = setup == "tiling", setup == "slicing"
-        with torch.no_grad():
-            ref = vae.decode(z).sample
+        ref = {"tiling": tiled_ref, "plain": untiled_ref}.get(setup)  # (diffusers' decodes above)
+        if ref is None:
+            with torch.no_grad():
+                ref = vae.decode(z).sample
         vaeshard.parallelize(vae, exact=exact, fast=vaeshard.FastOptions(frames_per_step=3))
         with _decoder_calls(vae) as frames:
             out = vae.decode(z).sample
         vaeshard.unparallelize(vae)
         if calls is None:  # tiles of 1-frame calls
             assert len(frames) > 3 and set(frames) == {1}, frames
-            assert torch.equal(ref, tiled_ref)
         else:
             assert frames == calls, (setup, frames)
         assert (out - ref).abs().max() <= TOL_CPU_FP32, setup
