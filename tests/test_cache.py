@@ -1,4 +1,4 @@
-"""vaeshard's cache folder (vaeshard/cache.py): where it is, its per-GPU-and-versions subfolders and
+"""vaeshard's cache folder (vaeshard/kernels/cache.py): where it is, its per-GPU-and-versions subfolders and
 their manifests, stale and corrupt ones ignored with a warning, and Triton pointed at it only while
 vaeshard's own kernels launch for the first time."""
 
@@ -9,8 +9,7 @@ import logging
 
 import pytest
 
-from vaeshard import cache
-from vaeshard.kernels import triton_support
+from vaeshard.kernels import cache, triton_support
 
 KEY = {"gpu": "NVIDIA H200", "capability": "9.0", "torch": "2.11.0", "triton": "3.6.0", "vaeshard": "0.2.0"}
 
@@ -45,7 +44,13 @@ def test_one_subfolder_per_gpu_and_versions_with_its_manifest(home):
     newer = {**KEY, "triton": "3.7.0"}
     other = cache.folder("triton", newer)
     assert other.parent != place.parent and place.is_dir()  # both kept: each process finds its own
-    assert cache.key()["vaeshard"] == __import__("vaeshard").__version__
+    import importlib.metadata
+
+    try:
+        installed = importlib.metadata.version("vaeshard")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "source"
+    assert cache.key()["vaeshard"] == installed
 
 
 @pytest.mark.parametrize(

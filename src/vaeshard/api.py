@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import kernels
+from . import kernels, metrics
 from .config import SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
 from .families import family_for
 from .families.base import Family, inputs_of_sample, passing_inputs, request_inputs
@@ -259,18 +259,28 @@ def _expected(family: Family, vae, op: str) -> Expected:
 
 
 def _run(vae, op: str, x):
-    state, comm, hooked = admit(vae, op, x)
-    config, family = state.config, state.family
-    x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
-    with comm.bounded():
-        if vae.use_slicing and x.shape[0] > 1:
-            whole = request_inputs()
-            parts = []
-            for k, part in enumerate(x.split(1)):
-                with passing_inputs(inputs_of_sample(whole, k, x.shape[0])):
-                    parts.append(_run_one(vae, family, config, comm, op, part, hooked))
-            return torch.cat(parts) if parts[0].numel() else parts[0]
-        return _run_one(vae, family, config, comm, op, x, hooked)
+    with recorded(vae, op, x) as record:
+        state, comm, hooked = admit(vae, op, x)
+        config, family = state.config, state.family
+        x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
+        with comm.bounded():
+            if vae.use_slicing and x.shape[0] > 1:
+                whole = request_inputs()
+                parts = []
+                for k, part in enumerate(x.split(1)):
+                    with passing_inputs(inputs_of_sample(whole, k, x.shape[0])):
+                        parts.append(_run_one(vae, family, config, comm, op, part, hooked, record))
+                return torch.cat(parts) if parts[0].numel() else parts[0]
+            return _run_one(vae, family, config, comm, op, x, hooked, record)
+
+
+def recorded(vae, op: str, x):
+    """The request's metrics record (vaeshard.metrics: nothing without prometheus_client)."""
+    state: _State = getattr(vae, STATE_ATTR)
+    group = comm_mod.default_group_if_any(state.group)
+    rank = comm_mod.group_rank(group)
+    device = x.device if isinstance(x, torch.Tensor) else None
+    return metrics.request(op, state.family.name, comm_mod.group_size(group) if rank >= 0 else 0, rank, device)
 
 
 def admit(vae, op: str, x):
@@ -325,12 +335,13 @@ def _compared_inputs(vae, family: Family, op: str, x) -> dict:
     return inputs
 
 
-def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hooked: list[str]):
+def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hooked: list[str], record):
     """One sample (or batch) of an agreed request; `hooked`: the VAE's hooked layers, which keep it
     unsharded and, as the fast tier's blocks call their layers' computations rather than their hooks,
     in the exact tier."""
     workers = comm.world if config.size is None else min(config.size, comm.world)
     chosen = choose(vae, config, comm, op, x, hooked)
+    record.strategy = chosen.strategy
     to_all = config.output == "all"
     try:
         with torch.no_grad(), tier.active(chosen.fast):

@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from .api import admit, choose, direct
+from .api import admit, choose, direct, recorded
 from .config import STATE_ATTR, agreement_timeout
 from .families.base import passing_inputs
 from .layers import tier
@@ -86,6 +86,11 @@ def _chunks(vae, z, decode_kwargs: dict):
     if vae.use_slicing and isinstance(z, torch.Tensor) and z.dim() and z.shape[0] > 1:
         yield vae.decode(z, **decode_kwargs).sample  # decoded one sample at a time: the whole batch, once
         return
+    with recorded(vae, "decode", z) as record:
+        yield from _recorded_chunks(vae, z, decode_kwargs, record)
+
+
+def _recorded_chunks(vae, z, decode_kwargs: dict, record):
     state = getattr(vae, STATE_ATTR)
     family, config = state.family, state.config
     inputs, _ = family.call_arguments("decode", (), decode_kwargs)
@@ -97,6 +102,7 @@ def _chunks(vae, z, decode_kwargs: dict):
     source = None
     try:
         chosen = choose(vae, config, comm, "decode", z, hooked)
+        record.strategy = chosen.strategy
         to_all = config.output == "all"
 
         @contextlib.contextmanager
@@ -133,19 +139,13 @@ def _chunks(vae, z, decode_kwargs: dict):
                 yield placed(out)
                 return
             count, chunks = source
-            for k in range(count):
-                if k:
-                    _carry_on(comm, k, count, timeout)
+
+            def shared():
                 with step():
                     chunk = next(chunks) if comm.rank == 0 else None
-                    if to_all:
-                        chunk = comm.share_from_rank0(chunk)
-                try:
-                    yield placed(chunk)
-                except GeneratorExit:
-                    _close(comm, k, count, timeout)
-                    raise
-                del chunk
+                    return placed(comm.share_from_rank0(chunk) if to_all else chunk)
+
+            yield from _stepped(comm, count, shared, timeout, record)
             return
         axis = spatial.HEIGHT if chosen.strategy == "spatial_shard_height" else spatial.WIDTH
         local, shard, dim = spatial.shard_of(comm, z, axis, 1)
@@ -157,23 +157,39 @@ def _chunks(vae, z, decode_kwargs: dict):
             yield placed(out)
             return
         count, chunks = source
-        for k in range(count):
-            if k:
-                _carry_on(comm, k, count, timeout)
+
+        def assembled():
             with step(shard):
-                chunk = spatial.assemble(shard, next(chunks), dim, to_all)
-            try:
-                yield placed(chunk)
-            except GeneratorExit:
-                _close(comm, k, count, timeout)
-                raise
-            del chunk
+                return placed(spatial.assemble(shard, next(chunks), dim, to_all))
+
+        yield from _stepped(comm, count, assembled, timeout, record)
     finally:
         if source is not None:
             source[1].close()  # the family's loop: its caches and the request's graphs end here
         with torch.no_grad():
             family.release(vae)
         state.streaming = False
+
+
+def _stepped(comm, count: int, produce, timeout, record):
+    """`count` steps, each `produce()` (one decoder step, its chunk placed) yielded; before every step
+    after the first the ranks agree to go on (`_carry_on`), and a consumer that closes the stream says
+    so to the others (`_close`)."""
+    for k in range(count):
+        if k:
+            try:
+                _carry_on(comm, k, count, timeout)
+            except StreamClosed:
+                record.status = "closed"
+                raise
+        chunk = produce()
+        try:
+            yield chunk
+        except GeneratorExit:
+            record.status = "closed"
+            _close(comm, k, count, timeout)
+            raise
+        del chunk
 
 
 def _carry_on(comm, k: int, count: int, timeout) -> None:

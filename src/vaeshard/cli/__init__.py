@@ -9,14 +9,11 @@ measuring lives in cli/bench.py. A mistake in what was asked for prints one line
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib.util
 import json
 import os
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import vaeshard
@@ -375,26 +372,6 @@ def _main_print(*parts) -> None:
 # --- decode ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class DecodeJob:
-    latents: str
-    key: str
-    model: object  # cli/io.py's ModelSource
-    dtype: str
-    mode: str
-    tile: tuple[int | None, int | None]
-    denormalize: bool
-    timestep: float | None
-    seed: int
-    out: str
-    out_kind: str
-    fps: int
-    preset: str
-    progress: bool
-    timeout: float
-    options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast (see _tier_options)
-
-
 def _add_tier_arguments(parser: argparse.ArgumentParser) -> None:
     """--exact and one option per FastOptions knob (its flag and one-line doc), the same on `decode`
     and `bench`; `_tier_options` reads them back."""
@@ -453,7 +430,7 @@ def _check_timestep(timestep: float | None, model) -> None:
 
 
 def _decode(args) -> int:
-    from . import io, launch
+    from . import decode, io, launch
 
     nproc = _process_count(args.nproc)
     device = _pick_device(args.device, nproc)
@@ -468,7 +445,7 @@ def _decode(args) -> int:
     _check_tiles(args.tile_size, args.tile_stride, model)
     frames = model.frames_out(z.shape[2]) if z.dim() == 5 else 1
     io.check_output(args.out, out_kind, z.shape[0], frames, model.sample_channels())
-    job = DecodeJob(
+    job = decode.DecodeJob(
         latents=args.latents,
         key=args.key,
         model=model,
@@ -487,9 +464,9 @@ def _decode(args) -> int:
         options=_tier_options(args),
     )
     if nproc == 1 and not launch.torchrun_env():
-        summary = _decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
+        summary = decode.decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
     else:
-        summary = launch.run(_decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
+        summary = launch.run(decode.decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
     if args.timings:
         Path(args.timings).write_text(json.dumps(summary["stamps"]))
     what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"
@@ -521,115 +498,6 @@ def _check_tiles(size: int | None, stride: int | None, model) -> None:
         raise InputError(f"--tile-stride {stride} is larger than --tile-size {size}: tiles must overlap or touch")
 
 
-def _set_tiles(vae, size: int, stride: int, ratio: int) -> None:
-    """diffusers' tile size and stride in sample pixels: a video VAE's own attributes, an image VAE's
-    square tile and overlap."""
-    if hasattr(vae, "tile_sample_min_height"):
-        vae.tile_sample_min_height = vae.tile_sample_min_width = size
-        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
-        return
-    vae.tile_sample_min_size, vae.tile_latent_min_size = size, size // ratio
-    vae.tile_overlap_factor = 1 - stride / size
-
-
-def _decode_worker(ctx, job: DecodeJob) -> dict:
-    import logging
-    import warnings
-
-    import torch
-
-    from . import io
-    from .bench import torch_dtype
-    from .writer import ChunkWriter, write_stream
-
-    if not ctx.is_main:
-        logging.getLogger("vaeshard").setLevel(logging.ERROR)
-        warnings.filterwarnings("ignore")
-    dtype = torch_dtype(job.dtype)
-    vae = job.model.load(dtype=dtype, device=ctx.device)
-    size, stride = job.tile
-    if size is not None:
-        _set_tiles(vae, size, stride, job.model.spatial_ratio())
-    z = io.load_latents(job.latents, job.key).to(ctx.device)
-    z = io.denormalize(z, dict(vae.config), vae.dtype) if job.denormalize else z.to(vae.dtype)
-    vaeshard.parallelize(vae, job.mode, output="rank0", timeout=job.timeout, **job.options)
-    chosen = vaeshard.plan(vae, z.shape)
-    bar = _progress(vae, z, chosen.strategy, ctx) if (job.progress and ctx.is_main) else None
-    # rank 0 writes each chunk as the decode makes it: quantised on the GPU, copied to pinned memory on
-    # a side stream and encoded in a worker thread (cli/writer.py) while the decode goes on
-    stamps = {"loaded": time.time()}
-    try:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
-            temb = {} if job.timestep is None else {"temb": torch.full((z.shape[0],), job.timestep, device=z.device)}
-            torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
-            writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset) if ctx.is_main else None
-            with writer or contextlib.nullcontext():
-                frames, shape = write_stream(vae, z, writer, **temb)
-                ctx.synchronize()
-                seconds = time.perf_counter() - t0
-                stamps["decoded"] = time.time()
-        stamps["written"] = time.time()
-    finally:
-        if bar is not None:
-            bar.finish()
-    if not ctx.is_main:
-        return {}
-    b, _, h, w = shape
-    return {
-        "strategy": chosen.strategy,
-        "reason": chosen.reason,
-        "seconds": seconds,
-        "total_seconds": stamps["written"] - stamps["loaded"],
-        "stamps": stamps,
-        "frames": frames,
-        "batch": b,
-        "height": h,
-        "width": w,
-    }
-
-
-class _Progress:
-    """A tqdm bar over latent frames, advanced by a forward hook on the decoder (called with one or
-    more latent frames, once per tile in tile mode)."""
-
-    def __init__(self, vae, bar, calls_per_frame: int):
-        self.bar, self.calls_per_frame, self.calls = bar, calls_per_frame, 0
-        self.handle = vae.decoder.register_forward_hook(self._hook)
-
-    def _hook(self, module, inputs, output) -> None:
-        self.calls += inputs[0].shape[2] if inputs and getattr(inputs[0], "ndim", 0) == 5 else 1
-        done = min(self.bar.total, self.calls // self.calls_per_frame)
-        if done > self.bar.n:
-            self.bar.update(done - self.bar.n)
-
-    def finish(self) -> None:
-        self.handle.remove()
-        self.bar.update(self.bar.total - self.bar.n)
-        self.bar.close()
-
-
-def _progress(vae, z, strategy: str, ctx):
-    """A progress bar over a video's latent frames (none for an image: it is one decoder call)."""
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    if z.dim() != 5:
-        return None
-    calls_per_frame = 1
-    if strategy == "tile":
-        # tiles this rank decodes, about evenly spread (the bar's pace only; it completes at the end)
-        ratio = vae.spatial_compression_ratio
-        rows = len(range(0, z.shape[3], max(1, vae.tile_sample_stride_height // ratio)))
-        cols = len(range(0, z.shape[4], max(1, vae.tile_sample_stride_width // ratio)))
-        calls_per_frame = max(1, -(-rows * cols // ctx.world))
-    batch = z.shape[0] if getattr(vae, "use_slicing", False) else 1
-    bar = tqdm(total=z.shape[2] * batch, desc="decode", unit="frame", file=sys.stderr, leave=False)
-    return _Progress(vae, bar, calls_per_frame)
-
-
 # --- bench -----------------------------------------------------------------------------------------
 
 
@@ -637,7 +505,9 @@ def _bench(args) -> int:
     from . import bench, io, launch, report
 
     if args.e2e:
-        return _bench_e2e(args)
+        from . import e2e
+
+        return e2e.command(args)
 
     world = launch.torchrun_world()
     nprocs = [world] if world else (args.nproc or [1, 2])
@@ -704,58 +574,6 @@ def _bench(args) -> int:
     if args.plot:
         report.plot(result, args.plot)
         print(f"wrote {args.plot}")
-    return EXIT_OK
-
-
-def _bench_e2e(args) -> int:
-    import tempfile
-
-    from . import e2e, io
-
-    if args.nproc is not None and len(args.nproc) != 1:
-        raise InputError("--e2e measures one rank count: give one --nproc")
-    if args.config is not None:
-        if args.shape is None or args.latents is not None:
-            raise InputError("--e2e with --config needs --shape B,C,T,H,W (its latent is made and saved), no --latents")
-        model = io.named_model(args.config)
-    elif args.model is not None:
-        if args.latents is None or args.shape is not None:
-            raise InputError("--e2e with --model needs --latents FILE (and no --shape): the routes load both from disk")
-        model = io.resolve_model(args.model, args.subfolder, offline=True)
-        if model.path is None or not Path(model.path).is_dir():
-            raise InputError("--e2e loads the model from a local folder: give --model a folder")
-    else:
-        raise InputError("--e2e needs --config NAME --shape B,C,T,H,W, or --model DIR --latents FILE")
-    if model.latent_ndim() != 5:
-        raise InputError("--e2e writes an MP4: it needs a video VAE")
-    device = _pick_device(args.device, 1)
-    folder = Path(args.out_dir or tempfile.mkdtemp(prefix="vaeshard-e2e-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    if args.config is not None:
-        io.check_latent_shape(args.shape, model, source=f"latent shape {tuple(args.shape)}")
-        model_dir, latents = e2e.prepare(model, args.shape, folder, dtype)
-    else:
-        model_dir, latents = model.path, args.latents
-        io.check_latents(io.load_latents(latents), model, source=f"latents in {latents!r}")
-    nproc = args.nproc[0] if args.nproc else 1
-    result = e2e.run_e2e(
-        model_dir,
-        latents,
-        folder,
-        dtype=dtype,
-        fps=args.fps,
-        reps=args.reps,
-        nproc=nproc,
-        device=device,
-        log=_bench_log,
-    )
-    print(e2e.table(result), flush=True)
-    if args.json:
-        from .bench import environment
-
-        Path(args.json).write_text(json.dumps({"environment": environment(device), **result}, indent=1))
-        print(f"wrote {args.json}")
     return EXIT_OK
 
 

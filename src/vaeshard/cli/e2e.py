@@ -135,6 +135,61 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def command(args) -> int:
+    """`vaeshard bench --e2e`: check the arguments, prepare the model folder and latent where a named
+    config is given, run the routes, print the table (and write the JSON)."""
+    import tempfile
+
+    from . import _bench_log, _pick_device, io
+    from .io import InputError
+
+    if args.nproc is not None and len(args.nproc) != 1:
+        raise InputError("--e2e measures one rank count: give one --nproc")
+    if args.config is not None:
+        if args.shape is None or args.latents is not None:
+            raise InputError("--e2e with --config needs --shape B,C,T,H,W (its latent is made and saved), no --latents")
+        model = io.named_model(args.config)
+    elif args.model is not None:
+        if args.latents is None or args.shape is not None:
+            raise InputError("--e2e with --model needs --latents FILE (and no --shape): the routes load both from disk")
+        model = io.resolve_model(args.model, args.subfolder, offline=True)
+        if model.path is None or not Path(model.path).is_dir():
+            raise InputError("--e2e loads the model from a local folder: give --model a folder")
+    else:
+        raise InputError("--e2e needs --config NAME --shape B,C,T,H,W, or --model DIR --latents FILE")
+    if model.latent_ndim() != 5:
+        raise InputError("--e2e writes an MP4: it needs a video VAE")
+    device = _pick_device(args.device, 1)
+    folder = Path(args.out_dir or tempfile.mkdtemp(prefix="vaeshard-e2e-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    if args.config is not None:
+        io.check_latent_shape(args.shape, model, source=f"latent shape {tuple(args.shape)}")
+        model_dir, latents = prepare(model, args.shape, folder, dtype)
+    else:
+        model_dir, latents = model.path, args.latents
+        io.check_latents(io.load_latents(latents), model, source=f"latents in {latents!r}")
+    nproc = args.nproc[0] if args.nproc else 1
+    result = run_e2e(
+        model_dir,
+        latents,
+        folder,
+        dtype=dtype,
+        fps=args.fps,
+        reps=args.reps,
+        nproc=nproc,
+        device=device,
+        log=_bench_log,
+    )
+    print(table(result), flush=True)
+    if args.json:
+        from .bench import environment
+
+        Path(args.json).write_text(json.dumps({"environment": environment(device), **result}, indent=1))
+        print(f"wrote {args.json}")
+    return 0
+
+
 # --- the children ----------------------------------------------------------------------------------
 
 

@@ -70,11 +70,11 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
 
 def _first_launch(kernel, grid: tuple, args: tuple, kwargs: dict):
     """A launch whose compiled kernel is not kept here yet: Triton finds it in vaeshard's cache folder,
-    or compiles it into it (vaeshard/cache.py). An entry there that Triton cannot read makes the
+    or compiles it into it (kernels/cache.py). An entry there that Triton cannot read makes the
     folder stale: it is discarded with a warning and the kernel compiled again."""
     if interpreting():
         return kernel[grid](*args, **kwargs)
-    from .. import cache
+    from . import cache
 
     with cache.triton_kernels() as place:
         try:

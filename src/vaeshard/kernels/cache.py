@@ -42,10 +42,14 @@ def root() -> Path | None:
 def key(device_index: int | None = None) -> dict:
     """What a cached kernel depends on beyond its own source and arguments: the GPU model and the
     versions of everything that compiles or runs it."""
+    import importlib.metadata
+
     import torch
 
-    from . import __version__
-
+    try:
+        version = importlib.metadata.version("vaeshard")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        version = "source"
     try:
         import triton
 
@@ -64,7 +68,7 @@ def key(device_index: int | None = None) -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": triton_version,
-        "vaeshard": __version__,
+        "vaeshard": version,
     }
 
 
