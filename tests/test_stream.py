@@ -22,7 +22,7 @@ SUBJECTS = {
 ONE_TILE = {2: (1, 1), 3: (2, 2)}  # latent rows and columns that cover no ranks: `auto` decodes directly
 # per world size: (mode, latent, output, exact); "small" is the subject's latent, "one" ONE_TILE's
 CASES = {
-    1: [("auto", "small", "all", False), ("auto", "small", "all", True), ("tile", "small", "all", False)],
+    1: [("auto", "small", "all", False), ("tile", "small", "all", True)],
     2: [
         ("auto", "small", "all", False),
         ("spatial_shard_height", "small", "rank0", False),
@@ -112,7 +112,7 @@ def _parity(rank, world, names):
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_stream_chunks_concatenate_to_the_decode(world):
-    names = list(SUBJECTS) if world > 1 else ["wan21", "cogvideox"]
+    names = list(SUBJECTS) if world > 1 else ["wan21"]  # one rank: the strategies' paths, for one family
     strategies = set(run_ranks(_parity, world, names, timeout=280)[0])
     expected = {"direct", "tile"} | (set() if world == 1 else {"spatial_shard_height", "spatial_shard_width"})
     assert strategies == expected, strategies

@@ -276,21 +276,10 @@ def test_decode_writes_an_mp4(assets, tmp_path):
     import av
 
     out = tmp_path / "video.mp4"
-    run = vaeshard_cli(
-        "decode",
-        assets / "z.safetensors",
-        "--model",
-        assets / "wan21",
-        "--device",
-        "cpu",
-        "--nproc",
-        2,
-        "--fps",
-        8,
-        "--out",
-        out,
-    )
-    assert run.returncode == 0, run.stderr
+    # two ranks write it as the frames come (the launcher starts them from this process)
+    code = in_process("decode", assets / "z.safetensors", "--model", assets / "wan21", "--device", "cpu",
+                      "--nproc", 2, "--fps", 8, "--out", out)  # fmt: skip
+    assert code == 0
     with av.open(str(out)) as container:
         stream = container.streams.video[0]
         assert stream.codec_context.name == "h264"
@@ -305,16 +294,17 @@ def test_decode_writes_an_mp4(assets, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(assets, tmp_path):
+def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(assets, tmp_path, capfd):
     from PIL import Image
 
     out = tmp_path / "frames"
-    run = vaeshard_cli(
+    code = in_process(
         "decode", assets / "z.pt", "--model", assets / "wan21", "--device", "cpu", "--nproc", 2,
         "--mode", "tile", "--tile-size", 32, "--tile-stride", 24, "--out", out, "--quiet",
     )  # fmt: skip
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.startswith(f"wrote {out}: ") and run.stdout.count("\n") == 1  # --quiet: only what was written
+    assert code == 0
+    printed = capfd.readouterr().out
+    assert printed.startswith(f"wrote {out}: ") and printed.count("\n") == 1  # --quiet: only what was written
     names = sorted(p.name for p in out.iterdir())
     assert names == [f"{t:05d}.png" for t in range(9)]
     vae = build("wan21", tile_sample=(32, 24))
@@ -395,25 +385,17 @@ def test_decode_denormalize_matches_the_wan_pipeline_formula(assets, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_decode_single_png_from_a_pipeline_folder(assets, tmp_path):
+def test_decode_single_png_from_a_pipeline_folder(assets, tmp_path, capfd):
     from PIL import Image
 
     out = tmp_path / "image.png"
     # the pipeline folder has the VAE under vae/, found without --subfolder; auto shards over 2 ranks
-    run = vaeshard_cli(
-        "decode",
-        assets / "image.safetensors",
-        "--model",
-        assets / "pipeline",
-        "--device",
-        "cpu",
-        "--nproc",
-        2,
-        "--out",
-        out,
-    )
-    assert run.returncode == 0, run.stderr
-    assert "spatial_shard_width on 2 rank(s)" in run.stdout
+    code = in_process(
+        "decode", assets / "image.safetensors", "--model", assets / "pipeline", "--device", "cpu", "--nproc", 2,
+        "--out", out,
+    )  # fmt: skip
+    assert code == 0
+    assert "spatial_shard_width on 2 rank(s)" in capfd.readouterr().out
     image = Image.open(out)
     assert image.size == (64, 48) and image.mode == "RGB"
     with torch.no_grad():
