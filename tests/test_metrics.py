@@ -56,13 +56,15 @@ def test_nothing_is_recorded_without_prometheus_client(registry, monkeypatch):
     vae = vaeshard.parallelize(build("wan21"))
     vae.decode(latent((1, 4, 1, 2, 2)))
     assert _count(registry, "vaeshard_requests_total", op="decode", status="ok") == 0
-    assert metrics._metrics is None  # not even made
+    assert registry not in metrics._made_for  # not even made
 
 
 def test_the_default_registry_serves_a_host_applications_metrics(monkeypatch):
-    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
     monkeypatch.setattr(metrics, "_available", None)
+    metrics.use_registry(CollectorRegistry())  # made there, then back to the default: both kept apart
+    vaeshard.parallelize(build("wan21")).decode(latent((1, 4, 1, 2, 2)))
     metrics.use_registry(None)
     vae = vaeshard.parallelize(build("wan21"))
     with torch.no_grad():

@@ -27,8 +27,8 @@ import time
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 150.0, 300.0)
 
 _available: bool | None = None
-_registry = None
-_metrics: dict | None = None
+_registry = None  # None: prometheus_client's default registry
+_made_for: dict = {}  # registry -> vaeshard's metrics in it (made once per registry)
 
 
 def available() -> bool:
@@ -41,18 +41,18 @@ def available() -> bool:
 
 def use_registry(registry) -> None:
     """Record into `registry` (a prometheus_client CollectorRegistry) from now on; None: the default."""
-    global _registry, _metrics
-    _registry, _metrics = registry, None
+    global _registry
+    _registry = registry
 
 
 def _made() -> dict:
-    global _metrics
-    if _metrics is None:
-        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+    from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-        registry = REGISTRY if _registry is None else _registry
+    registry = REGISTRY if _registry is None else _registry
+    made = _made_for.get(registry)
+    if made is None:
         labels = ("family", "strategy", "world_size")
-        _metrics = {
+        made = _made_for[registry] = {
             "decode": Histogram(
                 "vaeshard_decode_seconds",
                 "Time of a vaeshard decode request on this rank",
@@ -77,7 +77,7 @@ def _made() -> dict:
                 registry=registry,
             ),
         }
-    return _metrics
+    return made
 
 
 class Request:
