@@ -13,10 +13,7 @@ OUT=${1:?usage: $0 OUT PARITY_SUBJECTS SPEED_SUBJECTS}; PARITY=${2:-}; SPEED=${3
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 here=$(cd "$(dirname "$0")" && pwd)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/env.txt" 2>&1
-python3 -c "import torch, triton, diffusers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'diffusers', diffusers.__version__)" >>"$OUT/env.txt"
-date -u >>"$OUT/env.txt"
+. "$here/gpu_env.sh"; write_env "$OUT/env.txt"
 IFS=';' read -ra parity <<<"$PARITY"
 for item in "${parity[@]}"; do
   [ -z "$item" ] && continue

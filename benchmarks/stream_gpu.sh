@@ -18,11 +18,7 @@ PARTS=${3:-stream,e2e,cudnn}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 here=$(cd "$(dirname "$0")" && pwd)
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/env.txt" 2>&1
-python3 -c "import torch, triton, diffusers, av; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'cudnn', torch.backends.cudnn.version(), 'triton', triton.__version__, 'diffusers', diffusers.__version__, \
-'av', av.__version__)" >>"$OUT/env.txt"
-nproc >>"$OUT/env.txt"; date -u >>"$OUT/env.txt"
+. "$here/gpu_env.sh"; write_env "$OUT/env.txt" av
 export VAESHARD_CACHE_DIR="$OUT/../vaeshard-cache"  # empty at the start of the call
 rm -rf "$VAESHARD_CACHE_DIR"
 for shape in 1,16,9,32,56 1,16,9,60,104; do

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 GIB = 1024**3
+CHILD_TIMEOUT_S = 900  # one route's fresh process: far above a 720p decode's, so a stuck one ends the run
 
 
 # --- the parent ------------------------------------------------------------------------------------
@@ -92,7 +93,10 @@ def _timed(cmd: list[str], stamps: Path) -> dict:
 
 
 def _check_run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{' '.join(cmd)} did not finish within {CHILD_TIMEOUT_S} s") from exc
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-4000:]}")
 
@@ -201,8 +205,10 @@ def _diffusers_route(args) -> None:
     from diffusers.video_processor import VideoProcessor
     from safetensors.torch import load_file
 
+    from .bench import torch_dtype
+
     config = json.loads((Path(args.model) / "config.json").read_text())
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dtype = torch_dtype(args.dtype)
     vae = getattr(diffusers, config["_class_name"]).from_pretrained(args.model, torch_dtype=dtype).to(args.device)
     z = load_file(args.latents)["latents"].to(args.device, dtype)
     _sync(args.device)

@@ -13,6 +13,7 @@ is one whose kernels Triton cannot read. Deleting the folder is always safe.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -41,7 +42,16 @@ def root() -> Path | None:
 
 def key(device_index: int | None = None) -> dict:
     """What a cached kernel depends on beyond its own source and arguments: the GPU model and the
-    versions of everything that compiles or runs it."""
+    versions of everything that compiles or runs it (read once per device and process: every first
+    launch of a kernel asks)."""
+    import torch
+
+    index = (torch.cuda.current_device() if torch.cuda.is_available() else -1) if device_index is None else device_index
+    return dict(_key(index))
+
+
+@functools.cache
+def _key(index: int) -> tuple:
     import importlib.metadata
 
     import torch
@@ -57,19 +67,20 @@ def key(device_index: int | None = None) -> dict:
     except Exception:  # pragma: no cover - depends on the installation
         triton_version = None
     gpu, capability = None, None
-    if torch.cuda.is_available():
-        index = torch.cuda.current_device() if device_index is None else device_index
+    if index >= 0:
         gpu = torch.cuda.get_device_name(index)
         capability = "{}.{}".format(*torch.cuda.get_device_capability(index))
-    return {
-        "gpu": gpu,
-        "capability": capability,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "triton": triton_version,
-        "vaeshard": version,
-    }
+    return tuple(
+        {
+            "gpu": gpu,
+            "capability": capability,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "triton": triton_version,
+            "vaeshard": version,
+        }.items()
+    )
 
 
 def subfolder_name(k: dict) -> str:
