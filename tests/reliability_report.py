@@ -73,6 +73,17 @@ SECTIONS: dict[str, tuple[str, list[tuple[str, str]]]] = {
             ("process exit", "exit"),
         ],
     ),
+    "service": (
+        "The decode service (`vaeshard serve`)",
+        [
+            ("id", "id"),
+            ("what ran", "what"),
+            ("requests", "requests"),
+            ("results", "results"),
+            ("time", "time"),
+            ("memory before -> after (per rank)", "memory"),
+        ],
+    ),
     "soak": (
         "Long-lived workers",
         [
@@ -163,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             "no:cacheprovider",
             "tests/test_reliability.py",
             "tests/runtime/test_agreement.py",
+            "tests/cli/test_serve.py",
             # the check that this document has every row: it holds once the document is rewritten below
             "--deselect",
             "tests/test_reliability.py::test_reliability_doc_has_a_row_for_every_case",

@@ -108,6 +108,13 @@ def request(op: str, family: str, world: int, rank: int, device):
         _record(record, time.perf_counter() - started)
 
 
+def record_peak(rank: int, peak_bytes: int) -> None:
+    """Set `vaeshard_peak_memory_bytes` of `rank` (a service's rank 0 reports its other ranks' peaks
+    this way); nothing where prometheus_client is missing."""
+    if available():
+        _made()["peak"].labels(str(rank)).set(peak_bytes)
+
+
 def _record(record: Request, seconds: float) -> None:
     import torch
 
@@ -119,4 +126,4 @@ def _record(record: Request, seconds: float) -> None:
         made["peak"].labels(str(record.rank)).set(torch.cuda.max_memory_allocated(device))
 
 
-__all__ = ["BUCKETS", "Request", "available", "request", "use_registry"]
+__all__ = ["BUCKETS", "Request", "available", "record_peak", "request", "use_registry"]

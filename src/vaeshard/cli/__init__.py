@@ -1,4 +1,4 @@
-"""`vaeshard` command line: demo, decode, bench.
+"""`vaeshard` command line: demo, decode, bench, serve.
 
 Thin: arguments are checked here (before any process starts, so a mistake costs no model load),
 the work goes through the public API (`import vaeshard`) on ranks started by cli/launch.py, and the
@@ -178,6 +178,68 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)",
     )
 
+    srv = sub.add_parser(
+        "serve",
+        help="serve decode and encode requests over HTTP, every rank of the group doing each one",
+        description="Load MODEL on --nproc ranks (or torchrun's) and answer POST /v1/decode and /v1/encode "
+        "(safetensors in; MP4, a zip of PNG frames or safetensors out), GET /health and GET /metrics, "
+        "from group rank 0. One request runs at a time, in arrival order. See docs/serving.md.",
+    )
+    what = srv.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--model", default=None, metavar="MODEL", help="local diffusers folder (VAE or pipeline) or Hub id"
+    )
+    what.add_argument(
+        "--config", choices=tuple(NAMED_CONFIGS), default=None, help="a real VAE config with random weights (tests)"
+    )
+    srv.add_argument(
+        "--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)"
+    )
+    srv.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
+    srv.add_argument("--dtype", choices=DTYPES, default=None, help="default: bf16 on cuda, fp32 on cpu")
+    srv.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available, else cpu")
+    srv.add_argument(
+        "--nproc", type=_positive_int, default=None, help="ranks to start (default 1; under torchrun: its world size)"
+    )
+    srv.add_argument(
+        "--mode", choices=MODES, default="auto", help="a request's mode unless it names one (default: auto)"
+    )
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    srv.add_argument("--port", type=_positive_int, default=8000, help="port to bind (default 8000)")
+    srv.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (Authorization: Bearer KEY) on everything but /health (default: $VAESHARD_API_KEY)",
+    )
+    srv.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=16,
+        help="requests that may wait for the group; more get 429 (default 16)",
+    )
+    srv.add_argument(
+        "--max-body-mb",
+        type=_positive_float,
+        default=1024.0,
+        help="largest request body in MiB; more get 413 (default 1024)",
+    )
+    srv.add_argument(
+        "--fps", type=_positive_int, default=16, help="frame rate of an MP4 unless a request names one (default 16)"
+    )
+    srv.add_argument(
+        "--preset", choices=MP4_PRESETS, default=MP4_PRESET, help=f"x264 preset of MP4s (default {MP4_PRESET})"
+    )
+    srv.add_argument(
+        "--ready-file", default=None, metavar="JSON", help="write the address here once the server listens"
+    )
+    _add_tier_arguments(srv)
+    srv.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds a request waits for every rank, and for each collective on CPU (default 600)",
+    )
+
     ben = sub.add_parser(
         "bench",
         help="measure latency, memory and exactness of every mode against diffusers",
@@ -281,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        code = {"demo": _demo, "decode": _decode, "bench": _bench}[args.command](args)
+        code = {"demo": _demo, "decode": _decode, "bench": _bench, "serve": _serve}[args.command](args)
         close_group()  # under torchrun: every rank is past its last collective
         return code
     except ValueError as exc:  # InputError, or the library refusing a request (bad input)
@@ -496,6 +558,15 @@ def _check_tiles(size: int | None, stride: int | None, model) -> None:
         )
     if stride > size:
         raise InputError(f"--tile-stride {stride} is larger than --tile-size {size}: tiles must overlap or touch")
+
+
+# --- serve -----------------------------------------------------------------------------------------
+
+
+def _serve(args) -> int:
+    from . import serve
+
+    return serve.command(args)
 
 
 # --- bench -----------------------------------------------------------------------------------------

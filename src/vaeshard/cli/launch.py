@@ -92,6 +92,49 @@ class RankContext:
             torch.cuda.synchronize(self.device)
 
 
+class Control:
+    """The service's control channel (cli/serve.py): rank 0 sends each request, and the others answer,
+    over a gloo group of every rank, whatever the decode's backend (a peer that died ends a wait there
+    at once, on CUDA too). Each call is a collective: every rank makes the same calls in the same order."""
+
+    def __init__(self, ctx: RankContext, timeout: float) -> None:
+        import torch.distributed as dist
+
+        self.ctx = ctx
+        self.group = None
+        if ctx.backend is not None and ctx.world > 1:
+            self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+
+    def broadcast(self, message=None):
+        """Rank 0's `message` on every rank."""
+        if self.group is None:
+            return message
+        import torch.distributed as dist
+
+        box = [message]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def broadcast_tensor(self, tensor):
+        """Rank 0's CPU tensor on every rank; the others pass an empty tensor of its shape and dtype."""
+        if self.group is None:
+            return tensor
+        import torch.distributed as dist
+
+        dist.broadcast(tensor, src=0, group=self.group)
+        return tensor
+
+    def gather(self, value) -> list | None:
+        """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
+        if self.group is None:
+            return [value]
+        import torch.distributed as dist
+
+        out = [None] * self.ctx.world if self.ctx.is_main else None
+        dist.gather_object(value, out, dst=0, group=self.group)
+        return out
+
+
 def torchrun_env() -> bool:
     """True when this process was started by torchrun (or an equivalent launcher)."""
     return all(v in os.environ for v in TORCHRUN_VARS)
@@ -121,6 +164,7 @@ def run(
     device: str = "cpu",
     timeout: float | None = None,
     group_timeout: float = DEFAULT_GROUP_TIMEOUT_S,
+    failure_grace: float = 0.0,
 ) -> list:
     """Call `fn(ctx, *args)` on `nproc` ranks; return the values in rank order.
 
@@ -130,6 +174,8 @@ def run(
     timeout:       deadline for the whole run in seconds (None: no deadline; a rank that raises or
                    dies still ends the run at once).
     group_timeout: bound on every collective of the process group.
+    failure_grace: seconds the other ranks may take to end by themselves after one failed, before
+                   they are stopped (a service's rank 0 answers its clients first); 0: at once.
     Raises WorkerFailed if a rank raises or dies, LaunchTimeout past the deadline.
     """
     if device not in ("cpu", "cuda"):
@@ -138,13 +184,13 @@ def run(
         return _run_under_torchrun(fn, nproc, args, device, group_timeout)
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
-    return _spawn(fn, nproc, args, device, timeout, group_timeout)
+    return _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace)
 
 
 # --- spawned workers -------------------------------------------------------------------------------
 
 
-def _spawn(fn, nproc, args, device, timeout, group_timeout) -> list:
+def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0) -> list:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
@@ -166,7 +212,7 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout) -> list:
             values = _collect(procs, results, nproc, timeout)
         finally:
             # After success the ranks are only tearing down: let them exit on their own first.
-            _stop_all(procs, wait=_EXIT_GRACE_S if values is not None else 0.0)
+            _stop_all(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
             results.close()
             results.join_thread()
     return values
@@ -327,6 +373,7 @@ def _run_under_torchrun(fn, nproc, args, device, group_timeout) -> list:
 
 __all__ = [
     "LaunchError",
+    "Control",
     "LaunchTimeout",
     "RankContext",
     "WorkerFailed",

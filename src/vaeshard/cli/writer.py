@@ -6,7 +6,9 @@ event, non_blocking into one of `depth` reusable pinned host buffers, and an eve
 copy; one worker thread waits for that event and encodes (PyAV for MP4, PIL for PNG) while the GPU goes on
 with the next chunk. `write` blocks while `depth` chunks are pending, so host memory stays bounded.
 Tensors (.safetensors, .pt) need the whole video: their chunks are kept on the host and saved at close.
-Everything goes to a temporary file or folder next to `path` and is renamed into place at close.
+Everything goes to a temporary file or folder next to `path` and is renamed into place at close; or,
+with `into`, to a binary stream as it is encoded (the service's responses: a fragmented MP4, a zip of
+PNG frames, or safetensors).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ MP4_OPTIONS = {"crf": "17"}
 # "Streamed decode and the first request"), where "medium" took several times the decode
 MP4_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 MP4_PRESET = "veryfast"
-IMAGE_KINDS = ("mp4", "png", "frames")  # encoded from uint8 frames by the worker
+IMAGE_KINDS = ("mp4", "png", "frames", "zip")  # encoded from uint8 frames by the worker
+STREAM_KINDS = ("mp4", "zip", "safetensors")  # what a writer can send `into` a stream
+# an MP4 readable while it is written: an empty moov first, then one fragment per keyframe
+MP4_FRAGMENTED = {"movflags": "frag_keyframe+empty_moov+default_base_moof"}
 _POLL_S = 0.05  # how often a blocked producer or an idle worker looks for an error or a stop
 _DONE, _STOP = object(), object()  # what the producer can put to the worker, besides a chunk
 
@@ -49,19 +54,30 @@ class ChunkWriter:
     """Writes a video given as chunks (B, C, t, H, W) in frame order to `path` as `kind` (one of
     io.OUTPUT_KINDS). `close()` finishes and returns the paths written; `abort()` leaves nothing. As a
     context manager it closes on a clean exit and aborts on an exception. A tensor output keeps the
-    chunks it is given (on the host); they must not be changed in place before close."""
+    chunks it is given (on the host); they must not be changed in place before close.
+
+    into: a binary stream (an object with `write`) that receives the output as it is encoded instead of
+    a file (`path` then only names it in messages; close returns no paths); kind one of STREAM_KINDS."""
 
     def __init__(
-        self, path: str | os.PathLike, kind: str, fps: int = 16, *, depth: int = 2, preset: str = MP4_PRESET
+        self,
+        path: str | os.PathLike,
+        kind: str,
+        fps: int = 16,
+        *,
+        depth: int = 2,
+        preset: str = MP4_PRESET,
+        into=None,
     ) -> None:
-        if kind not in OUTPUT_KINDS:
-            raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(OUTPUT_KINDS)}")
+        kinds = OUTPUT_KINDS if into is None else STREAM_KINDS
+        if kind not in kinds:
+            raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(kinds)}")
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
         self.path, self.kind, self.fps = Path(path), kind, fps
         if preset not in MP4_PRESETS:
             raise ValueError(f"unknown x264 preset {preset!r}: expected one of {', '.join(MP4_PRESETS)}")
-        self._sink = _SINKS[kind](self.path, fps, preset)
+        self._sink = _SINKS[kind](self.path, fps, preset) if into is None else _INTO[kind](into, fps, preset)
         self._worker = _Worker(self._sink, depth) if kind in IMAGE_KINDS else None
         self._finalizer = weakref.finalize(self, _abandon, self._sink, self._worker)
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
@@ -141,7 +157,7 @@ class ChunkWriter:
         elif (b, c, h, w) != self._shape:
             expected = "({}, {}, t, {}, {})".format(*self._shape)
             raise ValueError(f"a chunk of shape {tuple(chunk.shape)} follows chunks of shape {expected}")
-        check_video(self.kind, b, self._frames + t, c, (h, w))
+        check_video("frames" if self.kind == "zip" else self.kind, b, self._frames + t, c, (h, w))
 
 
 def write_stream(vae, z, writer: ChunkWriter | None, **decode_kwargs) -> tuple[int, tuple[int, ...] | None]:
@@ -338,13 +354,18 @@ class _Mp4(_Sink):
 
         if self.container is None:
             _, _, height, width, _ = frames.shape
-            self.container = av.open(self.tmp, mode="w", format="mp4")
+            self.container = self._open()
             self.stream = self.container.add_stream(MP4_CODEC, rate=self.fps)
             self.stream.width, self.stream.height, self.stream.pix_fmt = width, height, MP4_PIX_FMT
             self.stream.options = {**MP4_OPTIONS, "preset": self.preset}
         for frame in frames[0]:
             for packet in self.stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 self.container.mux(packet)
+
+    def _open(self):
+        import av
+
+        return av.open(self.tmp, mode="w", format="mp4")
 
     def finish(self) -> None:
         for packet in self.stream.encode():
@@ -442,6 +463,79 @@ _SINKS: dict[str, type[_Sink]] = {
     "pt": _Tensor,
 }
 
+
+# --- into a stream ---------------------------------------------------------------------------------
+
+
+class _Mp4Into(_Mp4):
+    """A fragmented MP4 into a stream: a player can start on the first fragment."""
+
+    def __init__(self, into, fps: int, preset: str = MP4_PRESET) -> None:
+        self.into, self.fps, self.preset = into, fps, preset
+        self.container = self.stream = None
+
+    def _open(self):
+        import av
+
+        return av.open(self.into, mode="w", format="mp4", options=MP4_FRAGMENTED)
+
+    def commit(self) -> list[str]:
+        return []
+
+    def discard(self) -> None:
+        _quietly(self._close)
+
+
+class _ZipInto(_Sink):
+    """PNG frames (`frame_name`), stored uncompressed (PNG is compressed) in a zip written as it goes."""
+
+    def __init__(self, into, fps: int, preset: str = MP4_PRESET) -> None:
+        import zipfile
+
+        self.zip = zipfile.ZipFile(into, mode="w", compression=zipfile.ZIP_STORED)
+
+    def add(self, frames, start: int) -> None:
+        from io import BytesIO
+
+        from PIL import Image
+
+        batch, count = frames.shape[:2]
+        for t in range(count):
+            for b in range(batch):
+                data = BytesIO()
+                Image.fromarray(frames[b, t]).save(data, format="PNG")
+                self.zip.writestr(frame_name(b, start + t, batch), data.getvalue())
+
+    def finish(self) -> None:
+        self.zip.close()
+
+    def commit(self) -> list[str]:
+        return []
+
+    def discard(self) -> None:
+        pass  # a stream cannot be taken back: its reader sees it end short of a zip's directory
+
+
+class _SafetensorsInto(_Tensor):
+    """The whole tensor as safetensors (key io.SAFETENSORS_OUTPUT_KEY), sent at finish."""
+
+    def __init__(self, into, fps: int, preset: str = MP4_PRESET) -> None:
+        self.into, self.chunks = into, []
+
+    def save(self, video) -> None:
+        from safetensors.torch import save
+
+        self.into.write(save({SAFETENSORS_OUTPUT_KEY: video.contiguous()}))
+
+    def commit(self) -> list[str]:
+        return []
+
+    def discard(self) -> None:
+        self.chunks = []
+
+
+_INTO: dict[str, type[_Sink]] = {"mp4": _Mp4Into, "zip": _ZipInto, "safetensors": _SafetensorsInto}
+
 __all__ = [
     "ChunkWriter",
     "InputError",
@@ -450,6 +544,7 @@ __all__ = [
     "MP4_PIX_FMT",
     "MP4_PRESET",
     "MP4_PRESETS",
+    "STREAM_KINDS",
     "frame_name",
     "write_stream",
 ]

@@ -1,0 +1,383 @@
+"""`vaeshard serve`'s HTTP front end on rank 0: a Starlette app served by uvicorn.
+
+It checks each request completely before it is queued (auth, size, safetensors body, shape, format), so
+a request the group runs is one it can decode; it answers from the request's Channel, which the
+dispatcher (cli/serve.py) fills with the output as it is encoded. The response starts with the first
+bytes (a fragmented MP4 fragment by fragment; a zip of PNG frames frame by frame; safetensors at the
+end); an error before them is a JSON `{"error": ...}` with its status code. A client that goes away
+ends its request on every rank (the stream is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import sys
+import time
+
+from vaeshard import MODES, metrics
+
+from . import io
+from .io import InputError
+from .serve import FAILED_LINGER_S, STATUS_FAILED, STATUS_READY, Request
+
+API_KEY_ENV = "VAESHARD_API_KEY"
+FORMATS = {"mp4": "mp4", "safetensors": "safetensors", "png": "zip"}  # query value -> writer kind
+MEDIA_TYPES = {"mp4": "video/mp4", "zip": "application/zip", "safetensors": "application/octet-stream"}
+SUFFIXES = {"mp4": "mp4", "zip": "zip", "safetensors": "safetensors"}
+DEFAULT_FORMAT = "safetensors"
+GRACEFUL_S = 30.0  # after SIGTERM, the longest uvicorn waits for open connections
+
+
+class HTTPError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class Channel:
+    """A request's output, from the dispatcher's threads to the response: bytes, then the end or an
+    error. A writable binary stream on the thread side (cli/writer.py writes into it)."""
+
+    def __init__(self, loop) -> None:
+        self._loop, self._queue, self._done = loop, asyncio.Queue(), False
+
+    def write(self, data) -> int:
+        if len(data):
+            self._put(("data", bytes(data)))
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def end(self) -> None:
+        self._put(("end",))
+
+    def fail(self, code: int, message: str) -> None:
+        self._put(("error", code, message))
+
+    def _put(self, item) -> None:
+        if self._done:
+            return
+        self._done = item[0] != "data"
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def get(self):
+        return await self._queue.get()
+
+
+# --- the app ---------------------------------------------------------------------------------------
+
+
+def make_app(service, job):
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    registry = CollectorRegistry()
+    metrics.use_registry(registry)  # the library's decode and encode metrics go to this app's /metrics
+    http_requests = Counter(
+        "vaeshard_http_requests", "HTTP requests by route and status code", ("route", "code"), registry=registry
+    )
+    latency = Histogram(
+        "vaeshard_http_request_seconds",
+        "Time from a request's arrival to the end of its response",
+        ("route",),
+        buckets=metrics.BUCKETS,
+        registry=registry,
+    )
+    Gauge("vaeshard_queue_depth", "Requests admitted and waiting for the group", registry=registry).set_function(
+        lambda: service.queue_depth
+    )
+    service.on_request = lambda op, seconds, peaks: [metrics.record_peak(r, p) for r, p in peaks.items()]
+
+    def error(code: int, message: str):
+        return JSONResponse({"error": message}, status_code=code)
+
+    def authorized(request) -> bool:
+        if not job.api_key:
+            return True
+        given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+        return hmac.compare_digest(given.encode(), job.api_key.encode())
+
+    def counted(route: str):
+        def wrap(handler):
+            async def inner(request):
+                started = time.perf_counter()
+                try:
+                    if route != "/health" and not authorized(request):
+                        raise HTTPError(
+                            401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
+                        )
+                    response = await handler(request)
+                except HTTPError as exc:
+                    response = error(exc.code, exc.message)
+                http_requests.labels(route, str(response.status_code)).inc()
+                if not isinstance(response, StreamingResponse):
+                    latency.labels(route).observe(time.perf_counter() - started)
+                else:
+                    response.background = _Observe(latency.labels(route), started)
+                return response
+
+            return inner
+
+        return wrap
+
+    async def run_request(request, op: str):
+        if service.status != STATUS_READY:
+            raise HTTPError(503, f"the service is {service.status}" + (f": {service.error}" if service.error else ""))
+        params = _params(request.query_params, op, job)
+        body = await _body(request, job.max_body)
+        tensor = _tensor(body, "latents" if op == "decode" else "pixels")
+        _check(tensor, op, params, job.model)
+        channel = Channel(asyncio.get_running_loop())
+        work = Request(op=op, tensor=tensor, out=channel, **params)
+        refused = service.submit(work)
+        if refused == "full":
+            raise HTTPError(429, f"the queue is full ({job.max_queue} waiting): retry later")
+        if refused is not None:
+            raise HTTPError(503, f"the service is {refused}")
+        first = await channel.get()
+        if first[0] == "error":
+            return error(first[1], first[2])
+        kind = params["format"]
+        return StreamingResponse(
+            _rest(first, channel, work),
+            media_type=MEDIA_TYPES[kind],
+            headers={"content-disposition": f'attachment; filename="{op}.{SUFFIXES[kind]}"'},
+        )
+
+    @counted("/v1/decode")
+    async def decode(request):
+        return await run_request(request, "decode")
+
+    @counted("/v1/encode")
+    async def encode(request):
+        return await run_request(request, "encode")
+
+    @counted("/health")
+    async def health(request):
+        state = service.health()
+        return JSONResponse(state, status_code=200 if state["status"] == STATUS_READY else 503)
+
+    @counted("/metrics")
+    async def metrics_route(request):
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        Route("/v1/decode", decode, methods=["POST"]),
+        Route("/v1/encode", encode, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_route, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+class _Observe:
+    """A streamed response's latency, observed once its last byte was sent (a Starlette background task)."""
+
+    def __init__(self, histogram, started: float) -> None:
+        self.histogram, self.started = histogram, started
+
+    async def __call__(self) -> None:
+        self.histogram.observe(time.perf_counter() - self.started)
+
+
+async def _rest(first, channel: Channel, work: Request):
+    """The response body: the bytes as they come; an error after the first ends the body early (the
+    client sees an incomplete response)."""
+    try:
+        item = first
+        while item[0] == "data":
+            yield item[1]
+            item = await channel.get()
+        if item[0] == "error":
+            raise RuntimeError(f"the request failed after its response began: {item[2]}")
+    finally:
+        work.cancelled.set()  # a client gone mid-stream: the dispatcher closes the stream on every rank
+
+
+# --- request checks --------------------------------------------------------------------------------
+
+
+def _params(query, op: str, job) -> dict:
+    unknown = sorted(set(query) - {"format", "fps", "mode", "exact", "timestep"})
+    if unknown:
+        raise HTTPError(400, f"unknown query parameter(s) {', '.join(unknown)}: use format, fps, mode, exact, timestep")
+    name = query.get("format", DEFAULT_FORMAT if op == "decode" else "safetensors")
+    if op == "encode" and name != "safetensors":
+        raise HTTPError(400, f"format={name!r}: an encode answers safetensors only")
+    if name not in FORMATS:
+        raise HTTPError(400, f"format={name!r}: choose one of {', '.join(FORMATS)}")
+    mode = query.get("mode", job.mode)
+    if mode not in MODES:
+        raise HTTPError(400, f"mode={mode!r}: choose one of {', '.join(MODES)}")
+    return {
+        "format": FORMATS[name],
+        "fps": _positive_int(query.get("fps"), job.fps, "fps"),
+        "mode": mode,
+        "exact": _flag(query.get("exact"), bool(job.options.get("exact", False))),
+        "timestep": _number(query.get("timestep"), "timestep"),
+    }
+
+
+def _positive_int(text, default: int, name: str) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise HTTPError(400, f"{name}={text!r}: expected a whole number") from None
+    if value < 1:
+        raise HTTPError(400, f"{name}={value}: expected at least 1")
+    return value
+
+
+def _flag(text, default: bool) -> bool:
+    if text is None:
+        return default
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise HTTPError(400, f"exact={text!r}: expected true or false")
+
+
+def _number(text, name: str) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise HTTPError(400, f"{name}={text!r}: expected a number") from None
+
+
+async def _body(request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, f"the body is {int(declared)} bytes; this service takes at most {limit}")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise HTTPError(413, f"the body is over {limit} bytes, the most this service takes")
+        parts.append(part)
+    if not size:
+        raise HTTPError(400, "the body is empty: send a safetensors file")
+    return b"".join(parts)
+
+
+def _tensor(body: bytes, key: str):
+    """The tensor `key` of a safetensors body (safetensors holds tensors only: nothing is unpickled)."""
+    from safetensors.torch import load
+
+    try:
+        tensors = load(body)
+    except Exception as exc:
+        raise HTTPError(400, f"the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
+    if key not in tensors:
+        raise HTTPError(
+            400, f"the safetensors body has no tensor named {key!r} (it has: {', '.join(tensors) or 'none'})"
+        )
+    tensor = tensors[key]
+    if not tensor.is_floating_point():
+        raise HTTPError(400, f"{key!r} has dtype {tensor.dtype}: expected a floating-point tensor")
+    return tensor
+
+
+def _check(tensor, op: str, params: dict, model) -> None:
+    shape = tuple(tensor.shape)
+    conditioned = bool(model.config.get("timestep_conditioning", False))
+    try:
+        if op == "decode":
+            if conditioned and params["timestep"] is None:
+                raise InputError(
+                    "this VAE's decoder is timestep-conditioned: pass timestep=T (the pipeline's decode_timestep)"
+                )
+            if params["timestep"] is not None and not conditioned:
+                raise InputError("timestep: this VAE takes no decoder timestep; leave it out")
+            io.check_latent_shape(shape, model, "the request's latents")
+            if params["format"] != "safetensors":
+                frames = model.frames_out(shape[2]) if len(shape) == 5 else 1
+                ratio = model.spatial_ratio()
+                size = (shape[-2] * ratio, shape[-1] * ratio)
+                kind = "mp4" if params["format"] == "mp4" else "frames"
+                io.check_video(kind, shape[0], frames, model.sample_channels(), size)
+        else:
+            ndim, channels = model.latent_ndim(), model.sample_channels()
+            if len(shape) != ndim or shape[1] != channels or 0 in shape:
+                layout = "(B, C, T, H, W)" if ndim == 5 else "(B, C, H, W)"
+                raise InputError(f"'pixels' have shape {shape}: this VAE encodes {layout} with C = {channels}")
+    except InputError as exc:
+        raise HTTPError(400, str(exc)) from None
+
+
+# --- the server ------------------------------------------------------------------------------------
+
+
+def run(service, job) -> None:
+    """Serve until SIGTERM or SIGINT (then: drain, finish the request in flight), or until a failed
+    service has answered for FAILED_LINGER_S."""
+    import signal
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # uvicorn's own handlers re-raise the signal after a graceful exit; a drained service
+            # exits 0 instead
+            def stop(sig, frame):
+                service.drain()
+                self.force_exit = self.should_exit and sig == signal.SIGINT
+                self.should_exit = True
+
+            previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets=sockets)
+            if self.started:
+                _announce(service, job)
+
+        async def on_tick(self, counter: int) -> bool:
+            if service.status == STATUS_FAILED and time.time() - service.failed_at > FAILED_LINGER_S:
+                return True
+            return await super().on_tick(counter)
+
+    config = uvicorn.Config(
+        make_app(service, job),
+        host=job.host,
+        port=job.port,
+        log_level="warning",
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_S,
+    )
+    Server(config).run()
+
+
+def _announce(service, job) -> None:
+    address = f"http://{job.host}:{job.port}"
+    print(
+        f"vaeshard: serving {job.model.description} on {address} ({service.ctx.world} rank(s), {service.ctx.device})",
+        flush=True,
+    )
+    if job.ready_file:
+        with open(job.ready_file, "w") as f:
+            json.dump({"address": address}, f)
+    if not job.api_key and job.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"vaeshard: warning: {address} takes requests without an API key (--api-key, {API_KEY_ENV})",
+            file=sys.stderr,
+        )
+
+
+__all__ = ["API_KEY_ENV", "Channel", "FORMATS", "make_app", "run"]
