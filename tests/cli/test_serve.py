@@ -157,16 +157,8 @@ def reference(model):
 
 
 @pytest.fixture(scope="module")
-def small_queue(model):
-    """A server with room for 2 waiting requests (the 429 and killed-rank tests; the last one ends it)."""
-    s = Server.start(model, "--max-queue", 2)
-    yield s
-    s.kill()
-
-
-@pytest.fixture(scope="module")
 def server(model):
-    s = Server.start(model, "--api-key", KEY, "--max-queue", 8, "--max-body-mb", 1)
+    s = Server.start(model, "--api-key", KEY, "--max-queue", 7, "--max-body-mb", 1)
     yield s
     s.kill()
 
@@ -309,6 +301,21 @@ def test_metrics_move_with_requests(server):
     assert "vaeshard_queue_depth 0.0" in after
 
 
+@pytest.mark.timeout(120)
+def test_a_full_queue_answers_429_and_the_admitted_requests_complete(server, reference):
+    z = latent((1, 4, 3, 16, 16), seed=11)  # long enough that a burst finds the queue full
+    with futures.ThreadPoolExecutor(10) as pool:
+        responses = list(pool.map(lambda _: server.post("/v1/decode", {"latents": z}), range(10)))
+    codes = sorted(r.status_code for r in responses)
+    assert set(codes) == {200, 429} and codes.count(200) >= 8, codes  # one in flight and 7 waiting
+    assert all("queue is full" in r.json()["error"] for r in responses if r.status_code == 429)
+    ref = reference(z)
+    for r in responses:
+        if r.status_code == 200:
+            assert (load(r.content)["sample"] - ref).abs().max() <= CPU_FP32
+    assert server.health()[0] == 200
+
+
 @pytest.mark.timeout(300)
 def test_load_200_requests_from_8_clients_no_errors_no_crossed_results_memory_flat(server, reference):
     shapes = [(1, 4, 1, 4, 4), (1, 4, 2, 4, 6), (1, 4, 1, 6, 4)]
@@ -382,60 +389,6 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(server, reference):
     assert not _alive_group(server.proc.pid)  # every rank is gone
 
 
-@pytest.mark.timeout(120)
-def test_a_full_queue_answers_429_and_the_admitted_requests_complete(small_queue, reference):
-    z = latent((1, 4, 3, 16, 16), seed=11)  # long enough that a burst finds the queue full
-    with futures.ThreadPoolExecutor(6) as pool:
-        responses = list(pool.map(lambda _: small_queue.post("/v1/decode", {"latents": z}, None), range(6)))
-    codes = sorted(r.status_code for r in responses)
-    assert set(codes) == {200, 429} and codes.count(200) >= 3, codes  # one in flight and 2 waiting
-    assert all("queue is full" in r.json()["error"] for r in responses if r.status_code == 429)
-    ref = reference(z)
-    for r in responses:
-        if r.status_code == 200:
-            assert (load(r.content)["sample"] - ref).abs().max() <= CPU_FP32
-    assert small_queue.health()[0] == 200
-
-
-@pytest.mark.timeout(120)
-def test_a_killed_rank_fails_the_requests_with_503_and_the_service_exits_non_zero(small_queue):
-    """(It ends the small-queue server.)"""
-    server = small_queue
-    try:
-        ranks = server.health()[1]["ranks"]
-        z = latent((1, 4, 3, 16, 16), seed=13)
-        with futures.ThreadPoolExecutor(3) as pool:
-            pending = [pool.submit(server.post, "/v1/decode", {"latents": z}, None) for _ in range(3)]
-            deadline = time.monotonic() + 30
-            while server.health()[1]["in_flight"] == 0 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            killed_at = time.monotonic()
-            os.kill(ranks[1]["pid"], signal.SIGKILL)
-            responses = [p.result(timeout=60) for p in pending]
-        codes = [r.status_code for r in responses]
-        assert codes.count(503) >= 2, codes  # the one in flight may have finished before the kill
-        assert all(r.status_code in (200, 503) for r in responses), codes
-        assert all("failed" in r.json()["error"] for r in responses if r.status_code == 503)
-        code, state = server.health()
-        assert code == 503 and state["status"] == "failed" and "rank" in state["error"], state
-        r = server.post("/v1/decode", {"latents": latent((1, 4, 1, 4, 4))}, None)
-        assert r.status_code == 503
-        exit_code = server.wait()
-        assert exit_code != 0, server.output()
-        exited_after = time.monotonic() - killed_at
-        report.record(
-            "service",
-            "service-rank-killed",
-            what="vaeshard serve, 2 CPU ranks; rank 1 killed (SIGKILL) during a request, 2 more queued",
-            requests="3",
-            results=f"HTTP {', '.join(map(str, codes))}; /health 503 'failed'; new requests 503",
-            time=f"exit code {exit_code}, {exited_after:.1f} s after the kill",
-            memory="-",
-        )
-    finally:
-        server.kill()
-
-
 def _torchrun_agent(node_port: int, nnodes_port: int, script: list[str], log) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{nnodes_port}", "--rdzv-id", "serve-test",
@@ -446,52 +399,106 @@ def _torchrun_agent(node_port: int, nnodes_port: int, script: list[str], log) ->
     )  # fmt: skip
 
 
-@pytest.mark.timeout(240)
-def test_two_torchrun_agents_form_one_group_for_the_library_and_the_service(model, reference, tmp_path):
-    """Scale-out as on two machines, on loopback: two torchrun agents of 2 CPU ranks each, one c10d
-    rendezvous; each rank first decodes through the library, then they serve together."""
-    z = latent((1, 4, 3, 8, 8), seed=21)
-    (tmp_path / "z.safetensors").write_bytes(save({"latents": z}))
-    port, rdzv = _free_port(), _free_port()
-    script = ["-m", "tests.cli.serve_ranks", str(model), str(tmp_path / "z.safetensors"), str(tmp_path), str(port)]
-    logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
-    agents = [_torchrun_agent(port, rdzv, script, logs[k]) for k in range(2)]
+class TorchrunGroup:
+    """Two torchrun agents of 2 CPU ranks each, one c10d rendezvous on loopback (two machines' worth):
+    each rank decodes through the library (tests/cli/serve_ranks.py), then they serve together."""
 
-    def output() -> str:
+    def __init__(self, model: Path, directory: Path, z) -> None:
+        self.directory = directory
+        (directory / "z.safetensors").write_bytes(save({"latents": z}))
+        port, rdzv = _free_port(), _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        script = [
+            "-m",
+            "tests.cli.serve_ranks",
+            str(model),
+            str(directory / "z.safetensors"),
+            str(directory),
+            str(port),
+        ]
+        self.logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
+        self.agents = [_torchrun_agent(port, rdzv, script, self.logs[k]) for k in range(2)]
+        deadline = time.monotonic() + 180
+        while True:
+            assert time.monotonic() < deadline, self.output()
+            assert all(a.poll() is None for a in self.agents), self.output()
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.3)
+
+    def output(self) -> str:
         text = []
-        for log in logs:
+        for log in self.logs:
             log.seek(0)
             text.append(log.read())
         return "\n---\n".join(text)
 
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while True:
-            assert time.monotonic() < deadline, output()
-            assert all(a.poll() is None for a in agents), output()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        library = [json.loads((tmp_path / f"library-{r}.json").read_text()) for r in range(4)]
-        assert all(row["max_diff"] <= CPU_FP32 for row in library), library
-        assert sorted(row["rank"] for row in library) == [0, 1, 2, 3] and library[0]["world"] == 4
-        state = httpx.get(url + "/health", timeout=5).json()
-        assert state["world_size"] == 4
-        for mode in ("spatial_shard_height", "tile"):
-            r = httpx.post(url + "/v1/decode", content=save({"latents": z}), params={"mode": mode}, timeout=60)
-            assert r.status_code == 200, r.text
-            assert (load(r.content)["sample"] - reference(z)).abs().max() <= CPU_FP32
-        rank0 = next(r["pid"] for r in state["ranks"] if r["rank"] == 0)
-        os.kill(rank0, signal.SIGTERM)  # as a supervisor stops the service: rank 0 drains and stops the group
-        for a in agents:
-            a.wait(timeout=60)
-        assert [a.returncode for a in agents] == [0, 0], output()
-    finally:
-        for a in agents:
+    def kill(self) -> None:
+        for a in self.agents:
             if _alive_group(a.pid):
                 os.killpg(a.pid, signal.SIGKILL)
                 a.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def torchrun_group(model, tmp_path_factory):
+    group = TorchrunGroup(model, tmp_path_factory.mktemp("torchrun"), latent((1, 4, 3, 8, 8), seed=21))
+    yield group
+    group.kill()
+
+
+@pytest.mark.timeout(240)
+def test_two_torchrun_agents_form_one_group_for_the_library_and_the_service(torchrun_group, reference):
+    group = torchrun_group
+    library = [json.loads((group.directory / f"library-{r}.json").read_text()) for r in range(4)]
+    assert all(row["max_diff"] <= CPU_FP32 for row in library), library
+    assert sorted(row["rank"] for row in library) == [0, 1, 2, 3] and library[0]["world"] == 4
+    state = httpx.get(group.url + "/health", timeout=5).json()
+    assert state["world_size"] == 4 and [r["rank"] for r in state["ranks"]] == [0, 1, 2, 3]
+    z = latent((1, 4, 3, 8, 8), seed=21)
+    for mode in ("spatial_shard_height", "tile"):
+        r = httpx.post(group.url + "/v1/decode", content=save({"latents": z}), params={"mode": mode}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert (load(r.content)["sample"] - reference(z)).abs().max() <= CPU_FP32
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_rank_fails_the_requests_with_503_and_the_service_exits_non_zero(torchrun_group):
+    """(It ends the torchrun group: rank 3, on the agent without rank 0, is killed mid-request.)"""
+    group = torchrun_group
+    ranks = httpx.get(group.url + "/health", timeout=5).json()["ranks"]
+    z = latent((1, 4, 3, 16, 16), seed=13)
+
+    def post():
+        return httpx.post(group.url + "/v1/decode", content=save({"latents": z}), timeout=60)
+
+    with futures.ThreadPoolExecutor(3) as pool:
+        pending = [pool.submit(post) for _ in range(3)]
+        deadline = time.monotonic() + 30
+        while httpx.get(group.url + "/health", timeout=5).json()["in_flight"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed_at = time.monotonic()
+        os.kill(ranks[3]["pid"], signal.SIGKILL)
+        responses = [p.result(timeout=60) for p in pending]
+    codes = [r.status_code for r in responses]
+    assert codes.count(503) >= 2 and set(codes) <= {200, 503}, codes  # the one in flight may have finished
+    assert all("failed" in r.json()["error"] for r in responses if r.status_code == 503)
+    r = httpx.get(group.url + "/health", timeout=5)
+    assert r.status_code == 503 and r.json()["status"] == "failed" and "rank" in r.json()["error"], r.text
+    assert post().status_code == 503
+    for a in group.agents:
+        a.wait(timeout=60)
+    exits = [a.returncode for a in group.agents]
+    assert all(code != 0 for code in exits), (exits, group.output())
+    report.record(
+        "service",
+        "service-rank-killed",
+        what="vaeshard serve, two torchrun agents of 2 CPU ranks; rank 3 killed (SIGKILL) mid-request, 2 queued",
+        requests="3",
+        results=f"HTTP {', '.join(map(str, codes))}; /health 503 'failed'; new requests 503",
+        time=f"agents exit {', '.join(map(str, exits))}, {time.monotonic() - killed_at:.1f} s after the kill",
+        memory="-",
+    )
