@@ -175,6 +175,57 @@ EXPECTED_FLAGS = {
         ("--timings", None, None, False),
         ("--timeout", None, 600.0, False),
     ],
+    "serve": [
+        ("--model", None, None, False),  # (one of --model and --config is required)
+        (
+            "--config",
+            (
+                "wan21",
+                "wan22",
+                "qwenimage",
+                "sd15",
+                "sdxl",
+                "flux1",
+                "flux2",
+                "hunyuanvideo15",
+                "qwenimage21",
+                "ltx",
+                "ltx2",
+                "hunyuanvideo",
+                "cogvideox",
+                "mochi",
+            ),
+            None,
+            False,
+        ),
+        ("--subfolder", None, None, False),
+        ("--offline", None, False, False),
+        ("--dtype", ("bf16", "fp16", "fp32"), None, False),
+        ("--device", ("cpu", "cuda"), None, False),
+        ("--nproc", None, None, False),
+        ("--mode", MODES, "auto", False),
+        ("--host", None, "127.0.0.1", False),
+        ("--port", None, 8000, False),
+        ("--api-key", None, None, False),
+        ("--max-queue", None, 16, False),
+        ("--max-body-mb", None, 1024.0, False),
+        ("--fps", None, 16, False),
+        (
+            "--preset",
+            ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow"),
+            "veryfast",
+            False,
+        ),
+        ("--ready-file", None, None, False),
+        ("--exact", None, False, False),
+        ("--cudnn-benchmark", None, False, False),
+        ("--cuda-graphs", None, "auto", False),
+        ("--keep-cuda-graphs", None, False, False),
+        ("--frames-per-step", None, "auto", False),
+        ("--max-layer-frames", None, None, False),
+        ("--no-triton-convs", None, True, False),
+        ("--timeout", None, 600.0, False),
+    ],
     "bench": [
         (
             "--config",
@@ -236,7 +287,7 @@ def test_flags_and_choices_are_frozen():
 
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert list(commands.choices) == ["demo", "decode", "bench"]
+    assert list(commands.choices) == ["demo", "decode", "serve", "bench"]
     for name, subparser in commands.choices.items():
         actual = [
             (

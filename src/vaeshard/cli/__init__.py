@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", default=None, metavar="MODEL", help="local diffusers folder (VAE or pipeline) or Hub id"
     )
     what.add_argument(
-        "--config", choices=tuple(NAMED_CONFIGS), default=None, help="a real VAE config with random weights (tests)"
+        "--config", choices=tuple(NAMED_CONFIGS), default=None, help="real VAE config with random weights (benchmarks)"
     )
     srv.add_argument(
         "--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)"
