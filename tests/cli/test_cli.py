@@ -121,16 +121,20 @@ def _leftovers(folder: Path) -> list[str]:
 
 
 @pytest.mark.timeout(60)
-def test_help_lists_the_modes():
-    top = vaeshard_cli("--help")
-    assert top.returncode == 0, top.stderr
-    for command in ("demo", "decode", "bench"):
-        assert command in top.stdout
-    decode = vaeshard_cli("decode", "--help")
-    assert decode.returncode == 0, decode.stderr
-    assert "{" + ",".join(MODES) + "}" in decode.stdout  # argparse's choices list, in MODES order
+def test_help_lists_the_modes(capsys):
+    def help_of(*args) -> str:
+        with pytest.raises(SystemExit) as done:
+            in_process(*args, "--help")
+        assert done.value.code == 0
+        return capsys.readouterr().out
+
+    top = help_of()
+    for command in ("demo", "decode", "bench", "serve"):
+        assert command in top
+    decode = help_of("decode")
+    assert "{" + ",".join(MODES) + "}" in decode  # argparse's choices list, in MODES order
     for mode in MODES:
-        assert mode in top.stdout
+        assert mode in top
 
 
 # Every flag of every command, with its choices and default: a change here is a change of the
@@ -679,8 +683,8 @@ def test_launch_kills_everything_at_the_deadline():
     before = set(multiprocessing.active_children())  # e.g. rank pools other tests keep alive
     t0 = time.monotonic()
     with pytest.raises(launch.LaunchTimeout):
-        launch.run(_hangs, 2, timeout=8)
-    assert time.monotonic() - t0 < 40
+        launch.run(_hangs, 2, timeout=4)
+    assert time.monotonic() - t0 < 36
     assert set(multiprocessing.active_children()) - before == set()
 
 

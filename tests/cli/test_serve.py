@@ -37,6 +37,8 @@ EXIT_S = 40.0
 KEY = "test-key"
 SHAPES = [(1, 4, 3, 6, 8), (1, 4, 2, 8, 8), (2, 4, 1, 6, 6)]  # different sizes, frames and batch
 MODES = ["auto", "spatial_shard_height", "spatial_shard_width", "tile"]
+# the load test's requests: CI runs 60; docs/reliability.md records VAESHARD_SERVE_LOAD=200
+LOAD = int(os.environ.get("VAESHARD_SERVE_LOAD", "60"))
 
 
 def _free_port() -> int:
@@ -312,7 +314,7 @@ def test_metrics_move_with_requests(server):
 
 @pytest.mark.timeout(120)
 def test_a_full_queue_answers_429_and_the_admitted_requests_complete(server, reference):
-    z = latent((1, 4, 3, 16, 16), seed=11)  # long enough that a burst finds the queue full
+    z = latent((1, 4, 2, 12, 12), seed=11)  # long enough that a burst finds the queue full
     with futures.ThreadPoolExecutor(10) as pool:
         responses = list(pool.map(lambda _: server.post("/v1/decode", {"latents": z}), range(10)))
     codes = sorted(r.status_code for r in responses)
@@ -326,9 +328,9 @@ def test_a_full_queue_answers_429_and_the_admitted_requests_complete(server, ref
 
 
 @pytest.mark.timeout(300)
-def test_load_200_requests_from_8_clients_no_errors_no_crossed_results_memory_flat(server, reference):
+def test_load_from_8_clients_no_errors_no_crossed_results_memory_flat(server, reference):
     shapes = [(1, 4, 1, 4, 4), (1, 4, 2, 4, 6), (1, 4, 1, 6, 4)]
-    inputs = [latent(shapes[i % 3], seed=100 + i % 12) for i in range(200)]  # 12 distinct requests
+    inputs = [latent(shapes[i % 3], seed=100 + i % 12) for i in range(max(LOAD, 12))]  # 12 distinct requests
     pids = [r["pid"] for r in server.health()[1]["ranks"]]
 
     def send(i):
@@ -343,7 +345,7 @@ def test_load_200_requests_from_8_clients_no_errors_no_crossed_results_memory_fl
     run(12)  # warm: every request once, so later growth is a leak, not a first allocation
     baseline = [_rss_mib(p) for p in pids]
     started = time.perf_counter()
-    results = run(200)
+    results = run(len(inputs))
     wall = time.perf_counter() - started
     after = [_rss_mib(p) for p in pids]
     assert all(code == 200 for _, code, _, _ in results), sorted({code for _, code, _, _ in results})
@@ -352,50 +354,19 @@ def test_load_200_requests_from_8_clients_no_errors_no_crossed_results_memory_fl
     growth = [a - b for a, b in zip(after, baseline)]
     assert max(growth) < 64, (baseline, after)
     latencies = sorted(t for *_, t in results)
-    p50, p99 = latencies[100], latencies[197]
+    p50, p99 = latencies[len(latencies) // 2], latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
     report.record(
         "service",
-        "service-load-200",
-        what="vaeshard serve, 2 CPU ranks; 200 decodes of 3 small shapes (mode auto) from 8 concurrent clients",
-        requests="200",
-        results="200 x 200 OK, each equal to diffusers' decode of its own latents (<= 1e-5)",
-        time=f"{200 / wall:.1f} requests/s; latency p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms",
+        "service-load",
+        what="vaeshard serve, 2 CPU ranks; small decodes of 3 shapes (mode auto) from 8 concurrent clients",
+        requests=str(len(results)),
+        results=f"{len(results)} x 200 OK, each equal to diffusers' decode of its own latents (<= 1e-5)",
+        time=f"{len(results) / wall:.1f} requests/s; latency p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms",
         memory=" / ".join(f"{b:.0f} -> {a:.0f} MiB" for b, a in zip(baseline, after)),
     )
 
 
 # --- stopping and failing --------------------------------------------------------------------------
-
-
-@pytest.mark.timeout(120)
-def test_sigterm_finishes_the_request_in_flight_and_exits_0(server, reference):
-    """(Last of the tests on the shared server: it stops it.)"""
-    z = latent((1, 4, 3, 16, 16), seed=12)
-    responses: dict = {}
-
-    def send(name):
-        responses[name] = server.post("/v1/decode", {"latents": z})
-
-    first = threading.Thread(target=send, args=("in flight",))
-    first.start()
-    deadline = time.monotonic() + 30
-    while server.health()[1]["in_flight"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    second = threading.Thread(target=send, args=("queued",))
-    second.start()
-    while server.health()[1]["queue_depth"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    server.proc.send_signal(signal.SIGTERM)
-    first.join(60)
-    second.join(60)
-    assert server.wait() == 0, server.output()
-    assert responses["in flight"].status_code == 200
-    assert (load(responses["in flight"].content)["sample"] - reference(z)).abs().max() <= CPU_FP32
-    assert responses["queued"].status_code == 503 and "shutting down" in responses["queued"].json()["error"]
-    deadline = time.monotonic() + 10
-    while _alive_group(server.proc.pid) and time.monotonic() < deadline:  # multiprocessing's helpers end last
-        time.sleep(0.1)
-    assert not _alive_group(server.proc.pid)  # every rank is gone
 
 
 def _torchrun_agent(node_port: int, nnodes_port: int, script: list[str], log) -> subprocess.Popen:
@@ -466,24 +437,48 @@ def test_two_torchrun_agents_form_one_group_for_the_library_and_the_service(torc
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_to_rank_0_stops_the_torchrun_group_with_exit_0(torchrun_group):
-    """(It ends the torchrun group.) As a supervisor stops the service: rank 0 drains and stops the group."""
+def test_sigterm_finishes_the_request_in_flight_and_every_rank_exits_0(torchrun_group, reference):
+    """(It ends the torchrun group.) As a supervisor stops the service: SIGTERM to rank 0, with one
+    request in flight and one queued; rank 0 drains and stops the group."""
     group = torchrun_group
-    rank0 = next(r["pid"] for r in httpx.get(group.url + "/health", timeout=5).json()["ranks"] if r["rank"] == 0)
+    z = latent((1, 4, 3, 16, 16), seed=12)
+    responses: dict = {}
+
+    def health() -> dict:
+        return httpx.get(group.url + "/health", timeout=5).json()
+
+    def send(name):
+        responses[name] = httpx.post(group.url + "/v1/decode", content=save({"latents": z}), timeout=60)
+
+    first = threading.Thread(target=send, args=("in flight",))
+    first.start()
+    deadline = time.monotonic() + 30
+    while health()["in_flight"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = threading.Thread(target=send, args=("queued",))
+    second.start()
+    while health()["queue_depth"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rank0 = next(r["pid"] for r in health()["ranks"] if r["rank"] == 0)
     os.kill(rank0, signal.SIGTERM)
+    first.join(60)
+    second.join(60)
     for a in group.agents:
         a.wait(timeout=60)
     assert [a.returncode for a in group.agents] == [0, 0], group.output()
+    assert responses["in flight"].status_code == 200
+    assert (load(responses["in flight"].content)["sample"] - reference(z)).abs().max() <= CPU_FP32
+    assert responses["queued"].status_code == 503 and "shutting down" in responses["queued"].json()["error"]
 
 
 @pytest.mark.timeout(150)
-def test_a_killed_rank_fails_the_requests_with_503_and_the_service_exits_non_zero(model):
-    server = Server.start(model)
+def test_a_killed_rank_fails_the_requests_with_503_and_the_service_exits_non_zero(server):
+    """(The last test on the shared server: it ends it.)"""
     try:
         ranks = server.health()[1]["ranks"]
         z = latent((1, 4, 3, 16, 16), seed=13)
         with futures.ThreadPoolExecutor(3) as pool:
-            pending = [pool.submit(server.post, "/v1/decode", {"latents": z}, None) for _ in range(3)]
+            pending = [pool.submit(server.post, "/v1/decode", {"latents": z}) for _ in range(3)]
             deadline = time.monotonic() + 30
             while server.health()[1]["in_flight"] == 0 and time.monotonic() < deadline:
                 time.sleep(0.02)
@@ -495,7 +490,7 @@ def test_a_killed_rank_fails_the_requests_with_503_and_the_service_exits_non_zer
         assert all("failed" in r.json()["error"] for r in responses if r.status_code == 503)
         code, state = server.health()
         assert code == 503 and state["status"] == "failed" and "rank" in state["error"], state
-        assert server.post("/v1/decode", {"latents": latent((1, 4, 1, 4, 4))}, None).status_code == 503
+        assert server.post("/v1/decode", {"latents": latent((1, 4, 1, 4, 4))}).status_code == 503
         exit_code = server.wait()
         assert exit_code != 0, server.output()
         report.record(
