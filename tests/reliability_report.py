@@ -1,7 +1,8 @@
-"""The tables of docs/reliability.md: recorded by tests/test_reliability.py, rendered here.
+"""The tables of docs/reliability.md: recorded by tests/test_reliability.py, tests/runtime/test_agreement.py
+and tests/cli/test_serve.py, rendered here.
 
     python -m tests.reliability_report                      # run the reliability tests, rewrite the tables
-    VAESHARD_SOAK=240 python -m tests.reliability_report    # the same with the full 240-request soak
+    VAESHARD_SOAK=240 VAESHARD_SERVE_LOAD=200 python -m tests.reliability_report  # full soak and service load
     python -m tests.reliability_report --rows DIR           # only render rows recorded earlier in DIR
 
 While VAESHARD_REPORT_DIR names a directory, each reliability test appends its rows (one JSON object

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from . import reliability_report as report
+from .cli.test_serve import REPORT_IDS as SERVICE_IDS
 from .dist_harness import run_ranks
 from .models import build, latent
 from .runtime.test_agreement import REPORT_IDS as ARRIVAL_IDS
@@ -1029,6 +1030,7 @@ def report_ids() -> list[str]:
         + [c[0] for c in FAULTS]
         + ["two-groups"]
         + ARRIVAL_IDS
+        + SERVICE_IDS
     )
 
 
