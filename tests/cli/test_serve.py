@@ -201,6 +201,19 @@ def test_concurrent_requests_of_different_shapes_and_modes_match_diffusers(serve
 
 
 @pytest.mark.timeout(120)
+def test_an_answer_of_several_socket_writes_arrives_whole(server, reference):
+    from vaeshard.cli.http import SEND_BYTES
+
+    z = latent((1, 4, 3, 16, 24), seed=5)
+    r = server.post("/v1/decode", {"latents": z})
+    assert r.status_code == 200, r.text
+    assert len(r.content) > 2 * SEND_BYTES  # sent in at least three pieces
+    got, ref = load(r.content)["sample"], reference(z)
+    assert got.shape == ref.shape
+    assert (got - ref).abs().max() <= CPU_FP32
+
+
+@pytest.mark.timeout(120)
 def test_formats_mp4_png_zip_and_exact(server, reference):
     import av
 

@@ -28,6 +28,9 @@ FORMATS = {"mp4": "mp4", "safetensors": "safetensors", "png": "zip"}  # query va
 MEDIA_TYPES = {"mp4": "video/mp4", "zip": "application/zip", "safetensors": "application/octet-stream"}
 SUFFIXES = {"mp4": "mp4", "zip": "zip", "safetensors": "safetensors"}
 DEFAULT_FORMAT = "safetensors"
+# Bytes per write to the socket: a whole safetensors answer (hundreds of MB) in one write sends several
+# times slower than in pieces of this size (benchmarks/serve_gpu.py, BENCHMARKS.md).
+SEND_BYTES = 1 << 20
 GRACEFUL_S = 30.0  # after SIGTERM, the longest uvicorn waits for open connections
 
 
@@ -193,7 +196,9 @@ async def _rest(first, channel: Channel, work: Request):
     try:
         item = first
         while item[0] == "data":
-            yield item[1]
+            data = memoryview(item[1])
+            for start in range(0, len(data), SEND_BYTES):
+                yield data[start : start + SEND_BYTES]
             item = await channel.get()
         if item[0] == "error":
             raise RuntimeError(f"the request failed after its response began: {item[2]}")
