@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/stream_gpu.sh OUT [SUBJECTS] [PARTS]
 #
-# PARTS: any of stream,e2e,cudnn (default all three, in that order).
+# PARTS: any of stream,e2e,cudnn (default all three, in that order). E2E_TIMEOUT: seconds per e2e subject.
 # 1. benchmarks/stream_gpu.py: stream_decode's chunks == vae.decode bit for bit (fast tier with CUDA
 #    graphs at a small size, and at 480p; the exact tier), the CLI writer's CUDA path == the CPU's.
 # 2. `vaeshard bench --e2e` per subject ("config=B,C,T,H,W@reps;..."): cold `vaeshard decode` to MP4,
@@ -15,6 +15,7 @@ set -uo pipefail
 OUT=${1:?usage: $0 OUT [SUBJECTS]}
 SUBJECTS=${2:-"wan21=1,16,21,90,160@3;wan21=1,16,21,60,104@2;wan22=1,48,31,44,80@2"}
 PARTS=${3:-stream,e2e,cudnn}
+E2E_TIMEOUT=${E2E_TIMEOUT:-300}  # seconds per e2e subject (Wan 2.2 720p 121 frames needs about 400)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,7 +33,7 @@ for item in "${subjects[@]}"; do
   [ -z "$item" ] && continue
   [[ $PARTS == *e2e* ]] || break
   n=$((n + 1)); config=${item%%=*}; rest=${item#*=}; shape=${rest%@*}; reps=${rest#*@}
-  timeout 300 python3 -m vaeshard bench --e2e --config "$config" --shape "$shape" --reps "$reps" \
+  timeout "$E2E_TIMEOUT" python3 -m vaeshard bench --e2e --config "$config" --shape "$shape" --reps "$reps" \
     --out-dir "/tmp/e2e-$n" --json "$OUT/e2e-$n.json" >"$OUT/e2e-$n.log" 2>&1 \
     || echo "e2e $item failed" >>"$OUT/notes.txt"
   rm -rf "/tmp/e2e-$n"
@@ -43,7 +44,7 @@ for item in "${subjects[@]}"; do
   config=${item%%=*}; rest=${item#*=}; shape=${rest%@*}
   for flag in "" --cudnn-benchmark; do
     timeout 150 python3 -m vaeshard bench --config "$config" --shape "$shape" --nproc 1 --modes auto --reps 3 \
-      --no-ref $flag --json "$OUT/bench-cudnn-$config-$shape${flag:+-on}.json" >/dev/null 2>&1 \
+      --no-ref $flag --json "$OUT/bench-cudnn-$config-${shape//,/x}${flag:+-on}.json" >/dev/null 2>&1 \
       || echo "bench $item $flag failed" >>"$OUT/notes.txt"
   done
 done

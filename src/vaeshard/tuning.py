@@ -56,7 +56,10 @@ TABLE: tuple[Entry, ...] = (
         "a process's first request of each convolution shape times cuDNN's algorithms",
         "Wan 2.1 720p 81 frames, a fresh process each: the first decode 3.42 s with benchmark mode, 2.31 s "
         "without; the later ones 1.27 / 1.20 s with it, 1.27 / 1.25 s without "
-        "(benchmarks/results/2026-12-02/first-request/)",
+        "(benchmarks/results/2026-12-02/first-request/). The steady decode (`vaeshard bench`, 3 after a warm-up, "
+        "on / off): Wan 2.1 480p 0.528 / 0.544 s and 0.526 / 0.555 s in two calls, so a long-lived process of "
+        "many 480p requests gains 3-5% with --cudnn-benchmark; Wan 2.2 720p 3.005 / 3.013 s "
+        "(benchmarks/results/2026-12-02/stream-wan22/)",
     ),
     Entry(
         "AUTO_STEP_FRAMES",
