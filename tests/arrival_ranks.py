@@ -1,4 +1,5 @@
-"""One rank of an arrival scenario (tests/runtime/test_agreement.py): run as `python -m tests.arrival_ranks SCENARIO`
+"""One rank of an arrival scenario (tests/test_runtime/test_agreement.py): run as
+`python -m tests.arrival_ranks SCENARIO`
 with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), one process per rank.
 
 The rank prints one line `EVENTS {json}` of what it saw (epoch times, exception types and messages),
@@ -50,10 +51,8 @@ def main(scenario: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     rank = dist.get_rank()
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from models import build, latent
-
     import vaeshard
+    from tests.models import build, latent
 
     timeout = os.environ.get("ARRIVAL_TIMEOUT")
     vae = vaeshard.parallelize(

@@ -1,4 +1,4 @@
-"""A rank's part of tests/kernels/test_conv_kernel.py's sharded decode through the Triton kernel: in a module
+"""A rank's part of tests/test_kernels/test_conv_kernel.py's sharded decode through the Triton kernel: in a module
 of its own, since the rank processes import it (the test module builds large example tensors at
 import)."""
 

@@ -11,7 +11,7 @@ the tests that decode a whole small model through the kernels (wiring, not arith
 - no int32 overflow sanitizing (`unsanitized()`, also in the convolution kernel's value script): the
   interpreter checks every integer add and multiply for int32 overflow, at about three extra
   operations each. An index overflows int32 only in tensors of 2**31 elements, which no CPU test
-  builds; `_wide`, the choice of 64-bit indices there, is checked by tests/layers/test_fast.py on
+  builds; `_wide`, the choice of 64-bit indices there, is checked by tests/test_layers/test_fast.py on
   meta tensors.
 """
 

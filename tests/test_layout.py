@@ -112,4 +112,30 @@ def test_few_top_level_modules_and_none_too_long():
 def test_the_tests_mirror_the_tree():
     tests = Path(__file__).resolve().parent
     for part in ("runtime", "layers", "kernels", "families", "cli"):
-        assert (SRC / part).is_dir() and list((tests / part).glob("test_*.py")), part
+        assert (SRC / part).is_dir() and list((tests / f"test_{part}").glob("test_*.py")), part
+
+
+def test_no_test_or_benchmark_name_shadows_an_importable_package():
+    # A script that puts tests/ or benchmarks/ first on sys.path (as a rank script or runpy does) would
+    # import such a folder or module instead of the installed package of that name: `kernels`, which
+    # diffusers imports through transformers, was once a test folder.
+    import importlib.util
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    names = set()
+    for folder in (repo / "tests", repo / "benchmarks"):
+        names |= {p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+        names |= {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    ours = {str(repo), str(repo / "tests"), str(repo / "benchmarks"), "", "."}
+    saved = sys.path[:]
+    try:
+        sys.path[:] = [p for p in sys.path if str(Path(p).resolve()) not in ours and p not in ours]
+        shadowing = sorted(n for n in names if n not in sys.modules and importlib.util.find_spec(n) is not None)
+        shadowing += sorted(n for n in names if n in sys.modules and n != "tests"
+                            and not str(getattr(sys.modules[n], "__file__", "") or "").startswith(str(repo)))
+        sees_installed = importlib.util.find_spec("torch") is not None  # the filtered path still finds packages
+    finally:
+        sys.path[:] = saved
+    assert sees_installed
+    assert not shadowing, f"tests/ or benchmarks/ names that an installed package also has: {shadowing}"

@@ -66,7 +66,7 @@ def support_table() -> str:
     """The markdown table of what each registered class supports, as docs/families.md shows it.
 
     Generated from the registry and the families' declarations, so the document cannot drift from
-    the code (tests/families/test_families.py checks that the document contains exactly this table).
+    the code (tests/test_families/test_families.py checks that the document contains exactly this table).
     """
 
     def mark(yes: bool) -> str:

@@ -27,7 +27,7 @@ class Mirror(NamedTuple):
     """A diffusers function whose computation vaeshard re-implements (for speed, or to shard it
     exactly) instead of calling it: `theirs` ("module:Qualified.name"), the vaeshard code that
     mirrors it (`ours`), and `sha`, the `source_hash` of the diffusers source it was written from.
-    tests/families/test_drift.py fails by name when the installed diffusers' source differs."""
+    tests/test_families/test_drift.py fails by name when the installed diffusers' source differs."""
 
     theirs: str
     ours: str

@@ -1,7 +1,7 @@
 """Wan's fast-tier blocks: diffusers' forwards of the Wan-architecture residual block, decoder and
 encoder, upsampler and up block, mirrored step for step with less data movement (the buffer
 protocol of layers/buffers.py). Each names the diffusers function it mirrors, as do the families'
-`mirrors` (Family.mirrors); tests/families/test_drift.py checks those functions' sources against the
+`mirrors` (Family.mirrors); tests/test_families/test_drift.py checks those functions' sources against the
 versions these were written from.
 """
 

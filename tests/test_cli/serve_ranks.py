@@ -1,4 +1,4 @@
-"""One rank of tests/cli/test_serve.py's two-agent torchrun group (`python -m tests.cli.serve_ranks MODEL
+"""One rank of tests/test_cli/test_serve.py's two-agent torchrun group (`python -m tests.test_cli.serve_ranks MODEL
 LATENTS DIR PORT` under torchrun): decode through the library and compare with diffusers' own decode
 in this process (DIR/library-RANK.json), then serve with every rank of the same group (`vaeshard serve`
 under torchrun) until rank 0 is stopped."""

@@ -395,7 +395,7 @@ def _torchrun_agent(node_port: int, nnodes_port: int, script: list[str], log) ->
 
 class TorchrunGroup:
     """Two torchrun agents of 2 CPU ranks each, one c10d rendezvous on loopback (two machines' worth):
-    each rank decodes through the library (tests/cli/serve_ranks.py), then they serve together."""
+    each rank decodes through the library (tests/test_cli/serve_ranks.py), then they serve together."""
 
     def __init__(self, model: Path, directory: Path, z) -> None:
         self.directory = directory
@@ -404,7 +404,7 @@ class TorchrunGroup:
         self.url = f"http://127.0.0.1:{port}"
         script = [
             "-m",
-            "tests.cli.serve_ranks",
+            "tests.test_cli.serve_ranks",
             str(model),
             str(directory / "z.safetensors"),
             str(directory),

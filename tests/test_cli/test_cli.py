@@ -326,7 +326,7 @@ def test_decode_tile_mode_writes_png_frames_equal_to_diffusers_tiled_decode(asse
 
 
 @pytest.mark.timeout(120)
-# both frame options passed on, and the default: each value's effect is tests/layers/test_fast.py's
+# both frame options passed on, and the default: each value's effect is tests/test_layers/test_fast.py's
 @pytest.mark.parametrize("frames_per_step,max_layer_frames", [(2, 2), ("auto", None)])
 def test_decode_tensor_is_identical_to_the_library_in_process(assets, tmp_path, frames_per_step, max_layer_frames):
     from PIL import Image
