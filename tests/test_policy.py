@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import vaeshard
 
@@ -23,7 +24,7 @@ AUTO_TABLE = [
     ((1, 16, 5, 2, 2), 4, "direct"),  # neither axis covers 4 ranks; one tile
     ((1, 16, 5, 3, 90), 4, "spatial_shard_width"),
     ((1, 16, 5, 90, 3), 4, "spatial_shard_height"),
-    ((1, 16, 64, 64), 4, "direct"),  # 4-D: never spatial
+    ((1, 16, 64, 64), 4, "refused"),  # 4-D: decode refuses it, and so does the plan
     ((1, 16, 5, 60, 104), 1, "direct"),
 ]
 
@@ -48,8 +49,6 @@ def test_auto_rule(wan, shape, world, expected):
 def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(
     monkeypatch, wan, shape, world, op, expected
 ):
-    import torch
-
     from vaeshard import policy
 
     # on CPU, where it was not measured, the baseline rule: the longer axis (width for all of these)
@@ -64,8 +63,6 @@ def test_auto_takes_the_family_measured_axis_for_wan_decodes_over_two_ranks(
 def test_the_measured_axis_is_the_wan_2_1_layers_own():
     # the refinement covers what was measured: Wan 2.1's layers (and Qwen-Image's, the same) on 2
     # ranks; Wan 2.2 (measured within 1%) and AutoencoderKL keep the baseline rule
-    import torch
-
     from vaeshard.families import family_for
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
@@ -81,19 +78,48 @@ def test_the_measured_axis_is_the_wan_2_1_layers_own():
     assert vaeshard.plan(kl, (1, 4, 60, 104), 2).strategy == "spatial_shard_width"
 
 
-def test_auto_uses_tile_when_no_axis_covers_group_and_several_tiles(wan):
+def test_auto_never_tiles_a_vae_whose_tiling_is_off(wan):
+    # no axis covers the group and the latent is several tiles: tiles would change the untiled result,
+    # so one rank decodes it directly; with diffusers' tiling on, auto tiles as the VAE itself does
     wan.tile_sample_min_height = wan.tile_sample_min_width = 16
     wan.tile_sample_stride_height = wan.tile_sample_stride_width = 8
     try:
-        assert vaeshard.plan(wan, (1, 16, 5, 3, 3), 4).strategy == "tile"
+        off = vaeshard.plan(wan, (1, 16, 5, 3, 3), 4)
+        assert off.strategy == "direct" and not off.changes_result and "tiles would change" in off.reason
+        forced = vaeshard.plan(wan, (1, 16, 5, 3, 3), 4, "tile")
+        assert forced.strategy == "tile" and forced.changes_result and "NOT what this VAE computes" in forced.result
+        wan.use_tiling = True
+        for shape in ((1, 16, 5, 3, 3), (1, 16, 5, 60, 104)):
+            on = vaeshard.plan(wan, shape, 4)
+            assert on.strategy == "tile" and not on.changes_result and "tiled decode" in on.result, on
+        sharded = vaeshard.plan(wan, (1, 16, 5, 60, 104), 4, "spatial_shard_width")
+        assert sharded.changes_result and "NOT what this VAE computes" in sharded.explain()
+        assert vaeshard.plan(wan, (1, 16, 5, 1, 2), 4).strategy == "direct"  # one tile: diffusers decodes it whole
     finally:
+        wan.use_tiling = False
         wan.tile_sample_min_height = wan.tile_sample_min_width = 256
         wan.tile_sample_stride_height = wan.tile_sample_stride_width = 192
 
 
 def test_partial_group_never_shards(wan):
     p = vaeshard.plan(wan, (1, 16, 5, 60, 104), 4, size=2)
-    assert p.strategy == "tile" and not p.fallback and "partial group" in p.reason
+    assert p.strategy == "direct" and not p.fallback and "partial group" in p.reason
+    assert vaeshard.plan(wan, (1, 16, 5, 60, 104), 4, "tile", size=2).strategy == "tile"
+
+
+def test_plan_of_a_request_decode_refuses_says_so_with_its_message(wan):
+    from vaeshard.runtime.requests import size_message
+
+    p = vaeshard.plan(wan, (1, 8, 2, 6, 8), 2)  # wan21_real: 16 latent channels
+    vaeshard.parallelize(wan)
+    try:
+        with pytest.raises(ValueError) as raised:
+            wan.decode(torch.zeros(1, 8, 2, 6, 8))  # one process: the agreement is this rank's own check
+    finally:
+        vaeshard.unparallelize(wan)
+    assert p.strategy == "refused" and p.explain() == f"refused: {raised.value}"
+    assert "16 channels" in p.reason and p.fast is None
+    assert vaeshard.plan(wan, (1, 16, 2, 6, 8), 2, size=3).explain() == f"refused: {size_message(3, 2)}"
 
 
 @pytest.mark.parametrize(
@@ -101,13 +127,14 @@ def test_partial_group_never_shards(wan):
     [
         ("spatial_shard_height", (1, 16, 5, 3, 90), 4),  # H shorter than the group: never width
         ("spatial_shard_width", (1, 16, 5, 90, 3), 4),
-        ("spatial_shard_height", (1, 16, 90, 90), 4),  # not 5-D
     ],
 )
 def test_forced_spatial_that_cannot_run_falls_back_to_tile_not_other_axis(wan, mode, shape, world):
     p = vaeshard.plan(wan, shape, world, mode)
     assert p.fallback and p.strategy in ("tile", "direct")
     assert "cannot run" in p.reason
+    if p.strategy == "tile":  # the tiled result, not this VAE's untiled one: explain() says so
+        assert p.changes_result and "could not run, so the result is the tiled one" in p.explain()
 
 
 def test_forced_modes_and_tile(wan):

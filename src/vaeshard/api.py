@@ -22,10 +22,10 @@ from .config import SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
 from .families import family_for
 from .families.base import Family, inputs_of_sample, passing_inputs, request_inputs
 from .layers import tier
-from .policy import hooks_reason, plan_for
+from .policy import expected_of, hooks_reason, plan_for
 from .runtime import comm as comm_mod
 from .runtime import graphs
-from .runtime.requests import Expected, agree, describe, describe_verify, validate
+from .runtime.requests import agree, describe, describe_verify, size_message, validate
 from .runtime.spatial import HEIGHT, WIDTH, run_spatial
 from .runtime.swap import replaced_forwards
 from .runtime.tile import run_tiled
@@ -123,14 +123,7 @@ def _check_size(config: ParallelConfig, group) -> None:
         return
     world = comm_mod.group_size(known)
     if world > 0 and config.size > world:
-        raise ValueError(_size_message(config.size, world))
-
-
-def _size_message(size: int, world: int) -> str:
-    return (
-        f"size={size} is larger than the process group ({world} rank{'s' if world != 1 else ''}): size "
-        f"counts the group's ranks that do the work; pass size <= {world}, or size=None for the whole group"
-    )
+        raise ValueError(size_message(config.size, world))
 
 
 def unparallelize(vae):
@@ -246,18 +239,6 @@ def _encode(vae, x, *args, **kwargs):
     return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
 
 
-def _expected(family: Family, vae, op: str) -> Expected:
-    params = list(vae.parameters())
-    return Expected(
-        cls=type(vae).__name__,
-        ndim=family.latent_ndim,
-        layout=family.layout,
-        channels=family.latent_channels(vae) if op == "decode" else None,
-        devices=frozenset(p.device for p in params),
-        dtypes=frozenset(p.dtype for p in params),
-    )
-
-
 def _run(vae, op: str, x):
     with recorded(vae, op, x) as record:
         state, comm, hooked = admit(vae, op, x)
@@ -303,14 +284,16 @@ def admit(vae, op: str, x):
         )
     comm = comm_mod.Comm.for_group(group, timeout=config.timeout_seconds)
     if config.size is not None and config.size > comm.world:
-        code, error = 9, _size_message(config.size, comm.world)
+        code, error = 9, size_message(config.size, comm.world)
     else:
-        code, error = validate(op, x, _expected(family, vae, op))
+        code, error = validate(op, x, expected_of(family, vae, op))
     hooked = replaced_forwards(vae)
     agree(
         comm,
         op,
-        describe(op, x, config.mode, config.output, config.size, bool(hooked), _compared_inputs(vae, family, op, x)),
+        describe(
+            op, x, config.mode, config.output, config.size, bool(hooked), _compared_inputs(vae, state, op, x, code == 0)
+        ),
         code,
         error,
         config.timeout_seconds,
@@ -325,10 +308,15 @@ def admit(vae, op: str, x):
     return state, comm, hooked
 
 
-def _compared_inputs(vae, family: Family, op: str, x) -> dict:
-    """What every rank must pass alike beyond the tensor: the family's extra inputs and, where the
-    decode draws noise from the global RNG, that generator's state on the latent's device."""
-    inputs = request_inputs()
+def _compared_inputs(vae, state: _State, op: str, x, valid: bool) -> dict:
+    """What every rank must pass alike beyond the tensor: the family's extra inputs; where the
+    decode draws noise from the global RNG, that generator's state on the latent's device; and for
+    `auto`, whose strategy follows the VAE's own tiling, what that tiling makes of a valid request."""
+    inputs, family = request_inputs(), state.family
+    if valid and state.config.mode == "auto":
+        own = family.own_result(vae, op, tuple(x.shape))
+        if own != "untiled":  # absent in the common case, so a request's digest stays its inputs'
+            inputs["the VAE's own tiling"] = own
     if op == "decode" and family.draws_noise(vae):
         on_cuda = isinstance(x, torch.Tensor) and x.is_cuda
         inputs["global RNG state"] = torch.cuda.get_rng_state(x.device) if on_cuda else torch.get_rng_state()
@@ -367,10 +355,11 @@ def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hook
 
 
 def choose(vae, config: ParallelConfig, comm, op: str, x, hooked: list[str]):
-    """The request's plan (`vaeshard.plan`), a fallback's reason logged as a warning."""
+    """The request's plan (`vaeshard.plan`), a fallback's reason logged as a warning (with what its
+    result is where that is not what the VAE computes as configured)."""
     chosen = plan_for(vae, x.shape, comm.world, config, op=op, hooked=hooked)
     if chosen.fallback:
-        log.warning("vaeshard: %s", chosen.reason)
+        log.warning("vaeshard: %s%s", chosen.reason, f"; result: {chosen.result}" if chosen.changes_result else "")
     elif log.isEnabledFor(logging.DEBUG):
         log.debug("vaeshard: %s -> %s", op, chosen.explain())
     return chosen

@@ -17,26 +17,33 @@ from .config import MODES, SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfi
 from .layers.tier import FastPlan
 from .runtime import comm as comm_mod
 from .runtime import graphs
+from .runtime.requests import Expected, check_shape, size_message
 from .runtime.spatial import split_extents
 from .runtime.swap import replaced_forwards
 
 log = logging.getLogger("vaeshard")
 
 STRATEGIES = ("direct", "tile", "spatial_shard_height", "spatial_shard_width")
+REFUSED = "refused"  # the plan of a request that `decode` / `encode` refuses; its reason is their message
 
 
 class Plan(NamedTuple):
-    strategy: str  # one of STRATEGIES
+    strategy: str  # one of STRATEGIES, or REFUSED
     reason: str  # one line, shown by the debug log and `vaeshard bench`
     fallback: bool = False  # a forced mode could not run and `tile` (or `direct`) runs instead
     fast: FastPlan | None = None  # the fast tier's choices; None: the exact tier (diffusers' own layers)
     tier_reason: str = ""  # why a request that asked for the fast tier runs diffusers' own layers
+    result: str = ""  # what the result equals, one line
+    changes_result: bool = False  # the result is not what the VAE's own decode / encode, as configured, gives
 
     def explain(self) -> str:
-        """The strategy and every choice with its reason, one per line."""
+        """The strategy and every choice with its reason, one per line; for a request that would be
+        refused, "refused: " and the message `decode` / `encode` raises."""
+        if self.strategy == REFUSED:
+            return f"{REFUSED}: {self.reason}"
         tier = "the fast tier" if self.fast is not None else "the exact tier (diffusers' own layers)"
         tier += f": {self.tier_reason}" if self.tier_reason else ""
-        lines = [f"strategy: {self.strategy} ({self.reason})", f"tier: {tier}"]
+        lines = [f"strategy: {self.strategy} ({self.reason})", f"result: {self.result}", f"tier: {tier}"]
         if self.fast is not None:
             lines += [f"  {name}: {why}" for name, why in self.fast.reasons]
         return "\n".join(lines)
@@ -59,7 +66,11 @@ def plan(
     exactness, and its group's size (the default group's, or 1 without a distributed job); a plain
     VAE gets `parallelize`'s defaults. Deterministic and free of side effects: no collectives, no
     allocation of real tensors. `size` is the number of ranks doing work (fewer than world_size is a
-    partial group, which never shards spatially)."""
+    partial group, which never shards spatially). A request that `decode` / `encode` would refuse
+    (its shape does not fit the VAE, or `size` is larger than the group) gets strategy "refused" with
+    the same message."""
+    from .families import family_for
+
     state = getattr(vae, STATE_ATTR, None)
     config = state.config if state is not None else ParallelConfig()
     if world_size is None:
@@ -73,6 +84,12 @@ def plan(
         exact=config.exact if exact is None else exact,
         fast=config.fast if fast is None else fast,
     )
+    shape = tuple(int(s) for s in latent_shape)
+    code, why = check_shape(op, shape, expected_of(family_for(vae), vae, op))
+    if code == 0 and config.size is not None and config.size > world_size:
+        why = size_message(config.size, world_size)
+    if why is not None:
+        return Plan(REFUSED, why)
     return plan_for(vae, latent_shape, world_size, config, op=op, hooked=replaced_forwards(vae))
 
 
@@ -88,6 +105,19 @@ def plan_for(vae, latent_shape, world_size: int, config: ParallelConfig, *, op: 
     if not family_for(vae).fast_tier:
         return chosen._replace(tier_reason=f"{type(vae).__name__} has no fast-tier layers (docs/families.md)")
     return chosen._replace(fast=resolve_fast(vae, latent_shape, world_size, chosen.strategy, config.fast, op=op))
+
+
+def expected_of(family, vae, op: str) -> Expected:
+    """What a request's input must be for this VAE (runtime.requests.validate)."""
+    params = list(vae.parameters())
+    return Expected(
+        cls=type(vae).__name__,
+        ndim=family.latent_ndim,
+        layout=family.layout,
+        channels=family.latent_channels(vae) if op == "decode" else None,
+        devices=frozenset(p.device for p in params),
+        dtypes=frozenset(p.dtype for p in params),
+    )
 
 
 def _fits_one_tile(family, vae, op: str, shape) -> bool:
@@ -128,15 +158,48 @@ def _device_of(vae):
 def strategy_for(
     vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None, hooked: list[str]
 ) -> Plan:
-    """The strategy of a request and its reason (docs/strategies.md, "`auto`" and "Fallbacks": a
-    forced mode that cannot run falls back to `tile` with a warning; `auto` shards the longer axis
-    that covers the group, width on ties, unless the family measured another axis faster there)."""
+    """The strategy of a request, its reason and what its result equals (docs/strategies.md, "`auto`"
+    and "Fallbacks": `auto` keeps to what the VAE's own decode computes as configured: its tiled
+    result where diffusers' tiling is on and tiles this request, else an untiled-equivalent strategy,
+    sharding the longer axis that covers the group, width on ties, unless the family measured another
+    axis faster there; a forced mode that cannot run falls back to `tile` with a warning)."""
     from .families import family_for
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: valid modes are {', '.join(MODES)}")
     family = family_for(vae)
     shape = tuple(int(s) for s in latent_shape)
+    own = family.own_result(vae, op, shape) if len(shape) == family.latent_ndim else "untiled"
+    chosen = _strategy(family, vae, shape, world_size, mode, own, op=op, size=size, hooked=hooked)
+    return _with_result(chosen, op, own, mode)
+
+
+def _with_result(chosen: Plan, op: str, own: str, mode: str) -> Plan:
+    """`chosen` with what its result equals, and whether that differs from what the VAE computes as
+    configured (`own`, Family.own_result)."""
+    yours = {
+        "untiled": f"its untiled {op} (its tiling is off, or the input fits one tile)",
+        "tile": f"its tiled {op} (diffusers' tiling is on and tiles this input)",
+        "own": f"its own {op} (frame-wise: tiled in time)",
+    }[own]
+    if chosen.strategy == "direct":
+        return chosen._replace(result=f"this VAE's own {op} as configured ({yours}), run by one rank")
+    if chosen.strategy == "tile":
+        result, same = f"diffusers' tiled {op} (`tiled_{op}`), bit for bit", own == "tile"
+    else:
+        result, same = f"diffusers' untiled {op}, within the spatial tolerances (docs/strategies.md)", own == "untiled"
+    if same:
+        return chosen._replace(result=f"{result}: what this VAE computes as configured, {yours}")
+    cause = f"{mode} could not run, so the result is the tiled one" if chosen.fallback else f"mode {mode} asked for it"
+    return chosen._replace(
+        result=f"{result}, NOT what this VAE computes as configured, {yours} ({cause})", changes_result=True
+    )
+
+
+def _strategy(
+    family, vae, shape, world_size: int, mode: str, own: str, *, op: str, size: int | None, hooked: list[str]
+) -> Plan:
+    """strategy_for's choice and its reason, `own` the VAE's own result (Family.own_result)."""
     workers = world_size if size is None else min(size, world_size)
     one_tile = _fits_one_tile(family, vae, op, shape)
     has_tile = family.supports(op, "tile")
@@ -181,13 +244,24 @@ def strategy_for(
             return not_spatial(f"{mode} cannot run: " + ", ".join(reasons), True)
         return Plan(mode, f"forced {mode} over {world_size} ranks")
 
-    # auto
+    # auto: what the VAE computes as configured; tiles only where its own decode tiles this request
+    if own == "tile":
+        return not_spatial(f"auto: this VAE's own {op} tiles this input (diffusers' tiling is on)", False)
+
+    def shared_direct(why: str, but: str = "tiles would change its result") -> Plan:
+        if workers == 1:
+            return Plan("direct", f"{why}; one rank runs it directly")
+        return Plan("direct", f"{why}; group rank 0 runs it directly and shares the result, as {but}")
+
+    if own == "own":
+        why = f"auto: this VAE's own {op} as configured is frame-wise (tiled in time)"
+        return shared_direct(why, "neither tiles nor shards give it")
     if reasons:
-        return not_spatial(", ".join(reasons), False)
+        return shared_direct(", ".join(reasons))
     h, w = _axis_extents(shape, op, family.spatial_ratio(vae))
     candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size]
     if not candidates:
-        return not_spatial(f"neither latent height {h} nor width {w} covers {world_size} ranks", False)
+        return shared_direct(f"neither latent height {h} nor width {w} covers {world_size} ranks")
     device = _device_of(vae)
     measured = family.decode_axis(vae, world_size, device) if op == "decode" else None
     for extent, axis in candidates:

@@ -22,6 +22,9 @@ import torch
 
 from ..runtime.tile import TileGrid, TileOps
 
+# diffusers' switch of tiling in time, per op (HunyuanVideo's is on by default; LTX's and Mochi's off)
+FRAMEWISE = {"decode": "use_framewise_decoding", "encode": "use_framewise_encoding"}
+
 
 class Mirror(NamedTuple):
     """A diffusers function whose computation vaeshard re-implements (for speed, or to shard it
@@ -98,6 +101,20 @@ class Family(ABC):
     def encode_prepare(self, vae, x) -> torch.Tensor:
         """`x` in encoder coordinates (e.g. patchified); most families take it as it is."""
         return x
+
+    def own_result(self, vae, op: str, shape) -> str:
+        """What the VAE's own `op` (its `decode` / `encode` as configured) computes for an input of
+        `shape` (the family's layout): "untiled" (its untiled result, which the spatial modes give),
+        "tile" (its tiled one, which vaeshard's `tile` gives bit for bit) or "own" (neither: only its
+        own call gives it, such as diffusers' frame-wise tiling in time where the family's tile grid
+        does not follow it). `auto` keeps to it (docs/strategies.md)."""
+        if getattr(vae, FRAMEWISE[op], False):
+            return "own"
+        if not getattr(vae, "use_tiling", False):
+            return "untiled"
+        probe = torch.empty(shape, device="meta")
+        ops = self.decode_tile_ops(vae, probe) if op == "decode" else self.encode_tile_ops(vae, probe)
+        return "untiled" if ops is None else "tile"  # diffusers decodes a single tile directly
 
     def direct_decode(self, vae, z) -> torch.Tensor:
         """One rank's whole decode: the VAE's own `decode` unless the family runs its own loop."""

@@ -192,6 +192,27 @@ def encode_tile_ops(vae, x):
     return _ops(vae, x, grid, lambda tile: vae.quant_conv(vae.encoder(tile)), lambda s: _encoded(vae, s), time)
 
 
+def own_result(vae, op, shape):
+    """Family.own_result: diffusers' `_decode` / `_encode` tile in time where frame-wise decoding
+    (encoding) is on, its default, and the clip is longer than one chunk, and in space where tiling is
+    on and a frame is larger than one tile. `tile` follows both, and the chunks in time alone (each
+    chunk's whole frame) where only the first applies; frame-wise chunks of frames larger than a tile
+    with tiling off are the VAE's own."""
+    _, _, frames, height, width = shape
+    ratio, t_ratio = vae.spatial_compression_ratio, vae.temporal_compression_ratio
+    if op == "decode":
+        temporal = vae.use_framewise_decoding and frames > vae.tile_sample_min_num_frames // t_ratio
+        larger = width > vae.tile_sample_min_width // ratio or height > vae.tile_sample_min_height // ratio
+    else:
+        temporal = vae.use_framewise_encoding and frames > vae.tile_sample_min_num_frames
+        larger = width > vae.tile_sample_min_width or height > vae.tile_sample_min_height
+    if larger and vae.use_tiling:
+        return "tile"
+    if temporal:
+        return "own" if larger else "tile"
+    return "untiled"
+
+
 def _untiled(vae, fn):
     """`fn()` with diffusers' tiling, slicing and framewise (temporal) tiling switched off."""
     saved = vae.use_framewise_decoding, vae.use_framewise_encoding
@@ -342,6 +363,7 @@ class _HunyuanVideo(Family):
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)
+    own_result = staticmethod(own_result)
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)

@@ -47,30 +47,50 @@ class Expected(NamedTuple):
     dtypes: frozenset
 
 
+def check_shape(op: str, shape: tuple[int, ...], expected: Expected) -> tuple[int, str | None]:
+    """`validate`'s checks of the shape alone (dimensions, latent channels, empty axes): what
+    `vaeshard.plan` can answer for a shape without a tensor, with the message the request raises."""
+    what = "latent" if op == "decode" else "sample"
+    cls, layout = expected.cls, expected.layout
+    if len(shape) != expected.ndim:
+        return 2, (
+            f"{op} of {cls} expects a {expected.ndim}-D {what} in layout {layout}, got {len(shape)}-D shape "
+            f"{shape}: reshape it to {layout} (e.g. add a batch or frame dimension of 1)"
+        )
+    if expected.channels is not None and shape[1] != expected.channels:
+        return 4, (
+            f"decode of this {cls} expects a latent with {expected.channels} channels (its latent channels, C in "
+            f"{layout}), got {shape[1]} in shape {shape}: check that the latent was made for this VAE"
+        )
+    if any(s == 0 for s in shape):
+        return 5, (
+            f"{op} got an empty {what} of shape {shape} (an axis of size 0): every axis needs at least one element"
+        )
+    return 0, None
+
+
+def size_message(size: int, world: int) -> str:
+    """Why a request whose `size` is larger than its group (of `world` ranks) is refused."""
+    return (
+        f"size={size} is larger than the process group ({world} rank{'s' if world != 1 else ''}): size "
+        f"counts the group's ranks that do the work; pass size <= {world}, or size=None for the whole group"
+    )
+
+
 def validate(op: str, x, expected: Expected) -> tuple[int, str | None]:
     """(code, why) this request cannot run (the same answer on every rank for the same request),
     or (0, None). Structure first; the one pass over the values (NaN/Inf) only for a well-formed input."""
     what = "latent" if op == "decode" else "sample"
-    cls, layout = expected.cls, expected.layout
     if not isinstance(x, torch.Tensor):
+        layout = expected.layout
         return 1, f"{op} expects the {what} as a torch.Tensor, got {type(x).__name__}: pass a tensor in layout {layout}"
-    if x.dim() != expected.ndim:
-        return 2, (
-            f"{op} of {cls} expects a {expected.ndim}-D {what} in layout {layout}, got {x.dim()}-D shape "
-            f"{tuple(x.shape)}: reshape it to {layout} (e.g. add a batch or frame dimension of 1)"
-        )
+    code, why = check_shape(op, tuple(x.shape), expected)
+    if code == 2:
+        return code, why
     if x.dtype not in DTYPES:
         return 3, f"{op} expects a floating-point {what}, got {x.dtype}: convert it with .to(vae.dtype)"
-    if expected.channels is not None and x.shape[1] != expected.channels:
-        return 4, (
-            f"decode of this {cls} expects a latent with {expected.channels} channels (its latent channels, C in "
-            f"{layout}), got {x.shape[1]} in shape {tuple(x.shape)}: check that the latent was made for this VAE"
-        )
-    if any(s == 0 for s in x.shape):
-        return 5, (
-            f"{op} got an empty {what} of shape {tuple(x.shape)} (an axis of size 0): every axis needs at "
-            "least one element"
-        )
+    if code:
+        return code, why
     if expected.devices and x.device not in expected.devices:
         home = next(iter(expected.devices))
         return 6, (
@@ -169,9 +189,10 @@ def agree(comm: Comm, op: str, desc: list[int], code: int, error: str | None, ti
             raise ValueError(
                 f"ranks disagree on the {op} request ({lines}): every rank of the group must call "
                 f"{op} with the same shape, dtype, mode, output and size and the same extra inputs (such as "
-                "LTX-Video's temb, and the global RNG's state where the decoder draws noise: seed every rank "
-                "alike; 'inputs' is their digest), on a VAE hooked alike (hooks that replace its layers' "
-                "forwards on every rank or none)"
+                "LTX-Video's temb, the global RNG's state where the decoder draws noise: seed every rank "
+                "alike, and in mode auto the VAE's own tiling: enable_tiling on every rank or none; 'inputs' "
+                "is their digest), on a VAE hooked alike (hooks that replace its layers' forwards on every "
+                "rank or none)"
             )
         bad = [r for r, d in enumerate(descs) if d[-1]]
         if bad and error is None:
@@ -184,4 +205,16 @@ def agree(comm: Comm, op: str, desc: list[int], code: int, error: str | None, ti
         raise PROBLEMS[code][0](error)
 
 
-__all__ = ["DTYPES", "Expected", "OPS", "PROBLEMS", "agree", "describe", "describe_verify", "explain", "validate"]
+__all__ = [
+    "DTYPES",
+    "Expected",
+    "OPS",
+    "PROBLEMS",
+    "agree",
+    "check_shape",
+    "describe",
+    "describe_verify",
+    "explain",
+    "size_message",
+    "validate",
+]
