@@ -16,7 +16,7 @@ import vaeshard
 from ..dist_harness import run_ranks
 from ..models import build, latent
 from ..parity import CPU_FP32 as TOL_CPU_FP32
-from ..parity import CPU_FP32_GROUPNORM
+from ..parity import CPU_FP32_GROUPNORM, assert_close, assert_identical, max_diff, reference_from_rank0
 
 
 def _build(model: str, tiles=None):
@@ -147,6 +147,35 @@ def test_tile_encode_bit_identical(model):
     run_ranks(_tile_encode_parity, 2, model, (16, 8, 0.25), (1, 3, 40, 54))
 
 
+def _auto_encode_keeps_the_vae_own_tiling(rank, world, model):
+    """auto encodes as the VAE is configured: untiled with diffusers' tiling off (this family has no
+    spatial-shard encode, so one rank encodes and shares), tiled with it on."""
+    vae = _build(model, (16, 8, 0.25))
+    x = latent((1, 3, 40, 54), seed=3).clamp(-1, 1)  # larger than one 16-pixel tile
+
+    def diffusers_encodes():
+        with torch.no_grad():
+            plain = vae.encode(x).latent_dist.parameters
+            vae.enable_tiling()
+            tiled = vae.encode(x).latent_dist.parameters
+            vae.disable_tiling()
+        return plain, tiled
+
+    plain, tiled = reference_from_rank0(rank, diffusers_encodes)
+    assert max_diff(tiled, plain) > TOL_CPU_FP32 * 100  # the tiles do change the result, so this can fail
+    vaeshard.parallelize(vae)  # auto
+    assert_close(vae.encode(x).latent_dist.parameters, plain, TOL_CPU_FP32, f"{model} auto encode, tiling off")
+    vae.enable_tiling()
+    plan = vaeshard.plan(vae, x.shape, world, op="encode")
+    assert plan.strategy == "tile" and not plan.changes_result, plan.explain()
+    assert_identical(vae.encode(x).latent_dist.parameters, tiled, f"{model} auto encode, tiling on")
+
+
+@pytest.mark.parametrize("model", ["autoencoder_kl", "flux2"])
+def test_auto_encode_gives_diffusers_plain_encode_not_tiles(model):
+    run_ranks(_auto_encode_keeps_the_vae_own_tiling, 2, model)
+
+
 # -- spatial shard: the untiled decode within 1e-5 -------------------------------------------------------
 
 
@@ -228,7 +257,7 @@ def test_plan_answers_for_4d_latents():
     forced = vaeshard.plan(vae, (1, 4, 3, 20), 4, "spatial_shard_height")
     assert (forced.strategy, forced.fallback) == ("tile", True)  # never the other axis
     video = vaeshard.plan(vae, (1, 4, 2, 16, 24), 4, "spatial_shard_width")
-    assert video.fallback and "4-D" in video.reason
+    assert video.strategy == "refused" and "expects a 4-D latent" in video.explain()  # as decode refuses it
     # the fast tier measured slower than diffusers' layers on this layout (BENCHMARKS.md): requests
     # run diffusers' layers, and the plan says why
     sharded = vaeshard.plan(vae, (1, 4, 16, 24), 4)
@@ -236,6 +265,9 @@ def test_plan_answers_for_4d_latents():
     encode = vaeshard.plan(vae, (1, 3, 64, 64), 2, "spatial_shard_width", op="encode")
     assert (encode.strategy, encode.fallback) == ("tile", True)
     assert "no spatial-shard encode" in encode.reason
+    assert encode.changes_result and "the result is the tiled one" in encode.explain()  # diffusers' tiling is off
+    auto = vaeshard.plan(vae, (1, 3, 64, 64), 2, op="encode")  # never tiles an untiled VAE
+    assert auto.strategy == "direct" and not auto.changes_result and "shares the result" in auto.reason
 
 
 def test_install_swaps_decoder_only_and_keeps_state_dict():

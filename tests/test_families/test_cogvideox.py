@@ -164,6 +164,30 @@ def test_tile_bit_identical_and_spatial_matches_untiled(world):
     print(times[0])
 
 
+def _auto_with_tiling_on(rank, world):
+    """diffusers' decode with `enable_tiling` (small tiles): tiled above one tile, whose frames are not
+    the untiled decode's shape (58 x 80 here, 48 x 76 untiled), and direct below it."""
+    vae = build("cogvideox")
+    vae.enable_tiling(tile_sample_min_height=30, tile_sample_min_width=42)
+    large, small = latent((1, 4, 3, 12, 19)), latent((1, 4, 3, 6, 8), seed=2)
+
+    def diffusers_decodes():
+        with torch.no_grad():
+            return vae.decode(large).sample, vae.decode(small).sample
+
+    tiled, whole = reference_from_rank0(rank, diffusers_decodes)
+    assert tiled.shape[-2:] == (58, 80)
+    vaeshard.parallelize(vae)  # auto
+    assert_identical(vae.decode(large).sample, tiled, "auto, tiling on, several tiles")
+    plan = vaeshard.plan(vae, small.shape, world)
+    assert plan.strategy.startswith("spatial_shard") and not plan.changes_result, plan.explain()
+    assert_close(vae.decode(small).sample, whole, CPU_FP32_GROUPNORM, "auto, tiling on, smaller than a tile")
+
+
+def test_auto_with_tiling_on_gives_diffusers_decode():
+    run_ranks(_auto_with_tiling_on, 2)
+
+
 # -- SpatialNorm3D's conditioning: a slice's nearest interpolation is the interpolation's slice -----------
 
 

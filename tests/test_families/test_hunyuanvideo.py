@@ -131,6 +131,24 @@ def _sharded_mid_block(rank, world):
         assert_close(out, reference.narrow(dim, start, extents[rank]), CPU_FP32_GROUPNORM, axis)
 
 
+def _auto_as_built(rank, world, shape, strategy):
+    """auto on the VAE as diffusers builds it (frame-wise decoding on, tiling off): a clip longer than
+    one chunk decodes in chunks of time, which `tile` gives where a frame fits one tile, and only the
+    VAE's own decode (one rank's, shared) where it does not: diffusers' decode either way."""
+    x = _input("decode", shape)
+
+    def diffusers_decode():
+        with torch.no_grad():
+            return _run(build(MODEL), "decode", x)
+
+    reference = reference_from_rank0(rank, diffusers_decode)
+    vae = build(MODEL)
+    plan = vaeshard.plan(vae, x.shape, world)
+    assert plan.strategy == strategy and not plan.changes_result, plan.explain()
+    vaeshard.parallelize(vae)
+    assert_identical(_run(vae, "decode", x), reference, f"auto {shape}")
+
+
 # world -> the checks of its one launch: (function, args)
 LAUNCHES = {
     2: [
@@ -140,6 +158,8 @@ LAUNCHES = {
         (_tile, ("encode", (1, 3, 17, 40, 48), 2, 4)),  # time and space
         (_spatial, ("decode", (1, 4, 5, 7, 5), "spatial_shard_height")),  # 4 / 3 rows; 5 frames
         (_spatial, ("encode", (1, 3, 9, 16, 40), "spatial_shard_width")),  # 3 / 2 latent columns
+        (_auto_as_built, ((1, 4, 7, 3, 4), "tile")),  # 3 chunks in time of one 3 x 4 tile
+        (_auto_as_built, ((1, 4, 7, 3, 5), "direct")),  # 3 chunks of frames wider than a tile
     ],
     3: [
         (_tile, ("decode", (1, 4, 6, 4, 5), 2, 4)),  # time and space, 2 x 2 tiles
@@ -233,12 +253,17 @@ def test_real_config_layers_tile_grids_and_plan():
     assert tuple(one.shape) == enc.out_shape((1, 3, 17, 256, 256)) == (1, 32, 5, 32, 32)
     assert FAMILY.decode_tile_ops(vae, torch.empty((1, 16, 4, 32, 32), device="meta")) is None
 
+    assert vaeshard.plan(vae, (1, 16, 33, 90, 160), 8).strategy == "tile"  # tiling on: diffusers' tiles
+    vae.disable_tiling()  # frame-wise decoding still on: chunks in time of whole frames, the VAE's own
+    assert "frame-wise" in vaeshard.plan(vae, (1, 16, 33, 90, 160), 8).explain()
+    vae.use_framewise_decoding = vae.use_framewise_encoding = False  # the untiled decode: spatial shards
     assert vaeshard.plan(vae, (1, 16, 33, 90, 160), 8).strategy == "spatial_shard_width"
     plan = vaeshard.plan(vae, (1, 16, 33, 160, 90), 4)
     assert plan.strategy == "spatial_shard_height" and "longer axis" in plan.explain()
     assert vaeshard.plan(vae, (1, 3, 33, 720, 1280), 4, op="encode").strategy == "spatial_shard_width"
     odd = vaeshard.plan(vae, (1, 3, 33, 724, 40), 4, "spatial_shard_height", op="encode")
     assert odd.fallback and "multiple of 8" in odd.reason
+    vae.use_framewise_decoding = vae.use_framewise_encoding = True
     assert vaeshard.plan(vae, (1, 16, 3, 32, 32), 4, "tile").strategy == "direct"  # one tile, one chunk
     assert vaeshard.plan(vae, (1, 16, 9, 32, 32), 4, "tile").strategy == "tile"  # chunks in time
 
