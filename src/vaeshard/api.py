@@ -42,6 +42,7 @@ class _State:
     original_encode: object
     layers_installed: bool = False
     hooks_noted: bool = False  # the warning that hooked layers keep this VAE on diffusers' own layers was given
+    own_noted: bool = False  # the warning that this VAE's frame-wise decode keeps auto on one rank was given
     streaming: bool = False  # a stream_decode of this VAE is open on this rank
 
 
@@ -362,6 +363,15 @@ def choose(vae, config: ParallelConfig, comm, op: str, x, hooked: list[str]):
         log.warning("vaeshard: %s%s", chosen.reason, f"; result: {chosen.result}" if chosen.changes_result else "")
     elif log.isEnabledFor(logging.DEBUG):
         log.debug("vaeshard: %s -> %s", op, chosen.explain())
+    state: _State = getattr(vae, STATE_ATTR)
+    if chosen.strategy == "direct" and config.mode == "auto" and comm.world > 1 and not state.own_noted:
+        if state.family.own_result(vae, op, tuple(x.shape)) == "own":  # neither tiles nor shards give its result
+            log.warning(
+                "vaeshard: %s. Set vae.use_framewise_decoding = vae.use_framewise_encoding = False for spatial "
+                "shards (diffusers' untiled result), or vae.enable_tiling() for tiles (diffusers' tiled result)",
+                chosen.reason,
+            )
+            state.own_noted = True
     return chosen
 
 

@@ -13,6 +13,7 @@ the mid-block attention computed without diffusers' mask. The frame-causal atten
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -146,7 +147,16 @@ def _auto_as_built(rank, world, shape, strategy):
     plan = vaeshard.plan(vae, x.shape, world)
     assert plan.strategy == strategy and not plan.changes_result, plan.explain()
     vaeshard.parallelize(vae)
-    assert_identical(_run(vae, "decode", x), reference, f"auto {shape}")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("vaeshard").addHandler(handler)
+    try:
+        assert_identical(_run(vae, "decode", x), reference, f"auto {shape}")
+    finally:
+        logging.getLogger("vaeshard").removeHandler(handler)
+    # one rank decoding a sharded group's request is said once in the log, with how to shard it
+    assert len([m for m in seen if "use_framewise_decoding = " in m]) == (strategy == "direct"), seen
 
 
 # world -> the checks of its one launch: (function, args)
