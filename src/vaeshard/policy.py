@@ -179,13 +179,13 @@ def _with_result(chosen: Plan, op: str, own: str, mode: str) -> Plan:
     configured (`own`, Family.own_result)."""
     yours = {
         "untiled": f"its untiled {op} (its tiling is off, or the input fits one tile)",
-        "tile": f"its tiled {op} (diffusers' tiling is on and tiles this input)",
-        "own": f"its own {op} (frame-wise: tiled in time)",
+        "tile": f"its tiled {op} (its own tiling tiles this input: enable_tiling, or chunks in time)",
+        "own": f"its own {op} (frame-wise: chunks in time of whole frames)",
     }[own]
     if chosen.strategy == "direct":
         return chosen._replace(result=f"this VAE's own {op} as configured ({yours}), run by one rank")
     if chosen.strategy == "tile":
-        result, same = f"diffusers' tiled {op} (`tiled_{op}`), bit for bit", own == "tile"
+        result, same = f"diffusers' tiled {op}, bit for bit", own == "tile"
     else:
         result, same = f"diffusers' untiled {op}, within the spatial tolerances (docs/strategies.md)", own == "untiled"
     if same:
@@ -246,7 +246,7 @@ def _strategy(
 
     # auto: what the VAE computes as configured; tiles only where its own decode tiles this request
     if own == "tile":
-        return not_spatial(f"auto: this VAE's own {op} tiles this input (diffusers' tiling is on)", False)
+        return not_spatial(f"auto: this VAE's own {op} tiles this input (enable_tiling, or chunks in time)", False)
 
     def shared_direct(why: str, but: str = "tiles would change its result") -> Plan:
         if workers == 1:

@@ -7,6 +7,8 @@ untiled decode (CPU fp32); the sharded GroupNorm: whole-map statistics, stable a
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -169,6 +171,18 @@ def _auto_encode_keeps_the_vae_own_tiling(rank, world, model):
     plan = vaeshard.plan(vae, x.shape, world, op="encode")
     assert plan.strategy == "tile" and not plan.changes_result, plan.explain()
     assert_identical(vae.encode(x).latent_dist.parameters, tiled, f"{model} auto encode, tiling on")
+    # a forced spatial encode falls back to tile: the warning says the result is the tiled one
+    vae.disable_tiling()
+    vaeshard.parallelize(vae, "spatial_shard_width")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logging.getLogger("vaeshard").addHandler(handler)
+    try:
+        assert_identical(vae.encode(x).latent_dist.parameters, tiled, f"{model} forced spatial encode")
+    finally:
+        logging.getLogger("vaeshard").removeHandler(handler)
+    assert any("cannot run" in m and "the result is the tiled one" in m for m in seen), seen
 
 
 @pytest.mark.parametrize("model", ["autoencoder_kl", "flux2"])

@@ -183,7 +183,7 @@ def test_plan_answers_for_one_frame_latents():
     forced = vaeshard.plan(vae, (1, 4, 1, 3, 12), 4, "spatial_shard_height")
     assert (forced.strategy, forced.fallback) == ("tile", True)
     image = vaeshard.plan(vae, (1, 4, 8, 12), 2, "spatial_shard_width")
-    assert image.fallback and "5-D" in image.reason
+    assert image.strategy == "refused" and "expects a 5-D latent" in image.explain()  # as decode refuses it
     encode = vaeshard.plan(vae, (1, 4, 1, 32, 48), 2, op="encode")
     assert encode.strategy == "spatial_shard_width", encode.explain()
     odd = vaeshard.plan(vae, (1, 4, 1, 30, 48), 2, "spatial_shard_height", op="encode")
