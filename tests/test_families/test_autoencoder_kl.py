@@ -183,6 +183,11 @@ def _auto_encode_keeps_the_vae_own_tiling(rank, world, model):
     finally:
         logging.getLogger("vaeshard").removeHandler(handler)
     assert any("cannot run" in m and "the result is the tiled one" in m for m in seen), seen
+    # auto's strategy follows the VAE's tiling, so ranks that set it differently are refused, on every rank
+    vaeshard.parallelize(vae)
+    vae.use_tiling = rank == 0
+    with pytest.raises(ValueError, match="ranks disagree.*enable_tiling on every rank or none"):
+        vae.encode(x)
 
 
 @pytest.mark.parametrize("model", ["autoencoder_kl", "flux2"])
