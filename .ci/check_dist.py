@@ -24,7 +24,9 @@ FILES = ("pyproject.toml", "README.md")  # what the build reads besides src/
 
 def main() -> int:
     modules = sorted(
-        str(p.relative_to(ROOT / "src")) for p in (ROOT / "src" / "vaeshard").rglob("*.py") if "__pycache__" not in p.parts
+        str(p.relative_to(ROOT / "src"))
+        for p in (ROOT / "src" / "vaeshard").rglob("*.py")
+        if "__pycache__" not in p.parts
     )
     with tempfile.TemporaryDirectory(prefix="vaeshard-dist-") as tmp:
         tree, out = Path(tmp) / "tree", Path(tmp) / "dist"
@@ -33,7 +35,18 @@ def main() -> int:
             shutil.copy(ROOT / name, tree / name)
         # pip's own wheel build, and the sdist through the same backend's PEP 517 hook
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(tree)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                "-w",
+                str(out),
+                str(tree),
+            ],
             check=True,
         )
         subprocess.run(
