@@ -136,3 +136,20 @@ def test_no_instruction_installs_vaeshard_from_a_package_index():
             if found := _index_installs(path.read_text(errors="ignore")):
                 hits[rel] = found
     assert hits == SERVICE_MESSAGE, hits
+
+
+def test_the_figures_are_drawn_by_their_scripts(tmp_path):
+    # each committed picture comes from its script in docs/figures, which still runs (into tmp_path)
+    import importlib.util
+
+    from PIL import Image
+
+    figures = ROOT / "docs" / "figures"
+    for script, picture in (("strategies.py", "strategies.png"), ("bench.py", "bench-wan21-720p.png")):
+        spec = importlib.util.spec_from_file_location(f"figure_{Path(script).stem}", figures / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.main(tmp_path) == tmp_path / picture
+        with Image.open(tmp_path / picture) as drawn, Image.open(figures / picture) as committed:
+            assert drawn.format == committed.format == "PNG" and drawn.size == committed.size, picture
+        assert (figures / picture).stat().st_size < 150_000, picture  # small enough to commit

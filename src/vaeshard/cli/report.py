@@ -141,6 +141,12 @@ def write_json(result: BenchResult, path: str) -> None:
     os.replace(tmp, path)
 
 
+def read_json(path: str) -> BenchResult:
+    """A record `write_json` wrote, as the result it was written from (to show or draw it again)."""
+    with open(path) as f:
+        return BenchResult(**json.load(f))
+
+
 def plot(result: BenchResult, path: str) -> None:
     """Latency and per-rank peak memory against ranks, one line per mode, diffusers as a dashed line."""
     import matplotlib
