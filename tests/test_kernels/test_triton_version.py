@@ -4,6 +4,7 @@ the fast tier runs PyTorch's layers with diffusers' result, and `plan().explain(
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -82,3 +83,10 @@ def test_a_process_with_an_unsupported_triton_decodes_as_diffusers(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=110, cwd=root)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
+def test_the_test_extra_takes_the_supported_versions():
+    pyproject = open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml")).read()
+    (spec,) = re.findall(r'"triton(>=[^";]+)', pyproject)
+    (low_major, low_minor), (high_major, high_minor) = min(triton_support.SUPPORTED), max(triton_support.SUPPORTED)
+    assert spec == f">={low_major}.{low_minor},<{high_major}.{high_minor + 1}"
