@@ -42,6 +42,7 @@ def main() -> int:
                 "wheel",
                 "--no-deps",
                 "--no-build-isolation",
+                "--no-index",
                 "-q",
                 "-w",
                 str(out),
