@@ -497,6 +497,7 @@ ERROR_CASES = [
     ("folder-without-weights", ["{a}/z.safetensors", "--model", "{a}/config_only"], "o.mp4", "no weights"),
     ("not-a-vae", ["{a}/z.safetensors", "--model", "{a}/unet"], "o.mp4", "vaeshard decodes AutoencoderKLWan"),
     ("unsupported-vae", ["{a}/z.safetensors", "--model", "{a}/dc"], "o.mp4", "is an AutoencoderDC: vaeshard"),
+    ("config-wrong-channels", ["{a}/z.safetensors", "--config", "wan21"], "o.mp4", "expects 16"),
     (
         "tile-stride-without-size",
         ["{a}/z.safetensors", "--model", "{a}/wan21", "--tile-stride", "24"],

@@ -472,8 +472,6 @@ def _decode(args) -> int:
     z = io.load_latents(args.latents, args.key)
     if args.config is not None:
         model = io.named_model(args.config)
-        if _is_main_rank():
-            print(f"vaeshard: {model.description}: RANDOM weights, so the output is noise", file=sys.stderr)
     else:
         model = io.resolve_model(args.model, args.subfolder, args.offline)
     io.check_latents(z, model, source=f"latents in {args.latents!r}")
@@ -483,6 +481,8 @@ def _decode(args) -> int:
     _check_tiles(args.tile_size, args.tile_stride, model)
     frames = model.frames_out(z.shape[2]) if z.dim() == 5 else 1
     io.check_output(args.out, out_kind, z.shape[0], frames, model.sample_channels())
+    if args.config is not None and _is_main_rank():  # (after the checks: a mistake stays one line)
+        print(f"vaeshard: {model.description}: RANDOM weights, so the output is noise", file=sys.stderr)
     job = decode.DecodeJob(
         latents=args.latents,
         key=args.key,
