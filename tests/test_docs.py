@@ -95,3 +95,61 @@ def test_cited_records_exist():
             if not (ROOT / path).exists():
                 missing.append(f"{doc.name}: {cited}")
     assert not missing, missing
+
+
+# `pip install` naming vaeshard as a package of an index: none is published, and the name is anyone's to
+# register, so every instruction installs from a checkout (-e ., a path) or a git URL
+_PIP_INSTALL = re.compile(r"pip3?\s+install\s+([^\n`&|;#]*)")  # to the end of the shell command
+_PACKAGE = re.compile(r"vaeshard(\[[^\]]*\])?([<>=!~].*)?")
+
+
+def _index_installs(text: str) -> list[str]:
+    found = []
+    for m in _PIP_INSTALL.finditer(text):
+        if "git+" in m.group(1):
+            continue
+        names = [token.strip("'\"`),:") for token in m.group(1).split()]
+        found += [f"pip install {name}" for name in names if _PACKAGE.fullmatch(name)]
+    return found
+
+
+def test_the_install_rule_tells_an_index_install_from_a_checkout_or_git_one():
+    for bad in ("pip install vaeshard", "pip install 'vaeshard[serve]'", 'x: pip install "vaeshard[metrics]")',
+                "python3 -m pip install -U vaeshard==0.2.0", "pip3 install torch vaeshard[plot]"):  # fmt: skip
+        assert _index_installs(bad), bad
+    for good in ('pip install -e ".[serve]"', "pip install -e .", "pip install matplotlib",
+                 'pip install "vaeshard[serve] @ git+URL"', 'python3 -m pip install "torch==2.13.0" -e .'):  # fmt: skip
+        assert not _index_installs(good), good
+
+
+# the service's message (cli/serve.py), still to be changed by the service's own work: the one entry
+SERVICE_MESSAGE = {"src/vaeshard/cli/serve.py": ["pip install vaeshard[serve]"]}
+
+
+def test_no_instruction_installs_vaeshard_from_a_package_index():
+    hits = {}
+    for path in _tracked():
+        rel = str(path.relative_to(ROOT))
+        if rel.startswith("benchmarks/results/") or path.name == "test_docs.py":
+            continue
+        if path.suffix in (".md", ".py", ".sh", ".toml", ".txt", ".cfg") or path.parent.name == ".ci":
+            if found := _index_installs(path.read_text(errors="ignore")):
+                hits[rel] = found
+    assert hits == SERVICE_MESSAGE, hits
+
+
+def test_the_figures_are_drawn_by_their_scripts(tmp_path):
+    # each committed picture comes from its script in docs/figures, which still runs (into tmp_path)
+    import importlib.util
+
+    from PIL import Image
+
+    figures = ROOT / "docs" / "figures"
+    for script, picture in (("strategies.py", "strategies.png"), ("bench.py", "bench-wan21-720p.png")):
+        spec = importlib.util.spec_from_file_location(f"figure_{Path(script).stem}", figures / script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert module.main(tmp_path) == tmp_path / picture
+        with Image.open(tmp_path / picture) as drawn, Image.open(figures / picture) as committed:
+            assert drawn.format == committed.format == "PNG" and drawn.size == committed.size, picture
+        assert (figures / picture).stat().st_size < 150_000, picture  # small enough to commit

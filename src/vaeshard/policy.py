@@ -14,7 +14,7 @@ import torch
 
 from . import tuning
 from .config import MODES, SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
-from .layers.tier import FastPlan
+from .layers.tier import FastPlan, kernels_unavailable
 from .runtime import comm as comm_mod
 from .runtime import graphs
 from .runtime.requests import Expected, check_shape, size_message
@@ -352,6 +352,9 @@ def resolve_fast(
                 f"pixels, where they suit (tuning.{'SHARDED_' if sharded else ''}PARTS_FROM_PIXELS)",
             )
         )
+    missing = kernels_unavailable(device)
+    if missing is not None:
+        reasons.append(("kernels", f"PyTorch's layers throughout ({missing})"))
     return FastPlan(
         frames_per_step=steps,
         cuda_graphs=graphed,

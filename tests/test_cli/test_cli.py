@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,9 @@ def assets(tmp_path_factory):
     (root / "unet").mkdir()
     (root / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DConditionModel"}))
     (root / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
+    (root / "dc").mkdir()
+    (root / "dc" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderDC"}))
+    (root / "dc" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     torch.save(latent((1, 5, 3, 6, 8)), root / "wrong_channels.pt")
     torch.save(latent((4, 3, 6, 8)), root / "four_d.pt")
     return root
@@ -133,6 +137,7 @@ def test_help_lists_the_modes(capsys):
         assert command in top
     decode = help_of("decode")
     assert "{" + ",".join(MODES) + "}" in decode  # argparse's choices list, in MODES order
+    assert "RANDOM weights" in decode  # --config
     for mode in MODES:
         assert mode in top
 
@@ -159,7 +164,8 @@ EXPECTED_FLAGS = {
     ],
     "decode": [
         ("latents", None, None, True),
-        ("--model", None, None, True),
+        ("--model", None, None, False),  # (one of --model and --config is required)
+        ("--config", CONFIGS, None, False),
         ("--subfolder", None, None, False),
         ("--key", None, "latents", False),
         ("--denormalize", None, False, False),
@@ -258,7 +264,26 @@ def test_flags_and_choices_are_frozen():
             if not isinstance(a, argparse._HelpAction)
         ]
         assert actual == EXPECTED_FLAGS[name], name
-    assert tuple(EXPECTED_FLAGS["decode"][10][1]) == MODES
+    assert tuple(EXPECTED_FLAGS["decode"][11][1]) == MODES
+
+
+@pytest.mark.parametrize(
+    "args, first",
+    [
+        (["decode", "z.pt", "--model", "m", "--out", "o.mp4", "--nproc", "0"], "argument --nproc: expected at least 1"),
+        (["decode", "z.pt", "--out", "o.mp4"], "one of the arguments --model --config is required"),
+        (["bench", "--shape", "1,2"], "argument --shape: expected B,C,T,H,W"),
+        (["decodee"], "argument COMMAND: invalid choice: 'decodee'"),
+    ],
+)
+def test_a_usage_mistake_prints_what_is_wrong_first(capsys, args, first):
+    with pytest.raises(SystemExit) as done:
+        in_process(*args)
+    assert done.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    command = "vaeshard" if args[0] == "decodee" else f"vaeshard {args[0]}"
+    assert lines[0].startswith(f"{command}: error: {first}"), lines
+    assert lines[1:] == [f"(`{command} --help` lists the options)"], lines
 
 
 # --- demo ------------------------------------------------------------------------------------------
@@ -413,6 +438,32 @@ def test_decode_single_png_from_a_pipeline_folder(assets, tmp_path, capfd):
     assert (got - torch.from_numpy(_uint8(reference)[0, 0]).float()).abs().max() <= 1  # within 1e-5 before rounding
 
 
+@pytest.mark.timeout(120)
+def test_decode_config_decodes_with_the_random_weights_diffusers_builds(tmp_path, capfd):
+    # no model folder: the Wan 2.1 VAE's real config, seeded random weights, as diffusers builds it
+    from diffusers import AutoencoderKLWan
+    from safetensors.torch import load_file, save_file
+
+    from ..parity import CPU_FP32_REAL_SIZES, assert_close
+
+    z = latent((1, 16, 2, 4, 4))
+    save_file({"latents": z}, tmp_path / "z.safetensors")
+    out, timings = tmp_path / "video.safetensors", tmp_path / "timings.json"
+    code = in_process("decode", tmp_path / "z.safetensors", "--config", "wan21", "--device", "cpu", "--out", out,
+                      "--timings", timings)  # fmt: skip
+    assert code == 0
+    err = capfd.readouterr().err
+    assert "wan21 config (AutoencoderKLWan), random weights (torch.manual_seed(0)): RANDOM weights" in err
+    assert "latent frame" in err  # the progress bar's unit
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan().eval()
+    with torch.no_grad():
+        want = vae.decode(z).sample
+    assert_close(load_file(out)["sample"], want, CPU_FP32_REAL_SIZES, "decode --config wan21")
+    stamps = json.loads(timings.read_text())
+    assert stamps["started"] <= stamps["loaded"] < stamps["decoded"] <= stamps["written"] < time.time()
+
+
 @pytest.mark.timeout(150)
 def test_decode_under_torchrun_uses_its_ranks(assets, tmp_path):
     out = tmp_path / "video.safetensors"
@@ -445,6 +496,8 @@ ERROR_CASES = [
     ("folder-without-config", ["{a}/z.safetensors", "--model", "{a}"], "o.mp4", "no config.json"),
     ("folder-without-weights", ["{a}/z.safetensors", "--model", "{a}/config_only"], "o.mp4", "no weights"),
     ("not-a-vae", ["{a}/z.safetensors", "--model", "{a}/unet"], "o.mp4", "vaeshard decodes AutoencoderKLWan"),
+    ("unsupported-vae", ["{a}/z.safetensors", "--model", "{a}/dc"], "o.mp4", "is an AutoencoderDC: vaeshard"),
+    ("config-wrong-channels", ["{a}/z.safetensors", "--config", "wan21"], "o.mp4", "expects 16"),
     (
         "tile-stride-without-size",
         ["{a}/z.safetensors", "--model", "{a}/wan21", "--tile-stride", "24"],
@@ -461,6 +514,15 @@ ERROR_CASES = [
     ("unsupported-output", ["{a}/z.safetensors", "--model", "{a}/wan21"], "o.gif", "unsupported suffix"),
     ("png-of-a-video", ["{a}/z.safetensors", "--model", "{a}/wan21"], "o.png", "9 frames"),
 ]
+
+
+def test_messages_put_an_before_a_vowel_sound():
+    from vaeshard.cli.io import with_article
+
+    said = {n: with_article(n) for n in ("AutoencoderDC", "UNet2DConditionModel", "int", "dict", "ndarray", "SDXL")}
+    assert list(said.values()) == [
+        "an AutoencoderDC", "a UNet2DConditionModel", "an int", "a dict", "an ndarray", "an SDXL"
+    ]  # fmt: skip
 
 
 # checked in this process (the command's `main`): every case but the Hub one fails before any worker
@@ -507,11 +569,16 @@ def test_bench_writes_json_and_plot(assets, tmp_path):
     report, figure = tmp_path / "bench.json", tmp_path / "bench.png"
     run = vaeshard_cli(
         "bench", "--model", assets / "wan21", "--shape", "1,4,2,6,8", "--device", "cpu", "--nproc", "1,2",
-        "--modes", "auto", "--reps", 1, "--peak-tflops", 1, "--json", report, "--plot", figure, timeout=170,
+        "--modes", "auto", "--reps", 2, "--peak-tflops", 1, "--json", report, "--plot", figure, timeout=170,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "vs diffusers" in run.stdout and "spatial_shard_width" in run.stdout  # the table
     data = json.loads(report.read_text())
+    for point in (data["reference"], *data["rows"]):  # the fastest and slowest timed decode beside each median
+        low, high = min(point["seconds_reps"]), max(point["seconds_reps"])
+        assert len(point["seconds_reps"]) == 2 and low <= point["seconds"] <= high
+        assert re.search(rf"{point['seconds']:.3f} +{low:.3f}-{high:.3f} ", run.stdout), run.stdout
+        assert f"{point['seconds']:.3f} s (min {low:.3f}, max {high:.3f})" in run.stderr
     assert [(r["mode"], r["nproc"]) for r in data["rows"]] == [("auto", 1), ("auto", 2)]
     assert data["reference"]["seconds"] > 0 and data["reference"]["out_shape"] == [1, 3, 5, 48, 64]
     assert data["flops"] > 0 and data["flops_source"] == "FlopCounterMode"
@@ -569,6 +636,19 @@ def test_bench_e2e_times_each_route_from_a_fresh_process_to_the_closed_file(asse
         data["median"]["diffusers"]["to_file_s"] / data["median"]["vaeshard"]["to_file_s"]
     )
     assert data["environment"]["device"] == "cpu"
+
+
+def test_bench_preset_on_cpu_warns_that_it_takes_hours(monkeypatch, capfd):
+    from vaeshard.cli import bench
+
+    def interrupted(*args, **kwargs):  # (the user stops it: nothing is decoded here)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench", interrupted)
+    assert in_process("bench", "--preset", "wan21-720p", "--device", "cpu") == 130
+    warning = capfd.readouterr().err.splitlines()[0]
+    assert warning.startswith("[bench] warning: --preset wan21-720p on CPU takes hours"), warning
+    assert warning.endswith("for a quick CPU run: --config wan21 --shape 1,16,3,12,16"), warning
 
 
 @pytest.mark.timeout(60)

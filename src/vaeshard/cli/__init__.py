@@ -19,6 +19,12 @@ from pathlib import Path
 import vaeshard
 from vaeshard import MODES, FastOptions
 
+from .args import Parser
+from .args import int_list as _int_list
+from .args import mode_list as _mode_list
+from .args import positive_float as _positive_float
+from .args import positive_int as _positive_int
+from .args import shape as _shape
 from .io import InputError
 from .writer import MP4_PRESET, MP4_PRESETS
 
@@ -29,58 +35,11 @@ DEFAULT_TIMEOUT_S = 600.0
 # --- parser ----------------------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers like 1,2,4, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers of at least 1, got {text!r}")
-    return values
-
-
-def _shape(text: str) -> tuple[int, ...]:
-    values = tuple(_int_list(text))
-    if len(values) not in (4, 5):
-        raise argparse.ArgumentTypeError(f"expected B,C,T,H,W (five numbers; B,C,H,W for an image VAE), got {text!r}")
-    return values
-
-
-def _mode_list(text: str) -> list[str]:
-    modes = [m.strip() for m in text.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in MODES]
-    if not modes or unknown:
-        raise argparse.ArgumentTypeError(
-            f"unknown mode(s) {', '.join(unknown) or text!r}: choose from {', '.join(MODES)}"
-        )
-    return modes
-
-
 def build_parser() -> argparse.ArgumentParser:
     from .bench import DTYPES, PRESETS
     from .io import NAMED_CONFIGS
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="vaeshard",
         description=(
             f"Spread the decode of diffusers VAEs ({', '.join(vaeshard.supported_classes())}) over processes. "
@@ -114,8 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
         "image), a folder of PNG frames, or the raw tensor as .safetensors (key 'sample') / .pt.",
     )
     dec.add_argument("latents", metavar="LATENTS", help="latent file: .safetensors, .pt/.pth or .npy")
-    dec.add_argument(
-        "--model", required=True, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id"
+    what = dec.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--model", default=None, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id"
+    )
+    what.add_argument(
+        "--config",
+        choices=tuple(NAMED_CONFIGS),
+        default=None,
+        help="a real VAE's config with RANDOM weights (torch.manual_seed(0)), to try decode without a model: "
+        "the output is noise",
     )
     dec.add_argument(
         "--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)"
@@ -169,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timings",
         default=None,
         metavar="JSON",
-        help="write when the model and latents were ready, the decode done and the output closed (Unix times)",
+        help="write when the command started, the model and latents were ready, the decode was done and the "
+        "output closed (Unix times)",
     )
     dec.add_argument(
         "--timeout",
@@ -492,14 +460,20 @@ def _check_timestep(timestep: float | None, model) -> None:
 
 
 def _decode(args) -> int:
+    import time
+
     from . import decode, io, launch
 
+    started = time.time()
     nproc = _process_count(args.nproc)
     device = _pick_device(args.device, nproc)
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     out_kind = io.output_kind(args.out)
     z = io.load_latents(args.latents, args.key)
-    model = io.resolve_model(args.model, args.subfolder, args.offline)
+    if args.config is not None:
+        model = io.named_model(args.config)
+    else:
+        model = io.resolve_model(args.model, args.subfolder, args.offline)
     io.check_latents(z, model, source=f"latents in {args.latents!r}")
     if args.denormalize:
         io.check_denormalize(model.config, z.shape[1])
@@ -507,6 +481,8 @@ def _decode(args) -> int:
     _check_tiles(args.tile_size, args.tile_stride, model)
     frames = model.frames_out(z.shape[2]) if z.dim() == 5 else 1
     io.check_output(args.out, out_kind, z.shape[0], frames, model.sample_channels())
+    if args.config is not None and _is_main_rank():  # (after the checks: a mistake stays one line)
+        print(f"vaeshard: {model.description}: RANDOM weights, so the output is noise", file=sys.stderr)
     job = decode.DecodeJob(
         latents=args.latents,
         key=args.key,
@@ -530,7 +506,7 @@ def _decode(args) -> int:
     else:
         summary = launch.run(decode.decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
     if args.timings:
-        Path(args.timings).write_text(json.dumps(summary["stamps"]))
+        Path(args.timings).write_text(json.dumps({"started": started, **summary["stamps"]}))
     what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"
     _main_print(
         f"wrote {args.out}: {what} {summary['width']}x{summary['height']}"
@@ -608,6 +584,12 @@ def _bench(args) -> int:
             io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
         )
     io.check_latent_shape(shape, model, source=f"latent shape {tuple(shape)}")
+    if args.preset is not None and device == "cpu":
+        small = ",".join(map(str, (1, shape[1], 3, 12, 16)))
+        _bench_log(
+            f"warning: --preset {args.preset} on CPU takes hours (a latent of {tuple(shape)} per decode, several "
+            f"decodes per point); for a quick CPU run: --config {config} --shape {small}"
+        )
     for path in (args.json, args.plot):
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise InputError(f"cannot write {path!r}: its folder does not exist")
@@ -656,11 +638,16 @@ def _bench_point(json_path, result) -> None:
         return
     if result.rows:
         r = result.rows[-1]
-        _bench_log(f"{r['mode']} x{r['nproc']}: {r['seconds']:.3f} s ({r['strategy']})")
+        _bench_log(f"{r['mode']} x{r['nproc']}: {_timed_text(r)} ({r['strategy']})")
     elif result.reference is not None:
-        _bench_log(f"diffusers x1: {result.reference['seconds']:.3f} s")
+        _bench_log(f"diffusers x1: {_timed_text(result.reference)}")
     if json_path:
         report.write_json(result, json_path)
+
+
+def _timed_text(point: dict) -> str:
+    reps = point.get("seconds_reps") or [point["seconds"]]
+    return f"{point['seconds']:.3f} s (min {min(reps):.3f}, max {max(reps):.3f})"
 
 
 def _bench_log(message: str) -> None:

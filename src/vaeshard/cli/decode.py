@@ -137,5 +137,6 @@ def _progress(vae, z, strategy: str, ctx):
         cols = len(range(0, z.shape[4], max(1, vae.tile_sample_stride_width // ratio)))
         calls_per_frame = max(1, -(-rows * cols // ctx.world))
     batch = z.shape[0] if getattr(vae, "use_slicing", False) else 1
-    bar = tqdm(total=z.shape[2] * batch, desc="decode", unit="frame", file=sys.stderr, leave=False)
+    # counted in latent frames (each decodes to the temporal factor's output frames, the first to one)
+    bar = tqdm(total=z.shape[2] * batch, desc="decode", unit="latent frame", file=sys.stderr, leave=False)
     return _Progress(vae, bar, calls_per_frame)

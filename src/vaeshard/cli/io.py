@@ -250,7 +250,7 @@ def _source_from_config(folder: Path, config_file: Path, shown: str) -> ModelSou
     supported = vaeshard.supported_classes()
     if class_name not in supported:
         raise InputError(
-            f"model {shown!r} is a {class_name or 'model without _class_name'}: vaeshard decodes "
+            f"model {shown!r} is {with_article(class_name or 'model without _class_name')}: vaeshard decodes "
             f"{', '.join(supported)}; pass the VAE of a pipeline that uses one of them"
         )
     return ModelSource(class_name=class_name, config=config, path=str(folder))
@@ -346,7 +346,7 @@ def load_latents(path: str | os.PathLike, key: str = "latents"):
             f"latents file {str(p)!r} has an unsupported suffix {suffix or '(none)'!r}: use .safetensors, .pt or .npy"
         )
     if not isinstance(z, torch.Tensor):
-        raise InputError(f"{str(p)!r} holds a {type(z).__name__}, not a tensor")
+        raise InputError(f"{str(p)!r} holds {with_article(type(z).__name__)}, not a tensor")
     if not z.is_floating_point():
         raise InputError(f"latents in {str(p)!r} have dtype {z.dtype}: expected a floating-point tensor")
     return z
@@ -532,6 +532,24 @@ def _remove(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def with_article(noun: str) -> str:
+    """`noun` after "a" or "an" as it is read aloud: an AutoencoderDC, an int, a UNet2DConditionModel (an
+    initialism is read letter by letter: an SDXL, a UNet, an ndarray), an 8-D."""
+    if not noun:
+        return "a"
+    if noun[:1].isdigit():
+        number = noun[: len(noun) - len(noun.lstrip("0123456789"))]
+        vowel = number.startswith("8") or (len(number) in (2, 5) and number[:2] in ("11", "18"))
+    elif noun[:1].isupper() and noun[1:2] in ("", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ") or noun.startswith("nd"):
+        vowel = noun[0].upper() in "AEFHILMNORSX"  # letters whose name starts with a vowel sound
+    else:
+        vowel = noun[:1].lower() in "aeio" or (noun[:1].lower() == "u" and not noun.lower().startswith(_U_AS_YOU))
+    return f"{'an' if vowel else 'a'} {noun}"
+
+
+_U_AS_YOU = ("uni", "use", "usu", "uti", "ura", "uri", "uro")
 
 
 def _first_line(exc: BaseException) -> str:

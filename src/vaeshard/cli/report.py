@@ -45,6 +45,7 @@ def bench_table(result: BenchResult) -> str:
         "ranks",
         "strategy",
         "median s",
+        "min-max s",
         "vs diffusers",
         "vs 1 rank",
         "util",
@@ -54,7 +55,7 @@ def bench_table(result: BenchResult) -> str:
     ]
     reserved = result.device == "cuda"  # what the caching allocator held at most, beside what was allocated
     if reserved:
-        headers.insert(8, f"reserved {unit}/rank")
+        headers.insert(9, f"reserved {unit}/rank")
     rows = []
     if result.reference is not None:
         rows.append(
@@ -63,6 +64,7 @@ def bench_table(result: BenchResult) -> str:
                 "1",
                 "untiled decode",
                 f"{result.reference['seconds']:.3f}",
+                _spread(result.reference.get("seconds_reps")),
                 "1.00x",
                 "",
                 _fmt(_util(result, result.reference["seconds"], 1), ".1%"),
@@ -72,7 +74,7 @@ def bench_table(result: BenchResult) -> str:
             ]
         )
         if reserved:
-            rows[-1].insert(8, _memory_text(result.reference.get("peak_reserved_bytes"), result.device))
+            rows[-1].insert(9, _memory_text(result.reference.get("peak_reserved_bytes"), result.device))
     for r in result.rows:
         rows.append(
             [
@@ -80,6 +82,7 @@ def bench_table(result: BenchResult) -> str:
                 str(r["nproc"]),
                 r["strategy"] + (" (fallback)" if r["fallback"] else ""),
                 f"{r['seconds']:.3f}",
+                _spread(r.get("seconds_reps")),
                 _fmt(r["speedup_vs_diffusers"], ".2f", "-") + ("x" if r["speedup_vs_diffusers"] else ""),
                 _scaling_text(r),
                 _fmt(r["utilisation"], ".1%"),
@@ -90,7 +93,7 @@ def bench_table(result: BenchResult) -> str:
         )
         if reserved:
             per_rank = r.get("peak_reserved_bytes_per_rank") or [None]
-            rows[-1].insert(8, "/".join(_memory_text(b, result.device) for b in per_rank))
+            rows[-1].insert(9, "/".join(_memory_text(b, result.device) for b in per_rank))
     head = [
         f"vaeshard bench: {result.subject}",
         f"latent {tuple(result.shape)}, {result.dtype} on {result.device}, median of {result.reps} "
@@ -112,6 +115,11 @@ def bench_table(result: BenchResult) -> str:
     return "\n".join(head + ["", format_table(headers, rows)] + notes)
 
 
+def _spread(seconds: list[float] | None) -> str:
+    """The fastest and slowest timed decode beside the median: how far one run can be from it."""
+    return f"{min(seconds):.3f}-{max(seconds):.3f}" if seconds else "-"
+
+
 def _scaling_text(row: dict) -> str:
     if row.get("speedup_vs_1_rank") is None:
         return "-"
@@ -131,6 +139,12 @@ def write_json(result: BenchResult, path: str) -> None:
         json.dump(payload, f, indent=2, default=str)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def read_json(path: str) -> BenchResult:
+    """A record `write_json` wrote, as the result it was written from (to show or draw it again)."""
+    with open(path) as f:
+        return BenchResult(**json.load(f))
 
 
 def plot(result: BenchResult, path: str) -> None:

@@ -7,8 +7,11 @@ this Triton has Gluon (`gluon` is None otherwise)."""
 from __future__ import annotations
 
 from . import norm_math
+from .triton_support import triton
 
-try:  # Gluon: Triton 3.5 and later
+try:  # Gluon: Triton 3.5 and later, in a version triton_support supports
+    if triton is None:
+        raise ImportError("no supported Triton")
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language._core import builtin as _builtin

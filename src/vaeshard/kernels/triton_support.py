@@ -4,17 +4,52 @@ box_conv.py's Gluon kernel are launched.
 
 They run on CUDA tensors, and on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1, set
 before Triton is imported: how CI checks what they compute). CPU-only installs need not have Triton.
+
+Only the Triton versions of SUPPORTED: the kernels use Triton's and Gluon's APIs as those versions
+define them, and another version may refuse or miscompile them. With any other version (or none)
+`triton` and `tl` are None here, as without Triton, so no kernel is defined or launched and the
+fast tier runs PyTorch's layers; `unavailable()` says why, and `vaeshard.plan(...).explain()` shows it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+
+# (major, minor) of the Triton versions the kernels were compiled, checked and measured with
+SUPPORTED = ((3, 6), (3, 7))
 
 try:
     import triton
     import triton.language as tl
 except Exception:  # pragma: no cover - depends on the installation
     triton = tl = None
+
+VERSION: str | None = getattr(triton, "__version__", None)  # the installed Triton's, None without one
+
+
+@functools.lru_cache(maxsize=8)
+def _why_not(version: str | None) -> str | None:
+    if version is None:
+        return "Triton is not installed"
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        major = minor = None
+    if (major, minor) in SUPPORTED:
+        return None
+    supported = " and ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
+    return f"Triton {version} is installed and vaeshard's kernels support Triton {supported}"
+
+
+def unavailable() -> str | None:
+    """Why vaeshard's Triton kernels cannot run in this installation (not installed, or a version
+    outside SUPPORTED), or None where they can."""
+    return _why_not(VERSION)
+
+
+if triton is not None and unavailable() is not None:
+    triton = tl = None  # as without Triton: the kernel modules define nothing and every layer runs PyTorch's
 
 
 def interpreting() -> bool:
@@ -23,8 +58,9 @@ def interpreting() -> bool:
 
 
 def runs_on(x) -> bool:
-    """Whether Triton is installed and its kernels can take the tensor `x` (CUDA, or the interpreter)."""
-    return triton is not None and (x.is_cuda or interpreting())
+    """Whether a supported Triton is installed and its kernels can take the tensor `x` (CUDA, or the
+    interpreter)."""
+    return triton is not None and unavailable() is None and (x.is_cuda or interpreting())
 
 
 def frame_stride(t) -> int:

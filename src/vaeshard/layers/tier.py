@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..kernels import attention as attention_kernel
 from ..kernels import conv3d as conv_kernel
+from ..kernels import triton_support
 from ..kernels.norm import add_bias_, add_bias_and_residual_, fused_bias_add_available, rms_norm
 from ..kernels.routing import Route, route
 
@@ -121,6 +122,15 @@ def kernels_on() -> bool:
     """Whether this request may run vaeshard's convolution kernels: the fast tier with triton_convs."""
     plan = _current.get()
     return plan is not None and plan.triton_convs
+
+
+def kernels_unavailable(device: torch.device) -> str | None:
+    """Why a fast-tier request on `device` runs none of vaeshard's Triton kernels in this installation
+    (kernels/triton_support.py: Triton missing, or a version it does not support), or None: they may
+    run there, or the device never runs them (CPU outside Triton's interpreter)."""
+    if device.type != "cuda" and not triton_support.interpreting():
+        return None
+    return triton_support.unavailable()
 
 
 def conv_route(weight: torch.Tensor, stride, padding, dilation, groups, **question) -> Route:
