@@ -153,6 +153,63 @@ def test_a_body_without_content_length_or_over_the_limit_is_refused_before_it_is
         assert code == 413 and "--max-body-mb" in json.loads(text)["error"]
 
 
+# --- the body's parse ------------------------------------------------------------------------------
+
+
+def _mapped(body: bytes):
+    import mmap
+
+    buffer = mmap.mmap(-1, len(body))
+    buffer[:] = body
+    return buffer
+
+
+def test_the_body_parse_equals_safetensors_own():
+    """The body is parsed in place; each tensor must equal what safetensors' own parser reads."""
+    from vaeshard.cli.http import _parse
+
+    z = latent((1, 4, 2, 3, 5))
+    bodies = [
+        {"latents": z},
+        {"latents": z.half(), "other": torch.arange(3)},
+        {"latents": z.bfloat16(), "byte": torch.zeros(1, dtype=torch.uint8)},  # the latents may sit unaligned
+        {"latents": z.double()},
+    ]
+    for tensors in bodies:
+        body = save(tensors, metadata={"from": "a pipeline"})
+        got, ref = _parse(_mapped(body), len(body), "latents"), load(body)["latents"]
+        assert got.dtype == ref.dtype and torch.equal(got, ref), list(tensors)
+
+
+def _raw(header: dict, data: bytes = b"") -> bytes:
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b"\0" * 4, "shorter than"),
+        ((10**9).to_bytes(8, "little") + b"{}", "header claims"),
+        (_raw([1]), "not a JSON object"),  # type: ignore[arg-type]
+        (b"\4\0\0\0\0\0\0\0{{{{", "not JSON"),
+        (_raw({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "no tensor named 'latents'"),
+        (_raw({"latents": {"dtype": "I32", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "floating-point"),
+        (_raw({"latents": {"dtype": "F99", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4), "floating-point"),
+        (_raw({"latents": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}}, b"\0" * 8), "has shape"),
+        (_raw({"latents": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}, b"\0" * 8), "does not match"),
+        (_raw({"latents": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8), "does not match"),
+        (_raw({"latents": {"dtype": "F32"}}), "no valid dtype"),
+    ],
+)
+def test_a_malformed_body_is_a_400_naming_the_problem(body, words):
+    from vaeshard.cli.http import HTTPError, _parse
+
+    with pytest.raises(HTTPError) as caught:
+        _parse(_mapped(body), len(body), "latents")
+    assert caught.value.code == 400 and words in caught.value.message
+
+
 # --- errors ----------------------------------------------------------------------------------------
 
 
@@ -379,7 +436,7 @@ def test_idle_and_slow_connections_are_closed_and_the_log_stays_short(server, re
         what=f"{IDLE_CONNECTIONS} idle connections at once to vaeshard serve --max-connections {MAX_CONNECTIONS} "
         f"--header-timeout {HEADER_TIMEOUT_S:g}",
         requests="1 after the flood",
-        results=f"{at_once} closed at once, the other {len(idle) - at_once} after their head's time; the request "
+        results=f"{at_once} closed at once, the other {len(idle) - at_once} after --header-timeout; the request "
         f"after them 200; {len(added)} log lines",
         time=f"every idle connection closed {held_longest:.1f} s after the flood began",
         memory="-",

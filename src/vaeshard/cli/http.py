@@ -149,7 +149,7 @@ def make_app(service, job):
                 if health and not authorized(request):
                     # without the key, a health route says only its status: the model, hosts and pids, and a
                     # failure's peer addresses, are for those who hold the key
-                    state = json.loads(response.body)
+                    state = json.loads(response.body) if isinstance(response, JSONResponse) else {}
                     response = JSONResponse({"status": state.get("status")}, status_code=response.status_code)
                 http_requests.labels(route, str(response.status_code)).inc()
                 if not isinstance(response, StreamingResponse):
@@ -193,7 +193,8 @@ def make_app(service, job):
                 service.release()
                 # a refused body's pages go back to the system now: an exception's traceback can keep its
                 # tensor, and so the map, alive until the garbage collector runs, which buffers do not prompt
-                buffer.madvise(mmap.MADV_DONTNEED)
+                if hasattr(mmap, "MADV_DONTNEED"):
+                    buffer.madvise(mmap.MADV_DONTNEED)
         if refused is not None:
             raise HTTPError(503, f"the service is {refused}")
         first = await channel.get()
@@ -405,23 +406,27 @@ def _parse(buffer, length: int, key: str):
         )
     entry, data = header[key], 8 + size
     try:
-        name, shape, (start, end) = entry["dtype"], [int(n) for n in entry["shape"]], entry["data_offsets"]
-        dtype = getattr(torch, _DTYPES[name])
-    except KeyError:
-        raise HTTPError(400, f"{key!r} has dtype {entry.get('dtype')!r}: expected a floating-point tensor") from None
-    except (TypeError, ValueError, AttributeError):
+        name, shape, (start, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+    except (KeyError, TypeError, ValueError):
         refuse(f"{key!r} has no valid dtype, shape and data_offsets")
+    if not isinstance(name, str) or name not in _DTYPES or not hasattr(torch, _DTYPES[name]):
+        raise HTTPError(400, f"{key!r} has dtype {name!r}: expected a floating-point tensor")
+    dtype = getattr(torch, _DTYPES[name])
+    if not all(type(n) is int and n >= 0 for n in [*shape, start, end]):
+        refuse(f"{key!r} has shape {shape} and data_offsets {entry['data_offsets']}")
     count = 1
     for n in shape:
         count *= n
-    if min(shape, default=0) < 0 or not (isinstance(start, int) and isinstance(end, int)):
-        refuse(f"{key!r} has shape {shape} and data_offsets {entry['data_offsets']}")
     if not 0 <= start <= end <= length - data or end - start != count * dtype.itemsize:
         refuse(f"{key!r} of shape {shape} ({name}) does not match its data_offsets [{start}, {end}]")
     if not dtype.is_floating_point:
         raise HTTPError(400, f"{key!r} has dtype {dtype}: expected a floating-point tensor")
     if count == 0:
         return torch.empty(shape, dtype=dtype)
+    if sys.byteorder != "little":  # the format is little-endian: safetensors' own parser swaps the bytes
+        from safetensors.torch import load
+
+        return load(bytes(buffer))[key]
     offset = data + start
     if len(header) == 1 and offset % dtype.itemsize == 0:
         return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
