@@ -32,7 +32,7 @@ from ..parity import CPU_FP32
 from .test_serve import KEY, ROOT, Server, _free_port, _rss_mib, model, reference  # noqa: F401 (fixtures)
 
 MAX_QUEUE, MAX_BODY_MB, MAX_CONNECTIONS, MAX_UPLOADS = 3, 16, 24, 2
-HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 2.0, 6.0
+HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 3.0, 6.0
 IDLE_CONNECTIONS = 200  # the flood of idle connections: over 8 times --max-connections
 SLACK_S = 10.0  # on top of a time limit, for a loaded 2-core machine
 REPORT_IDS = ["service-queued-memory", "service-idle-connections", "service-slow-clients"]
@@ -373,15 +373,17 @@ def test_idle_and_slow_connections_are_closed_and_the_log_stays_short(server, re
     then answers, and the log holds a few lines, not one per connection."""
     lines_before = len(_log_lines(server))
     body = save({"latents": latent((1, 4, 1, 4, 4))})
+    started = time.monotonic()  # before any connection: the server's clocks start later than this one
     header_drip, body_drip = _connect(server), _connect(server)
     idle: list[socket.socket] = []
+    opened: list[float] = []  # when each idle connection was made
     try:
-        started = time.monotonic()
         body_drip.sendall(_head("/v1/decode", len(body)))
         header_drip.sendall(b"POST /v1/decode HTTP/1.1\r\n")
         for _ in range(IDLE_CONNECTIONS):
+            opened.append(time.monotonic() - started)
             idle.append(_connect(server))
-        closed_at: dict[int, float] = {}
+        closed_at: dict[int, float] = {}  # how long after it was made the server closed each one
         header_closed = body_answered = None
         sent = 0
         deadline = started + BODY_TIMEOUT_S + SLACK_S
@@ -389,7 +391,7 @@ def test_idle_and_slow_connections_are_closed_and_the_log_stays_short(server, re
             now = time.monotonic() - started
             for i, sock in enumerate(idle):
                 if i not in closed_at and _closed_by_server(sock):
-                    closed_at[i] = now
+                    closed_at[i] = now - opened[i]
             if header_closed is None:
                 try:
                     header_drip.send(b"X-Slow: a\r\n"[sent % 11 : sent % 11 + 1])
@@ -414,8 +416,10 @@ def test_idle_and_slow_connections_are_closed_and_the_log_stays_short(server, re
         assert len(closed_at) == len(idle), f"{len(idle) - len(closed_at)} idle connections still open"
         assert header_closed is not None, "the slow request head was not cut off"
         assert body_answered is not None, "the slow body got no answer"
+        # the server cannot close a connection for its head before HEADER_TIMEOUT_S: one closed sooner was
+        # over --max-connections
         at_once = sum(1 for t in closed_at.values() if t < HEADER_TIMEOUT_S)
-        assert at_once >= IDLE_CONNECTIONS - MAX_CONNECTIONS
+        assert at_once >= IDLE_CONNECTIONS - MAX_CONNECTIONS, sorted(closed_at.values())
         assert max(closed_at.values()) >= HEADER_TIMEOUT_S  # the ones within the limit waited for their head
         assert header_closed >= HEADER_TIMEOUT_S and body_answered >= BODY_TIMEOUT_S - 1
         body_drip.setblocking(True)
@@ -429,7 +433,7 @@ def test_idle_and_slow_connections_are_closed_and_the_log_stays_short(server, re
     assert r.status_code == 200 and (load(r.content)["sample"] - reference(z)).abs().max() <= CPU_FP32
     added = _log_lines(server)[lines_before:]
     assert len(added) <= 12, added  # a few kinds of line, each at most once per window plus its count
-    held_longest = max(closed_at.values())
+    held_longest = max(t + opened[i] for i, t in closed_at.items())
     report.record(
         "service",
         "service-idle-connections",
@@ -467,8 +471,8 @@ def test_a_client_gone_mid_upload_logs_one_line(server):
         sock.sendall(_head("/v1/decode", 100_000) + b"\0" * 1000)
     _until(lambda: gone() == before + 1, 30, "the gone client's request counted")
     added = _log_lines(server)[lines_before:]
-    assert [line for line in added if "closed its connection" in line] and not any("Traceback" in x for x in added)
-    assert len(added) == 1, added
+    assert len([line for line in added if "closed its connection" in line]) == 1, added
+    assert not any("Traceback" in line or "Exception" in line for line in added), added
 
 
 # --- memory (the last test: it ends the server) ----------------------------------------------------
