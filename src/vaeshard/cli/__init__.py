@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds a request waits for every rank to arrive, and for each collective on CPU (default 600)",
     )
 
+    from . import httplimits
+
     srv = sub.add_parser(
         "serve",
         help="serve decode and encode requests over HTTP, every rank of the group doing each one",
@@ -177,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--api-key",
         default=None,
-        help="require this key (Authorization: Bearer KEY) on everything but /health (default: $VAESHARD_API_KEY)",
+        help="require this key (Authorization: Bearer KEY); visible in ps: prefer $VAESHARD_API_KEY or --api-key-file",
     )
     srv.add_argument(
         "--max-queue",
@@ -188,9 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument(
         "--max-body-mb",
         type=_positive_float,
-        default=1024.0,
-        help="largest request body in MiB; more get 413 (default 1024)",
+        default=httplimits.DEFAULT_BODY_MB,
+        help=f"largest request body in MiB; more get 413 (default {httplimits.DEFAULT_BODY_MB:g})",
     )
+    httplimits.add_arguments(srv)
     srv.add_argument(
         "--fps", type=_positive_int, default=16, help="frame rate of an MP4 unless a request names one (default 16)"
     )

@@ -6,6 +6,11 @@ dispatcher (cli/serve.py) fills with the output as it is encoded. The response s
 bytes (a fragmented MP4 fragment by fragment; a zip of PNG frames frame by frame; safetensors at the
 end); an error before them is a JSON `{"error": ...}` with its status code. A client that goes away
 ends its request on every rank (the stream is closed).
+
+Rank 0's memory is bounded before any body is read: a request is admitted (its place in the queue held,
+or 429) from its headers, at most `max_uploads` bodies are received at a time, each straight into one
+buffer of its declared length whose tensor the queue then holds, and connections are limited in number
+and in the time they may take to send a request.
 """
 
 from __future__ import annotations
@@ -14,16 +19,18 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
+import mmap
 import sys
 import time
 
 from vaeshard import MODES, metrics
 
 from . import io
+from .httplimits import API_KEY_ENV, HEAD_BYTES, KEEP_ALIVE_S, Limits, Uploads, log_repeats_once, protocol
 from .io import InputError
 from .serve import FAILED_LINGER_S, STATUS_FAILED, STATUS_READY, Request
 
-API_KEY_ENV = "VAESHARD_API_KEY"
 FORMATS = {"mp4": "mp4", "safetensors": "safetensors", "png": "zip"}  # query value -> writer kind
 MEDIA_TYPES = {"mp4": "video/mp4", "zip": "application/zip", "safetensors": "application/octet-stream"}
 SUFFIXES = {"mp4": "mp4", "zip": "zip", "safetensors": "safetensors"}
@@ -32,12 +39,21 @@ DEFAULT_FORMAT = "safetensors"
 # times slower than in pieces of this size (benchmarks/serve_gpu.py, BENCHMARKS.md).
 SEND_BYTES = 1 << 20
 GRACEFUL_S = 30.0  # after SIGTERM, the longest uvicorn waits for open connections
+MAX_FPS = 1000  # an MP4's frame rate; more is refused (the container cannot time it)
+RETRY_AFTER_S = 2  # the Retry-After of a 429: about one small request's time on the group
+HEADER_MAX = 1 << 20  # the largest safetensors header a body may have (a few tensors need a few hundred bytes)
+
+log = logging.getLogger("vaeshard")
 
 
 class HTTPError(Exception):
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, headers: dict | None = None) -> None:
         super().__init__(message)
-        self.code, self.message = code, message
+        self.code, self.message, self.headers = code, message, headers
+
+
+class _Gone(Exception):
+    """The client closed its connection before its body arrived."""
 
 
 class Channel:
@@ -78,9 +94,12 @@ class Channel:
 def make_app(service, job):
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
     from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
+    limits = job.limits or Limits()
+    uploads = Uploads(limits.max_uploads)
     registry = CollectorRegistry()
     metrics.use_registry(registry)  # the library's decode and encode metrics go to this app's /metrics
     http_requests = Counter(
@@ -96,10 +115,14 @@ def make_app(service, job):
     Gauge("vaeshard_queue_depth", "Requests admitted and waiting for the group", registry=registry).set_function(
         lambda: service.queue_depth
     )
+    Gauge("vaeshard_uploads", "Request bodies being received", registry=registry).set_function(lambda: uploads.active)
+    Gauge("vaeshard_uploads_waiting", "Admitted requests waiting to send their body", registry=registry).set_function(
+        lambda: uploads.waiting
+    )
     service.on_request = lambda op, seconds, peaks: [metrics.record_peak(r, p) for r, p in peaks.items()]
 
-    def error(code: int, message: str):
-        return JSONResponse({"error": message}, status_code=code)
+    def error(code: int, message: str, headers: dict | None = None):
+        return JSONResponse({"error": message}, status_code=code, headers=headers)
 
     def authorized(request) -> bool:
         if not job.api_key:
@@ -111,14 +134,23 @@ def make_app(service, job):
         def wrap(handler):
             async def inner(request):
                 started = time.perf_counter()
+                health = route.startswith("/health")
                 try:
-                    if route != "/health" and not authorized(request):
+                    if not health and not authorized(request):
                         raise HTTPError(
                             401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
                         )
                     response = await handler(request)
                 except HTTPError as exc:
-                    response = error(exc.code, exc.message)
+                    response = error(exc.code, exc.message, exc.headers)
+                except _Gone:
+                    log.warning("vaeshard serve: a client closed its connection before its %s body arrived", route)
+                    response = Response(status_code=499)  # nobody reads it: the count says what happened
+                if health and not authorized(request):
+                    # without the key, a health route says only its status: the model, hosts and pids, and a
+                    # failure's peer addresses, are for those who hold the key
+                    state = json.loads(response.body) if isinstance(response, JSONResponse) else {}
+                    response = JSONResponse({"status": state.get("status")}, status_code=response.status_code)
                 http_requests.labels(route, str(response.status_code)).inc()
                 if not isinstance(response, StreamingResponse):
                     latency.labels(route).observe(time.perf_counter() - started)
@@ -134,14 +166,35 @@ def make_app(service, job):
         if service.status != STATUS_READY:
             raise HTTPError(503, f"the service is {service.status}" + (f": {service.error}" if service.error else ""))
         params = _params(request.query_params, op, job)
-        body = await _body(request, job.max_body)
-        tensor = _tensor(body, "latents" if op == "decode" else "pixels")
-        _check(tensor, op, params, job.model)
-        channel = Channel(asyncio.get_running_loop())
-        work = Request(op=op, tensor=tensor, out=channel, **params)
-        refused = service.submit(work)
+        length = _declared_length(request.headers, job.max_body)
+        refused = service.reserve()  # from the headers alone: a refused body is never read
         if refused == "full":
-            raise HTTPError(429, f"the queue is full ({job.max_queue} waiting): retry later")
+            raise HTTPError(
+                429,
+                f"the queue is full ({job.max_queue} requests hold a place): retry later",
+                {"retry-after": str(RETRY_AFTER_S)},
+            )
+        if refused is not None:
+            raise HTTPError(503, f"the service is {refused}")
+        reserved, buffer = True, mmap.mmap(-1, length)  # its pages are taken as the body arrives
+        try:
+            await _receive(request, buffer, uploads, limits.body_timeout)
+            from starlette.concurrency import run_in_threadpool
+
+            # off the event loop: /health and the other connections are answered meanwhile
+            tensor = await run_in_threadpool(_parse, buffer, length, "latents" if op == "decode" else "pixels")
+            await run_in_threadpool(_check, tensor, op, params, job.model)
+            channel = Channel(asyncio.get_running_loop())
+            work = Request(op=op, tensor=tensor, out=channel, **params)
+            reserved = False
+            refused = service.submit(work)
+        finally:
+            if reserved:
+                service.release()
+                # a refused body's pages go back to the system now: an exception's traceback can keep its
+                # tensor, and so the map, alive until the garbage collector runs, which buffers do not prompt
+                if hasattr(mmap, "MADV_DONTNEED"):
+                    buffer.madvise(mmap.MADV_DONTNEED)
         if refused is not None:
             raise HTTPError(503, f"the service is {refused}")
         first = await channel.get()
@@ -177,7 +230,21 @@ def make_app(service, job):
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    listing = ", ".join(f"{m} {r.path}" for r in routes for m in sorted(r.methods - {"HEAD"}))
+
+    async def http_exception(request, exc):  # Starlette's 404 and 405, as JSON like every other error
+        if exc.status_code == 404:
+            message = f"no route {request.url.path}: this service has {listing}"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}: this service has {listing}"
+        else:
+            message = exc.detail
+        return error(exc.status_code, message, exc.headers)
+
+    async def server_error(request, exc):
+        return error(500, f"internal error ({type(exc).__name__}): the service's log has the details")
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_exception, Exception: server_error})
 
 
 class _Observe:
@@ -223,22 +290,22 @@ def _params(query, op: str, job) -> dict:
         raise HTTPError(400, f"mode={mode!r}: choose one of {', '.join(MODES)}")
     return {
         "format": FORMATS[name],
-        "fps": _positive_int(query.get("fps"), job.fps, "fps"),
+        "fps": _bounded_int(query.get("fps"), job.fps, "fps", MAX_FPS),
         "mode": mode,
         "exact": _flag(query.get("exact"), bool(job.options.get("exact", False))),
         "timestep": _number(query.get("timestep"), "timestep"),
     }
 
 
-def _positive_int(text, default: int, name: str) -> int:
+def _bounded_int(text, default: int, name: str, most: int) -> int:
     if text is None:
         return default
     try:
         value = int(text)
     except ValueError:
         raise HTTPError(400, f"{name}={text!r}: expected a whole number") from None
-    if value < 1:
-        raise HTTPError(400, f"{name}={value}: expected at least 1")
+    if not 1 <= value <= most:
+        raise HTTPError(400, f"{name}={text}: expected a whole number from 1 to {most}")
     return value
 
 
@@ -261,36 +328,113 @@ def _number(text, name: str) -> float | None:
         raise HTTPError(400, f"{name}={text!r}: expected a number") from None
 
 
-async def _body(request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPError(413, f"the body is {int(declared)} bytes; this service takes at most {limit}")
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            raise HTTPError(413, f"the body is over {limit} bytes, the most this service takes")
-        parts.append(part)
-    if not size:
+def _declared_length(headers, limit: int) -> int:
+    """The body's length from its Content-Length: the size of the buffer it is read into."""
+    declared = headers.get("content-length")
+    if declared is None:
+        raise HTTPError(411, "the request has no Content-Length: send the body with its length (not chunked)")
+    length = int(declared)  # h11 has checked that it is a number
+    if length > limit:
+        raise HTTPError(413, f"the body is {length} bytes; this service takes at most {limit} (--max-body-mb)")
+    if not length:
         raise HTTPError(400, "the body is empty: send a safetensors file")
-    return b"".join(parts)
+    return length
 
 
-def _tensor(body: bytes, key: str):
-    """The tensor `key` of a safetensors body (safetensors holds tensors only: nothing is unpickled)."""
-    from safetensors.torch import load
+async def _receive(request, buffer: mmap.mmap, uploads: Uploads, timeout: float) -> None:
+    """Read the body into `buffer`, an anonymous memory map of its declared length (unmapped, so returned
+    to the system, once its tensor is freed). 408 if it is not all there within `timeout` s of the headers."""
+    import anyio
+    from starlette.requests import ClientDisconnect
 
+    length = len(buffer)
     try:
-        tensors = load(body)
-    except Exception as exc:
-        raise HTTPError(400, f"the body is not a safetensors file ({type(exc).__name__}: {exc})") from None
-    if key not in tensors:
+        with anyio.fail_after(timeout):
+            async with uploads.slot():
+                view, size = memoryview(buffer), 0
+                try:
+                    async for part in request.stream():
+                        if size + len(part) > length:  # h11 ends the body at Content-Length: never true
+                            raise HTTPError(400, f"the body is longer than its Content-Length ({length})")
+                        view[size : size + len(part)] = part
+                        size += len(part)
+                finally:
+                    view.release()
+    except TimeoutError:
         raise HTTPError(
-            400, f"the safetensors body has no tensor named {key!r} (it has: {', '.join(tensors) or 'none'})"
+            408, f"the body did not arrive within {timeout:g} s of the headers (--body-timeout): send it faster"
+        ) from None
+    except ClientDisconnect:
+        raise _Gone() from None
+    if size != length:
+        raise _Gone()
+
+
+# safetensors' dtype names (its format's header)
+_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "BOOL": "bool", "C64": "complex64",
+}  # fmt: skip
+
+
+def _parse(buffer, length: int, key: str):
+    """The tensor `key` of a safetensors body (safetensors holds tensors only: nothing is unpickled), as a
+    view of `buffer` when it is the body's only tensor: no copy. safetensors' own parser takes only a
+    `bytes` object and copies every tensor out of it (two to three times the body on rank 0), so the
+    format's header (8 bytes of length, then JSON) is read here and checked in full."""
+    import torch
+
+    def refuse(why: str):
+        raise HTTPError(400, f"the body is not a safetensors file ({why})")
+
+    if length < 8:
+        refuse(f"{length} bytes, shorter than a safetensors header")
+    size = int.from_bytes(buffer[:8], "little")
+    if size > min(length - 8, HEADER_MAX):
+        refuse(f"its header claims {size} bytes, more than the body's {length - 8} or {HEADER_MAX}")
+    try:
+        header = json.loads(buffer[8 : 8 + size])
+    except (UnicodeDecodeError, ValueError) as exc:
+        refuse(f"its header is not JSON: {exc}")
+    if not isinstance(header, dict):
+        refuse("its header is not a JSON object")
+    header.pop("__metadata__", None)
+    if key not in header:
+        raise HTTPError(
+            400, f"the safetensors body has no tensor named {key!r} (it has: {', '.join(header) or 'none'})"
         )
-    tensor = tensors[key]
-    if not tensor.is_floating_point():
-        raise HTTPError(400, f"{key!r} has dtype {tensor.dtype}: expected a floating-point tensor")
+    entry, data = header[key], 8 + size
+    try:
+        name, shape, (start, end) = entry["dtype"], list(entry["shape"]), entry["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        refuse(f"{key!r} has no valid dtype, shape and data_offsets")
+    if not isinstance(name, str) or name not in _DTYPES or not hasattr(torch, _DTYPES[name]):
+        raise HTTPError(400, f"{key!r} has dtype {name!r}: expected a floating-point tensor")
+    dtype = getattr(torch, _DTYPES[name])
+    if not all(type(n) is int and n >= 0 for n in [*shape, start, end]):
+        refuse(f"{key!r} has shape {shape} and data_offsets {entry['data_offsets']}")
+    count = 1
+    for n in shape:
+        count *= n
+    if not 0 <= start <= end <= length - data or end - start != count * dtype.itemsize:
+        refuse(f"{key!r} of shape {shape} ({name}) does not match its data_offsets [{start}, {end}]")
+    if not dtype.is_floating_point:
+        raise HTTPError(400, f"{key!r} has dtype {dtype}: expected a floating-point tensor")
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    if sys.byteorder != "little":  # the format is little-endian: safetensors' own parser swaps the bytes
+        from safetensors.torch import load
+
+        return load(bytes(buffer))[key]
+    offset = data + start
+    if len(header) == 1 and offset % dtype.itemsize == 0:
+        return torch.frombuffer(buffer, dtype=dtype, count=count, offset=offset).view(shape)
+    # other tensors share the body (freed with it), or the data is not aligned for its dtype: copy it out
+    tensor = torch.empty(shape, dtype=dtype)
+    tensor.view(-1).view(torch.uint8).copy_(
+        torch.frombuffer(buffer, dtype=torch.uint8, count=end - start, offset=offset)
+    )
     return tensor
 
 
@@ -317,6 +461,12 @@ def _check(tensor, op: str, params: dict, model) -> None:
             if len(shape) != ndim or shape[1] != channels or 0 in shape:
                 layout = "(B, C, T, H, W)" if ndim == 5 else "(B, C, H, W)"
                 raise InputError(f"'pixels' have shape {shape}: this VAE encodes {layout} with C = {channels}")
+            ratio = model.spatial_ratio()
+            if min(shape[-2:]) < ratio:  # its encoder's last strided convolution would have nothing to read
+                raise InputError(
+                    f"'pixels' of {shape[-2]}x{shape[-1]} are too small to encode: this VAE needs at least "
+                    f"{ratio}x{ratio} (one latent pixel)"
+                )
     except InputError as exc:
         raise HTTPError(400, str(exc)) from None
 
@@ -358,12 +508,18 @@ def run(service, job) -> None:
                 return True
             return await super().on_tick(counter)
 
+    limits = job.limits or Limits()
+    log_repeats_once()
     config = uvicorn.Config(
         make_app(service, job),
         host=job.host,
         port=job.port,
+        http=protocol(limits),
         log_level="warning",
+        log_config=None,  # uvicorn's loggers reach the root handler, whose filter holds back repeated lines
         lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
+        h11_max_incomplete_event_size=HEAD_BYTES,
         timeout_graceful_shutdown=GRACEFUL_S,
     )
     Server(config).run()

@@ -53,6 +53,7 @@ class ServeJob:
     fps: int
     preset: str
     ready_file: str | None = None  # written with the address once the server listens
+    limits: object = None  # httplimits.Limits: connections, uploads, timeouts (None: the defaults)
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Service:
         self.failed_at: float | None = None
         self._queue: queue_mod.Queue = queue_mod.Queue()
         self._waiting = 0  # admitted, not yet taken by the dispatcher
+        self._reserved = 0  # places held for requests whose body is still arriving
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._dispatch, name="vaeshard-dispatch", daemon=True)
@@ -97,13 +99,28 @@ class Service:
     def queue_depth(self) -> int:
         return self._waiting
 
-    def submit(self, request: Request) -> str | None:
-        """Queue `request`; None, or why not: "full", or the service's status."""
+    def reserve(self) -> str | None:
+        """Hold a place in the queue for a request before its body is read (then `submit` or `release`
+        it): None, or why not: "full", or the service's status. Queued requests and bodies being received
+        together are at most max_queue, which bounds rank 0's memory."""
         with self._lock:
             if self.status != STATUS_READY:
                 return self.status
-            if self._waiting >= self.job.max_queue:
+            if self._waiting + self._reserved >= self.job.max_queue:
                 return "full"
+            self._reserved += 1
+        return None
+
+    def release(self) -> None:
+        with self._lock:
+            self._reserved -= 1
+
+    def submit(self, request: Request) -> str | None:
+        """Queue `request` in the place `reserve` held; None, or why not: the service's status."""
+        with self._lock:
+            self._reserved -= 1
+            if self.status != STATUS_READY:
+                return self.status
             self._waiting += 1
             self._queue.put(request)
         return None
@@ -343,8 +360,9 @@ def command(args) -> int:
     missing = [m for m in ("starlette", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
         raise io.InputError(f"vaeshard serve needs {', '.join(missing)}: pip install 'vaeshard[serve]'")
-    from .http import API_KEY_ENV
+    from . import httplimits
 
+    api_key = httplimits.api_key(args)  # first: a refused key stops the command before anything loads
     nproc = _process_count(args.nproc)
     device = _pick_device(args.device, nproc)
     model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
@@ -356,12 +374,13 @@ def command(args) -> int:
         timeout=args.timeout,
         host=args.host,
         port=args.port,
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=api_key,
         max_queue=args.max_queue,
         max_body=int(args.max_body_mb * 2**20),
         fps=args.fps,
         preset=args.preset,
         ready_file=args.ready_file,
+        limits=httplimits.limits(args),
     )
     if nproc == 1 and not launch.torchrun_env():
         serve_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
