@@ -1,10 +1,20 @@
 """`vaeshard decode`'s work on each rank: load the VAE and the latent, parallelize, and decode through
 `vaeshard.stream_decode` into the streamed writer on rank 0 (cli/writer.py), with a progress bar.
-cli/__init__.py checks the request and starts the ranks (cli/launch.py) with a `DecodeJob`."""
+cli/__init__.py checks the request and runs a `DecodeJob` (`run`: here, or on ranks of cli/launch.py).
+
+A failed decode leaves no output, however it fails. Rank 0's writer keeps everything in a temporary
+file until every rank has agreed the decode succeeded, then renames it into place. When rank 0 fails
+by an exception (or, in this process, a signal: launch.interruptible) its writer removes it; but a
+rank can also be killed at any instruction (by the launcher, after another rank failed or the command
+got a signal; or by the system), so the process that started the ranks removes the temporary output
+once they have all ended, found by the job's tag in its name. One owner that outlives the ranks, rather
+than cleanup inside a rank that may not get to run it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +40,30 @@ class DecodeJob:
     progress: bool
     timeout: float
     options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast (see _tier_options)
+    tag: str = field(default_factory=lambda: secrets.token_hex(4))  # in the temporary output's name
+
+
+def run(job: DecodeJob, nproc: int, device: str, group_timeout: float) -> dict:
+    """Decode `job` in this process (one rank) or on `nproc` ranks; rank 0's summary. On any failure,
+    every rank has ended and the temporary output is gone before the error is raised."""
+    from . import launch
+    from .writer import remove_temporary
+
+    def cleanup() -> None:
+        remove_temporary(job.out, job.tag)
+
+    # a SIGTERM to a process that writes unwinds it as Ctrl-C does, so that its writer aborts; the spawned
+    # ranks' launcher stops them on either and calls `cleanup`
+    with launch.interruptible():
+        if nproc > 1 or launch.torchrun_env():
+            return launch.run(
+                decode_worker, nproc, job, device=device, group_timeout=group_timeout, on_failure=cleanup
+            )[0]
+        try:
+            return decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
+        except BaseException:
+            cleanup()
+            raise
 
 
 def set_tiles(vae, size: int, stride: int, ratio: int) -> None:
@@ -75,12 +109,19 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
             # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
             temb = {} if job.timestep is None else {"temb": torch.full((z.shape[0],), job.timestep, device=z.device)}
             torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
-            writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset) if ctx.is_main else None
+            writer = None
+            if ctx.is_main:
+                writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset, tag=job.tag)
             with writer or contextlib.nullcontext():
                 frames, shape = write_stream(vae, z, writer, **temb)
                 ctx.synchronize()
                 seconds = time.perf_counter() - t0
                 stamps["decoded"] = time.time()
+                if writer is not None:
+                    writer.finish()
+                # the output is moved into place (on leaving the writer) only once every rank got here:
+                # a rank that failed in the decode never arrives, and rank 0 is stopped before renaming
+                ctx.barrier()
         stamps["written"] = time.time()
     finally:
         if bar is not None:

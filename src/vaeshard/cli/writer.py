@@ -6,9 +6,10 @@ event, non_blocking into one of `depth` reusable pinned host buffers, and an eve
 copy; one worker thread waits for that event and encodes (PyAV for MP4, PIL for PNG) while the GPU goes on
 with the next chunk. `write` blocks while `depth` chunks are pending, so host memory stays bounded.
 Tensors (.safetensors, .pt) need the whole video: their chunks are kept on the host and saved at close.
-Everything goes to a temporary file or folder next to `path` and is renamed into place at close; or,
-with `into`, to a binary stream as it is encoded (the service's responses: a fragmented MP4, a zip of
-PNG frames, or safetensors).
+Everything goes to a temporary file or folder next to `path` and is renamed into place at close (a
+`tag` in its name lets the process that started a writer's rank remove it if that rank was killed:
+`remove_temporary`); or, with `into`, to a binary stream as it is encoded (the service's responses: a
+fragmented MP4, a zip of PNG frames, or safetensors).
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ class ChunkWriter:
     """Writes a video given as chunks (B, C, t, H, W) in frame order to `path` as `kind` (one of
     io.OUTPUT_KINDS). `close()` finishes and returns the paths written; `abort()` leaves nothing. As a
     context manager it closes on a clean exit and aborts on an exception. A tensor output keeps the
-    chunks it is given (on the host); they must not be changed in place before close.
+    chunks it is given (on the host); they must not be changed in place before close. `finish()` completes
+    the temporary output without moving it into place (a decode on several ranks agrees first).
+
+    tag: a word in the temporary output's name, `.NAME.TAG.XXXXXXXX.tmp`, for `remove_temporary`.
 
     into: a binary stream (an object with `write`) that receives the output as it is encoded instead of
     a file (`path` then only names it in messages; close returns no paths); kind one of STREAM_KINDS."""
@@ -68,6 +72,7 @@ class ChunkWriter:
         depth: int = 2,
         preset: str = MP4_PRESET,
         into=None,
+        tag: str = "",
     ) -> None:
         kinds = OUTPUT_KINDS if into is None else STREAM_KINDS
         if kind not in kinds:
@@ -77,12 +82,13 @@ class ChunkWriter:
         self.path, self.kind, self.fps = Path(path), kind, fps
         if preset not in MP4_PRESETS:
             raise ValueError(f"unknown x264 preset {preset!r}: expected one of {', '.join(MP4_PRESETS)}")
-        self._sink = _SINKS[kind](self.path, fps, preset) if into is None else _INTO[kind](into, fps, preset)
+        self._sink = _SINKS[kind](self.path, fps, preset, tag) if into is None else _INTO[kind](into, fps, preset)
         self._worker = _Worker(self._sink, depth) if kind in IMAGE_KINDS else None
         self._finalizer = weakref.finalize(self, _abandon, self._sink, self._worker)
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
         self._frames = 0
         self._paths: list[str] | None = None
+        self._finished = False
         self._aborted = False
 
     def write(self, chunk) -> None:
@@ -104,11 +110,11 @@ class ChunkWriter:
             self.abort()
             raise
 
-    def close(self) -> list[str]:
-        """Wait for the encoding, move the output into place; returns the paths written."""
-        if self._paths is not None:
-            return self._paths
+    def finish(self) -> None:
+        """Wait for the encoding and complete the temporary output, without moving it into place yet."""
         self._check_open()
+        if self._finished:
+            return
         try:
             if self._frames == 0:
                 raise ValueError(f"nothing was written to {str(self.path)!r}: write at least one frame")
@@ -116,6 +122,17 @@ class ChunkWriter:
                 self._worker.finish()
             else:
                 self._sink.finish()
+        except BaseException:
+            self.abort()
+            raise
+        self._finished = True
+
+    def close(self) -> list[str]:
+        """Wait for the encoding, move the output into place; returns the paths written."""
+        if self._paths is not None:
+            return self._paths
+        self.finish()
+        try:
             self._paths = self._sink.commit()
         except BaseException:
             self.abort()
@@ -158,6 +175,26 @@ class ChunkWriter:
             expected = "({}, {}, t, {}, {})".format(*self._shape)
             raise ValueError(f"a chunk of shape {tuple(chunk.shape)} follows chunks of shape {expected}")
         check_video("frames" if self.kind == "zip" else self.kind, b, self._frames + t, c, (h, w))
+
+
+def remove_temporary(path: str | os.PathLike, tag: str) -> None:
+    """Remove the temporary output of every writer of `path` made with `tag` (files and folders)."""
+    path = Path(path)
+    folder, prefix = path.resolve().parent, _temporary_prefix(path, tag)
+    try:
+        with os.scandir(folder) as entries:
+            found = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except FileNotFoundError:
+        return
+    for name in found:
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            io._remove(name)
+
+
+def _temporary_prefix(path: Path, tag: str) -> str:
+    return f".{path.name}.{tag}." if tag else f".{path.name}."
 
 
 def write_stream(vae, z, writer: ChunkWriter | None, **decode_kwargs) -> tuple[int, tuple[int, ...] | None]:
@@ -322,9 +359,10 @@ def _quietly(fn) -> None:
 class _Sink:
     """A temporary file next to `path`: frames or chunks are added, then it is finished and renamed into place."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
         self.path, self.fps, self.preset = path, fps, preset
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.resolve().parent))
+        prefix = _temporary_prefix(path, tag)
+        fd, self.tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=str(path.resolve().parent))
         os.close(fd)
 
     def add(self, data, start: int) -> None:
@@ -345,8 +383,8 @@ class _Sink:
 class _Mp4(_Sink):
     """H.264 in an MP4, encoded frame by frame."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
-        super().__init__(path, fps, preset)
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
+        super().__init__(path, fps, preset, tag)
         self.container = self.stream = None
 
     def add(self, frames, start: int) -> None:
@@ -393,9 +431,10 @@ class _Frames(_Sink):
     """PNG frames (`frame_name`) in a temporary folder, which becomes `path`, or whose frames are moved
     into `path` when it is an existing folder."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
         self.path, self.fps, self.preset = path, fps, preset
-        self.tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.resolve().parent))
+        prefix = _temporary_prefix(path, tag)
+        self.tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=str(path.resolve().parent))
         self.written: list[tuple[int, int, str]] = []
 
     def add(self, frames, start: int) -> None:
@@ -426,8 +465,8 @@ class _Frames(_Sink):
 class _Tensor(_Sink):
     """The raw chunks, concatenated along T and saved at finish with torch.save."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
-        super().__init__(path, fps, preset)
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
+        super().__init__(path, fps, preset, tag)
         self.chunks: list = []
 
     def add(self, chunk, start: int) -> None:
@@ -546,5 +585,6 @@ __all__ = [
     "MP4_PRESETS",
     "STREAM_KINDS",
     "frame_name",
+    "remove_temporary",
     "write_stream",
 ]
