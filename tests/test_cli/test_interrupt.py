@@ -192,3 +192,25 @@ def test_a_nan_latent_on_two_ranks_leaves_nothing(assets, tmp_path, out_name, ca
     assert list(out_dir.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_signal_is_held_while_the_ranks_stop_and_a_callers_own_handler_is_kept():
+    from vaeshard.cli import launch
+
+    reached = False
+    with pytest.raises(launch.Interrupted) as info, launch.interruptible() as stop, stop.held():
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait_for(lambda: stop.signum, 10, "the signal handled")
+        reached = True  # held: the block ran on to its end
+    assert reached and info.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    def own(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        with launch.interruptible():
+            assert signal.getsignal(signal.SIGTERM) is own  # the service forwards SIGTERM to its rank 0 itself
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -3,7 +3,7 @@
 cli/__init__.py checks the request and runs a `DecodeJob` (`run`: here, or on ranks of cli/launch.py).
 
 A failed decode leaves no output, however it fails. Rank 0's writer keeps everything in a temporary
-file until every rank has agreed the decode succeeded, then renames it into place. When rank 0 fails
+file until every rank has finished its part of the decode, then renames it into place. When rank 0 fails
 by an exception (or, in this process, a signal: launch.interruptible) its writer removes it; but a
 rank can also be killed at any instruction (by the launcher, after another rank failed or the command
 got a signal; or by the system), so the process that started the ranks removes the temporary output
@@ -117,10 +117,8 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
                 ctx.synchronize()
                 seconds = time.perf_counter() - t0
                 stamps["decoded"] = time.time()
-                if writer is not None:
-                    writer.finish()
-                # the output is moved into place (on leaving the writer) only once every rank got here:
-                # a rank that failed in the decode never arrives, and rank 0 is stopped before renaming
+                # the output is moved into place (on leaving the writer) only once every rank got here: a
+                # rank that failed in the decode never arrives, and the launcher stops rank 0 before then
                 ctx.barrier()
         stamps["written"] = time.time()
     finally:

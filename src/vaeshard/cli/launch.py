@@ -201,7 +201,7 @@ class _Stop:
             raise Interrupted(self.signum)
 
 
-_stop: _Stop | None = None  # the stop of the `interruptible` block in force, if any
+_stop: _Stop | None = None  # the stop of the main thread's `interruptible` block in force, if any
 
 
 @contextlib.contextmanager
@@ -211,16 +211,18 @@ def interruptible():
     handler the caller set (not Python's default) is left alone, and so is any signal off the main thread
     (where Python cannot set a handler). Yields the block's `_Stop`; a nested block shares the outer one's."""
     global _stop
+    if threading.current_thread() is not threading.main_thread():
+        yield _Stop()
+        return
     if _stop is not None:
         yield _stop
         return
     stop = _Stop()
     defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
     taken = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig, default in defaults.items():
-            if signal.getsignal(sig) is default:
-                taken[sig] = signal.signal(sig, stop.handle)
+    for sig, default in defaults.items():
+        if signal.getsignal(sig) is default:
+            taken[sig] = signal.signal(sig, stop.handle)
     _stop = stop
     try:
         yield stop

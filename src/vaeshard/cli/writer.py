@@ -55,8 +55,7 @@ class ChunkWriter:
     """Writes a video given as chunks (B, C, t, H, W) in frame order to `path` as `kind` (one of
     io.OUTPUT_KINDS). `close()` finishes and returns the paths written; `abort()` leaves nothing. As a
     context manager it closes on a clean exit and aborts on an exception. A tensor output keeps the
-    chunks it is given (on the host); they must not be changed in place before close. `finish()` completes
-    the temporary output without moving it into place (a decode on several ranks agrees first).
+    chunks it is given (on the host); they must not be changed in place before close.
 
     tag: a word in the temporary output's name, `.NAME.TAG.XXXXXXXX.tmp`, for `remove_temporary`.
 
@@ -88,7 +87,6 @@ class ChunkWriter:
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
         self._frames = 0
         self._paths: list[str] | None = None
-        self._finished = False
         self._aborted = False
 
     def write(self, chunk) -> None:
@@ -110,11 +108,11 @@ class ChunkWriter:
             self.abort()
             raise
 
-    def finish(self) -> None:
-        """Wait for the encoding and complete the temporary output, without moving it into place yet."""
+    def close(self) -> list[str]:
+        """Wait for the encoding, move the output into place; returns the paths written."""
+        if self._paths is not None:
+            return self._paths
         self._check_open()
-        if self._finished:
-            return
         try:
             if self._frames == 0:
                 raise ValueError(f"nothing was written to {str(self.path)!r}: write at least one frame")
@@ -122,17 +120,6 @@ class ChunkWriter:
                 self._worker.finish()
             else:
                 self._sink.finish()
-        except BaseException:
-            self.abort()
-            raise
-        self._finished = True
-
-    def close(self) -> list[str]:
-        """Wait for the encoding, move the output into place; returns the paths written."""
-        if self._paths is not None:
-            return self._paths
-        self.finish()
-        try:
             self._paths = self._sink.commit()
         except BaseException:
             self.abort()
@@ -178,7 +165,10 @@ class ChunkWriter:
 
 
 def remove_temporary(path: str | os.PathLike, tag: str) -> None:
-    """Remove the temporary output of every writer of `path` made with `tag` (files and folders)."""
+    """Remove the temporary output of every writer of `path` made with `tag` (files and folders): what a
+    writer on a rank that was killed left. Only a tagged writer's, so that no other run's is touched."""
+    if not tag:
+        raise ValueError("remove_temporary needs the tag the writer was given")
     path = Path(path)
     folder, prefix = path.resolve().parent, _temporary_prefix(path, tag)
     try:
