@@ -2,18 +2,19 @@
 `vaeshard.stream_decode` into the streamed writer on rank 0 (cli/writer.py), with a progress bar.
 cli/__init__.py checks the request and runs a `DecodeJob` (`run`: here, or on ranks of cli/launch.py).
 
-A failed decode leaves no output, however it fails. Rank 0's writer keeps everything in a temporary
-file until every rank has finished its part of the decode, then renames it into place. When rank 0 fails
-by an exception (or, in this process, a signal: launch.interruptible) its writer removes it; but a
-rank can also be killed at any instruction (by the launcher, after another rank failed or the command
-got a signal; or by the system), so the process that started the ranks removes the temporary output
-once they have all ended, found by the job's tag in its name. One owner that outlives the ranks, rather
-than cleanup inside a rank that may not get to run it.
+A failed decode leaves no output, however it fails, and the output appears only when the decode
+succeeded. Rank 0's writer completes the output in a temporary file (`ChunkWriter.finish`) and hands
+it to the process that started the ranks, which renames it into place once every rank has succeeded.
+A rank can be killed at any instruction (by the launcher, after another rank failed or the command got
+a signal; or by the system), so that process, which outlives its ranks, also removes the temporary
+output after a failure, found by the job's tag in its name: one owner of the output's fate, rather
+than cleanup in a rank that may not get to run it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import sys
 import time
@@ -52,18 +53,26 @@ def run(job: DecodeJob, nproc: int, device: str, group_timeout: float) -> dict:
     def cleanup() -> None:
         remove_temporary(job.out, job.tag)
 
-    # a SIGTERM to a process that writes unwinds it as Ctrl-C does, so that its writer aborts; the spawned
-    # ranks' launcher stops them on either and calls `cleanup`
-    with launch.interruptible():
-        if nproc > 1 or launch.torchrun_env():
-            return launch.run(
-                decode_worker, nproc, job, device=device, group_timeout=group_timeout, on_failure=cleanup
-            )[0]
+    # a SIGTERM to a process that writes unwinds it as Ctrl-C does, so that its writer aborts; the launcher
+    # of spawned ranks stops them on either and calls `cleanup`
+    with launch.interruptible() as stop:
         try:
-            return decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
+            if nproc > 1 or launch.torchrun_env():
+                summary = launch.run(
+                    decode_worker, nproc, job, device=device, group_timeout=group_timeout, on_failure=cleanup
+                )[0]
+            else:
+                summary = decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
+            finished = summary.pop("output", None)
+            # rank 0's process commits (under torchrun every rank gets rank 0's summary). The rename decides:
+            # a signal before it fails the decode; one during it comes too late, the output is in place.
+            if finished is not None and os.environ.get("RANK", "0") == "0":
+                with stop.held(raise_after=False):
+                    finished.commit()
         except BaseException:
             cleanup()
             raise
+    return summary
 
 
 def set_tiles(vae, size: int, stride: int, ratio: int) -> None:
@@ -117,9 +126,8 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
                 ctx.synchronize()
                 seconds = time.perf_counter() - t0
                 stamps["decoded"] = time.time()
-                # the output is moved into place (on leaving the writer) only once every rank got here: a
-                # rank that failed in the decode never arrives, and the launcher stops rank 0 before then
-                ctx.barrier()
+                # complete, but not yet in place: `run` commits it once every rank has succeeded
+                output = writer.finish() if writer is not None else None
         stamps["written"] = time.time()
     finally:
         if bar is not None:
@@ -137,6 +145,7 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
         "batch": b,
         "height": h,
         "width": w,
+        "output": output,
     }
 
 

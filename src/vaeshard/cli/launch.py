@@ -189,8 +189,9 @@ class _Stop:
             raise Interrupted(signum)
 
     @contextlib.contextmanager
-    def held(self):
-        """A signal inside is kept and raised at the end, so that stopping the ranks is never cut short."""
+    def held(self, raise_after: bool = True):
+        """A signal inside is kept and raised at the end, so that stopping the ranks is never cut short;
+        or, with raise_after False, dropped (what the block did stands: it came too late to stop it)."""
         self.holding += 1
         try:
             yield
@@ -198,7 +199,8 @@ class _Stop:
             self.holding -= 1
         if not self.holding and self.signum is not None and not self.raised:
             self.raised = True
-            raise Interrupted(self.signum)
+            if raise_after:
+                raise Interrupted(self.signum)
 
 
 _stop: _Stop | None = None  # the stop of the main thread's `interruptible` block in force, if any

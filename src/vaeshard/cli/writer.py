@@ -6,9 +6,10 @@ event, non_blocking into one of `depth` reusable pinned host buffers, and an eve
 copy; one worker thread waits for that event and encodes (PyAV for MP4, PIL for PNG) while the GPU goes on
 with the next chunk. `write` blocks while `depth` chunks are pending, so host memory stays bounded.
 Tensors (.safetensors, .pt) need the whole video: their chunks are kept on the host and saved at close.
-Everything goes to a temporary file or folder next to `path` and is renamed into place at close (a
-`tag` in its name lets the process that started a writer's rank remove it if that rank was killed:
-`remove_temporary`); or, with `into`, to a binary stream as it is encoded (the service's responses: a
+Everything goes to a temporary file or folder next to `path` and is renamed into place at close, or
+by whoever `finish()` hands it to (a decode on several ranks: the process that started them, once they
+all succeeded); a `tag` in its name lets that process remove it if the writer's rank was killed
+(`remove_temporary`). Or, with `into`, to a binary stream as it is encoded (the service's responses: a
 fragmented MP4, a zip of PNG frames, or safetensors).
 """
 
@@ -20,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import io
@@ -55,7 +57,8 @@ class ChunkWriter:
     """Writes a video given as chunks (B, C, t, H, W) in frame order to `path` as `kind` (one of
     io.OUTPUT_KINDS). `close()` finishes and returns the paths written; `abort()` leaves nothing. As a
     context manager it closes on a clean exit and aborts on an exception. A tensor output keeps the
-    chunks it is given (on the host); they must not be changed in place before close.
+    chunks it is given (on the host); they must not be changed in place before close. `finish()` is a
+    close that leaves the output in its temporary place, for the `Finished` it returns to commit.
 
     tag: a word in the temporary output's name, `.NAME.TAG.XXXXXXXX.tmp`, for `remove_temporary`.
 
@@ -78,7 +81,7 @@ class ChunkWriter:
             raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(kinds)}")
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
-        self.path, self.kind, self.fps = Path(path), kind, fps
+        self.path, self.kind, self.fps, self._into = Path(path), kind, fps, into is not None
         if preset not in MP4_PRESETS:
             raise ValueError(f"unknown x264 preset {preset!r}: expected one of {', '.join(MP4_PRESETS)}")
         self._sink = _SINKS[kind](self.path, fps, preset, tag) if into is None else _INTO[kind](into, fps, preset)
@@ -87,6 +90,7 @@ class ChunkWriter:
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
         self._frames = 0
         self._paths: list[str] | None = None
+        self._finished: Finished | None = None
         self._aborted = False
 
     def write(self, chunk) -> None:
@@ -114,12 +118,7 @@ class ChunkWriter:
             return self._paths
         self._check_open()
         try:
-            if self._frames == 0:
-                raise ValueError(f"nothing was written to {str(self.path)!r}: write at least one frame")
-            if self._worker is not None:
-                self._worker.finish()
-            else:
-                self._sink.finish()
+            self._complete()
             self._paths = self._sink.commit()
         except BaseException:
             self.abort()
@@ -127,9 +126,24 @@ class ChunkWriter:
         self._finalizer.detach()
         return self._paths
 
+    def finish(self) -> Finished:
+        """Wait for the encoding and complete the temporary output, but leave it there: the returned
+        `Finished` moves it into place (`commit`) or removes it (`discard`). The writer is then done."""
+        self._check_open()
+        if self._into:
+            raise ValueError("a writer into a stream has no temporary output to hand over: close it instead")
+        try:
+            self._complete()
+            self._finished = self._sink.finished()
+        except BaseException:
+            self.abort()
+            raise
+        self._finalizer.detach()
+        return self._finished
+
     def abort(self) -> None:
-        """Stop the worker and remove every temporary file; a no-op after a successful close."""
-        if self._paths is not None or self._aborted:
+        """Stop the worker and remove every temporary file; a no-op after a successful close or finish."""
+        if self._paths is not None or self._finished is not None or self._aborted:
             return
         self._aborted = True
         if self._worker is not None:
@@ -141,15 +155,23 @@ class ChunkWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+        elif self._finished is None:
+            self.close()
+
+    def _complete(self) -> None:
+        if self._frames == 0:
+            raise ValueError(f"nothing was written to {str(self.path)!r}: write at least one frame")
+        if self._worker is not None:
+            self._worker.finish()
+        else:
+            self._sink.finish()
 
     def _check_open(self) -> None:
         if self._aborted:
             raise ValueError(f"the writer of {str(self.path)!r} was aborted")
-        if self._paths is not None:
+        if self._paths is not None or self._finished is not None:
             raise ValueError(f"the writer of {str(self.path)!r} is closed")
 
     def _check(self, chunk) -> None:
@@ -162,6 +184,41 @@ class ChunkWriter:
             expected = "({}, {}, t, {}, {})".format(*self._shape)
             raise ValueError(f"a chunk of shape {tuple(chunk.shape)} follows chunks of shape {expected}")
         check_video("frames" if self.kind == "zip" else self.kind, b, self._frames + t, c, (h, w))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A writer's complete output, still in its temporary file or folder `tmp` next to `path`; picklable,
+    so that a rank can hand it to the process that started it."""
+
+    path: str
+    tmp: str
+    frames: tuple[str, ...] | None = None  # a folder of PNG frames: their names, in order
+
+    def commit(self) -> list[str]:
+        """Move the output into place (a folder's frames into `path` when it is an existing folder);
+        returns the paths written."""
+        path = Path(self.path)
+        if self.frames is None:
+            os.chmod(self.tmp, 0o666 & ~io._umask())  # mkstemp makes the file private; give it the usual mode
+            os.replace(self.tmp, path)
+            return [str(path)]
+        for name in self.frames:
+            os.chmod(os.path.join(self.tmp, name), 0o666 & ~io._umask())
+        if path.is_dir():
+            for name in self.frames:
+                os.replace(os.path.join(self.tmp, name), path / name)
+            os.rmdir(self.tmp)
+        else:
+            os.chmod(self.tmp, 0o777 & ~io._umask())
+            os.replace(self.tmp, path)
+        return [str(path / name) for name in self.frames]
+
+    def discard(self) -> None:
+        if self.frames is None:
+            io._remove(self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def remove_temporary(path: str | os.PathLike, tag: str) -> None:
@@ -361,13 +418,14 @@ class _Sink:
     def finish(self) -> None:
         pass
 
+    def finished(self) -> Finished:
+        return Finished(str(self.path), self.tmp)
+
     def commit(self) -> list[str]:
-        os.chmod(self.tmp, 0o666 & ~io._umask())  # mkstemp makes the file private; give it the usual mode
-        os.replace(self.tmp, self.path)
-        return [str(self.path)]
+        return self.finished().commit()
 
     def discard(self) -> None:
-        io._remove(self.tmp)
+        self.finished().discard()
 
 
 class _Mp4(_Sink):
@@ -435,21 +493,8 @@ class _Frames(_Sink):
                 _write_png(frames[b, t], os.path.join(self.tmp, name))
                 self.written.append((b, start + t, name))
 
-    def commit(self) -> list[str]:
-        names = [name for _, _, name in sorted(self.written)]
-        for name in names:
-            os.chmod(os.path.join(self.tmp, name), 0o666 & ~io._umask())
-        if self.path.is_dir():
-            for name in names:
-                os.replace(os.path.join(self.tmp, name), self.path / name)
-            os.rmdir(self.tmp)
-        else:
-            os.chmod(self.tmp, 0o777 & ~io._umask())
-            os.replace(self.tmp, self.path)
-        return [str(self.path / name) for name in names]
-
-    def discard(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    def finished(self) -> Finished:
+        return Finished(str(self.path), self.tmp, tuple(name for _, _, name in sorted(self.written)))
 
 
 class _Tensor(_Sink):
@@ -567,6 +612,7 @@ _INTO: dict[str, type[_Sink]] = {"mp4": _Mp4Into, "zip": _ZipInto, "safetensors"
 
 __all__ = [
     "ChunkWriter",
+    "Finished",
     "InputError",
     "MP4_CODEC",
     "MP4_OPTIONS",
