@@ -80,6 +80,29 @@ def test_frames_into_an_existing_folder_are_added(tmp_path):
     assert len(os.listdir(out)) == 10 and _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("kind, name", [("mp4", "v.mp4"), ("frames", "frames")])
+def test_finish_hands_the_complete_output_over_and_only_its_commit_puts_it_in_place(tmp_path, kind, name):
+    import pickle
+
+    video = _video()
+    w = ChunkWriter(tmp_path / name, kind, tag="t1")
+    for chunk in _chunks(video):
+        w.write(chunk)
+    finished = pickle.loads(pickle.dumps(w.finish()))  # as a rank hands it to the process that started it
+    w.abort()  # the writer is done: the output is the Finished's now
+    assert not (tmp_path / name).exists() and _leftovers(tmp_path) == [os.path.basename(finished.tmp)]
+    assert os.path.basename(finished.tmp).startswith(f".{name}.t1.")
+    (tmp_path / "whole").mkdir()
+    expected = _write(tmp_path / "whole" / name, kind, _chunks(video))  # closed by the writer itself
+    paths = finished.commit()
+    assert [os.path.relpath(p, tmp_path) for p in paths] == [os.path.relpath(p, tmp_path / "whole") for p in expected]
+    assert _leftovers(tmp_path) == []
+    for got, want in zip(paths, expected):
+        assert open(got, "rb").read() == open(want, "rb").read()
+    writer.remove_temporary(tmp_path / name, "t1")  # nothing of this tag is left: a no-op
+    assert (tmp_path / name).exists()
+
+
 def test_png_holds_one_frame(tmp_path):
     video = _video(frames=1)
     out = tmp_path / "image.png"

@@ -3,7 +3,8 @@
 Thin: arguments are checked here (before any process starts, so a mistake costs no model load),
 the work goes through the public API (`import vaeshard`) on ranks started by cli/launch.py, and the
 measuring lives in cli/bench.py. A mistake in what was asked for prints one line,
-`vaeshard: error: ...`, and exits with 2; a failure while running exits with 1.
+`vaeshard: error: ...`, and exits with 2; a failure while running exits with 1; SIGTERM or SIGINT
+stops every rank and exits with 128 plus the signal (143, 130).
 """
 
 from __future__ import annotations
@@ -319,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except ValueError as exc:  # InputError, or the library refusing a request (bad input)
         return _error(str(exc), EXIT_USAGE)
-    except KeyboardInterrupt:
-        return _error("interrupted", 130)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or launch.Interrupted: SIGTERM or SIGINT, ranks stopped
+        signum = getattr(exc, "signum", 2)
+        return _error(str(exc) or "interrupted", 128 + signum)  # the shell's convention: 130 SIGINT, 143 SIGTERM
     except Exception as exc:
         from .launch import LaunchError, WorkerFailed
 
@@ -465,7 +467,7 @@ def _check_timestep(timestep: float | None, model) -> None:
 def _decode(args) -> int:
     import time
 
-    from . import decode, io, launch
+    from . import decode, io
 
     started = time.time()
     nproc = _process_count(args.nproc)
@@ -504,10 +506,7 @@ def _decode(args) -> int:
         timeout=args.timeout,
         options=_tier_options(args),
     )
-    if nproc == 1 and not launch.torchrun_env():
-        summary = decode.decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
-    else:
-        summary = launch.run(decode.decode_worker, nproc, job, device=device, group_timeout=args.timeout)[0]
+    summary = decode.run(job, nproc, device, args.timeout)
     if args.timings:
         Path(args.timings).write_text(json.dumps({"started": started, **summary["stamps"]}))
     what = f"{summary['frames']} frame(s)" if z.dim() == 5 else f"{summary['batch']} image(s)"

@@ -1,10 +1,21 @@
 """`vaeshard decode`'s work on each rank: load the VAE and the latent, parallelize, and decode through
 `vaeshard.stream_decode` into the streamed writer on rank 0 (cli/writer.py), with a progress bar.
-cli/__init__.py checks the request and starts the ranks (cli/launch.py) with a `DecodeJob`."""
+cli/__init__.py checks the request and runs a `DecodeJob` (`run`: here, or on ranks of cli/launch.py).
+
+A failed decode leaves no output, however it fails, and the output appears only when the decode
+succeeded. Rank 0's writer completes the output in a temporary file (`ChunkWriter.finish`) and hands
+it to the process that started the ranks, which renames it into place once every rank has succeeded.
+A rank can be killed at any instruction (by the launcher, after another rank failed or the command got
+a signal; or by the system), so that process, which outlives its ranks, also removes the temporary
+output after a failure, found by the job's tag in its name: one owner of the output's fate, rather
+than cleanup in a rank that may not get to run it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +41,38 @@ class DecodeJob:
     progress: bool
     timeout: float
     options: dict = field(default_factory=dict)  # vaeshard.parallelize's exact and fast (see _tier_options)
+    tag: str = field(default_factory=lambda: secrets.token_hex(4))  # in the temporary output's name
+
+
+def run(job: DecodeJob, nproc: int, device: str, group_timeout: float) -> dict:
+    """Decode `job` in this process (one rank) or on `nproc` ranks; rank 0's summary. On any failure,
+    every rank has ended and the temporary output is gone before the error is raised."""
+    from . import launch
+    from .writer import remove_temporary
+
+    def cleanup() -> None:
+        remove_temporary(job.out, job.tag)
+
+    # a SIGTERM to a process that writes unwinds it as Ctrl-C does, so that its writer aborts; the launcher
+    # of spawned ranks stops them on either and calls `cleanup`
+    with launch.interruptible() as stop:
+        try:
+            if nproc > 1 or launch.torchrun_env():
+                summary = launch.run(
+                    decode_worker, nproc, job, device=device, group_timeout=group_timeout, on_failure=cleanup
+                )[0]
+            else:
+                summary = decode_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job)
+            finished = summary.pop("output", None)
+            # rank 0's process commits (under torchrun every rank gets rank 0's summary). The rename decides:
+            # a signal before it fails the decode; one during it comes too late, the output is in place.
+            if finished is not None and os.environ.get("RANK", "0") == "0":
+                with stop.held(raise_after=False):
+                    finished.commit()
+        except BaseException:
+            cleanup()
+            raise
+    return summary
 
 
 def set_tiles(vae, size: int, stride: int, ratio: int) -> None:
@@ -75,12 +118,16 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
             # a timestep-conditioned decoder's timestep, one per sample (diffusers' `temb`)
             temb = {} if job.timestep is None else {"temb": torch.full((z.shape[0],), job.timestep, device=z.device)}
             torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
-            writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset) if ctx.is_main else None
+            writer = None
+            if ctx.is_main:
+                writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset, tag=job.tag)
             with writer or contextlib.nullcontext():
                 frames, shape = write_stream(vae, z, writer, **temb)
                 ctx.synchronize()
                 seconds = time.perf_counter() - t0
                 stamps["decoded"] = time.time()
+                # complete, but not yet in place: `run` commits it once every rank has succeeded
+                output = writer.finish() if writer is not None else None
         stamps["written"] = time.time()
     finally:
         if bar is not None:
@@ -98,6 +145,7 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
         "batch": b,
         "height": h,
         "width": w,
+        "output": output,
     }
 
 

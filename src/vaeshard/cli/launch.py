@@ -4,7 +4,9 @@ The command line uses this to start its own workers: `run(fn, nproc, *args)` spa
 processes, gives each a process group (gloo on CPU through a file store in a temporary directory, so
 no port can collide; NCCL with one GPU per rank on CUDA), calls `fn(ctx, *args)` on every rank and
 returns the values in rank order. If a rank raises, dies, or the deadline passes, every other rank
-is killed at once and the parent raises: nothing is left waiting in a collective.
+is killed at once and the parent raises: nothing is left waiting in a collective. A SIGTERM or SIGINT
+to the parent does the same (it raises `Interrupted` once every rank has ended), and on Linux a rank
+also ends when the parent is killed outright: no rank outlives the command that started it.
 
 When the process was started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR set), `run`
 does not spawn: this process is one of torchrun's ranks, the group comes from torchrun's rendezvous,
@@ -16,11 +18,15 @@ uses a group it is given.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
+import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -39,6 +45,15 @@ class LaunchError(RuntimeError):
 
 class LaunchTimeout(LaunchError):
     """The run passed its deadline; every rank was killed."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The process got SIGTERM or SIGINT (`signum`) while `interruptible` was in force; a KeyboardInterrupt,
+    so that whatever cleans up after Ctrl-C (a writer removing its temporary output) cleans up after it too."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
 
 
 class WorkerFailed(LaunchError):
@@ -157,6 +172,68 @@ def inline_context(device: str = "cpu") -> RankContext:
     return RankContext(rank=0, world=1, local_rank=0, device=device, backend=None)
 
 
+class _Stop:
+    """The signal an `interruptible` block got (None: none yet), and whether it is to be raised now."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.raised = False
+        self.holding = 0
+
+    def handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            return  # the first signal is already stopping the run: let its teardown finish
+        self.signum = signum
+        if not self.holding:
+            self.raised = True
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def held(self, raise_after: bool = True):
+        """A signal inside is kept and raised at the end, so that stopping the ranks is never cut short;
+        or, with raise_after False, dropped (what the block did stands: it came too late to stop it)."""
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+        if not self.holding and self.signum is not None and not self.raised:
+            self.raised = True
+            if raise_after:
+                raise Interrupted(self.signum)
+
+
+_stop: _Stop | None = None  # the stop of the main thread's `interruptible` block in force, if any
+
+
+@contextlib.contextmanager
+def interruptible():
+    """Inside, SIGTERM and SIGINT raise `Interrupted` in the main thread, once; later ones are ignored while
+    the process stops (a supervisor's SIGTERM then a Ctrl-C must not cut the cleanup short). A signal whose
+    handler the caller set (not Python's default) is left alone, and so is any signal off the main thread
+    (where Python cannot set a handler). Yields the block's `_Stop`; a nested block shares the outer one's."""
+    global _stop
+    if threading.current_thread() is not threading.main_thread():
+        yield _Stop()
+        return
+    if _stop is not None:
+        yield _stop
+        return
+    stop = _Stop()
+    defaults = {signal.SIGTERM: signal.SIG_DFL, signal.SIGINT: signal.default_int_handler}
+    taken = {}
+    for sig, default in defaults.items():
+        if signal.getsignal(sig) is default:
+            taken[sig] = signal.signal(sig, stop.handle)
+    _stop = stop
+    try:
+        yield stop
+    finally:
+        _stop = None
+        for sig, previous in taken.items():
+            signal.signal(sig, previous)
+
+
 def run(
     fn,
     nproc: int,
@@ -165,6 +242,7 @@ def run(
     timeout: float | None = None,
     group_timeout: float = DEFAULT_GROUP_TIMEOUT_S,
     failure_grace: float = 0.0,
+    on_failure=None,
 ) -> list:
     """Call `fn(ctx, *args)` on `nproc` ranks; return the values in rank order.
 
@@ -176,30 +254,43 @@ def run(
     group_timeout: bound on every collective of the process group.
     failure_grace: seconds the other ranks may take to end by themselves after one failed, before
                    they are stopped (a service's rank 0 answers its clients first); 0: at once.
-    Raises WorkerFailed if a rank raises or dies, LaunchTimeout past the deadline.
+    on_failure:    called with no arguments in this process when the run fails, once every rank it
+                   started has ended (under torchrun: once `fn` failed on this rank), before the error
+                   is raised: it removes what a killed rank could not (a temporary output).
+    Raises WorkerFailed if a rank raises or dies, LaunchTimeout past the deadline, and Interrupted
+    on SIGTERM or SIGINT (unless the caller set its own handler for it: `interruptible`).
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if torchrun_env():
-        return _run_under_torchrun(fn, nproc, args, device, group_timeout)
+        try:
+            return _run_under_torchrun(fn, nproc, args, device, group_timeout)
+        except BaseException:
+            if on_failure is not None:
+                on_failure()
+            raise
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
-    return _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace)
+    return _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure)
 
 
 # --- spawned workers -------------------------------------------------------------------------------
 
 
-def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0) -> list:
+def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0, on_failure=None) -> list:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
-    with tempfile.TemporaryDirectory(prefix="vaeshard-rdzv-") as tmp:
+    # A signal to this process stops the ranks here, in one place, as a rank's failure does: the ranks
+    # are stopped and waited for before anything is reported, so none can write after a failure was
+    # reported, and `on_failure` removes what a killed rank left (the ranks themselves may die at any
+    # instruction, so they cannot be relied on to clean up).
+    with interruptible() as stop, tempfile.TemporaryDirectory(prefix="vaeshard-rdzv-") as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, nproc, device, init_file, fn, args, results, group_timeout, threads),
+                args=(rank, nproc, device, init_file, fn, args, results, group_timeout, threads, os.getpid()),
                 daemon=True,
                 name=f"vaeshard-rank{rank}",
             )
@@ -207,14 +298,18 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0) -
         ]
         values = None
         try:
-            for p in procs:
-                p.start()
+            with stop.held():  # a rank started but not yet known could not be stopped
+                for p in procs:
+                    p.start()
             values = _collect(procs, results, nproc, timeout)
         finally:
-            # After success the ranks are only tearing down: let them exit on their own first.
-            _stop_all(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
-            results.close()
-            results.join_thread()
+            with stop.held():
+                # After success the ranks are only tearing down: let them exit on their own first.
+                _stop_all(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
+                results.close()
+                results.join_thread()
+                if (values is None or stop.signum is not None) and on_failure is not None:
+                    on_failure()
     return values
 
 
@@ -277,7 +372,24 @@ def _stop_all(procs, wait: float) -> None:
             p.join(timeout=_KILL_GRACE_S)
 
 
-def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads) -> None:
+def _die_with_parent(parent: int) -> None:
+    """On Linux, have the kernel kill this rank when the process that started it ends, however it ends
+    (SIGKILL included): a rank must never run on, and write, after its command reported a failure.
+    SIGKILL, because nothing a rank runs can delay or ignore it; the parent cleans up after its ranks."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(1)
+
+
+def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads, parent) -> None:
+    _die_with_parent(parent)
     import torch
     import torch.distributed as dist
 
@@ -374,12 +486,14 @@ def _run_under_torchrun(fn, nproc, args, device, group_timeout) -> list:
 __all__ = [
     "LaunchError",
     "Control",
+    "Interrupted",
     "LaunchTimeout",
     "RankContext",
     "WorkerFailed",
     "close_group",
     "cpu_threads_per_rank",
     "inline_context",
+    "interruptible",
     "run",
     "torchrun_env",
     "torchrun_world",

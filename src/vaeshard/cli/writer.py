@@ -6,9 +6,11 @@ event, non_blocking into one of `depth` reusable pinned host buffers, and an eve
 copy; one worker thread waits for that event and encodes (PyAV for MP4, PIL for PNG) while the GPU goes on
 with the next chunk. `write` blocks while `depth` chunks are pending, so host memory stays bounded.
 Tensors (.safetensors, .pt) need the whole video: their chunks are kept on the host and saved at close.
-Everything goes to a temporary file or folder next to `path` and is renamed into place at close; or,
-with `into`, to a binary stream as it is encoded (the service's responses: a fragmented MP4, a zip of
-PNG frames, or safetensors).
+Everything goes to a temporary file or folder next to `path` and is renamed into place at close, or
+by whoever `finish()` hands it to (a decode on several ranks: the process that started them, once they
+all succeeded); a `tag` in its name lets that process remove it if the writer's rank was killed
+(`remove_temporary`). Or, with `into`, to a binary stream as it is encoded (the service's responses: a
+fragmented MP4, a zip of PNG frames, or safetensors).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 import tempfile
 import threading
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import io
@@ -54,7 +57,10 @@ class ChunkWriter:
     """Writes a video given as chunks (B, C, t, H, W) in frame order to `path` as `kind` (one of
     io.OUTPUT_KINDS). `close()` finishes and returns the paths written; `abort()` leaves nothing. As a
     context manager it closes on a clean exit and aborts on an exception. A tensor output keeps the
-    chunks it is given (on the host); they must not be changed in place before close.
+    chunks it is given (on the host); they must not be changed in place before close. `finish()` is a
+    close that leaves the output in its temporary place, for the `Finished` it returns to commit.
+
+    tag: a word in the temporary output's name, `.NAME.TAG.XXXXXXXX.tmp`, for `remove_temporary`.
 
     into: a binary stream (an object with `write`) that receives the output as it is encoded instead of
     a file (`path` then only names it in messages; close returns no paths); kind one of STREAM_KINDS."""
@@ -68,21 +74,23 @@ class ChunkWriter:
         depth: int = 2,
         preset: str = MP4_PRESET,
         into=None,
+        tag: str = "",
     ) -> None:
         kinds = OUTPUT_KINDS if into is None else STREAM_KINDS
         if kind not in kinds:
             raise ValueError(f"unknown output kind {kind!r}: expected one of {', '.join(kinds)}")
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
-        self.path, self.kind, self.fps = Path(path), kind, fps
+        self.path, self.kind, self.fps, self._into = Path(path), kind, fps, into is not None
         if preset not in MP4_PRESETS:
             raise ValueError(f"unknown x264 preset {preset!r}: expected one of {', '.join(MP4_PRESETS)}")
-        self._sink = _SINKS[kind](self.path, fps, preset) if into is None else _INTO[kind](into, fps, preset)
+        self._sink = _SINKS[kind](self.path, fps, preset, tag) if into is None else _INTO[kind](into, fps, preset)
         self._worker = _Worker(self._sink, depth) if kind in IMAGE_KINDS else None
         self._finalizer = weakref.finalize(self, _abandon, self._sink, self._worker)
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
         self._frames = 0
         self._paths: list[str] | None = None
+        self._finished: Finished | None = None
         self._aborted = False
 
     def write(self, chunk) -> None:
@@ -110,12 +118,7 @@ class ChunkWriter:
             return self._paths
         self._check_open()
         try:
-            if self._frames == 0:
-                raise ValueError(f"nothing was written to {str(self.path)!r}: write at least one frame")
-            if self._worker is not None:
-                self._worker.finish()
-            else:
-                self._sink.finish()
+            self._complete()
             self._paths = self._sink.commit()
         except BaseException:
             self.abort()
@@ -123,9 +126,24 @@ class ChunkWriter:
         self._finalizer.detach()
         return self._paths
 
+    def finish(self) -> Finished:
+        """Wait for the encoding and complete the temporary output, but leave it there: the returned
+        `Finished` moves it into place (`commit`) or removes it (`discard`). The writer is then done."""
+        self._check_open()
+        if self._into:
+            raise ValueError("a writer into a stream has no temporary output to hand over: close it instead")
+        try:
+            self._complete()
+            self._finished = self._sink.finished()
+        except BaseException:
+            self.abort()
+            raise
+        self._finalizer.detach()
+        return self._finished
+
     def abort(self) -> None:
-        """Stop the worker and remove every temporary file; a no-op after a successful close."""
-        if self._paths is not None or self._aborted:
+        """Stop the worker and remove every temporary file; a no-op after a successful close or finish."""
+        if self._paths is not None or self._finished is not None or self._aborted:
             return
         self._aborted = True
         if self._worker is not None:
@@ -137,15 +155,23 @@ class ChunkWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
+        if exc_type is not None:
             self.abort()
+        elif self._finished is None:
+            self.close()
+
+    def _complete(self) -> None:
+        if self._frames == 0:
+            raise ValueError(f"nothing was written to {str(self.path)!r}: write at least one frame")
+        if self._worker is not None:
+            self._worker.finish()
+        else:
+            self._sink.finish()
 
     def _check_open(self) -> None:
         if self._aborted:
             raise ValueError(f"the writer of {str(self.path)!r} was aborted")
-        if self._paths is not None:
+        if self._paths is not None or self._finished is not None:
             raise ValueError(f"the writer of {str(self.path)!r} is closed")
 
     def _check(self, chunk) -> None:
@@ -158,6 +184,64 @@ class ChunkWriter:
             expected = "({}, {}, t, {}, {})".format(*self._shape)
             raise ValueError(f"a chunk of shape {tuple(chunk.shape)} follows chunks of shape {expected}")
         check_video("frames" if self.kind == "zip" else self.kind, b, self._frames + t, c, (h, w))
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A writer's complete output, still in its temporary file or folder `tmp` next to `path`; picklable,
+    so that a rank can hand it to the process that started it."""
+
+    path: str
+    tmp: str
+    frames: tuple[str, ...] | None = None  # a folder of PNG frames: their names, in order
+
+    def commit(self) -> list[str]:
+        """Move the output into place (a folder's frames into `path` when it is an existing folder);
+        returns the paths written."""
+        path = Path(self.path)
+        if self.frames is None:
+            os.chmod(self.tmp, 0o666 & ~io._umask())  # mkstemp makes the file private; give it the usual mode
+            os.replace(self.tmp, path)
+            return [str(path)]
+        for name in self.frames:
+            os.chmod(os.path.join(self.tmp, name), 0o666 & ~io._umask())
+        if path.is_dir():
+            for name in self.frames:
+                os.replace(os.path.join(self.tmp, name), path / name)
+            os.rmdir(self.tmp)
+        else:
+            os.chmod(self.tmp, 0o777 & ~io._umask())
+            os.replace(self.tmp, path)
+        return [str(path / name) for name in self.frames]
+
+    def discard(self) -> None:
+        if self.frames is None:
+            io._remove(self.tmp)
+        else:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def remove_temporary(path: str | os.PathLike, tag: str) -> None:
+    """Remove the temporary output of every writer of `path` made with `tag` (files and folders): what a
+    writer on a rank that was killed left. Only a tagged writer's, so that no other run's is touched."""
+    if not tag:
+        raise ValueError("remove_temporary needs the tag the writer was given")
+    path = Path(path)
+    folder, prefix = path.resolve().parent, _temporary_prefix(path, tag)
+    try:
+        with os.scandir(folder) as entries:
+            found = [e.path for e in entries if e.name.startswith(prefix) and e.name.endswith(".tmp")]
+    except FileNotFoundError:
+        return
+    for name in found:
+        if os.path.isdir(name) and not os.path.islink(name):
+            shutil.rmtree(name, ignore_errors=True)
+        else:
+            io._remove(name)
+
+
+def _temporary_prefix(path: Path, tag: str) -> str:
+    return f".{path.name}.{tag}." if tag else f".{path.name}."
 
 
 def write_stream(vae, z, writer: ChunkWriter | None, **decode_kwargs) -> tuple[int, tuple[int, ...] | None]:
@@ -322,9 +406,10 @@ def _quietly(fn) -> None:
 class _Sink:
     """A temporary file next to `path`: frames or chunks are added, then it is finished and renamed into place."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
         self.path, self.fps, self.preset = path, fps, preset
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.resolve().parent))
+        prefix = _temporary_prefix(path, tag)
+        fd, self.tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=str(path.resolve().parent))
         os.close(fd)
 
     def add(self, data, start: int) -> None:
@@ -333,20 +418,21 @@ class _Sink:
     def finish(self) -> None:
         pass
 
+    def finished(self) -> Finished:
+        return Finished(str(self.path), self.tmp)
+
     def commit(self) -> list[str]:
-        os.chmod(self.tmp, 0o666 & ~io._umask())  # mkstemp makes the file private; give it the usual mode
-        os.replace(self.tmp, self.path)
-        return [str(self.path)]
+        return self.finished().commit()
 
     def discard(self) -> None:
-        io._remove(self.tmp)
+        self.finished().discard()
 
 
 class _Mp4(_Sink):
     """H.264 in an MP4, encoded frame by frame."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
-        super().__init__(path, fps, preset)
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
+        super().__init__(path, fps, preset, tag)
         self.container = self.stream = None
 
     def add(self, frames, start: int) -> None:
@@ -393,9 +479,10 @@ class _Frames(_Sink):
     """PNG frames (`frame_name`) in a temporary folder, which becomes `path`, or whose frames are moved
     into `path` when it is an existing folder."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
         self.path, self.fps, self.preset = path, fps, preset
-        self.tmp = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=str(path.resolve().parent))
+        prefix = _temporary_prefix(path, tag)
+        self.tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=str(path.resolve().parent))
         self.written: list[tuple[int, int, str]] = []
 
     def add(self, frames, start: int) -> None:
@@ -406,28 +493,15 @@ class _Frames(_Sink):
                 _write_png(frames[b, t], os.path.join(self.tmp, name))
                 self.written.append((b, start + t, name))
 
-    def commit(self) -> list[str]:
-        names = [name for _, _, name in sorted(self.written)]
-        for name in names:
-            os.chmod(os.path.join(self.tmp, name), 0o666 & ~io._umask())
-        if self.path.is_dir():
-            for name in names:
-                os.replace(os.path.join(self.tmp, name), self.path / name)
-            os.rmdir(self.tmp)
-        else:
-            os.chmod(self.tmp, 0o777 & ~io._umask())
-            os.replace(self.tmp, self.path)
-        return [str(self.path / name) for name in names]
-
-    def discard(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    def finished(self) -> Finished:
+        return Finished(str(self.path), self.tmp, tuple(name for _, _, name in sorted(self.written)))
 
 
 class _Tensor(_Sink):
     """The raw chunks, concatenated along T and saved at finish with torch.save."""
 
-    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET) -> None:
-        super().__init__(path, fps, preset)
+    def __init__(self, path: Path, fps: int, preset: str = MP4_PRESET, tag: str = "") -> None:
+        super().__init__(path, fps, preset, tag)
         self.chunks: list = []
 
     def add(self, chunk, start: int) -> None:
@@ -538,6 +612,7 @@ _INTO: dict[str, type[_Sink]] = {"mp4": _Mp4Into, "zip": _ZipInto, "safetensors"
 
 __all__ = [
     "ChunkWriter",
+    "Finished",
     "InputError",
     "MP4_CODEC",
     "MP4_OPTIONS",
@@ -546,5 +621,6 @@ __all__ = [
     "MP4_PRESETS",
     "STREAM_KINDS",
     "frame_name",
+    "remove_temporary",
     "write_stream",
 ]
