@@ -31,6 +31,9 @@ except Exception:  # pragma: no cover - depends on the installation
 if gluon is not None:
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared  # (its 3.9 name, its 3.6 name)
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    # the CTA-wide barrier: `barrier` since Triton 3.7 (which takes `cluster=`, False by default),
+    # `thread_barrier` before; both emit the same barrier op
+    _barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
     @constexpr_function
     def _pow2(n):
@@ -251,7 +254,7 @@ if gluon is not None:
                     if j == STEPS // 2:  # the last tile's store has left the staging buffers by now: the
                         # residual copied into them
                         tma.store_wait(0)
-                        gl.thread_barrier()
+                        _barrier()
                         mbarrier.expect(res_bar, (BN + TWO * BN2) * BM * (od.dtype.primitive_bitwidth // 8))
                         _tma_patch(od, nt, h0, w0, n0, o_buf, res_bar, True)
                         if TWO:
@@ -393,12 +396,12 @@ if gluon is not None:
                 acc2 = acc2.to(dt).to(gl.float32) + o2_buf.load(mma2).to(gl.float32)
         else:
             tma.store_wait(0)
-            gl.thread_barrier()
+            _barrier()
         o_buf.store(acc.to(dt))
         if TWO:
             o2_buf.store(acc2.to(dt))
         fence_async_shared()
-        gl.thread_barrier()
+        _barrier()
         _tma_patch(od, nt, h0, w0, n0, o_buf, res_bar, False)
         if TWO:
             _tma_patch(od2, nt, h0, w0, n0 + BN, o2_buf, res_bar, False)
