@@ -55,7 +55,8 @@ class Family(ABC):
     (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
     decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply);
     `streams_steps`: `stream_decode` yields once per decoder step;
-    `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers).
+    `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers);
+    `frame_loop_graphs`: its frame loop may replay CUDA graphs (runtime/graphs.py).
     `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
     """
 
@@ -71,6 +72,8 @@ class Family(ABC):
     spatial_decode: bool = False
     spatial_encode: bool = False
     frame_loop: bool = False
+    # the frame loop replays its steady calls as CUDA graphs where the plan says so (Wan's); else eager
+    frame_loop_graphs: bool = True
     # `stream_decode` yields once per decoder step (the decoder has a frame loop it can be cut at)
     streams_steps: bool = False
     # the fast tier (kernels, channels-last, fused norms) serves this family's layers, measured faster
