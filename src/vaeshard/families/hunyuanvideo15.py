@@ -220,8 +220,9 @@ def install_layers(vae) -> None:
 
     HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the sharded axis
     (its child Conv3d is then unpadded and local), and in the fast tier's frame loop its cache;
-    HunyuanVideo15Upsample -> the frame loop's first-frame rule (`ChunkedUpsample`); HunyuanVideo15AttnBlock -> frame-causal attention
-    against the whole frames' keys and values, one frame at a time; an RMS norm over channels, a 1x1x1
+    HunyuanVideo15Upsample -> the frame loop's first-frame rule (`ChunkedUpsample`);
+    HunyuanVideo15AttnBlock -> frame-causal attention against the whole frames' keys and values, one
+    frame at a time; an RMS norm over channels, a 1x1x1
     Conv3d (shortcuts, the attention's projections) -> local. Any other layer could couple rows in a way
     vaeshard does not know, so it is refused here, before anything is swapped, rather than decoded wrongly.
     """
