@@ -349,7 +349,11 @@ def resolve_fast(
         reasons.append(("frames_per_step", "1 (no frame loop)"))
 
     part_frames, least = None, 0
-    if options.max_layer_frames is not None:
+    if not family.layer_parts:
+        why = f"whole decoder calls ({family.name}'s layers take no parts"
+        why += "; max_layer_frames is not applied)" if options.max_layer_frames is not None else ")"
+        reasons.append(("layer frames", why))
+    elif options.max_layer_frames is not None:
         reasons.append(("layer frames", f"at most {options.max_layer_frames} (max_layer_frames)"))
     elif tuning.PART_FRAMES is not None:
         part_frames = tuning.PART_FRAMES

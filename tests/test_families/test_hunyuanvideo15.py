@@ -287,7 +287,8 @@ def test_frame_loop_direct_and_streamed_match_diffusers():
             _fast(vae, frames_per_step=per_step)
             plan = vaeshard.plan(vae, z.shape)
             assert plan.strategy == "direct" and plan.fast.frames_per_step == per_step, what
-            assert "frame loop:" in plan.explain() and "cuda_graphs: off" in plan.explain()
+            text = plan.explain()
+            assert "frame loop:" in text and "cuda_graphs: off" in text and "layer frames: whole decoder" in text
             out = vae.decode(z).sample
             assert_close(out, references[frames], CPU_FP32, what)
             chunks = _streamed(vae, z)

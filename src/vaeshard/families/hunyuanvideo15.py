@@ -330,6 +330,7 @@ class _HunyuanVideo15(Family):
     spatial_encode = True
     frame_loop = True  # in the fast tier: fast/frame_loop.py, `LOOP`
     frame_loop_graphs = False
+    layer_parts = False  # diffusers' layers, a whole call's frames at once
     streams_steps = True  # the frame loop's chunks, in the fast tier
     fast_tier = True
     latent_channels = staticmethod(latent_channels)
