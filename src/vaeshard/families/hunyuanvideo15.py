@@ -137,7 +137,7 @@ def encode_tile_ops(vae, x):
 
 def untiled_decode(vae, z):
     if fast.enabled():
-        return with_tiling_off(vae, lambda: next(_loop(vae, z, whole=True)))
+        return with_tiling_off(vae, frame_loop.decode, LOOP, vae, z)
     return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
 
 
@@ -155,7 +155,7 @@ def stream_decode(vae, z, whole: bool):
     clip at once) or where a direct request runs the VAE's own decode (its tiling, a hook)."""
     if not fast.enabled() or (whole and _own_decode_runs(vae, z)):
         return None
-    return frame_loop.num_steps(z.shape[2], _per_step()), _loop(vae, z, whole=False)
+    return frame_loop.stream(LOOP, vae, z)
 
 
 def _own_decode_runs(vae, z) -> bool:
@@ -163,14 +163,6 @@ def _own_decode_runs(vae, z) -> bool:
     _, _, _, height, width = z.shape  # diffusers' test in `_decode`
     tiles = vae.use_tiling and (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height)
     return tiles or hasattr(vae, "_hf_hook")
-
-
-def _per_step() -> int:
-    return (fast.current() or fast.FastPlan()).frames_per_step
-
-
-def _loop(vae, z, whole: bool):
-    return frame_loop.run(LOOP, vae, z, _per_step(), whole)
 
 
 # -- the fast tier's frame loop -----------------------------------------------------------------------

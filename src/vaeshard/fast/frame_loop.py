@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..layers import tier
+
 
 @dataclass(frozen=True)
 class FrameLoop:
@@ -31,7 +33,9 @@ class FrameLoop:
 
     head:  (decoder, z) -> the body's input for the whole clip, one frame per latent frame.
     body:  (decoder, chunk of the head's frames) -> the chunk's output frames.
-    frames_out: (vae, latent frames) -> the decode's output frames.
+    frames_out: (vae, latent frames) -> the decode's output frames (after any dropped).
+    drop_front: (vae, latent frames) -> the frames the decode drops from the start of the decoder's
+        output (Mochi's `_decode`); None: none.
     decoder: the VAE's attribute holding the decoder.
     clamp: the VAE's decode clamps its output to [-1, 1].
     """
@@ -39,6 +43,7 @@ class FrameLoop:
     head: Callable
     body: Callable
     frames_out: Callable
+    drop_front: Callable | None = None
     decoder: str = "decoder"
     clamp: bool = False
 
@@ -97,6 +102,7 @@ def run(loop: FrameLoop, vae, z: torch.Tensor, per_step: int, whole: bool):
     decoder = getattr(vae, loop.decoder)
     num_frames = z.shape[2]
     total = loop.frames_out(vae, num_frames)
+    drop = 0 if loop.drop_front is None else loop.drop_front(vae, num_frames)
     head = loop.head(decoder, z)
     caches: dict = {}
     out, filled, start = None, 0, 0
@@ -109,6 +115,9 @@ def run(loop: FrameLoop, vae, z: torch.Tensor, per_step: int, whole: bool):
             y = loop.body(decoder, head[:, :, start:stop])
         finally:
             _chunk.reset(token)
+        if drop:  # (a view: the frames kept are copied into the output or the chunk below)
+            cut = min(drop, y.shape[2])
+            y, drop = y[:, :, cut:], drop - cut
         if filled + y.shape[2] > total:
             raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
         if whole:
@@ -134,3 +143,19 @@ def run(loop: FrameLoop, vae, z: torch.Tensor, per_step: int, whole: bool):
         raise RuntimeError(f"vaeshard: the decoder gave {filled} frames, {total} expected")
     if whole:
         yield out
+
+
+def per_step() -> int:
+    """The request's latent frames per body call after the first (1 outside the fast tier)."""
+    return (tier.current() or tier.FastPlan()).frames_per_step
+
+
+def decode(loop: FrameLoop, vae, z: torch.Tensor) -> torch.Tensor:
+    """The whole decode of `z` by the frame loop, at the request's frames per call."""
+    return next(run(loop, vae, z, per_step(), whole=True))
+
+
+def stream(loop: FrameLoop, vae, z: torch.Tensor):
+    """(number of chunks, an iterator of them): Family.stream_decode's answer for the frame loop."""
+    steps = per_step()
+    return num_steps(z.shape[2], steps), run(loop, vae, z, steps, whole=False)
