@@ -279,8 +279,10 @@ def test_frame_loop_direct_and_streamed_match_diffusers():
 
     vae = _build("hunyuanvideo15")
     latents = {frames: latent((1, 4, frames, 5, 6), seed=frames) for frames in (1, 2, 3, 4)}
+    x = _sample((1, 3, 5, 16, 12))  # encode in the fast tier: its mid-block attention without the mask
     with torch.no_grad():
         references = {frames: vae.decode(z).sample for frames, z in latents.items()}
+        moments = vae.encode(x).latent_dist.parameters
     for frames, z in latents.items():
         for per_step in (1, 2):
             what = f"{frames} latent frames, {per_step} per step"
@@ -294,9 +296,11 @@ def test_frame_loop_direct_and_streamed_match_diffusers():
             chunks = _streamed(vae, z)
             assert len(chunks) == num_steps(frames, per_step) and chunks[0].shape[2] == 1, what
             assert torch.equal(torch.cat(chunks, dim=2), out), what
+    assert_close(vae.encode(x).latent_dist.parameters, moments, CPU_FP32, "fast-tier encode")
     vaeshard.parallelize(vae, exact=True)  # the exact tier: diffusers' whole-clip decode, bit for bit, once
     assert vaeshard.plan(vae, latents[3].shape).fast is None
     assert_identical(vae.decode(latents[3]).sample, references[3], "exact")
+    assert_identical(vae.encode(x).latent_dist.parameters, moments, "exact encode")
     chunks = _streamed(vae, latents[3])
     assert len(chunks) == 1 and torch.equal(chunks[0], references[3])
 
