@@ -54,8 +54,8 @@ class _Chunk:
 
     __slots__ = ("first", "caches")
 
-    def __init__(self, caches: dict):
-        self.first = True
+    def __init__(self, first: bool, caches: dict):
+        self.first = first
         self.caches = caches
 
 
@@ -108,9 +108,7 @@ def run(loop: FrameLoop, vae, z: torch.Tensor, per_step: int, whole: bool):
     out, filled, start = None, 0, 0
     while start < num_frames:
         stop = 1 if start == 0 else min(start + per_step, num_frames)
-        state = _Chunk(caches)
-        state.first = start == 0
-        token = _chunk.set(state)
+        token = _chunk.set(_Chunk(start == 0, caches))
         try:
             y = loop.body(decoder, head[:, :, start:stop])
         finally:
@@ -121,7 +119,7 @@ def run(loop: FrameLoop, vae, z: torch.Tensor, per_step: int, whole: bool):
         if filled + y.shape[2] > total:
             raise RuntimeError(f"vaeshard: the decoder gave more frames than the {total} expected")
         if whole:
-            if out is None:  # contiguous, as diffusers' output
+            if out is None:  # one contiguous output: no torch.cat copying what was decoded so far
                 out = y.new_empty((*y.shape[:2], total, *y.shape[3:]))
             into = out[:, :, filled : filled + y.shape[2]]
             if loop.clamp:
