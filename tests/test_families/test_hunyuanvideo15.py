@@ -236,6 +236,7 @@ def test_real_config_layers_tile_grid_and_plan():
     assert (enc.grid.out_rows, enc.grid.out_cols) == tuple(moments.shape[-2:])
     plan = vaeshard.plan(vae, (1, 32, 3, 20, 18), 4)
     assert plan.strategy == "spatial_shard_height", plan.explain()
+    assert "frame loop:" in plan.explain() and plan.fast.frames_per_step == 1  # (the meta device: 1)
     assert vaeshard.plan(vae, (1, 32, 3, 8, 30), 4).strategy == "spatial_shard_width"
     assert vaeshard.plan(vae, (1, 3, 9, 320, 288), 4, op="encode").strategy == "spatial_shard_height"
     odd = vaeshard.plan(vae, (1, 3, 9, 328, 40), 4, "spatial_shard_height", op="encode")

@@ -237,6 +237,7 @@ def test_real_config_layers_tile_grid_and_plan():
     # Mochi 1's own resolution: 163 frames of 480 x 848 are 28 latent frames of 60 x 106
     plan = vaeshard.plan(vae, (1, 12, 28, 60, 106), 4)
     assert plan.strategy == "spatial_shard_width", plan.explain()
+    assert "frame loop:" in plan.explain() and plan.fast.frames_per_step == 1  # (the meta device: 1)
     assert vaeshard.plan(vae, (1, 12, 28, 106, 60), 8).strategy == "spatial_shard_height"
     assert vaeshard.plan(vae, (1, 3, 163, 480, 848), 4, op="encode").strategy == "spatial_shard_width"
     odd = vaeshard.plan(vae, (1, 3, 13, 484, 64), 4, "spatial_shard_height", op="encode")
