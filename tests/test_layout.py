@@ -1,5 +1,5 @@
 """The source tree's shape, checked: the import rule between the subpackages, module sizes, and no
-package-level sprawl. The rule: kernels <- layers <- families; runtime <- api <- stream (the streamed
+package-level sprawl. The rule: kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed
 request); the command line uses only the public API (`import vaeshard`, and `vaeshard.metrics` for
 the service). config.py, tuning.py and metrics.py are leaves everyone above may read."""
 
@@ -15,8 +15,9 @@ ALLOWED = {
     "kernels": set(),
     "runtime": {"config", "tuning"},
     "layers": {"kernels", "runtime", "config", "tuning"},
-    "families": {"layers", "runtime", "kernels", "config", "tuning"},
-    "policy": {"families", "layers", "runtime", "config", "tuning"},
+    "fast": {"kernels", "layers", "runtime", "config", "tuning"},
+    "families": {"fast", "layers", "runtime", "kernels", "config", "tuning"},
+    "policy": {"families", "fast", "layers", "runtime", "config", "tuning"},
     "api": {"families", "layers", "runtime", "kernels", "policy", "config", "tuning", "metrics"},
     "stream": {"api", "families", "layers", "runtime", "config", "tuning", "metrics"},
     "metrics": set(),

@@ -321,6 +321,13 @@ def resolve_fast(
             steps = tuning.AUTO_STEP_FRAMES
             why = f"auto: {steps}, the frame is at most tuning.AUTO_STEP_MAX_PIXELS ({tuning.AUTO_STEP_MAX_PIXELS:,})"
         reasons.append(("frames_per_step", f"{steps} ({why})"))
+        reasons.append(
+            (
+                "frame loop",
+                "the decoder runs latent frame 0 alone, then frames_per_step latent frames per call, each causal "
+                "convolution taking the frames before a call from its cache",
+            )
+        )
         num_frames = shape[2] if len(shape) == 5 else 1
         num_calls = 1 + -(-(num_frames - 1) // steps)
         if options.cuda_graphs == "auto":
@@ -332,15 +339,21 @@ def resolve_fast(
         else:
             wanted, why = bool(options.cuda_graphs), "set"
         replays = graphs.replays(device, num_calls)
-        graphed = wanted and replays
+        graphed = wanted and replays and family.frame_loop_graphs
         if wanted and not replays:
             why += f", but {num_calls} decoder call(s) on {device.type} replay none"
+        elif wanted and not family.frame_loop_graphs:
+            why += f", but {family.name}'s frame loop runs its calls eagerly"
         reasons.append(("cuda_graphs", f"{'on' if graphed else 'off'} ({why})"))
     else:
         reasons.append(("frames_per_step", "1 (no frame loop)"))
 
     part_frames, least = None, 0
-    if options.max_layer_frames is not None:
+    if not family.layer_parts:
+        why = f"whole decoder calls ({family.name}'s layers take no parts"
+        why += "; max_layer_frames is not applied)" if options.max_layer_frames is not None else ")"
+        reasons.append(("layer frames", why))
+    elif options.max_layer_frames is not None:
         reasons.append(("layer frames", f"at most {options.max_layer_frames} (max_layer_frames)"))
     elif tuning.PART_FRAMES is not None:
         part_frames = tuning.PART_FRAMES

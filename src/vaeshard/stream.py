@@ -2,7 +2,8 @@
 
 The request is admitted like a decode (api.admit: the check and the agreement), planned alike, then
 run one decoder step at a time: each step's frames are final when its step ends (the family's
-`stream_decode`: Wan's and Qwen-Image's frame loop, CogVideoX's frame batches), are placed per
+`stream_decode`: Wan's and Qwen-Image's frame loop, the fast tier's of HunyuanVideo 1.5 and Mochi 1,
+CogVideoX's frame batches), are placed per
 `output` (shared from rank 0, or assembled from the shards) and yielded; strategies and families
 without a frame loop yield once. Between two steps nothing of the request is active on the
 consumer's side: its contexts (no_grad, the fast tier's plan, the shard, the group's timeout) are

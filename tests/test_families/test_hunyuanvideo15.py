@@ -236,6 +236,7 @@ def test_real_config_layers_tile_grid_and_plan():
     assert (enc.grid.out_rows, enc.grid.out_cols) == tuple(moments.shape[-2:])
     plan = vaeshard.plan(vae, (1, 32, 3, 20, 18), 4)
     assert plan.strategy == "spatial_shard_height", plan.explain()
+    assert "frame loop:" in plan.explain() and plan.fast.frames_per_step == 1  # (the meta device: 1)
     assert vaeshard.plan(vae, (1, 32, 3, 8, 30), 4).strategy == "spatial_shard_width"
     assert vaeshard.plan(vae, (1, 3, 9, 320, 288), 4, op="encode").strategy == "spatial_shard_height"
     odd = vaeshard.plan(vae, (1, 3, 9, 328, 40), 4, "spatial_shard_height", op="encode")
@@ -260,3 +261,114 @@ def test_install_refuses_an_unknown_layer_before_swapping():
     with pytest.raises(ValueError, match="decoder.conv_act"):
         FAMILY.install_layers(vae)
     assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())
+
+
+# -- the fast tier's frame loop: diffusers' untiled decode within 1e-5, memory per call -------------------
+
+
+def _fast(vae, mode: str = "auto", frames_per_step: int = 1):
+    return vaeshard.parallelize(vae, mode, fast=vaeshard.FastOptions(frames_per_step=frames_per_step))
+
+
+def _streamed(vae, z) -> list[torch.Tensor]:
+    with vaeshard.stream_decode(vae, z) as chunks:
+        return list(chunks)
+
+
+def test_frame_loop_direct_and_streamed_match_diffusers():
+    from vaeshard.fast.frame_loop import num_steps
+
+    vae = _build("hunyuanvideo15")
+    latents = {frames: latent((1, 4, frames, 5, 6), seed=frames) for frames in (1, 2, 3, 4)}
+    x = _sample((1, 3, 5, 16, 12))  # encode in the fast tier: its mid-block attention without the mask
+    with torch.no_grad():
+        references = {frames: vae.decode(z).sample for frames, z in latents.items()}
+        moments = vae.encode(x).latent_dist.parameters
+    for frames, z in latents.items():
+        for per_step in (1, 2):
+            what = f"{frames} latent frames, {per_step} per step"
+            _fast(vae, frames_per_step=per_step)
+            plan = vaeshard.plan(vae, z.shape)
+            assert plan.strategy == "direct" and plan.fast.frames_per_step == per_step, what
+            text = plan.explain()
+            assert "frame loop:" in text and "cuda_graphs: off" in text and "layer frames: whole decoder" in text
+            out = vae.decode(z).sample
+            assert_close(out, references[frames], CPU_FP32, what)
+            chunks = _streamed(vae, z)
+            assert len(chunks) == num_steps(frames, per_step) and chunks[0].shape[2] == 1, what
+            assert torch.equal(torch.cat(chunks, dim=2), out), what
+    assert_close(vae.encode(x).latent_dist.parameters, moments, CPU_FP32, "fast-tier encode")
+    vaeshard.parallelize(vae, exact=True)  # the exact tier: diffusers' whole-clip decode, bit for bit, once
+    assert vaeshard.plan(vae, latents[3].shape).fast is None
+    assert_identical(vae.decode(latents[3]).sample, references[3], "exact")
+    assert_identical(vae.encode(x).latent_dist.parameters, moments, "exact encode")
+    chunks = _streamed(vae, latents[3])
+    assert len(chunks) == 1 and torch.equal(chunks[0], references[3])
+
+
+def test_frame_loop_bounds_the_largest_activation():
+    """The largest output of a layer after the mid block follows the frames per call, not the clip:
+    the same for 2 and 6 latent frames a call at a time, where diffusers' grows with the clip."""
+    vae = _build("hunyuanvideo15")
+    decoder = vae.decoder
+    largest = [0]
+
+    def record(module, inputs, output):
+        largest[0] = max(largest[0], output.numel())
+
+    looped = [decoder.up_blocks, decoder.norm_out, decoder.conv_act, decoder.conv_out]
+    hooks = [m.register_forward_hook(record) for part in looped for m in part.modules()]
+
+    def largest_of(frames: int, per_step: int | None) -> int:
+        z = latent((1, 4, frames, 5, 6), seed=frames)
+        if per_step is not None:
+            _fast(vae, frames_per_step=per_step)
+        largest[0] = 0
+        with torch.no_grad():
+            vae.decode(z)
+        if per_step is not None:
+            vaeshard.unparallelize(vae)
+        return largest[0]
+
+    try:
+        diffusers = {frames: largest_of(frames, None) for frames in (2, 6)}
+        loop = {(frames, k): largest_of(frames, k) for frames in (2, 6) for k in (1, 2)}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    frame = 8 * 20 * 24  # the widest full-resolution layer's values per output frame (8 channels, 20 x 24)
+    assert diffusers[6] == 11 * frame and diffusers[2] == 3 * frame  # 1 + 2 (T - 1) output frames at once
+    assert loop[2, 1] == loop[6, 1] == 2 * frame, loop  # one latent frame: 2 output frames a call
+    assert loop[6, 2] == 4 * frame and loop[2, 2] == 2 * frame, loop
+
+
+def _sharded_loop(rank, world):
+    from vaeshard.fast.frame_loop import num_steps
+
+    vae = _build("hunyuanvideo15")
+    z = latent((1, 4, 4, 5, 7), seed=9)  # 5 rows and 7 columns: uneven over 2 and 3 ranks
+    reference = reference_from_rank0(rank, lambda: _diffusers_decode(vae, z))
+    seen = []
+    for mode in ("spatial_shard_height", "spatial_shard_width"):
+        for per_step in (1, 2):
+            what = f"{mode}, {per_step} per step, {world} ranks"
+            _fast(vae, mode, per_step)
+            plan = vaeshard.plan(vae, z.shape)
+            assert plan.strategy == mode and plan.fast.frames_per_step == per_step, what
+            with _NoMask():
+                out = vae.decode(z).sample
+                chunks = _streamed(vae, z)
+            assert_close(out, reference, CPU_FP32, what)
+            assert len(chunks) == num_steps(4, per_step) and torch.equal(torch.cat(chunks, dim=2), out), what
+            seen.append(mode)
+    return seen
+
+
+def _diffusers_decode(vae, z):
+    with torch.no_grad():
+        return vae.decode(z).sample
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_frame_loop_sharded_matches_diffusers(world):
+    run_ranks(_sharded_loop, world)

@@ -110,16 +110,17 @@ def _checks(rank, world):
         z = latent((1, 4, 2, 5, 7))  # 5 rows: 3 + 2; 7 columns: 4 + 3
         x = _sample((1, 3, 7, 40, 56))  # latent 5 x 7
         zt, xt = latent((1, 4, 2, 7, 10), seed=5), _sample((1, 3, 7, 56, 80), seed=6)  # 3 x 4 tiles each
+        zl = latent((1, 4, 4, 5, 7), seed=11)  # 4 latent frames for the frame loop
 
         def reference():
             with torch.no_grad():
-                untiled = _decode(vae, z), _encode(vae, x)
+                untiled = _decode(vae, z), _encode(vae, x), _decode(vae, zl)
             return untiled + (
                 _tiled(vae, TILES, lambda: _decode(vae, zt)),
                 _tiled(vae, TILES, lambda: _encode(vae, xt)),
             )
 
-        dec, enc, tdec, tenc = reference_from_rank0(rank, reference)
+        dec, enc, loop_dec, tdec, tenc = reference_from_rank0(rank, reference)
         plan = vaeshard.plan(vae, z.shape, world)
         assert plan.strategy == "spatial_shard_width", plan.explain()  # auto: the longer axis
         vaeshard.parallelize(vae, mode="auto")
@@ -130,6 +131,7 @@ def _checks(rank, world):
             ("spatial_shard_width", "encode", x, enc),
         ]
         _spatial(vae, world, spatial, "mochi")
+        _sharded_loop(vae, world, zl, loop_dec)
         _tile(vae, world, [(TILES, "decode", zt, tdec, 12), (TILES, "encode", xt, tenc, 12)], "mochi")
     elif world == 3:
         _conv_against_diffusers(rank, world)
@@ -178,6 +180,20 @@ def _checks(rank, world):
         _spatial(vae, world, spatial, "mochi")
 
 
+def _sharded_loop(vae, world, z, reference):
+    """The fast tier's frame loop sharded, 2 latent frames per call after the first, and streamed."""
+    from vaeshard.fast.frame_loop import num_steps
+
+    for mode in ("spatial_shard_height", "spatial_shard_width"):
+        _fast(vae, mode, 2)
+        plan = vaeshard.plan(vae, z.shape)
+        assert plan.strategy == mode and plan.fast.frames_per_step == 2, plan.explain()
+        out = _decode(vae, z)
+        assert_close(out, reference, CPU_FP32_GROUPNORM, f"frame loop {mode} over {world}")
+        chunks = _streamed(vae, z)
+        assert len(chunks) == num_steps(4, 2) and torch.equal(torch.cat(chunks, dim=2), out), mode
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_tile_and_spatial_parity(world):
     run_ranks(_checks, world)
@@ -221,6 +237,7 @@ def test_real_config_layers_tile_grid_and_plan():
     # Mochi 1's own resolution: 163 frames of 480 x 848 are 28 latent frames of 60 x 106
     plan = vaeshard.plan(vae, (1, 12, 28, 60, 106), 4)
     assert plan.strategy == "spatial_shard_width", plan.explain()
+    assert "frame loop:" in plan.explain() and plan.fast.frames_per_step == 1  # (the meta device: 1)
     assert vaeshard.plan(vae, (1, 12, 28, 106, 60), 8).strategy == "spatial_shard_height"
     assert vaeshard.plan(vae, (1, 3, 163, 480, 848), 4, op="encode").strategy == "spatial_shard_width"
     odd = vaeshard.plan(vae, (1, 3, 13, 484, 64), 4, "spatial_shard_height", op="encode")
@@ -248,3 +265,82 @@ def test_install_refuses_an_unknown_layer_or_frame_wise_decoding_before_swapping
     with pytest.raises(ValueError, match="frame-wise"):
         vaeshard.parallelize(vae, mode="tile")
     assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules()) and "decode" not in vae.__dict__
+
+
+# -- the fast tier's frame loop: diffusers' one-shot decode within 1e-5, memory per call -------------------
+
+
+def _diffusers_decode(vae, z):
+    with torch.no_grad():
+        return _decode(vae, z)
+
+
+def _fast(vae, mode: str = "auto", frames_per_step: int = 1):
+    return vaeshard.parallelize(vae, mode, fast=vaeshard.FastOptions(frames_per_step=frames_per_step))
+
+
+def _streamed(vae, z) -> list[torch.Tensor]:
+    with vaeshard.stream_decode(vae, z) as chunks:
+        return list(chunks)
+
+
+def test_frame_loop_direct_and_streamed_match_diffusers():
+    from vaeshard.fast.frame_loop import num_steps
+
+    vae = build("mochi")
+    latents = {frames: latent((1, 4, frames, 3, 4), seed=frames) for frames in (1, 2, 3)}
+    references = {frames: _diffusers_decode(vae, z) for frames, z in latents.items()}
+    for frames, z in latents.items():
+        for per_step in (1, 2):
+            what = f"{frames} latent frames, {per_step} per step"
+            _fast(vae, frames_per_step=per_step)
+            plan = vaeshard.plan(vae, z.shape)
+            assert plan.strategy == "direct" and plan.fast.frames_per_step == per_step, what
+            assert "frame loop:" in plan.explain()
+            out = _decode(vae, z)
+            assert_close(out, references[frames], CPU_FP32, what)
+            chunks = _streamed(vae, z)
+            # the first call's 6 frames less the 5 diffusers drops, then 6 per latent frame
+            assert [c.shape[2] for c in chunks][:1] == [1] and len(chunks) == num_steps(frames, per_step), what
+            assert torch.equal(torch.cat(chunks, dim=2), out), what
+    vaeshard.parallelize(vae, exact=True)  # the exact tier: diffusers' one-shot decode, bit for bit, once
+    assert_identical(_decode(vae, latents[3]), references[3], "exact")
+    chunks = _streamed(vae, latents[3])
+    assert len(chunks) == 1 and torch.equal(chunks[0], references[3])
+
+
+def test_frame_loop_bounds_the_largest_activation():
+    """The largest output of a layer after block_in follows the frames per call, not the clip: the
+    same for 2 and 4 latent frames a call at a time, where diffusers' grows with the clip."""
+    vae = build("mochi")
+    decoder = vae.decoder
+    largest = [0]
+
+    def record(module, inputs, output):
+        output = output[0] if isinstance(output, tuple) else output
+        largest[0] = max(largest[0], output.numel())
+
+    looped = [decoder.up_blocks, decoder.block_out, decoder.proj_out]
+    hooks = [m.register_forward_hook(record) for part in looped for m in part.modules()]
+
+    def largest_of(frames: int, per_step: int | None) -> int:
+        z = latent((1, 4, frames, 3, 4), seed=frames)
+        if per_step is not None:
+            _fast(vae, frames_per_step=per_step)
+        largest[0] = 0
+        with torch.no_grad():
+            _decode(vae, z)
+        if per_step is not None:
+            vaeshard.unparallelize(vae)
+        return largest[0]
+
+    try:
+        diffusers = {frames: largest_of(frames, None) for frames in (2, 4)}
+        loop = {(frames, k): largest_of(frames, k) for frames in (2, 4) for k in (1, 2)}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    frame = 32 * 24 * 32  # the widest full-resolution layer's values per output frame (32 channels, 24 x 32)
+    assert diffusers[2] == 12 * frame and diffusers[4] == 24 * frame  # 6 output frames per latent frame at once
+    assert loop[2, 1] == loop[4, 1] == 6 * frame, loop
+    assert loop[4, 2] == 12 * frame, loop

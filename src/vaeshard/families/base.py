@@ -55,7 +55,9 @@ class Family(ABC):
     (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
     decoder runs frame by frame with a causal cache (frames_per_step and CUDA graphs apply);
     `streams_steps`: `stream_decode` yields once per decoder step;
-    `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers).
+    `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers);
+    `frame_loop_graphs`: its frame loop may replay CUDA graphs (runtime/graphs.py); `layer_parts`:
+    its fast layers take a call's frames in parts.
     `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
     """
 
@@ -71,6 +73,10 @@ class Family(ABC):
     spatial_decode: bool = False
     spatial_encode: bool = False
     frame_loop: bool = False
+    # the frame loop replays its steady calls as CUDA graphs where the plan says so (Wan's); else eager
+    frame_loop_graphs: bool = True
+    # the fast tier's layers take a call's frames in parts (max_layer_frames, tuning.PART_FRAMES: Wan's)
+    layer_parts: bool = True
     # `stream_decode` yields once per decoder step (the decoder has a frame loop it can be cut at)
     streams_steps: bool = False
     # the fast tier (kernels, channels-last, fused norms) serves this family's layers, measured faster

@@ -14,14 +14,25 @@ diffusers' `_decode` / `_encode` on each rank's rows with leaf layers swapped:
   up/downsamplers' pixel (un)shuffles and channel shortcuts (local: shards are whole latent rows).
 
 The encoder is made of the same kinds of layer, so encode shards too.
+
+Fast tier: the decode runs as a frame loop (fast/frame_loop.py, `LOOP`): the decoder's head (conv_in
+with its channel-repeat shortcut, the mid block and its attention) over the whole clip at latent
+resolution, then the up blocks, norm_out and conv_out one chunk of latent frames at a time, each
+causal convolution caching the last two frames of its padded input (fast/causal_conv.py) and each
+temporal upsampler upsampling the clip's first frame in space only in the first chunk alone
+(`ChunkedUpsample`). Peak memory then follows the frames per call, not the clip's length. The
+attention runs without diffusers' mask there too. The exact tier and `tile` run diffusers' decode.
 """
 
 from __future__ import annotations
 
 import torch.nn as nn
 
+from ..fast import frame_loop
+from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
+from ..layers import tier as fast
 from ..layers.frame_causal_attention import FrameCausalAttention
-from ..layers.replicate_conv import HaloReplicateCausalConv3d, replicate_causal_problem
+from ..layers.replicate_conv import replicate_causal_problem
 from ..runtime.swap import is_swapped, swap
 from .base import Family, Mirror, concatenated_tile_ops, frames_out, refusal, with_tiling_off
 
@@ -125,7 +136,68 @@ def encode_tile_ops(vae, x):
 
 
 def untiled_decode(vae, z):
+    if fast.enabled():
+        return with_tiling_off(vae, frame_loop.decode, LOOP, vae, z)
     return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
+
+
+def direct_decode(vae, z):
+    """One rank's whole decode: the fast tier's frame loop where it gives what the VAE's own `decode`
+    would (its tiling does not tile this latent, no accelerate hook wraps `decode`), else that `decode`.
+    (A sliced batch arrives one sample at a time: vaeshard splits it.)"""
+    if fast.enabled() and not _own_decode_runs(vae, z):
+        return untiled_decode(vae, z)
+    return type(vae).decode(vae, z, return_dict=False)[0]
+
+
+def stream_decode(vae, z, whole: bool):
+    """The frame loop's chunks (Family.stream_decode); None in the exact tier (diffusers decodes the
+    clip at once) or where a direct request runs the VAE's own decode (its tiling, a hook)."""
+    if not fast.enabled() or (whole and _own_decode_runs(vae, z)):
+        return None
+    return frame_loop.stream(LOOP, vae, z)
+
+
+def _own_decode_runs(vae, z) -> bool:
+    """A direct request runs the VAE's own `decode`: its tiling tiles `z`, or a hook wraps `decode`."""
+    _, _, _, height, width = z.shape  # diffusers' test in `_decode`
+    tiles = vae.use_tiling and (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height)
+    return tiles or hasattr(vae, "_hf_hook")
+
+
+# -- the fast tier's frame loop -----------------------------------------------------------------------
+
+
+def _head(decoder, z):
+    """`HunyuanVideo15Decoder3D.forward` up to the up blocks: the whole clip at latent resolution."""
+    hidden_states = decoder.conv_in(z) + z.repeat_interleave(repeats=decoder.repeat, dim=1)
+    return decoder.mid_block(hidden_states)
+
+
+def _body(decoder, hidden_states):
+    """The rest of `HunyuanVideo15Decoder3D.forward`, run on one chunk of latent frames."""
+    for up_block in decoder.up_blocks:
+        hidden_states = up_block(hidden_states)
+    hidden_states = decoder.norm_out(hidden_states)
+    hidden_states = decoder.conv_act(hidden_states)
+    return decoder.conv_out(hidden_states)
+
+
+# diffusers' `_decode` returns the decoder's output as it is (no clamp)
+LOOP = frame_loop.FrameLoop(head=_head, body=_body, frames_out=lambda vae, t: _decoded_frames(t, _ups(vae)))
+
+
+class ChunkedUpsample:
+    """Mixin for `HunyuanVideo15Upsample`: in a frame loop's later chunks, which hold no clip's first
+    frame, every frame is upsampled as diffusers upsamples the frames after the first (time, then
+    the channel-repeat shortcut); elsewhere diffusers' forward (the first chunk is frame 0 alone)."""
+
+    def forward(self, x):
+        if frame_loop.first_chunk() or not self.add_temporal_upsample:
+            return super().forward(x)
+        h = self._dcae_upsample_rearrange(self.conv(x), r1=2, r2=2, r3=2)
+        shortcut = self._dcae_upsample_rearrange(x, r1=2, r2=2, r3=2).repeat_interleave(repeats=self.repeats, dim=1)
+        return h + shortcut
 
 
 def untiled_encode(vae, x):
@@ -139,8 +211,10 @@ def install_layers(vae) -> None:
     """Treatment by layer class, encoder and decoder.
 
     HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the sharded axis
-    (its child Conv3d is then unpadded and local); HunyuanVideo15AttnBlock -> frame-causal attention
-    against the whole frames' keys and values, one frame at a time; an RMS norm over channels, a 1x1x1
+    (its child Conv3d is then unpadded and local), and in the fast tier's frame loop its cache;
+    HunyuanVideo15Upsample -> the frame loop's first-frame rule (`ChunkedUpsample`);
+    HunyuanVideo15AttnBlock -> frame-causal attention against the whole frames' keys and values, one
+    frame at a time; an RMS norm over channels, a 1x1x1
     Conv3d (shortcuts, the attention's projections) -> local. Any other layer could couple rows in a way
     vaeshard does not know, so it is refused here, before anything is swapped, rather than decoded wrongly.
     """
@@ -148,6 +222,7 @@ def install_layers(vae) -> None:
         HunyuanVideo15AttnBlock,
         HunyuanVideo15CausalConv3d,
         HunyuanVideo15RMS_norm,
+        HunyuanVideo15Upsample,
     )
 
     swaps = []
@@ -158,7 +233,9 @@ def install_layers(vae) -> None:
             if isinstance(module, HunyuanVideo15CausalConv3d):
                 _check_causal_conv(where, module)
                 causal_children.add(id(module.conv))
-                swaps.append((module, HaloReplicateCausalConv3d))
+                swaps.append((module, CachedReplicateCausalConv3d))
+            elif isinstance(module, HunyuanVideo15Upsample):
+                swaps.append((module, ChunkedUpsample))
             elif isinstance(module, HunyuanVideo15AttnBlock):
                 swaps.append((module, FrameCausalAttention))
             elif isinstance(module, HunyuanVideo15RMS_norm):
@@ -178,7 +255,7 @@ def install_layers(vae) -> None:
 def _check_causal_conv(name: str, module) -> None:
     if module.conv.stride != (1, 1, 1):
         raise _refuse(name, module, "a strided causal convolution (its encoder downsamples by pixel unshuffle)")
-    problem = replicate_causal_problem(module)
+    problem = replicate_causal_problem(module) or loop_problem(module)
     if problem:
         raise _refuse(name, module, problem)
 
@@ -196,7 +273,7 @@ class _HunyuanVideo15(Family):
     mirrors = (
         Mirror(
             _HV + "AutoencoderKLHunyuanVideo15._decode",
-            "families/hunyuanvideo15.py decode_tile_ops (when diffusers tiles a latent)",
+            "families/hunyuanvideo15.py decode_tile_ops (when diffusers tiles a latent), direct_decode, LOOP",
             "d6a3eced27ea28fd",
         ),
         Mirror(
@@ -216,8 +293,18 @@ class _HunyuanVideo15(Family):
         ),
         Mirror(
             _HV + "HunyuanVideo15CausalConv3d.forward",
-            "layers/replicate_conv.py HaloReplicateCausalConv3d.forward",
+            "layers/replicate_conv.py HaloReplicateCausalConv3d.forward; fast/causal_conv.py padded_in_loop",
             "45611c78196e07d8",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15Decoder3D.forward",
+            "families/hunyuanvideo15.py _head, _body (the frame loop's split of the decoder)",
+            "1f2d1bf4fb859046",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15Upsample.forward",
+            "families/hunyuanvideo15.py ChunkedUpsample.forward (the frames after the first)",
+            "bf66976547324bb3",
         ),
         Mirror(
             _HV + "HunyuanVideo15AttnBlock.forward",
@@ -233,10 +320,17 @@ class _HunyuanVideo15(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
+    frame_loop = True  # in the fast tier: fast/frame_loop.py, `LOOP`
+    frame_loop_graphs = False
+    layer_parts = False  # diffusers' layers, a whole call's frames at once
+    streams_steps = True  # the frame loop's chunks, in the fast tier
+    fast_tier = True
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
+    direct_decode = staticmethod(direct_decode)
+    stream_decode = staticmethod(stream_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)
 

@@ -24,12 +24,22 @@ request runs diffusers' `_decode` / `_encode` on each rank's rows with leaf laye
 
 The encoder is made of the same kinds of layer, so encode shards too. Every feature map is held
 by rows: no layer gathers one.
+
+Fast tier: the decode runs as a frame loop (fast/frame_loop.py, `LOOP`): conv_in and block_in over
+the whole clip at latent resolution, then the up blocks, block_out, SiLU and proj_out one chunk of
+latent frames at a time, each causal convolution caching the last two frames of its padded input
+(fast/causal_conv.py); the first output frames are dropped as `_decode` drops them. Every other
+decoder layer is per frame (the GroupNorms' statistics are per frame), so peak memory follows the
+frames per call, not the clip's length. The exact tier and `tile` run diffusers' decode.
 """
 
 from __future__ import annotations
 
 import torch.nn as nn
 
+from ..fast import frame_loop
+from ..fast.causal_conv import CachedReplicateCachedCausalConv3d, loop_problem
+from ..layers import tier as fast
 from ..layers.norms import GlobalGroupNorm
 from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d, replicate_causal_problem
 from ..runtime.swap import is_swapped, swap
@@ -92,9 +102,21 @@ def _decoded_shape(vae, s):
         frames *= up.temporal_expansion
         height *= up.spatial_expansion
         width *= up.spatial_expansion
-    if vae.drop_last_temporal_frames and frames >= vae.temporal_compression_ratio:
-        frames -= vae.temporal_compression_ratio - 1
+    frames -= _dropped(vae, frames)
     return (s[0], vae.decoder.proj_out.out_features, frames, height, width)
+
+
+def _dropped(vae, frames: int) -> int:
+    """The frames `_decode` drops from the start of the decoder's `frames` output frames."""
+    if vae.drop_last_temporal_frames and frames >= vae.temporal_compression_ratio:
+        return vae.temporal_compression_ratio - 1
+    return 0
+
+
+def _expanded(vae, latent_frames: int) -> int:
+    for up in vae.decoder.up_blocks:
+        latent_frames *= up.temporal_expansion
+    return latent_frames
 
 
 def _encoded_shape(vae, s):
@@ -166,7 +188,66 @@ def encode_tile_ops(vae, x):
 
 def untiled_decode(vae, z):
     check_one_shot(vae)
+    if fast.enabled():
+        return with_tiling_off(vae, frame_loop.decode, LOOP, vae, z)
     return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+
+def direct_decode(vae, z):
+    """One rank's whole decode: the fast tier's frame loop where it gives what the VAE's own `decode`
+    would (its tiling does not tile this latent, no accelerate hook wraps `decode`), else that `decode`.
+    (A sliced batch arrives one sample at a time: vaeshard splits it.)"""
+    if fast.enabled() and not _own_decode_runs(vae, z):
+        return untiled_decode(vae, z)
+    return type(vae).decode(vae, z, return_dict=False)[0]
+
+
+def stream_decode(vae, z, whole: bool):
+    """The frame loop's chunks (Family.stream_decode); None in the exact tier (diffusers decodes the
+    clip at once) or where a direct request runs the VAE's own decode (its tiling, a hook)."""
+    if not fast.enabled() or (whole and _own_decode_runs(vae, z)):
+        return None
+    check_one_shot(vae)
+    return frame_loop.stream(LOOP, vae, z)
+
+
+def _own_decode_runs(vae, z) -> bool:
+    """A direct request runs the VAE's own `decode`: its tiling tiles `z`, or a hook wraps `decode`."""
+    _, _, _, height, width = z.shape  # diffusers' test in `_decode`
+    ratio = vae.spatial_compression_ratio
+    rows, cols = vae.tile_sample_min_height // ratio, vae.tile_sample_min_width // ratio
+    tiles = vae.use_tiling and (width > cols or height > rows)
+    return tiles or hasattr(vae, "_hf_hook")
+
+
+# -- the fast tier's frame loop -----------------------------------------------------------------------
+
+
+def _head(decoder, z):
+    """`MochiDecoder3D.forward` up to the up blocks: the whole clip at latent resolution."""
+    hidden_states, _ = decoder.block_in(decoder.conv_in(z))
+    return hidden_states
+
+
+def _body(decoder, hidden_states):
+    """The rest of `MochiDecoder3D.forward`, run on one chunk of latent frames (the causal
+    convolutions' caches are the loop's, so none is passed)."""
+    for up_block in decoder.up_blocks:
+        hidden_states, _ = up_block(hidden_states)
+    hidden_states, _ = decoder.block_out(hidden_states)
+    hidden_states = decoder.nonlinearity(hidden_states)
+    hidden_states = hidden_states.permute(0, 2, 3, 4, 1)
+    hidden_states = decoder.proj_out(hidden_states)
+    return hidden_states.permute(0, 4, 1, 2, 3)
+
+
+# diffusers' `_decode` drops the first frames and does not clamp
+LOOP = frame_loop.FrameLoop(
+    head=_head,
+    body=_body,
+    frames_out=lambda vae, t: _expanded(vae, t) - _dropped(vae, _expanded(vae, t)),
+    drop_front=lambda vae, t: _dropped(vae, _expanded(vae, t)),
+)
 
 
 def untiled_encode(vae, x):
@@ -181,9 +262,10 @@ def install_layers(vae) -> None:
     """Treatment by layer class, encoder and decoder.
 
     CogVideoXCausalConv3d ("replicate" mode) -> halo rows in place of its replicate padding on the
-    sharded axis (its child convolution is unpadded); nn.GroupNorm (inside MochiChunkedGroupNorm3D,
-    per frame) -> statistics combined over the ranks; Attention (over each pixel's frames) -> local;
-    a 1x1x1 nn.Conv3d, Linear, SiLU, Fourier features -> local. Any other layer could couple rows in
+    sharded axis (its child convolution is unpadded), and in the decoder the frame loop's cache;
+    nn.GroupNorm (inside MochiChunkedGroupNorm3D, per frame) -> statistics combined over the ranks;
+    Attention (over each pixel's frames) -> local; a 1x1x1 nn.Conv3d, Linear, SiLU, Fourier features
+    -> local. Any other layer could couple rows in
     a way vaeshard does not know, so it is refused here, before anything is swapped, rather than
     decoded wrongly.
     """
@@ -199,9 +281,11 @@ def install_layers(vae) -> None:
             if any(name.startswith(prefix) for prefix in inside_attention):
                 continue  # the attention's projections and q/k norms act on its per-pixel sequences
             if isinstance(module, CogVideoXCausalConv3d):
-                _check_causal_conv(where, module)
+                _check_causal_conv(where, module, looped=part == "decoder")
                 inside_causal.add(id(module.conv))
-                swaps.append((module, HaloReplicateCachedCausalConv3d))
+                # the decoder's run in the fast tier's frame loop; the encoder's patchifying ones never do
+                cached = part == "decoder"
+                swaps.append((module, CachedReplicateCachedCausalConv3d if cached else HaloReplicateCachedCausalConv3d))
             elif id(module) in inside_causal:
                 continue  # the unpadded child convolution, run by the swapped parent
             elif type(module) is nn.GroupNorm:
@@ -223,8 +307,8 @@ def install_layers(vae) -> None:
         swap(module, mixin)
 
 
-def _check_causal_conv(name: str, module) -> None:
-    problem = replicate_causal_problem(module)
+def _check_causal_conv(name: str, module, looped: bool) -> None:
+    problem = replicate_causal_problem(module) or (loop_problem(module) if looped else None)
     if problem:
         raise _refuse(name, module, problem)
 
@@ -243,7 +327,7 @@ class _Mochi(Family):
     mirrors = (
         Mirror(
             _M + "AutoencoderKLMochi._decode",
-            "families/mochi.py decode_tile_ops (when diffusers tiles), _decoded_shape (frames dropped)",
+            "families/mochi.py decode_tile_ops (when diffusers tiles), _decoded_shape, LOOP (frames dropped)",
             "404f79215d20c1f0",
         ),
         Mirror(
@@ -267,7 +351,11 @@ class _Mochi(Family):
             "families/mochi.py _decoded_shape; depth-to-space kept local",
             "aa044c20321c63b9",
         ),
-        Mirror(_M + "MochiDecoder3D.forward", "families/mochi.py _decoded_shape (output channels)", "ef4c4b601c7f247d"),
+        Mirror(
+            _M + "MochiDecoder3D.forward",
+            "families/mochi.py _decoded_shape (output channels), _head, _body (the frame loop's split)",
+            "ef4c4b601c7f247d",
+        ),
         Mirror(
             _M + "MochiEncoder3D.forward", "families/mochi.py _encoded_shape (moments of proj_out)", "37bfa7d19e337c14"
         ),
@@ -283,7 +371,7 @@ class _Mochi(Family):
         ),
         Mirror(
             _COG + "CogVideoXCausalConv3d.forward",
-            "layers/replicate_conv.py HaloReplicateCachedCausalConv3d.forward",
+            "layers/replicate_conv.py HaloReplicateCachedCausalConv3d.forward; fast/causal_conv.py padded_in_loop",
             "bae9401dabb7f044",
         ),
         Mirror(
@@ -295,10 +383,17 @@ class _Mochi(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
+    frame_loop = True  # in the fast tier: fast/frame_loop.py, `LOOP`
+    frame_loop_graphs = False
+    layer_parts = False  # diffusers' layers, a whole call's frames at once
+    streams_steps = True  # the frame loop's chunks, in the fast tier
+    fast_tier = True
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
+    direct_decode = staticmethod(direct_decode)
+    stream_decode = staticmethod(stream_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)
 

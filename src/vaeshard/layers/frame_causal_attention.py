@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.spatial import current
+from . import tier as fast_tier
 
 # The most attention scores (query rows x keys, over batch and heads) one matmul computes: the query
 # rows are taken in chunks below it, as the scores of a chunk are materialized (in float32).
@@ -24,17 +25,19 @@ SCORES_PER_CALL = 1 << 26
 class FrameCausalAttention:
     """Mixin for a single-head attention block over (B, C, T, H, W) with `norm` (per pixel),
     1x1x1 convolutions `to_q`, `to_k`, `to_v`, `proj_out`, and a residual: frame i's queries see
-    frames 0..i (HunyuanVideo 1.5). Outside a sharded request the original forward runs."""
+    frames 0..i (HunyuanVideo 1.5). Outside a sharded request and the fast tier the original forward
+    runs; unsharded in the fast tier, the same computation without gathering (and without the mask)."""
 
     def forward(self, x):
         ctx = current()
-        if ctx is None:
+        if ctx is None and not fast_tier.enabled():
             return super().forward(x)
         identity = x
         x = self.norm(x)
         query, key, value = self.to_q(x), self.to_k(x), self.to_v(x)  # per pixel: local
         del x
-        out = frame_causal_attention(query, key, value, gather=lambda kv: ctx.gather(kv, ctx.dim(kv)))
+        gather = None if ctx is None else (lambda kv: ctx.gather(kv, ctx.dim(kv)))
+        out = frame_causal_attention(query, key, value, gather=gather)
         return self.proj_out(out) + identity
 
 

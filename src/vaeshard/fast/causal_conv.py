@@ -1,0 +1,69 @@
+"""Causal convolutions that pad time by replicating the clip's first frame, run chunk by chunk in a
+frame loop (frame_loop.py) with a cache of their last input frames.
+
+The operation: `F.pad(x, time_causal_padding, mode="replicate")` (time: the first frame repeated
+`t_front` times in front; height and width: the edge rows and columns repeated), then an unpadded
+Conv3d child `conv` of stride 1 in time. diffusers' `HunyuanVideo15CausalConv3d` and
+`HunyuanVideoCausalConv3d` are it; so is `CogVideoXCausalConv3d` in its "replicate" mode (Mochi 1's),
+whose forward takes and returns a cache it ignores in that mode.
+
+In a frame loop each chunk is padded as diffusers pads the clip (sharded: the neighbours' rows on the
+sharded axis first, layers/replicate_conv.py), and then its `t_front` front frames are replaced by the
+cache: the last `t_front` frames of the previous chunk's padded input, halo rows and edge columns
+included, which are those of the same frames in the whole clip's padded input. So each output frame
+reads the input values it reads in the whole clip. One copy of the input is made per call, as
+diffusers' F.pad makes one. Outside a frame loop the halo mixin's (or diffusers') forward runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d, HaloReplicateCausalConv3d, replicate_halo
+from ..runtime.spatial import HEIGHT, current
+from . import frame_loop
+
+
+def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
+    """`x` padded by `module.time_causal_padding` in replicate mode as the whole clip's would be, in a
+    frame loop (see the module docstring); sharded, with the neighbours' rows on the sharded axis."""
+    padding = list(module.time_causal_padding)
+    ctx = current()
+    if ctx is not None:
+        slot = 2 if ctx.axis == HEIGHT else 0
+        x = replicate_halo(ctx, x, padding[slot], padding[slot + 1])
+        padding[slot] = padding[slot + 1] = 0
+    return frame_loop.cached_front(module, F.pad(x, tuple(padding), mode="replicate"), padding[4])
+
+
+class CachedReplicateCausalConv3d(HaloReplicateCausalConv3d):
+    """Mixin for a replicate-padded causal convolution (`forward(x)`: HunyuanVideo 1.5's): cached in
+    a frame loop, halo rows when sharded (HaloReplicateCausalConv3d) outside one."""
+
+    def forward(self, hidden_states):
+        if not frame_loop.active():
+            return super().forward(hidden_states)
+        return self.conv(padded_in_loop(self, hidden_states))
+
+
+class CachedReplicateCachedCausalConv3d(HaloReplicateCachedCausalConv3d):
+    """The same for `CogVideoXCausalConv3d` in "replicate" mode (`forward(x, conv_cache)` ->
+    `(output, None)`: diffusers ignores the cache in that mode), as Mochi 1's decoder uses it."""
+
+    def forward(self, inputs, conv_cache=None):
+        if not frame_loop.active():
+            return super().forward(inputs, conv_cache)
+        if self.pad_mode != "replicate":
+            raise ValueError(f"vaeshard's frame loop runs {type(self).__name__} only in its 'replicate' padding mode")
+        return self.conv(padded_in_loop(self, inputs)), None
+
+
+def loop_problem(module) -> str | None:
+    """Why `module` cannot run in a frame loop (None: it can): its time padding must be causal (all
+    in front, the kernel less one frames) and its convolution of stride 1 and not dilated in time."""
+    if module.time_causal_padding[4:] != (module.conv.kernel_size[0] - 1, 0):
+        return "a causal convolution whose time padding is not the kernel less one frames, all in front"
+    if module.conv.stride[0] != 1 or module.conv.dilation[0] != 1:
+        return "a causal convolution strided or dilated in time"
+    return None
