@@ -21,7 +21,7 @@ from vaeshard import MODES, metrics
 
 from . import io
 from .io import InputError
-from .serve import FAILED_LINGER_S, STATUS_FAILED, STATUS_READY, Request
+from .serve import FAILED_LINGER_S, STATUS_FAILED, STATUS_READY, STOPPED, Request
 
 API_KEY_ENV = "VAESHARD_API_KEY"
 FORMATS = {"mp4": "mp4", "safetensors": "safetensors", "png": "zip"}  # query value -> writer kind
@@ -31,7 +31,8 @@ DEFAULT_FORMAT = "safetensors"
 # Bytes per write to the socket: a whole safetensors answer (hundreds of MB) in one write sends several
 # times slower than in pieces of this size (benchmarks/serve_gpu.py, BENCHMARKS.md).
 SEND_BYTES = 1 << 20
-GRACEFUL_S = 30.0  # after SIGTERM, the longest uvicorn waits for open connections
+GRACEFUL_S = 5.0  # once drained or cut, the least time uvicorn gives open connections to send their answers
+DEADLINE_HEADER = "x-request-timeout"  # seconds, as the `timeout` query parameter
 
 
 class HTTPError(Exception):
@@ -112,7 +113,7 @@ def make_app(service, job):
             async def inner(request):
                 started = time.perf_counter()
                 try:
-                    if route != "/health" and not authorized(request):
+                    if not route.startswith("/health") and not authorized(request):
                         raise HTTPError(
                             401, "missing or wrong API key: send it as 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
                         )
@@ -134,17 +135,20 @@ def make_app(service, job):
         if service.status != STATUS_READY:
             raise HTTPError(503, f"the service is {service.status}" + (f": {service.error}" if service.error else ""))
         params = _params(request.query_params, op, job)
+        deadline = time.monotonic() + _timeout(request, job)
         body = await _body(request, job.max_body)
         tensor = _tensor(body, "latents" if op == "decode" else "pixels")
         _check(tensor, op, params, job.model)
         channel = Channel(asyncio.get_running_loop())
-        work = Request(op=op, tensor=tensor, out=channel, **params)
+        work = Request(op=op, tensor=tensor, out=channel, deadline=deadline, **params)
         refused = service.submit(work)
         if refused == "full":
             raise HTTPError(429, f"the queue is full ({job.max_queue} waiting): retry later")
         if refused is not None:
             raise HTTPError(503, f"the service is {refused}")
-        first = await channel.get()
+        first = await _first_or_gone(request, channel, work)
+        if first is None:
+            return Response(status_code=499)  # nobody reads it: the count says what happened
         if first[0] == "error":
             return error(first[1], first[2])
         kind = params["format"]
@@ -167,6 +171,15 @@ def make_app(service, job):
         state = service.health()
         return JSONResponse(state, status_code=200 if state["status"] == STATUS_READY else 503)
 
+    @counted("/health/ready")
+    async def ready(request):
+        return await health(request)
+
+    @counted("/health/live")
+    async def live(request):
+        # alive while it serves or drains; a failed service is about to exit for its supervisor to restart
+        return JSONResponse({"status": service.status}, status_code=503 if service.status == STATUS_FAILED else 200)
+
     @counted("/metrics")
     async def metrics_route(request):
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -175,6 +188,8 @@ def make_app(service, job):
         Route("/v1/decode", decode, methods=["POST"]),
         Route("/v1/encode", encode, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/health/ready", ready, methods=["GET"]),
+        Route("/health/live", live, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
     ]
     return Starlette(routes=routes)
@@ -190,6 +205,37 @@ class _Observe:
         self.histogram.observe(time.perf_counter() - self.started)
 
 
+async def _first_or_gone(request, channel: Channel, work: Request):
+    """The first item of the request's output, or None if its client went away first (the request is
+    then dropped from the queue, or stopped on every rank at its next chunk). At the request's deadline
+    the answer is 504."""
+    loop = asyncio.get_running_loop()
+
+    def expire() -> None:
+        work.cancel("deadline")
+        channel.fail(STOPPED["deadline"][0], STOPPED["deadline"][1])
+
+    timer = loop.call_at(loop.time() + max(0.0, work.deadline - time.monotonic()), expire)
+    first = asyncio.ensure_future(channel.get())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        gone.cancel()
+    if first.done():
+        return first.result()
+    first.cancel()
+    work.cancel("client")
+    return None
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client closes its connection (its body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _rest(first, channel: Channel, work: Request):
     """The response body: the bytes as they come; an error after the first ends the body early (the
     client sees an incomplete response)."""
@@ -203,16 +249,18 @@ async def _rest(first, channel: Channel, work: Request):
         if item[0] == "error":
             raise RuntimeError(f"the request failed after its response began: {item[2]}")
     finally:
-        work.cancelled.set()  # a client gone mid-stream: the dispatcher closes the stream on every rank
+        work.cancel("client")  # a client gone mid-stream: the dispatcher closes the stream on every rank
 
 
 # --- request checks --------------------------------------------------------------------------------
 
 
 def _params(query, op: str, job) -> dict:
-    unknown = sorted(set(query) - {"format", "fps", "mode", "exact", "timestep"})
+    unknown = sorted(set(query) - {"format", "fps", "mode", "exact", "timestep", "timeout"})
     if unknown:
-        raise HTTPError(400, f"unknown query parameter(s) {', '.join(unknown)}: use format, fps, mode, exact, timestep")
+        raise HTTPError(
+            400, f"unknown query parameter(s) {', '.join(unknown)}: use format, fps, mode, exact, timestep, timeout"
+        )
     name = query.get("format", DEFAULT_FORMAT if op == "decode" else "safetensors")
     if op == "encode" and name != "safetensors":
         raise HTTPError(400, f"format={name!r}: an encode answers safetensors only")
@@ -228,6 +276,20 @@ def _params(query, op: str, job) -> dict:
         "exact": _flag(query.get("exact"), bool(job.options.get("exact", False))),
         "timestep": _number(query.get("timestep"), "timestep"),
     }
+
+
+def _timeout(request, job) -> float:
+    """A request's deadline in seconds from its arrival: its X-Request-Timeout header or `timeout` query
+    parameter, at most --max-request-timeout (also the default)."""
+    text = request.headers.get(DEADLINE_HEADER) or request.query_params.get("timeout")
+    if text is None:
+        return job.max_request_timeout
+    value = _number(text, "timeout")
+    if not 0 < value <= job.max_request_timeout:
+        raise HTTPError(
+            400, f"timeout={text!r}: a request's deadline is more than 0 and at most {job.max_request_timeout:g} s"
+        )
+    return value
 
 
 def _positive_int(text, default: int, name: str) -> int:
@@ -337,9 +399,10 @@ def run(service, job) -> None:
             # uvicorn's own handlers re-raise the signal after a graceful exit; a drained service
             # exits 0 instead
             def stop(sig, frame):
+                # on_tick ends the server once the request in flight is answered, or cuts it at --drain-timeout
+                self.force_exit = service.draining_since is not None and sig == signal.SIGINT
+                self.should_exit = self.force_exit
                 service.drain()
-                self.force_exit = self.should_exit and sig == signal.SIGINT
-                self.should_exit = True
 
             previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
             try:
@@ -356,6 +419,14 @@ def run(service, job) -> None:
         async def on_tick(self, counter: int) -> bool:
             if service.status == STATUS_FAILED and time.time() - service.failed_at > FAILED_LINGER_S:
                 return True
+            if service.draining_since is not None:
+                left = job.drain_timeout - (time.monotonic() - service.draining_since)
+                if service.idle() or service.drain_cut:
+                    # uvicorn then lets the open responses finish: what is left of the drain, at least GRACEFUL_S
+                    self.config.timeout_graceful_shutdown = max(GRACEFUL_S, left)
+                    return True
+                if left < 0:
+                    service.cut()  # answered 503 now; the ranks stop at the request's next chunk
             return await super().on_tick(counter)
 
     config = uvicorn.Config(
