@@ -25,10 +25,11 @@ import pytest
 import torch
 
 from . import reliability_report as report
-from .cli.test_serve import REPORT_IDS as SERVICE_IDS
 from .dist_harness import run_ranks
 from .models import build, latent
-from .runtime.test_agreement import REPORT_IDS as ARRIVAL_IDS
+from .test_cli.test_serve import REPORT_IDS as SERVICE_IDS
+from .test_cli.test_serve_faults import REPORT_IDS as SERVICE_FAULT_IDS
+from .test_runtime.test_agreement import REPORT_IDS as ARRIVAL_IDS
 
 SOAK_REQUESTS = int(os.environ.get("VAESHARD_SOAK", "60"))
 FAULT_TIMEOUT_S = 3.0  # vaeshard's timeout= in the fault tests: every rank must raise within about this
@@ -1031,6 +1032,7 @@ def report_ids() -> list[str]:
         + ["two-groups"]
         + ARRIVAL_IDS
         + SERVICE_IDS
+        + SERVICE_FAULT_IDS
     )
 
 
