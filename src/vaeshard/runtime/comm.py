@@ -100,11 +100,10 @@ def _abort_reason(group) -> str | None:
 
 def _abort_communicator(group) -> None:
     """NCCL: end this rank's pending collectives on `group` (ncclCommAbort), so that a host waiting on
-    the GPU stream returns; the group is unusable afterwards."""
-    abort = getattr(c10d, "_abort_process_group", None)
-    if abort is not None:
-        with contextlib.suppress(Exception):  # already aborted, or a torch without it: the watchdog ends it
-            abort(group)
+    the GPU stream returns; the group is unusable afterwards. The group's own `abort`, not torch's
+    `_abort_process_group`, which aborts every group for the default one and unregisters them."""
+    with contextlib.suppress(Exception):  # already aborted, or a torch without it: the watchdog ends it
+        group.abort()
 
 
 class _Watch:
@@ -124,13 +123,12 @@ class _Watch:
 
 
 class _Waiter:
-    """A thread that waits on gloo point-to-point works for the request's thread, which meanwhile polls
-    the abort key: gloo closes a pair whose send or receive is waited on with a timeout shorter than the
-    exchange takes, so those waits cannot be cut into slices as a collective's can. A waiter left behind
-    by an aborted request finishes its last wait (bounded by the request's timeout) and ends."""
+    """A thread that waits on gloo point-to-point works for a request's thread (one per such thread),
+    which meanwhile polls the abort key: gloo closes a pair whose send or receive is waited on with a
+    timeout shorter than the exchange takes, so those waits cannot be cut into slices as a collective's
+    can. A waiter left behind by an aborted request ends after its last wait (bounded by the request's)."""
 
-    _current: _Waiter | None = None
-    _lock = threading.Lock()
+    _mine = threading.local()
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -138,17 +136,14 @@ class _Waiter:
 
     @classmethod
     def get(cls) -> _Waiter:
-        with cls._lock:
-            if cls._current is None:
-                cls._current = cls()
-            return cls._current
+        if getattr(cls._mine, "waiter", None) is None:
+            cls._mine.waiter = cls()
+        return cls._mine.waiter
 
     @classmethod
-    def retire(cls, waiter: _Waiter) -> None:
-        with cls._lock:
-            if cls._current is waiter:
-                cls._current = None
-        waiter.jobs.put(None)
+    def retire(cls) -> None:
+        cls._mine.waiter.jobs.put(None)
+        cls._mine.waiter = None
 
     def _run(self) -> None:
         while (job := self.jobs.get()) is not None:
@@ -232,6 +227,8 @@ class Comm:
         deadline = started + self.timeout
         try:
             done = self._wait_p2p(work, deadline, what) if p2p else self._wait_sliced(work, deadline, what)
+        except CommTimeout:  # another rank posted its failure (_check_abort)
+            raise
         except RuntimeError as exc:  # gloo reports a timeout, and a peer that closed its connection, this way
             self._broken(
                 f"{what} on rank {self.rank} failed after {time.monotonic() - started:.1f} s (limit "
@@ -264,12 +261,12 @@ class Comm:
         # the waiter's own wait ends at the deadline; a little more here for it to report
         while not done.wait(ABORT_POLL_S):
             if time.monotonic() > deadline + ABORT_POLL_S:
-                _Waiter.retire(waiter)
+                _Waiter.retire()
                 return False
             try:
                 self._check_abort(what, deadline)
             except CommTimeout:
-                _Waiter.retire(waiter)
+                _Waiter.retire()
                 raise
         if isinstance(box[0], BaseException):
             raise box[0]
@@ -278,9 +275,9 @@ class Comm:
     def _check_abort(self, what: str, deadline: float) -> None:
         reason = None if self.group is None else _abort_reason(self.group)
         if reason is not None:
+            waited = self.timeout - (deadline - time.monotonic())
             self._broken(
-                f"{what} on rank {self.rank} stopped waiting {self.timeout - (deadline - time.monotonic()):.1f} s "
-                f"in: another rank failed or is gone: {reason}",
+                f"{what} on rank {self.rank} stopped after {waited:.1f} s: another rank failed or is gone: {reason}",
                 None,
             )
 
