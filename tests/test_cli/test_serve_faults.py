@@ -206,6 +206,22 @@ def test_requests_whose_clients_left_while_queued_are_not_decoded(server, refere
 
 
 @pytest.mark.timeout(120)
+def test_a_client_that_leaves_mid_decode_stops_it_on_every_rank(server, reference, faults):  # noqa: F811
+    closed = _metric(server, "vaeshard_requests_total", op="decode", status="closed")
+    faults.arm(1, "hang")  # held in its first frame of three
+    with pytest.raises(httpx.ReadTimeout):
+        server.post("/v1/decode", {"latents": latent(LONG, seed=11)}, key=None, timeout=1)
+    faults.release()
+    # rank 0 closes the stream at the next chunk, which ends the request on every rank
+    _until(
+        lambda: _metric(server, "vaeshard_requests_total", op="decode", status="closed") > closed,
+        FAST_S,
+        "the decode was not stopped",
+    )
+    _decode_matches(server, reference, seed=12)
+
+
+@pytest.mark.timeout(120)
 def test_a_request_deadline_answers_504_and_stops_the_decode(server, reference, faults):  # noqa: F811
     body = save({"latents": latent(SMALL)})
     for bad in ("0", "abc", "99999"):  # more than --max-request-timeout (3600 s)
