@@ -8,13 +8,10 @@ applied to the operation itself so that nothing stays pending when it expires; N
 own, enforced by NCCL's watchdog), so a rank that failed or died makes the others raise instead of
 waiting forever. Buffers created here are scoped to the call that made them.
 
-A rank that raises during a request (after its agreement) posts why under the group's abort key in the
-store before the exception leaves vaeshard. The others learn it within ABORT_POLL_S, wherever they wait:
-a gloo wait that has not ended after ABORT_POLL_S checks the key between slices of its bound, the
-agreement's store wait likewise, and on NCCL a watcher thread polls the key while a request runs and
-aborts the communicator (NCCL's waits are on the GPU stream, where the host cannot poll). Waits that end
-in time never touch the store. The group is then unusable for vaeshard on every rank: a rank posts
-"broken" in the next agreement instead of its request, so the others raise at once too.
+A rank that raises during a request posts why under the group's abort key in the store. The others
+learn it within ABORT_POLL_S wherever they wait (gloo: between slices of a wait that outlasts it; NCCL:
+a watcher thread aborts the communicator), then close their connections in the group. The group is then
+unusable for vaeshard on every rank: a rank posts "broken" in the next agreement instead of its request.
 """
 
 from __future__ import annotations
@@ -87,6 +84,7 @@ _AGREE = "vaeshard/agree"
 _ABORT = "vaeshard/abort"  # why a request failed on this group, posted by the first rank that raised
 _BROKEN = "broken"  # a rank's entry in an agreement when the group is unusable on that rank
 ABORT_POLL_S = 0.5  # a wait longer than this checks the group's abort key this often
+_HANG_UP_TAG = 0x7A57  # a receive that only closes a connection (no rank ever sends with it)
 
 
 def _abort_reason(group) -> str | None:
@@ -110,16 +108,13 @@ class _Watch:
     """NCCL: while a request runs, poll the group's abort key; abort the communicator once it is set."""
 
     def __init__(self, group) -> None:
-        self.group, self.reason, self.done = group, None, threading.Event()
+        self.group, self.done = group, threading.Event()
         threading.Thread(target=self._run, name="vaeshard-abort-watch", daemon=True).start()
 
     def _run(self) -> None:
         while not self.done.wait(ABORT_POLL_S):
-            reason = _abort_reason(self.group)
-            if reason is not None:
-                self.reason = reason
-                _abort_communicator(self.group)
-                return
+            if _abort_reason(self.group) is not None:
+                return _abort_communicator(self.group)
 
 
 class _Waiter:
@@ -188,7 +183,7 @@ class Comm:
         gloo itself (the group's own timeout restored afterwards), so a collective that expires is ended,
         not left pending in the group, where it would keep the process from exiting. On NCCL a watcher
         aborts the communicator when another rank posts a failure. An exception that leaves it is posted
-        for the other ranks (`_abandon`)."""
+        for the other ranks; on a rank where another rank's failure came first, it becomes CommTimeout."""
         backend = _gloo_backend(self.group) if self.device is None and self.world > 1 else None
         own = None if backend is None else backend.options._timeout
         bound = None if self.timeout is None else timedelta(seconds=self.timeout)
@@ -199,12 +194,9 @@ class Comm:
         try:
             yield self
         except BaseException as exc:
-            self._abandon(exc)
-            if watch is not None and watch.reason is not None and not isinstance(exc, CommTimeout):
-                raise CommTimeout(
-                    f"a collective on rank {self.rank} was aborted: another rank failed: {watch.reason}; "
-                    "this group can no longer be used: destroy it and start a new one"
-                ) from exc
+            first = self._abandon(exc)
+            if first is not None and not isinstance(exc, CommTimeout):
+                self._broken(f"a request on rank {self.rank} ended: another rank failed or is gone: {first}", exc)
             raise
         finally:
             if watch is not None:
@@ -258,8 +250,7 @@ class Comm:
     def _wait_p2p(self, work, deadline: float, what: str) -> bool:
         waiter, box, done = _Waiter.get(), [], threading.Event()
         waiter.jobs.put((work, timedelta(seconds=max(0.001, deadline - time.monotonic())), box, done))
-        # the waiter's own wait ends at the deadline; a little more here for it to report
-        while not done.wait(ABORT_POLL_S):
+        while not done.wait(ABORT_POLL_S):  # the waiter's wait ends at the deadline: a little more to report
             if time.monotonic() > deadline + ABORT_POLL_S:
                 _Waiter.retire()
                 return False
@@ -290,30 +281,41 @@ class Comm:
         )
         if self.group is not None:
             _state_of(self.group).broken = message
+            self._hang_up()
             reason = _abort_reason(self.group) if exc is not None else None
-            if reason is not None:  # the peer's own failure, where it posted one
+            if reason is not None and reason not in what:  # the peer's own failure, where it posted one
                 message += f"; {reason}"
         if exc is not None:
             message += f" ({exc})"
         raise CommTimeout(message) from exc
 
-    def _abandon(self, exc: BaseException) -> None:
-        """This rank leaves a request with `exc`: post why under the group's abort key (the first rank's
-        reason stays), so the others stop waiting for it, and take the group out of vaeshard's use here."""
+    def _abandon(self, exc: BaseException) -> str | None:
+        """This rank leaves a request with `exc`: post why under the group's abort key, so the others stop
+        waiting for it, and take the group out of vaeshard's use here. Returns the reason another rank
+        posted first (None: this rank's came first)."""
         if self.group is None or self.world == 1:
-            return
+            return None
         text = str(exc).strip().splitlines()
-        mine = f"rank {self.rank} raised {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        mine = first = f"rank {self.rank} raised {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
         with contextlib.suppress(RuntimeError):  # the store is gone: the others' bounds end their waits
-            mine = c10d._get_process_group_store(self.group).compare_set(_ABORT, "", mine).decode()
+            first = c10d._get_process_group_store(self.group).compare_set(_ABORT, "", mine).decode()
         state = _state_of(self.group)
         if state.broken is None:
-            state.broken = (
-                f"a request failed on this group ({mine}), so its ranks stopped at different exchanges: destroy "
-                "it (torch.distributed.destroy_process_group) and start a new one"
-            )
+            state.broken = f"a request failed on this group ({first}): destroy it and start a new one"
         if self.device is not None:
             _abort_communicator(self.group)
+        return None if first == mine else first
+
+    def _hang_up(self) -> None:
+        """gloo: close this rank's connections in the group (a receive waited on for less than it takes
+        closes its pair): what is still pending on them, here or at a peer, fails at once instead of at
+        its timeout, and the group can be destroyed with no thread inside it. Not on the rank that failed
+        first: its peers would fail with gloo's error before they read its reason."""
+        for r in range(self.world) if self.device is None and self.group is not None else ():
+            if r != self.rank:
+                with contextlib.suppress(Exception):
+                    work = dist.irecv(torch.empty(1), self._global(r), group=self.group, tag=_HANG_UP_TAG)
+                    work.wait(timeout=timedelta(milliseconds=1))
 
     # -- agreement ------------------------------------------------------------------------------
 
