@@ -6,7 +6,7 @@ for chunk in vaeshard.stream_decode(vae, latents):  # or its frames, as the deco
     ...
 """
 
-from .api import INPUT_DTYPES, check, parallelize, release, unparallelize, verify_weights
+from .api import INPUT_DTYPES, abort, check, parallelize, release, unparallelize, verify_weights
 from .config import MODES, FastOptions
 from .families import supported_classes
 from .policy import Plan, plan
@@ -22,6 +22,7 @@ __all__ = [
     "DecodeStream",
     "FastOptions",
     "Plan",
+    "abort",
     "check",
     "parallelize",
     "plan",

@@ -161,6 +161,21 @@ def release(vae) -> int:
     return freed
 
 
+def abort(vae, reason: str) -> None:
+    """End the request the VAE's group is running, or its next one, on every rank: from any thread of
+    any rank (a watchdog that found a peer gone), `reason` is posted where the ranks' waits look
+    (within about a second, as for a rank that raised; docs/reliability.md). Every waiting rank then
+    raises CommTimeout naming `reason`, and the group is no longer used by vaeshard: make a new one."""
+    state: _State | None = getattr(vae, STATE_ATTR, None)
+    if state is None:
+        raise TypeError(
+            f"abort needs a VAE made parallel with vaeshard.parallelize(vae); got a plain {type(vae).__name__}"
+        )
+    group = comm_mod.default_group_if_any(state.group)
+    if group is not None:
+        comm_mod.post_abort(group, reason)
+
+
 def verify_weights(vae) -> None:
     """Check, now, that every rank of the VAE's group holds the same weights: one integer per parameter
     from its raw bits (exact integer arithmetic, independent of summation order), compared across the

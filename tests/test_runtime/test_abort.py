@@ -87,3 +87,36 @@ def test_a_rank_raising_mid_decode_reaches_every_rank_within_seconds(world, faul
             assert o["type"] in ("CommTimeout", "StreamClosed"), o
             assert f"rank {faulty} raised RuntimeError: injected fault on rank {faulty}" in o["message"], o
         assert "can no longer use" in o["next"] and o["next_s"] < FAST_S, o
+
+
+def _abort_from_a_watchdog(rank, world):
+    import threading
+
+    import torch
+
+    import vaeshard
+
+    vae = build("wan21", (32, 24))
+    z = latent((1, 4, 1, 8, 12))
+    vaeshard.parallelize(vae, mode="spatial_shard_width", timeout=TIMEOUT_S)
+    if rank == 1:
+        return {"rank": 1}  # never calls decode: rank 0 waits for it in the request's agreement
+    timer = threading.Timer(1.0, vaeshard.abort, (vae, "a watchdog found rank 1 gone"))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with torch.no_grad():
+            vae.decode(z)
+        outcome = {"type": "none", "message": ""}
+    except Exception as exc:  # noqa: BLE001 - the outcome is the subject of the test
+        outcome = {"type": type(exc).__name__, "message": str(exc)}
+    timer.join()
+    return {"rank": 0, "seconds": time.monotonic() - started, **outcome}
+
+
+@pytest.mark.timeout(60)
+def test_abort_from_another_thread_ends_a_wait_in_the_store():
+    # a rank that is gone cannot post its failure: a watchdog of the service's, from any thread, can
+    outcome = run_ranks(_abort_from_a_watchdog, 2, timeout=50, fresh=True)[0]
+    assert outcome["type"] == "CommTimeout" and "a watchdog found rank 1 gone" in outcome["message"], outcome
+    assert outcome["seconds"] < FAST_S, outcome

@@ -226,8 +226,9 @@ class Service:
                 self.control.heartbeat()
                 self._beat_at = time.monotonic()
             self.control.heartbeat(go=False)
-        except Exception as exc:  # a rank left: the dispatcher's ping or request reports it too
+        except Exception as exc:  # a rank left: its request's waits end now (a wait in the store would not)
             self._beat_error = f"the heartbeat failed: {_first_line(exc)}"
+            vaeshard.abort(self.vae, f"a rank of the service left ({self._beat_error})")
 
     # --- the dispatcher ----------------------------------------------------------------------------
 

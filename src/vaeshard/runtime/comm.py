@@ -8,10 +8,8 @@ applied to the operation itself so that nothing stays pending when it expires; N
 own, enforced by NCCL's watchdog), so a rank that failed or died makes the others raise instead of
 waiting forever. Buffers created here are scoped to the call that made them.
 
-A rank that raises during a request posts why under the group's abort key in the store. The others
-learn it within ABORT_POLL_S wherever they wait (gloo: between slices of a wait that outlasts it; NCCL:
-a watcher thread aborts the communicator), then close their connections in the group. The group is then
-unusable for vaeshard on every rank: a rank posts "broken" in the next agreement instead of its request.
+A rank that raises during a request posts why in the store; the others learn it within ABORT_POLL_S
+wherever they wait, and the group is then unusable for vaeshard (docs/reliability.md says how).
 """
 
 from __future__ import annotations
@@ -96,6 +94,15 @@ def _abort_reason(group) -> str | None:
         return None
 
 
+def post_abort(group, reason: str) -> str:
+    """Post `reason` under the group's abort key, where the ranks' waits look; the reason that stays
+    (the first one posted)."""
+    try:
+        return c10d._get_process_group_store(group).compare_set(_ABORT, "", reason).decode()
+    except RuntimeError:  # the store is gone: the ranks' bounds end their waits
+        return reason
+
+
 def _abort_communicator(group) -> None:
     """NCCL: end this rank's pending collectives on `group` (ncclCommAbort), so that a host waiting on
     the GPU stream returns; the group is unusable afterwards. The group's own `abort`, not torch's
@@ -104,17 +111,18 @@ def _abort_communicator(group) -> None:
         group.abort()
 
 
-class _Watch:
-    """NCCL: while a request runs, poll the group's abort key; abort the communicator once it is set."""
+def _watch(group) -> threading.Event:
+    """NCCL: until the event is set (the request's end), poll the group's abort key; abort the
+    communicator once it is set."""
+    done = threading.Event()
 
-    def __init__(self, group) -> None:
-        self.group, self.done = group, threading.Event()
-        threading.Thread(target=self._run, name="vaeshard-abort-watch", daemon=True).start()
+    def run():
+        while not done.wait(ABORT_POLL_S):
+            if _abort_reason(group) is not None:
+                return _abort_communicator(group)
 
-    def _run(self) -> None:
-        while not self.done.wait(ABORT_POLL_S):
-            if _abort_reason(self.group) is not None:
-                return _abort_communicator(self.group)
+    threading.Thread(target=run, name="vaeshard-abort-watch", daemon=True).start()
+    return done
 
 
 class _Waiter:
@@ -181,14 +189,13 @@ class Comm:
     def bounded(self):
         """The request's scope after its agreement. On gloo its operations time out after `timeout` in
         gloo itself (the group's own timeout restored afterwards), so a collective that expires is ended,
-        not left pending in the group, where it would keep the process from exiting. On NCCL a watcher
-        aborts the communicator when another rank posts a failure. An exception that leaves it is posted
-        for the other ranks; on a rank where another rank's failure came first, it becomes CommTimeout."""
+        not left pending. On NCCL a watcher aborts the communicator when another rank posts a failure. An
+        exception that leaves it is posted; where another rank's failure came first, it is CommTimeout."""
         backend = _gloo_backend(self.group) if self.device is None and self.world > 1 else None
         own = None if backend is None else backend.options._timeout
         bound = None if self.timeout is None else timedelta(seconds=self.timeout)
         retime = own is not None and bound is not None and bound != own
-        watch = _Watch(self.group) if self.device is not None and self.world > 1 else None
+        watch = _watch(self.group) if self.device is not None and self.world > 1 else None
         if retime:
             backend.set_timeout(bound)
         try:
@@ -200,7 +207,7 @@ class Comm:
             raise
         finally:
             if watch is not None:
-                watch.done.set()
+                watch.set()
             if retime:
                 backend.set_timeout(own)
 
@@ -264,12 +271,10 @@ class Comm:
         return box[0] is not False
 
     def _check_abort(self, what: str, deadline: float) -> None:
-        reason = None if self.group is None else _abort_reason(self.group)
-        if reason is not None:
-            waited = self.timeout - (deadline - time.monotonic())
+        if self.group is not None and (reason := _abort_reason(self.group)) is not None:
+            waited = f"{self.timeout - (deadline - time.monotonic()):.1f} s"
             self._broken(
-                f"{what} on rank {self.rank} stopped after {waited:.1f} s: another rank failed or is gone: {reason}",
-                None,
+                f"{what} on rank {self.rank} stopped after {waited}: another rank failed or is gone: {reason}", None
             )
 
     def _broken(self, what: str, exc: BaseException | None):
@@ -282,9 +287,8 @@ class Comm:
         if self.group is not None:
             _state_of(self.group).broken = message
             self._hang_up()
-            reason = _abort_reason(self.group) if exc is not None else None
-            if reason is not None and reason not in what:  # the peer's own failure, where it posted one
-                message += f"; {reason}"
+            reason = _abort_reason(self.group) if exc is not None else None  # the peer's own, if it posted one
+            message += f"; {reason}" if reason is not None and reason not in what else ""
         if exc is not None:
             message += f" ({exc})"
         raise CommTimeout(message) from exc
@@ -296,9 +300,8 @@ class Comm:
         if self.group is None or self.world == 1:
             return None
         text = str(exc).strip().splitlines()
-        mine = first = f"rank {self.rank} raised {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-        with contextlib.suppress(RuntimeError):  # the store is gone: the others' bounds end their waits
-            first = c10d._get_process_group_store(self.group).compare_set(_ABORT, "", mine).decode()
+        mine = f"rank {self.rank} raised {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        first = post_abort(self.group, mine)
         state = _state_of(self.group)
         if state.broken is None:
             state.broken = f"a request failed on this group ({first}): destroy it and start a new one"
@@ -308,9 +311,8 @@ class Comm:
 
     def _hang_up(self) -> None:
         """gloo: close this rank's connections in the group (a receive waited on for less than it takes
-        closes its pair): what is still pending on them, here or at a peer, fails at once instead of at
-        its timeout, and the group can be destroyed with no thread inside it. Not on the rank that failed
-        first: its peers would fail with gloo's error before they read its reason."""
+        closes its pair): what is pending on them, here or at a peer, fails at once, and the group can be
+        destroyed with no thread inside. Not on the rank that failed first: its peers would see gloo's error."""
         for r in range(self.world) if self.device is None and self.group is not None else ():
             if r != self.rank:
                 with contextlib.suppress(Exception):
@@ -386,8 +388,7 @@ class Comm:
                 pass
             if left <= ABORT_POLL_S:
                 return False, None
-            reason = store.get(_ABORT).decode() if store.check([_ABORT]) else None
-            if reason is not None:
+            if (reason := _abort_reason(self.group)) is not None:
                 return False, reason
 
     def _agreement_failed(self, op, verdict: str, missing: list[int], timeout: float, waited: float, bound: str) -> str:
@@ -681,7 +682,7 @@ def _own_timeout(group) -> float | None:
     return None if own is None else own.total_seconds()
 
 
-__all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized"]
+__all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized", "post_abort"]
 
 
 def all_reduce_sum(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
