@@ -50,10 +50,10 @@ class Faults:
     def __init__(self, path: Path) -> None:
         self.path, self.hit_path = path, Path(str(path) + ".hit")
 
-    def arm(self, rank: int, action: str) -> None:
+    def arm(self, rank: int, action: str, at: str = "decoder") -> None:
         self.hit_path.unlink(missing_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"rank": rank, "action": action}))
+        tmp.write_text(json.dumps({"rank": rank, "action": action, "at": at}))
         tmp.rename(self.path)  # whole, as the ranks read it
 
     def wait_hit(self, timeout: float = 60) -> None:
@@ -137,6 +137,18 @@ def test_a_rank_raising_mid_decode_fails_that_request_500_in_seconds_and_the_ser
         time=f"500 answered {took:.1f} s after the request was sent (the failure reached rank 0 within seconds)",
         memory="-",
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_raising_before_the_agreement_fails_that_request_in_seconds(server, reference, faults):  # noqa: F811
+    # the others wait for it in the request's agreement, in the store: it says why it will not come
+    faults.arm(1, "raise", at="input")
+    started = time.monotonic()
+    r = server.post("/v1/decode", {"latents": latent(SMALL, seed=13)}, key=None)
+    took = time.monotonic() - started
+    assert r.status_code == 500 and "rank 1: RuntimeError: injected fault on rank 1" in r.json()["error"], r.text
+    assert took < FAST_S, took
+    _decode_matches(server, reference, seed=14)
 
 
 @pytest.mark.timeout(120)

@@ -21,7 +21,8 @@ drains: the request in flight finishes, the queued ones get 503, and every rank 
 
 Test hook: where VAESHARD_SERVE_FAULT names a file, every rank reads it at each call of its VAE's decoder;
 `{"rank": R, "action": "raise"}` makes rank R raise there once, `{"rank": R, "action": "hang"}` makes it
-wait there while the file exists. A rank writes the file's name plus ".hit" when it acts on it.
+wait there while the file exists; with `"at": "input"`, where the rank takes a request's input instead
+(before the request's agreement). A rank writes the file's name plus ".hit" when it acts on it.
 """
 
 from __future__ import annotations
@@ -383,8 +384,14 @@ def _execute(vae, job: ServeJob, header: dict, tensor, ctx, request: Request | N
 
     outcome = {"status": "ok", "message": "", "user_error": False, "follows": False, "peak": None}
     try:
-        _configure(vae, job, header["mode"], header["exact"])
-        x = tensor.to(ctx.device, torch_dtype(job.dtype) if job.dtype else vae.dtype)
+        try:
+            _configure(vae, job, header["mode"], header["exact"])
+            x = tensor.to(ctx.device, torch_dtype(job.dtype) if job.dtype else vae.dtype)
+            if os.environ.get(FAULT_ENV):
+                _injected(ctx.rank, "input")
+        except Exception as exc:  # before the request's agreement, where the others wait for this rank
+            vaeshard.abort(vae, f"rank {ctx.rank} raised {_first_line(exc)} before the request began")
+            raise
         with torch.no_grad():
             if header["op"] == "decode":
                 kwargs = {}
@@ -470,28 +477,29 @@ def _follow(ctx, job: ServeJob, vae, control) -> None:
 
 def _fault_hook(vae, rank: int) -> None:
     """The test hook of the module's docstring, on this rank's VAE decoder."""
+    if os.environ.get(FAULT_ENV):
+        vae.decoder.register_forward_pre_hook(lambda module, args: _injected(rank, "decoder"))
+
+
+def _injected(rank: int, point: str) -> None:
+    """The test hook at `point` ("decoder": each decoder call; "input": where a rank takes a request's
+    input, before the request's agreement): raise or hang where the hook's file says so."""
     path = os.environ.get(FAULT_ENV)
-    if not path:
+    try:
+        with open(path) as f:
+            fault = json.load(f)
+    except (OSError, TypeError, ValueError):
         return
-
-    def at_decoder_call(module, args):
-        try:
-            with open(path) as f:
-                fault = json.load(f)
-        except (OSError, ValueError):
-            return
-        if fault.get("rank") != rank:
-            return
-        with open(path + ".hit", "w") as f:
-            f.write(str(time.time()))
-        if fault.get("action") == "raise":
-            with contextlib.suppress(OSError):
-                os.remove(path)
-            raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV})")
-        while os.path.exists(path):  # "hang": until the test removes the file
-            time.sleep(0.05)
-
-    vae.decoder.register_forward_pre_hook(at_decoder_call)
+    if fault.get("rank") != rank or fault.get("at", "decoder") != point:
+        return
+    with open(path + ".hit", "w") as f:
+        f.write(str(time.time()))
+    if fault.get("action") == "raise":
+        with contextlib.suppress(OSError):
+            os.remove(path)
+        raise RuntimeError(f"injected fault on rank {rank} ({FAULT_ENV})")
+    while os.path.exists(path):  # "hang": until the test removes the file
+        time.sleep(0.05)
 
 
 def serve_worker(ctx, job: ServeJob) -> dict:
