@@ -1,5 +1,6 @@
 """The tables of docs/reliability.md: recorded by tests/test_reliability.py, tests/test_runtime/test_agreement.py,
-tests/test_cli/test_serve.py and tests/test_cli/test_serve_http.py, rendered here.
+tests/test_cli/test_serve.py, tests/test_cli/test_serve_http.py and tests/test_cli/test_serve_faults.py,
+rendered here.
 
     python -m tests.reliability_report                      # run the reliability tests, rewrite the tables
     VAESHARD_SOAK=240 VAESHARD_SERVE_LOAD=200 python -m tests.reliability_report  # full soak and service load
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             "tests/test_runtime/test_agreement.py",
             "tests/test_cli/test_serve.py",
             "tests/test_cli/test_serve_http.py",
+            "tests/test_cli/test_serve_faults.py",
             # the check that this document has every row: it holds once the document is rewritten below
             "--deselect",
             "tests/test_reliability.py::test_reliability_doc_has_a_row_for_every_case",

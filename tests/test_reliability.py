@@ -28,6 +28,7 @@ from . import reliability_report as report
 from .dist_harness import run_ranks
 from .models import build, latent
 from .test_cli.test_serve import REPORT_IDS as SERVICE_IDS
+from .test_cli.test_serve_faults import REPORT_IDS as SERVICE_FAULT_IDS
 from .test_cli.test_serve_http import REPORT_IDS as HTTP_IDS
 from .test_runtime.test_agreement import REPORT_IDS as ARRIVAL_IDS
 
@@ -1033,6 +1034,7 @@ def report_ids() -> list[str]:
         + ARRIVAL_IDS
         + SERVICE_IDS
         + HTTP_IDS
+        + SERVICE_FAULT_IDS
     )
 
 

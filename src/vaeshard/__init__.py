@@ -6,7 +6,7 @@ for chunk in vaeshard.stream_decode(vae, latents):  # or its frames, as the deco
     ...
 """
 
-from .api import parallelize, release, unparallelize, verify_weights
+from .api import INPUT_DTYPES, abort, check, parallelize, release, unparallelize, verify_weights
 from .config import MODES, FastOptions
 from .families import supported_classes
 from .policy import Plan, plan
@@ -16,11 +16,14 @@ from .stream import DecodeStream, StreamClosed, stream_decode
 __version__ = "0.2.0"
 
 __all__ = [
+    "INPUT_DTYPES",
     "MODES",
     "CommTimeout",
     "DecodeStream",
     "FastOptions",
     "Plan",
+    "abort",
+    "check",
     "parallelize",
     "plan",
     "release",

@@ -25,7 +25,7 @@ from .layers import tier
 from .policy import expected_of, hooks_reason, plan_for
 from .runtime import comm as comm_mod
 from .runtime import graphs
-from .runtime.requests import agree, describe, describe_verify, size_message, validate
+from .runtime.requests import DTYPES, PROBLEMS, agree, describe, describe_verify, size_message, validate
 from .runtime.spatial import HEIGHT, WIDTH, run_spatial
 from .runtime.swap import replaced_forwards
 from .runtime.tile import run_tiled
@@ -155,6 +155,21 @@ def release(vae) -> int:
     return freed
 
 
+def abort(vae, reason: str) -> None:
+    """End the request the VAE's group is running, or its next one, on every rank: from any thread of
+    any rank (a watchdog that found a peer gone), `reason` is posted where the ranks' waits look
+    (within about a second, as for a rank that raised; docs/reliability.md). Every waiting rank then
+    raises CommTimeout naming `reason`, and the group is no longer used by vaeshard: make a new one."""
+    state: _State | None = getattr(vae, STATE_ATTR, None)
+    if state is None:
+        raise TypeError(
+            f"abort needs a VAE made parallel with vaeshard.parallelize(vae); got a plain {type(vae).__name__}"
+        )
+    group = comm_mod.default_group_if_any(state.group)
+    if group is not None:
+        comm_mod.post_abort(group, reason)
+
+
 def verify_weights(vae) -> None:
     """Check, now, that every rank of the VAE's group holds the same weights: one integer per parameter
     from its raw bits (exact integer arithmetic, independent of summation order), compared across the
@@ -181,6 +196,26 @@ def verify_weights(vae) -> None:
             f"{len(differing)} of {len(names)} parameters differ): every rank must hold the same weights; "
             "load the same checkpoint on every rank (or seed identically before building the VAE)"
         )
+
+
+INPUT_DTYPES = tuple(DTYPES)  # the dtypes a request's input may have (as the VAE's own, or under autocast)
+
+
+def check(vae, x, op: str = "decode") -> None:
+    """The check a request of `x` meets on this rank before its agreement (what the tensor is, its
+    shape, channels, device, dtype, NaN/Inf), here alone and without any communication: raises the
+    TypeError or ValueError the request would raise on every rank; returns when it could run. For a
+    process that hands inputs to the ranks (a service): check before sending them."""
+    state: _State | None = getattr(vae, STATE_ATTR, None)
+    if state is None:
+        raise TypeError(
+            f"check needs a VAE made parallel with vaeshard.parallelize(vae); got a plain {type(vae).__name__}"
+        )
+    if op not in ("decode", "encode"):
+        raise ValueError(f"op={op!r}: choose 'decode' or 'encode'")
+    code, error = validate(op, x, expected_of(state.family, vae, op))
+    if code:
+        raise PROBLEMS[code][0](error)
 
 
 def config_of(vae) -> ParallelConfig | None:
@@ -383,4 +418,4 @@ def direct(vae, family: Family, op: str, x):
     return type(vae).encode(vae, x, return_dict=False, **request_inputs())[0].parameters
 
 
-__all__ = ["config_of", "parallelize", "release", "unparallelize", "verify_weights"]
+__all__ = ["INPUT_DTYPES", "check", "config_of", "parallelize", "release", "unparallelize", "verify_weights"]

@@ -215,6 +215,8 @@ EXPECTED_FLAGS = {
         ("--ready-file", None, None, False),
         *TIER_FLAGS,
         ("--timeout", None, 600.0, False),
+        ("--drain-timeout", None, 120.0, False),
+        ("--max-request-timeout", None, 3600.0, False),
     ],
     "bench": [
         (

@@ -385,13 +385,14 @@ def test_load_from_8_clients_no_errors_no_crossed_results_memory_flat(server, re
 # --- stopping and failing --------------------------------------------------------------------------
 
 
-def _torchrun_agent(node_port: int, nnodes_port: int, script: list[str], log) -> subprocess.Popen:
+def _torchrun_agent(node_port: int, nnodes_port: int, script: list[str], log, fault: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{nnodes_port}", "--rdzv-id", "serve-test",
            "--max-restarts", "0", *script]  # fmt: skip
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SERVE_PORT": str(node_port)},
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "SERVE_PORT": str(node_port),
+             "VAESHARD_SERVE_FAULT": str(fault)},
     )  # fmt: skip
 
 
@@ -413,7 +414,8 @@ class TorchrunGroup:
             str(port),
         ]
         self.logs = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
-        self.agents = [_torchrun_agent(port, rdzv, script, self.logs[k]) for k in range(2)]
+        self.fault = directory / "fault.json"  # the service's test hook (cli/serve.py): holds a request on a rank
+        self.agents = [_torchrun_agent(port, rdzv, script, self.logs[k], self.fault) for k in range(2)]
         _wait_ready(self.url, self.agents, self.output)
 
     def output(self) -> str:
@@ -455,7 +457,8 @@ def test_two_torchrun_agents_form_one_group_for_the_library_and_the_service(torc
 @pytest.mark.timeout(120)
 def test_sigterm_finishes_the_request_in_flight_and_every_rank_exits_0(torchrun_group, reference):
     """(It ends the torchrun group.) As a supervisor stops the service: SIGTERM to rank 0, with one
-    request in flight and one queued; rank 0 drains and stops the group."""
+    request in flight and one queued; rank 0 drains and stops the group. The request in flight is held
+    on rank 1 by the test hook until the drain has begun, so the order of events is the same under any load."""
     group = torchrun_group
     z = latent((1, 4, 3, 16, 16), seed=12)
     responses: dict = {}
@@ -463,28 +466,34 @@ def test_sigterm_finishes_the_request_in_flight_and_every_rank_exits_0(torchrun_
     def health() -> dict:
         return httpx.get(group.url + "/health", timeout=5).json()
 
-    def send(name):
-        responses[name] = httpx.post(group.url + "/v1/decode", content=save({"latents": z}), timeout=60)
+    def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}: not within 60 s\n{group.output()}"
+            time.sleep(0.02)
 
+    def send(name):
+        responses[name] = httpx.post(group.url + "/v1/decode", content=save({"latents": z}), timeout=90)
+
+    group.fault.write_text(json.dumps({"rank": 1, "action": "hang"}))
+    hit = Path(str(group.fault) + ".hit")
     first = threading.Thread(target=send, args=("in flight",))
     first.start()
-    deadline = time.monotonic() + 30
-    while health()["in_flight"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(hit.exists, "the request in flight did not reach rank 1")
     second = threading.Thread(target=send, args=("queued",))
     second.start()
-    while health()["queue_depth"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    until(lambda: health()["queue_depth"] == 1, "the second request was not queued")
     rank0 = next(r["pid"] for r in health()["ranks"] if r["rank"] == 0)
     os.kill(rank0, signal.SIGTERM)
-    first.join(60)
     second.join(60)
+    assert responses["queued"].status_code == 503 and "shutting down" in responses["queued"].json()["error"]
+    group.fault.unlink()  # the request in flight goes on, and finishes within the drain
+    first.join(60)
     for a in group.agents:
         a.wait(timeout=60)
     assert [a.returncode for a in group.agents] == [0, 0], group.output()
     assert responses["in flight"].status_code == 200
     assert (load(responses["in flight"].content)["sample"] - reference(z)).abs().max() <= CPU_FP32
-    assert responses["queued"].status_code == 503 and "shutting down" in responses["queued"].json()["error"]
 
 
 @pytest.mark.timeout(150)

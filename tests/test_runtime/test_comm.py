@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -18,6 +20,21 @@ class _Work:
         return self.result
 
 
+class _PendingCollective:
+    """A gloo collective that never completes: a timed wait raises as gloo's does, and it stays pending."""
+
+    def __init__(self):
+        self.calls = []
+
+    def wait(self, timeout=None):
+        self.calls.append(timeout.total_seconds())
+        time.sleep(timeout.total_seconds())
+        raise RuntimeError("Operation timed out!")
+
+    def is_completed(self):
+        return False
+
+
 def test_nccl_waits_never_pass_a_timeout():
     # a timed wait on an NCCL work blocks the host until the collective ends: the GPU queue drains
     c = comm.Comm(group=None, rank=0, world=2, timeout=5.0, device=torch.device("cpu"))
@@ -27,11 +44,20 @@ def test_nccl_waits_never_pass_a_timeout():
 
 
 def test_gloo_waits_are_bounded_and_report_the_timeout():
-    c = comm.Comm(group=None, rank=1, world=2, timeout=5.0, device=None)
-    work = _Work(result=False)
-    with pytest.raises(comm.CommTimeout, match="within 5 s"):
+    # waited on in slices of ABORT_POLL_S (between them the group's abort key is checked), to the bound
+    c = comm.Comm(group=None, rank=1, world=2, timeout=1.2, device=None)
+    work = _PendingCollective()
+    with pytest.raises(comm.CommTimeout, match="within 1.2 s"):
         c._wait(work, "halo exchange")
-    assert [t.total_seconds() for t in work.calls] == [5.0]
+    assert work.calls[0] == comm.ABORT_POLL_S and len(work.calls) == 3
+    assert sum(work.calls) == pytest.approx(1.2, abs=0.1)
+
+
+def test_a_gloo_wait_that_ends_in_time_takes_one_call():
+    c = comm.Comm(group=None, rank=1, world=2, timeout=5.0, device=None)
+    work = _Work(result=None)
+    c._wait(work, "halo exchange")
+    assert [t.total_seconds() for t in work.calls] == [comm.ABORT_POLL_S]
 
 
 def test_halo_rows_keep_the_channels_last_layout():

@@ -27,6 +27,7 @@ from .args import positive_float as _positive_float
 from .args import positive_int as _positive_int
 from .args import shape as _shape
 from .io import InputError
+from .serve import DEFAULT_DRAIN_S, DEFAULT_MAX_REQUEST_S, EXIT_DRAIN_CUT
 from .writer import MP4_PRESET, MP4_PRESETS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -210,6 +211,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=DEFAULT_TIMEOUT_S,
         help="seconds a request waits for every rank, and for each collective on CPU (default 600)",
+    )
+    srv.add_argument(
+        "--drain-timeout",
+        type=_positive_float,
+        default=DEFAULT_DRAIN_S,
+        help="after SIGTERM, seconds the request in flight may take to finish; past them it gets 503 and the "
+        f"exit code is {EXIT_DRAIN_CUT} (default {DEFAULT_DRAIN_S:g})",
+    )
+    srv.add_argument(
+        "--max-request-timeout",
+        type=_positive_float,
+        default=DEFAULT_MAX_REQUEST_S,
+        help="a request's deadline from its arrival, and the most it may ask for with X-Request-Timeout or "
+        f"?timeout= (default {DEFAULT_MAX_REQUEST_S:g})",
     )
 
     ben = sub.add_parser(

@@ -29,7 +29,7 @@ from vaeshard import MODES, metrics
 from . import io
 from .httplimits import API_KEY_ENV, HEAD_BYTES, KEEP_ALIVE_S, Limits, Uploads, log_repeats_once, protocol
 from .io import InputError
-from .serve import FAILED_LINGER_S, STATUS_FAILED, STATUS_READY, Request
+from .serve import FAILED_LINGER_S, STATUS_FAILED, STATUS_READY, STOPPED, Request
 
 FORMATS = {"mp4": "mp4", "safetensors": "safetensors", "png": "zip"}  # query value -> writer kind
 MEDIA_TYPES = {"mp4": "video/mp4", "zip": "application/zip", "safetensors": "application/octet-stream"}
@@ -38,7 +38,8 @@ DEFAULT_FORMAT = "safetensors"
 # Bytes per write to the socket: a whole safetensors answer (hundreds of MB) in one write sends several
 # times slower than in pieces of this size (benchmarks/serve_gpu.py, BENCHMARKS.md).
 SEND_BYTES = 1 << 20
-GRACEFUL_S = 30.0  # after SIGTERM, the longest uvicorn waits for open connections
+GRACEFUL_S = 5.0  # once drained or cut, the least time uvicorn gives open connections to send their answers
+DEADLINE_HEADER = "x-request-timeout"  # seconds, as the `timeout` query parameter
 MAX_FPS = 1000  # an MP4's frame rate; more is refused (the container cannot time it)
 RETRY_AFTER_S = 2  # the Retry-After of a 429: about one small request's time on the group
 HEADER_MAX = 1 << 20  # the largest safetensors header a body may have (a few tensors need a few hundred bytes)
@@ -166,6 +167,7 @@ def make_app(service, job):
         if service.status != STATUS_READY:
             raise HTTPError(503, f"the service is {service.status}" + (f": {service.error}" if service.error else ""))
         params = _params(request.query_params, op, job)
+        deadline = time.monotonic() + _timeout(request, job)
         length = _declared_length(request.headers, job.max_body)
         refused = service.reserve()  # from the headers alone: a refused body is never read
         if refused == "full":
@@ -185,7 +187,7 @@ def make_app(service, job):
             tensor = await run_in_threadpool(_parse, buffer, length, "latents" if op == "decode" else "pixels")
             await run_in_threadpool(_check, tensor, op, params, job.model)
             channel = Channel(asyncio.get_running_loop())
-            work = Request(op=op, tensor=tensor, out=channel, **params)
+            work = Request(op=op, tensor=tensor, out=channel, deadline=deadline, **params)
             reserved = False
             refused = service.submit(work)
         finally:
@@ -197,7 +199,9 @@ def make_app(service, job):
                     buffer.madvise(mmap.MADV_DONTNEED)
         if refused is not None:
             raise HTTPError(503, f"the service is {refused}")
-        first = await channel.get()
+        first = await _first_or_gone(request, channel, work)
+        if first is None:
+            return Response(status_code=499)  # nobody reads it: the count says what happened
         if first[0] == "error":
             return error(first[1], first[2])
         kind = params["format"]
@@ -220,6 +224,15 @@ def make_app(service, job):
         state = service.health()
         return JSONResponse(state, status_code=200 if state["status"] == STATUS_READY else 503)
 
+    @counted("/health/ready")
+    async def ready(request):
+        return await health(request)
+
+    @counted("/health/live")
+    async def live(request):
+        # alive while it serves or drains; a failed service is about to exit for its supervisor to restart
+        return JSONResponse({"status": service.status}, status_code=503 if service.status == STATUS_FAILED else 200)
+
     @counted("/metrics")
     async def metrics_route(request):
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -228,6 +241,8 @@ def make_app(service, job):
         Route("/v1/decode", decode, methods=["POST"]),
         Route("/v1/encode", encode, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
+        Route("/health/ready", ready, methods=["GET"]),
+        Route("/health/live", live, methods=["GET"]),
         Route("/metrics", metrics_route, methods=["GET"]),
     ]
     listing = ", ".join(f"{m} {r.path}" for r in routes for m in sorted(r.methods - {"HEAD"}))
@@ -257,6 +272,37 @@ class _Observe:
         self.histogram.observe(time.perf_counter() - self.started)
 
 
+async def _first_or_gone(request, channel: Channel, work: Request):
+    """The first item of the request's output, or None if its client went away first (the request is
+    then dropped from the queue, or stopped on every rank at its next chunk). At the request's deadline
+    the answer is 504."""
+    loop = asyncio.get_running_loop()
+
+    def expire() -> None:
+        work.cancel("deadline")
+        channel.fail(STOPPED["deadline"][0], STOPPED["deadline"][1])
+
+    timer = loop.call_at(loop.time() + max(0.0, work.deadline - time.monotonic()), expire)
+    first = asyncio.ensure_future(channel.get())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        timer.cancel()
+        gone.cancel()
+    if first.done():
+        return first.result()
+    first.cancel()
+    work.cancel("client")
+    return None
+
+
+async def _disconnected(request) -> None:
+    """Returns when the client closes its connection (its body was read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _rest(first, channel: Channel, work: Request):
     """The response body: the bytes as they come; an error after the first ends the body early (the
     client sees an incomplete response)."""
@@ -270,16 +316,18 @@ async def _rest(first, channel: Channel, work: Request):
         if item[0] == "error":
             raise RuntimeError(f"the request failed after its response began: {item[2]}")
     finally:
-        work.cancelled.set()  # a client gone mid-stream: the dispatcher closes the stream on every rank
+        work.cancel("client")  # a client gone mid-stream: the dispatcher closes the stream on every rank
 
 
 # --- request checks --------------------------------------------------------------------------------
 
 
 def _params(query, op: str, job) -> dict:
-    unknown = sorted(set(query) - {"format", "fps", "mode", "exact", "timestep"})
+    unknown = sorted(set(query) - {"format", "fps", "mode", "exact", "timestep", "timeout"})
     if unknown:
-        raise HTTPError(400, f"unknown query parameter(s) {', '.join(unknown)}: use format, fps, mode, exact, timestep")
+        raise HTTPError(
+            400, f"unknown query parameter(s) {', '.join(unknown)}: use format, fps, mode, exact, timestep, timeout"
+        )
     name = query.get("format", DEFAULT_FORMAT if op == "decode" else "safetensors")
     if op == "encode" and name != "safetensors":
         raise HTTPError(400, f"format={name!r}: an encode answers safetensors only")
@@ -295,6 +343,20 @@ def _params(query, op: str, job) -> dict:
         "exact": _flag(query.get("exact"), bool(job.options.get("exact", False))),
         "timestep": _number(query.get("timestep"), "timestep"),
     }
+
+
+def _timeout(request, job) -> float:
+    """A request's deadline in seconds from its arrival: its X-Request-Timeout header or `timeout` query
+    parameter, at most --max-request-timeout (also the default)."""
+    text = request.headers.get(DEADLINE_HEADER) or request.query_params.get("timeout")
+    if text is None:
+        return job.max_request_timeout
+    value = _number(text, "timeout")
+    if not 0 < value <= job.max_request_timeout:
+        raise HTTPError(
+            400, f"timeout={text!r}: a request's deadline is more than 0 and at most {job.max_request_timeout:g} s"
+        )
+    return value
 
 
 def _bounded_int(text, default: int, name: str, most: int) -> int:
@@ -487,9 +549,10 @@ def run(service, job) -> None:
             # uvicorn's own handlers re-raise the signal after a graceful exit; a drained service
             # exits 0 instead
             def stop(sig, frame):
+                # on_tick ends the server once the request in flight is answered, or cuts it at --drain-timeout
+                self.force_exit = service.draining_since is not None and sig == signal.SIGINT
+                self.should_exit = self.force_exit
                 service.drain()
-                self.force_exit = self.should_exit and sig == signal.SIGINT
-                self.should_exit = True
 
             previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
             try:
@@ -506,6 +569,14 @@ def run(service, job) -> None:
         async def on_tick(self, counter: int) -> bool:
             if service.status == STATUS_FAILED and time.time() - service.failed_at > FAILED_LINGER_S:
                 return True
+            if service.draining_since is not None:
+                left = job.drain_timeout - (time.monotonic() - service.draining_since)
+                if service.idle() or service.drain_cut:
+                    # uvicorn then lets the open responses finish: what is left of the drain, at least GRACEFUL_S
+                    self.config.timeout_graceful_shutdown = max(GRACEFUL_S, left)
+                    return True
+                if left < 0:
+                    service.cut()  # answered 503 now; the ranks stop at the request's next chunk
             return await super().on_tick(counter)
 
     limits = job.limits or Limits()

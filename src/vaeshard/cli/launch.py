@@ -110,15 +110,31 @@ class RankContext:
 class Control:
     """The service's control channel (cli/serve.py): rank 0 sends each request, and the others answer,
     over a gloo group of every rank, whatever the decode's backend (a peer that died ends a wait there
-    at once, on CUDA too). Each call is a collective: every rank makes the same calls in the same order."""
+    at once, on CUDA too). Each call is a collective: every rank makes the same calls in the same order.
+
+    Two more groups of every rank: the heartbeat's (gloo), on which rank 0's monitor and every other
+    rank's answering thread meet every second whatever the control channel is doing, and the decodes'
+    (the run's backend), which `decode_group` replaces after a request broke it."""
 
     def __init__(self, ctx: RankContext, timeout: float) -> None:
         import torch.distributed as dist
 
-        self.ctx = ctx
-        self.group = None
+        self.ctx, self.timeout = ctx, timeout
+        self.group = self.beats = self.decodes = None
         if ctx.backend is not None and ctx.world > 1:
             self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+            self.beats = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+
+    def decode_group(self):
+        """A new process group of every rank for the decodes (every rank calls it at the same point;
+        None without a process group). A group a failed request left unusable is not destroyed: its
+        ranks may still be inside one of its collectives, which its own timeout ends."""
+        if self.group is None:
+            return None
+        import torch.distributed as dist
+
+        self.decodes = dist.new_group(timeout=timedelta(seconds=self.timeout))
+        return self.decodes
 
     def broadcast(self, message=None):
         """Rank 0's `message` on every rank."""
@@ -148,6 +164,33 @@ class Control:
         out = [None] * self.ctx.world if self.ctx.is_main else None
         dist.gather_object(value, out, dst=0, group=self.group)
         return out
+
+    def heartbeat(self, go: bool = True) -> bool:
+        """One heartbeat: returns once every rank answered (rank 0: `go` False tells the others' answering
+        threads to end); whether the heartbeats go on. Raises when a rank left."""
+        if self.beats is None:
+            return go
+        import torch
+        import torch.distributed as dist
+
+        beat = torch.tensor([1 if go else 0], dtype=torch.int32)
+        dist.all_reduce(beat, op=dist.ReduceOp.MIN, group=self.beats)
+        return bool(beat.item())
+
+    def answer_heartbeats(self) -> threading.Thread | None:
+        """A rank other than 0: answer rank 0's heartbeats in a thread of their own until it stops them;
+        the thread (None without a heartbeat group)."""
+
+        def answer():
+            with contextlib.suppress(Exception):  # rank 0 left: the control channel reports it
+                while self.heartbeat():
+                    pass
+
+        if self.beats is None:
+            return None
+        thread = threading.Thread(target=answer, name="vaeshard-heartbeat", daemon=True)
+        thread.start()
+        return thread
 
 
 def torchrun_env() -> bool:

@@ -7,11 +7,16 @@ collective after it is waited on with a bound (gloo: the request's timeout, else
 applied to the operation itself so that nothing stays pending when it expires; NCCL: the group's
 own, enforced by NCCL's watchdog), so a rank that failed or died makes the others raise instead of
 waiting forever. Buffers created here are scoped to the call that made them.
+
+A rank that raises during a request posts why in the store; the others learn it within ABORT_POLL_S
+wherever they wait, and the group is then unusable for vaeshard (docs/reliability.md says how).
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -74,6 +79,84 @@ def _state_of(group) -> _GroupState:
 
 
 _AGREE = "vaeshard/agree"
+_ABORT = "vaeshard/abort"  # why a request failed on this group, posted by the first rank that raised
+_BROKEN = "broken"  # a rank's entry in an agreement when the group is unusable on that rank
+ABORT_POLL_S = 0.5  # a wait longer than this checks the group's abort key this often
+_HANG_UP_TAG = 0x7A57  # a receive that only closes a connection (no rank ever sends with it)
+
+
+def _abort_reason(group) -> str | None:
+    """What a rank posted when a request failed on `group` (None: nothing, or the store is gone)."""
+    try:
+        store = c10d._get_process_group_store(group)
+        return store.get(_ABORT).decode() if store.check([_ABORT]) else None
+    except RuntimeError:
+        return None
+
+
+def post_abort(group, reason: str) -> str:
+    """Post `reason` under the group's abort key, where the ranks' waits look; the reason that stays
+    (the first one posted)."""
+    try:
+        return c10d._get_process_group_store(group).compare_set(_ABORT, "", reason).decode()
+    except RuntimeError:  # the store is gone: the ranks' bounds end their waits
+        return reason
+
+
+def _abort_communicator(group) -> None:
+    """NCCL: end this rank's pending collectives on `group` (ncclCommAbort), so that a host waiting on
+    the GPU stream returns; the group is unusable afterwards. The group's own `abort`, not torch's
+    `_abort_process_group`, which aborts every group for the default one and unregisters them."""
+    with contextlib.suppress(Exception):  # already aborted, or a torch without it: the watchdog ends it
+        group.abort()
+
+
+def _watch(group) -> threading.Event:
+    """NCCL: until the event is set (the request's end), poll the group's abort key; abort the
+    communicator once it is set."""
+    done = threading.Event()
+
+    def run():
+        while not done.wait(ABORT_POLL_S):
+            if _abort_reason(group) is not None:
+                return _abort_communicator(group)
+
+    threading.Thread(target=run, name="vaeshard-abort-watch", daemon=True).start()
+    return done
+
+
+class _Waiter:
+    """A thread that waits on gloo point-to-point works for a request's thread (one per such thread),
+    which meanwhile polls the abort key: gloo closes a pair whose send or receive is waited on with a
+    timeout shorter than the exchange takes, so those waits cannot be cut into slices as a collective's
+    can. A waiter left behind by an aborted request ends after its last wait (bounded by the request's)."""
+
+    _mine = threading.local()
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="vaeshard-p2p-wait", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Waiter:
+        if getattr(cls._mine, "waiter", None) is None:
+            cls._mine.waiter = cls()
+        return cls._mine.waiter
+
+    @classmethod
+    def retire(cls) -> None:
+        cls._mine.waiter.jobs.put(None)
+        cls._mine.waiter = None
+
+    def _run(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            work, timeout, box, done = job
+            try:
+                box.append(work.wait(timeout=timeout))
+            except BaseException as exc:  # handed to the request's thread
+                box.append(exc)
+            done.set()
+            del job, work, box, done
 
 
 @dataclass
@@ -104,44 +187,94 @@ class Comm:
 
     @contextlib.contextmanager
     def bounded(self):
-        """The request's scope on a gloo group: its operations time out after `timeout` in gloo itself
-        (the group's own timeout restored afterwards), so a collective that expires is ended, not left
-        pending in the group, where it would keep the process from exiting."""
+        """The request's scope after its agreement. On gloo its operations time out after `timeout` in
+        gloo itself (the group's own timeout restored afterwards), so a collective that expires is ended,
+        not left pending. On NCCL a watcher aborts the communicator when another rank posts a failure. An
+        exception that leaves it is posted; where another rank's failure came first, it is CommTimeout."""
         backend = _gloo_backend(self.group) if self.device is None and self.world > 1 else None
         own = None if backend is None else backend.options._timeout
         bound = None if self.timeout is None else timedelta(seconds=self.timeout)
-        if own is None or bound is None or bound == own:
-            yield self
-            return
-        backend.set_timeout(bound)
+        retime = own is not None and bound is not None and bound != own
+        watch = _watch(self.group) if self.device is not None and self.world > 1 else None
+        if retime:
+            backend.set_timeout(bound)
         try:
             yield self
+        except BaseException as exc:
+            first = self._abandon(exc)
+            if first is not None and not isinstance(exc, CommTimeout):
+                self._broken(f"a request on rank {self.rank} ended: another rank failed or is gone: {first}", exc)
+            raise
         finally:
-            backend.set_timeout(own)
+            if watch is not None:
+                watch.set()
+            if retime:
+                backend.set_timeout(own)
 
-    def _wait(self, work, what: str) -> None:
+    def _wait(self, work, what: str, p2p: bool = False) -> None:
+        """Wait for `work`, bounded by `timeout` on gloo, checking the group's abort key every
+        ABORT_POLL_S once the wait outlasts that (`p2p`: a send or receive, waited on by a _Waiter)."""
         if work is None:
             return
         if self.timeout is None or self.device is not None:
             # NCCL: a plain wait only orders the current stream after the collective and keeps the
             # GPU queue full; a wait with a timeout would block the CPU on every halo exchange.
-            # NCCL's own watchdog enforces the process group's timeout instead.
+            # NCCL's own watchdog enforces the process group's timeout, and bounded()'s watcher aborts it.
             work.wait()
             return
         started = time.monotonic()
+        deadline = started + self.timeout
         try:
-            ok = work.wait(timeout=timedelta(seconds=self.timeout))
+            done = self._wait_p2p(work, deadline, what) if p2p else self._wait_sliced(work, deadline, what)
+        except CommTimeout:  # another rank posted its failure (_check_abort)
+            raise
         except RuntimeError as exc:  # gloo reports a timeout, and a peer that closed its connection, this way
             self._broken(
                 f"{what} on rank {self.rank} failed after {time.monotonic() - started:.1f} s (limit "
                 f"{self.timeout:g} s): another rank failed or is gone, see its error",
                 exc,
             )
-        if ok is False:
+        if not done:
             self._broken(
                 f"{what} on rank {self.rank} did not complete within {self.timeout:g} s: another rank failed "
                 "or is gone, see its error",
                 None,
+            )
+
+    def _wait_sliced(self, work, deadline: float, what: str) -> bool:
+        """A collective: waited on in slices (a wait that times out leaves a gloo collective pending)."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return work.wait(timeout=timedelta(seconds=max(0.001, min(ABORT_POLL_S, left)))) is not False
+            except RuntimeError:
+                if work.is_completed():
+                    raise  # the collective itself failed
+            if left <= ABORT_POLL_S:
+                return False
+            self._check_abort(what, deadline)
+
+    def _wait_p2p(self, work, deadline: float, what: str) -> bool:
+        waiter, box, done = _Waiter.get(), [], threading.Event()
+        waiter.jobs.put((work, timedelta(seconds=max(0.001, deadline - time.monotonic())), box, done))
+        while not done.wait(ABORT_POLL_S):  # the waiter's wait ends at the deadline: a little more to report
+            if time.monotonic() > deadline + ABORT_POLL_S:
+                _Waiter.retire()
+                return False
+            try:
+                self._check_abort(what, deadline)
+            except CommTimeout:
+                _Waiter.retire()
+                raise
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0] is not False
+
+    def _check_abort(self, what: str, deadline: float) -> None:
+        if self.group is not None and (reason := _abort_reason(self.group)) is not None:
+            waited = f"{self.timeout - (deadline - time.monotonic()):.1f} s"
+            self._broken(
+                f"{what} on rank {self.rank} stopped after {waited}: another rank failed or is gone: {reason}", None
             )
 
     def _broken(self, what: str, exc: BaseException | None):
@@ -153,9 +286,38 @@ class Comm:
         )
         if self.group is not None:
             _state_of(self.group).broken = message
+            self._hang_up()
+            reason = _abort_reason(self.group) if exc is not None else None  # the peer's own, if it posted one
+            message += f"; {reason}" if reason is not None and reason not in what else ""
         if exc is not None:
             message += f" ({exc})"
         raise CommTimeout(message) from exc
+
+    def _abandon(self, exc: BaseException) -> str | None:
+        """This rank leaves a request with `exc`: post why under the group's abort key, so the others stop
+        waiting for it, and take the group out of vaeshard's use here. Returns the reason another rank
+        posted first (None: this rank's came first)."""
+        if self.group is None or self.world == 1:
+            return None
+        text = str(exc).strip().splitlines()
+        mine = f"rank {self.rank} raised {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        first = post_abort(self.group, mine)
+        state = _state_of(self.group)
+        if state.broken is None:
+            state.broken = f"a request failed on this group ({first}): destroy it and start a new one"
+        if self.device is not None:
+            _abort_communicator(self.group)
+        return None if first == mine else first
+
+    def _hang_up(self) -> None:
+        """gloo: close this rank's connections in the group (a receive waited on for less than it takes
+        closes its pair): what is pending on them, here or at a peer, fails at once, and the group can be
+        destroyed with no thread inside. Not on the rank that failed first: its peers would see gloo's error."""
+        for r in range(self.world) if self.device is None and self.group is not None else ():
+            if r != self.rank:
+                with contextlib.suppress(Exception):
+                    work = dist.irecv(torch.empty(1), self._global(r), group=self.group, tag=_HANG_UP_TAG)
+                    work.wait(timeout=timedelta(milliseconds=1))
 
     # -- agreement ------------------------------------------------------------------------------
 
@@ -171,26 +333,22 @@ class Comm:
         if self.world == 1:
             return [list(values)]
         state = _state_of(self.group)
-        if state.broken is not None:
-            raise CommTimeout(
-                f"{op} on rank {self.rank}: an earlier request failed on this process group, which "
-                f"vaeshard can no longer use: {state.broken}"
-            )
         store = c10d._get_process_group_store(self.group)
         number = state.next_request
         state.next_request += 1
         prefix = f"{_AGREE}/{number}"
         keys = [f"{prefix}/{r}" for r in range(self.world)]
+        if state.broken is not None:
+            with contextlib.suppress(RuntimeError):  # the others raise at once instead of at their bound
+                store.set(keys[self.rank], _BROKEN)
+            raise CommTimeout(
+                f"{op} on rank {self.rank}: an earlier request failed on this process group, which "
+                f"vaeshard can no longer use: {state.broken}"
+            )
         started = time.monotonic()
         try:
             store.set(keys[self.rank], ",".join(str(int(v)) for v in values))
-            try:
-                store.wait(keys, timedelta(seconds=timeout))
-                arrived = True
-            except dist.DistNetworkError:
-                raise
-            except RuntimeError:  # the deadline passed (DistStoreError from a TCPStore, RuntimeError from a FileStore)
-                arrived = False
+            arrived, aborted = self._arrivals(store, keys, started + timeout)
             verdict = store.compare_set(f"{prefix}/verdict", "", "go" if arrived else f"gave up:{self.rank}")
             verdict = verdict.decode()
             rows = store.multi_get(keys) if verdict == "go" else None
@@ -200,11 +358,38 @@ class Comm:
                 f"{op} on rank {self.rank}: the process group's store could not be reached ({exc}): the process "
                 "that hosts it (global rank 0, or torchrun's agent) has probably exited; see its error"
             ) from None
+        if rows is None and aborted is not None:
+            state.broken = f"a request failed on this group ({aborted})"
+            raise CommTimeout(f"{op} on rank {self.rank}: another rank failed or is gone: {aborted}")
         if rows is None:
             raise CommTimeout(self._agreement_failed(op, verdict, missing, timeout, time.monotonic() - started, bound))
+        broken = [r for r, row in enumerate(rows) if row == _BROKEN.encode()]
+        if broken:
+            state.broken = f"rank(s) {broken} could no longer use it; {_abort_reason(self.group) or ''}".rstrip("; ")
+            raise CommTimeout(
+                f"{op} on rank {self.rank}: an earlier request failed on rank(s) {broken} of this process group, "
+                f"which vaeshard can no longer use ({state.broken}): destroy it and start a new one"
+            )
         if number:  # every rank posted this request, so every rank is done with the one before it
             self._forget(store, number - 1)
         return [[int(v) for v in row.decode().split(",")] for row in rows]
+
+    def _arrivals(self, store, keys: list[str], deadline: float) -> tuple[bool, str | None]:
+        """(whether every key arrived before `deadline`, the group's abort reason if one was posted while
+        waiting): the store's wait in slices of ABORT_POLL_S, checking the abort key between them."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                store.wait(keys, timedelta(seconds=max(0.001, min(ABORT_POLL_S, left))))
+                return True, None
+            except dist.DistNetworkError:
+                raise
+            except RuntimeError:  # the slice passed (DistStoreError from a TCPStore, RuntimeError from a FileStore)
+                pass
+            if left <= ABORT_POLL_S:
+                return False, None
+            if (reason := _abort_reason(self.group)) is not None:
+                return False, reason
 
     def _agreement_failed(self, op, verdict: str, missing: list[int], timeout: float, waited: float, bound: str) -> str:
         gave_up = int(verdict.rsplit(":", 1)[1])
@@ -339,7 +524,7 @@ class Comm:
             ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank + 1), self.group))
         if ops:
             for work in dist.batch_isend_irecv(ops):
-                self._wait(work, "halo exchange")
+                self._wait(work, "halo exchange", p2p=True)
         back = _inverse(order)
         return tuple(None if received is None else received.permute(back) for received in (from_prev, from_next))
 
@@ -385,7 +570,7 @@ class Comm:
         if not to_all and self.rank != 0:
             if extents[self.rank]:
                 work = dist.isend(mine.contiguous(), self._global(0), group=self.group)
-                self._wait(work, "gather of results")
+                self._wait(work, "gather of results", p2p=True)
             return None
         out = torch.empty(
             _with_extent(mine.shape, dim, sum(extents)), dtype=x.dtype, device=x.device, memory_format=_memory_format(x)
@@ -409,7 +594,7 @@ class Comm:
                 work = dist.broadcast(part, self._global(r), group=self.group, async_op=True)
             else:
                 work = dist.irecv(part, self._global(r), group=self.group)
-            self._wait(work, "gather of results")
+            self._wait(work, "gather of results", p2p=not to_all)
             target.copy_(part)
             del part  # the next slice may reuse its memory
         return out
@@ -497,7 +682,7 @@ def _own_timeout(group) -> float | None:
     return None if own is None else own.total_seconds()
 
 
-__all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized"]
+__all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized", "post_abort"]
 
 
 def all_reduce_sum(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
