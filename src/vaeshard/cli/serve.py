@@ -567,7 +567,9 @@ def command(args) -> int:
 
     missing = [m for m in ("starlette", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
     if missing:
-        raise io.InputError(f"vaeshard serve needs {', '.join(missing)}: pip install 'vaeshard[serve]'")
+        raise io.InputError(
+            f"vaeshard serve needs {', '.join(missing)}: in vaeshard's checkout, pip install -e '.[serve]'"
+        )
     from . import httplimits
 
     api_key = httplimits.api_key(args)  # first: a refused key stops the command before anything loads
