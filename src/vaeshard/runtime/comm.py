@@ -18,6 +18,7 @@ import contextlib
 import queue
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -69,6 +70,7 @@ class _GroupState:
 
     next_request: int = 0
     broken: str | None = None
+    current: int = -1  # the number of the request this process is in (or was last in)
 
 
 _groups: dict[str, _GroupState] = {}
@@ -79,26 +81,39 @@ def _state_of(group) -> _GroupState:
 
 
 _AGREE = "vaeshard/agree"
-_ABORT = "vaeshard/abort"  # why a request failed on this group, posted by the first rank that raised
+# why a request failed on this group: under _ABORT/<request number>, posted by the first rank that raised
+# in that request (the request ends; the group is still usable where every rank stopped at the same
+# point); under _ABORT itself, posted by `abort` (the group is no longer used)
+_ABORT = "vaeshard/abort"
 _BROKEN = "broken"  # a rank's entry in an agreement when the group is unusable on that rank
 ABORT_POLL_S = 0.5  # a wait longer than this checks the group's abort key this often
 _HANG_UP_TAG = 0x7A57  # a receive that only closes a connection (no rank ever sends with it)
 
 
+def _abort_keys(group) -> list[str]:
+    return [_ABORT, f"{_ABORT}/{_state_of(group).current}"]
+
+
 def _abort_reason(group) -> str | None:
-    """What a rank posted when a request failed on `group` (None: nothing, or the store is gone)."""
+    """What was posted when the group was aborted, or when the current request failed on `group`
+    (None: nothing, or the store is gone)."""
     try:
         store = c10d._get_process_group_store(group)
-        return store.get(_ABORT).decode() if store.check([_ABORT]) else None
+        for key in _abort_keys(group):
+            if store.check([key]):
+                return store.get(key).decode()
+        return None
     except RuntimeError:
         return None
 
 
-def post_abort(group, reason: str) -> str:
-    """Post `reason` under the group's abort key, where the ranks' waits look; the reason that stays
+def post_abort(group, reason: str, request: bool = False) -> str:
+    """Post `reason` where the ranks' waits look: under the group's abort key (the group is no longer
+    used), or with `request`, under the current request's (that request ends); the reason that stays
     (the first one posted)."""
+    key = _abort_keys(group)[1] if request else _ABORT
     try:
-        return c10d._get_process_group_store(group).compare_set(_ABORT, "", reason).decode()
+        return c10d._get_process_group_store(group).compare_set(key, "", reason).decode()
     except RuntimeError:  # the store is gone: the ranks' bounds end their waits
         return reason
 
@@ -118,11 +133,19 @@ def _watch(group) -> threading.Event:
 
     def run():
         while not done.wait(ABORT_POLL_S):
-            if _abort_reason(group) is not None:
+            if (reason := _abort_reason(group)) is not None:
+                _state_of(group).broken = f"a request failed on this group ({reason}): destroy it and start a new one"
                 return _abort_communicator(group)
 
     threading.Thread(target=run, name="vaeshard-abort-watch", daemon=True).start()
     return done
+
+
+def _from_communication(exc: BaseException) -> bool:
+    """Whether `exc` was raised inside torch.distributed (a peer that hung up), not by this rank's own
+    code: only then does a peer's earlier failure explain it."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any("torch/distributed" in frame.filename.replace("\\", "/") for frame in frames)
 
 
 class _Waiter:
@@ -202,7 +225,7 @@ class Comm:
             yield self
         except BaseException as exc:
             first = self._abandon(exc)
-            if first is not None and not isinstance(exc, CommTimeout):
+            if first is not None and not isinstance(exc, CommTimeout) and _from_communication(exc):
                 self._broken(f"a request on rank {self.rank} ended: another rank failed or is gone: {first}", exc)
             raise
         finally:
@@ -301,12 +324,15 @@ class Comm:
             return None
         text = str(exc).strip().splitlines()
         mine = f"rank {self.rank} raised {type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-        first = post_abort(self.group, mine)
-        state = _state_of(self.group)
-        if state.broken is None:
-            state.broken = f"a request failed on this group ({first}): destroy it and start a new one"
-        if self.device is not None:
+        first = post_abort(self.group, mine, request=True)
+        if self.device is not None:  # NCCL: what this rank queued may wait on its peers' aborted communicators
+            state = _state_of(self.group)
+            if state.broken is None:
+                state.broken = f"a request failed on this group ({first}): destroy it and start a new one"
             _abort_communicator(self.group)
+        # gloo: the group stays usable where every rank stopped at the same point; a rank that was
+        # waiting for this one is cut short by the posted reason and takes the group out of use itself
+        # (`_broken`), which the next request's agreement tells every rank
         return None if first == mine else first
 
     def _hang_up(self) -> None:
@@ -336,6 +362,7 @@ class Comm:
         store = c10d._get_process_group_store(self.group)
         number = state.next_request
         state.next_request += 1
+        state.current = number
         prefix = f"{_AGREE}/{number}"
         keys = [f"{prefix}/{r}" for r in range(self.world)]
         if state.broken is not None:
@@ -417,6 +444,7 @@ class Comm:
             store.delete_key(f"{prefix}/{self.rank}")
             if self.rank == 0:
                 store.delete_key(f"{prefix}/verdict")
+                store.delete_key(f"{_ABORT}/{number}")
 
     def _global(self, group_rank_: int) -> int:
         if self.group is None or self.group is dist.group.WORLD:
