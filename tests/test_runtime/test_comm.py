@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from vaeshard.runtime import comm
+from vaeshard.runtime import comm, layout
 from vaeshard.runtime.spatial import split_extents
 
 
@@ -62,8 +62,8 @@ def test_a_gloo_wait_that_ends_in_time_takes_one_call():
 
 def test_halo_rows_keep_the_channels_last_layout():
     x = torch.randn(1, 8, 2, 5, 6).contiguous(memory_format=torch.channels_last_3d)
-    assert comm._memory_format(x) is torch.channels_last_3d
-    assert comm._memory_format(x.contiguous()) is torch.contiguous_format
+    assert layout.memory_format(x) is torch.channels_last_3d
+    assert layout.memory_format(x.contiguous()) is torch.contiguous_format
     c = comm.Comm(group=None, rank=0, world=1)
     padded = c.halo_pad(x, 3, 1, 1, num_ranks=1)  # one rank: both edges are global, zeros
     assert padded.shape == (1, 8, 2, 7, 6)
@@ -172,14 +172,14 @@ def test_halo_rows_travel_in_the_buffers_order_of_dimensions():
     # them is a plain copy; other buffers as they are; the receiver's view back is the same layout
     cl5 = torch.empty(1, 8, 3, 6, 5, memory_format=torch.channels_last_3d)
     cl4 = torch.empty(2, 8, 6, 5, memory_format=torch.channels_last)
-    assert comm._exchange_order(cl5) == (0, 2, 3, 4, 1)
-    assert comm._exchange_order(cl5[:, :, 1:]) == (0, 2, 3, 4, 1)  # a view of the buffer's later frames
-    assert comm._exchange_order(cl4) == (0, 2, 3, 1)
-    assert comm._exchange_order(torch.empty(1, 8, 3, 6, 5)) == (0, 1, 2, 3, 4)
-    assert comm._exchange_order(torch.empty(1, 1, 3, 6, 5, memory_format=torch.channels_last_3d)) == (0, 1, 2, 3, 4)
+    assert layout.exchange_order(cl5) == (0, 2, 3, 4, 1)
+    assert layout.exchange_order(cl5[:, :, 1:]) == (0, 2, 3, 4, 1)  # a view of the buffer's later frames
+    assert layout.exchange_order(cl4) == (0, 2, 3, 1)
+    assert layout.exchange_order(torch.empty(1, 8, 3, 6, 5)) == (0, 1, 2, 3, 4)
+    assert layout.exchange_order(torch.empty(1, 1, 3, 6, 5, memory_format=torch.channels_last_3d)) == (0, 1, 2, 3, 4)
     rows = torch.randn(1, 8, 3, 6, 5).contiguous(memory_format=torch.channels_last_3d).narrow(3, 4, 2)
-    order = comm._exchange_order(rows)
+    order = layout.exchange_order(rows)
     wire = rows.permute(order).contiguous()
-    assert wire.is_contiguous() and list(wire.shape) == comm._permuted(rows.shape, order)
-    back = wire.permute(comm._inverse(order))
+    assert wire.is_contiguous() and list(wire.shape) == layout.permuted(rows.shape, order)
+    back = wire.permute(layout.inverse(order))
     assert torch.equal(back, rows) and back.is_contiguous(memory_format=torch.channels_last_3d)

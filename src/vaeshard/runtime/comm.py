@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from .layout import exchange_order, inverse, memory_format, permuted, with_extent, zeros_like_rows
+
 
 class CommTimeout(RuntimeError):
     """A rank of the group did not take part in time: the request agreement timed out (a rank never
@@ -492,10 +494,10 @@ class Comm:
         if before == 0 and after == 0:
             return x
         out = torch.empty(
-            _with_extent(x.shape, dim, x.shape[dim] + before + after),
+            with_extent(x.shape, dim, x.shape[dim] + before + after),
             dtype=x.dtype,
             device=x.device,
-            memory_format=_memory_format(x),
+            memory_format=memory_format(x),
         )
         out.narrow(dim, before, x.shape[dim]).copy_(x)
         return self.fill_halo(out, dim, before, after, num_ranks)
@@ -535,14 +537,14 @@ class Comm:
         # tier's buffers), as plain contiguous tensors of the permuted shape (what every backend
         # sends): packing and unpacking them copies whole runs of channels, where the default order
         # would transpose them on the way out and back.
-        order = _exchange_order(x)
+        order = exchange_order(x)
         ops = []
         from_prev = from_next = None
         if has_prev and before > 0:
-            from_prev = x.new_empty(_permuted(_with_extent(x.shape, dim, before), order))
+            from_prev = x.new_empty(permuted(with_extent(x.shape, dim, before), order))
             ops.append(dist.P2POp(dist.irecv, from_prev, self._global(self.rank - 1), self.group))
         if has_next and after > 0:
-            from_next = x.new_empty(_permuted(_with_extent(x.shape, dim, after), order))
+            from_next = x.new_empty(permuted(with_extent(x.shape, dim, after), order))
             ops.append(dist.P2POp(dist.irecv, from_next, self._global(self.rank + 1), self.group))
         if has_prev and after > 0:
             rows = x.narrow(dim, 0, after).permute(order).contiguous()
@@ -553,7 +555,7 @@ class Comm:
         if ops:
             for work in dist.batch_isend_irecv(ops):
                 self._wait(work, "halo exchange", p2p=True)
-        back = _inverse(order)
+        back = inverse(order)
         return tuple(None if received is None else received.permute(back) for received in (from_prev, from_next))
 
     # -- gathers --------------------------------------------------------------------------------
@@ -601,7 +603,7 @@ class Comm:
                 self._wait(work, "gather of results", p2p=True)
             return None
         out = torch.empty(
-            _with_extent(mine.shape, dim, sum(extents)), dtype=x.dtype, device=x.device, memory_format=_memory_format(x)
+            with_extent(mine.shape, dim, sum(extents)), dtype=x.dtype, device=x.device, memory_format=memory_format(x)
         )
         offset = 0
         for r, extent in enumerate(extents):
@@ -617,7 +619,7 @@ class Comm:
                     )
                 target.copy_(mine)
                 continue
-            part = torch.empty(_with_extent(mine.shape, dim, extent), dtype=x.dtype, device=x.device)
+            part = torch.empty(with_extent(mine.shape, dim, extent), dtype=x.dtype, device=x.device)
             if to_all:
                 work = dist.broadcast(part, self._global(r), group=self.group, async_op=True)
             else:
@@ -635,7 +637,7 @@ class Comm:
         mine = x.narrow(dim, 0, min(x.shape[dim], extents[self.rank])) if x.shape[dim] else x
         pad = longest - mine.shape[dim]
         if pad:
-            mine = torch.cat([mine, _zeros_like_rows(mine, dim, pad)], dim=dim)
+            mine = torch.cat([mine, zeros_like_rows(mine, dim, pad)], dim=dim)
         mine = mine.contiguous()
         bufs = [torch.empty_like(mine) for _ in range(self.world)]
         self._wait(dist.all_gather(bufs, mine, group=self.group, async_op=True), "all-gather")
@@ -656,42 +658,6 @@ class Comm:
 
 
 _SHARED_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
-
-
-def _with_extent(shape: torch.Size, dim: int, extent: int) -> list[int]:
-    shape = list(shape)
-    shape[dim] = extent
-    return shape
-
-
-def _memory_format(x: torch.Tensor):
-    if x.ndim == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    if x.ndim == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    return torch.contiguous_format
-
-
-def _exchange_order(buf: torch.Tensor) -> tuple[int, ...]:
-    """The order of dimensions halo rows of `buf` travel in: channels last where `buf` holds them
-    innermost (4-D or 5-D, more than one channel), else as they are. It depends only on how the
-    buffer was laid out, which every rank of an exchange does alike, so sender and receiver agree on
-    the rows' shape and byte order."""
-    if buf.ndim in (4, 5) and buf.shape[1] > 1 and buf.stride(1) == 1:
-        return (0, *range(2, buf.ndim), 1)
-    return tuple(range(buf.ndim))
-
-
-def _permuted(shape, order) -> list[int]:
-    return [shape[i] for i in order]
-
-
-def _inverse(order) -> tuple[int, ...]:
-    return tuple(sorted(range(len(order)), key=order.__getitem__))
-
-
-def _zeros_like_rows(x: torch.Tensor, dim: int, rows: int) -> torch.Tensor:
-    return x.new_zeros(_with_extent(x.shape, dim, rows))
 
 
 def _gloo_backend(group):
