@@ -51,6 +51,7 @@ from vaeshard.kernels import phases as upsample
 from vaeshard.layers import tier
 from vaeshard.layers.tier import FastPlan
 from vaeshard.runtime import comm as comm_mod
+from vaeshard.runtime import layout
 from vaeshard.runtime import spatial as shard
 
 _CONVOLUTIONS = {torch.ops.aten.convolution.default}
@@ -123,7 +124,7 @@ class StandInComm(comm_mod.Comm):
     """`Comm`'s allocations for one rank of a sharded request, without communication."""
 
     def neighbour_rows(self, x, dim, before, after, num_ranks):
-        order, extent = comm_mod._exchange_order(x), x.shape[dim]
+        order, extent = layout.exchange_order(x), x.shape[dim]
         sends, received = [], []
         for rows, neighbour, sent, at in (
             (before, self.rank > 0, after, 0),
@@ -131,17 +132,17 @@ class StandInComm(comm_mod.Comm):
         ):
             if neighbour and sent:  # the send copy of this rank's rows
                 sends.append(x.narrow(dim, at, sent).permute(order).contiguous())
-            shape = comm_mod._permuted(comm_mod._with_extent(x.shape, dim, rows), order)
-            received.append(x.new_empty(shape).permute(comm_mod._inverse(order)) if neighbour and rows else None)
+            shape = layout.permuted(layout.with_extent(x.shape, dim, rows), order)
+            received.append(x.new_empty(shape).permute(layout.inverse(order)) if neighbour and rows else None)
         return tuple(received)
 
     def all_gather_along(self, x, dim, extents):
-        parts = [x.new_empty(comm_mod._with_extent(x.shape, dim, max(extents))) for _ in extents]
+        parts = [x.new_empty(layout.with_extent(x.shape, dim, max(extents))) for _ in extents]
         return torch.cat([p.narrow(dim, 0, e) for p, e in zip(parts, extents)], dim=dim)
 
     def assemble_along(self, x, dim, extents, to_all):
-        out = torch.empty(comm_mod._with_extent(x.shape, dim, sum(extents)), dtype=x.dtype, device=x.device)
-        part = torch.empty(comm_mod._with_extent(x.shape, dim, max(extents)), dtype=x.dtype, device=x.device)
+        out = torch.empty(layout.with_extent(x.shape, dim, sum(extents)), dtype=x.dtype, device=x.device)
+        part = torch.empty(layout.with_extent(x.shape, dim, max(extents)), dtype=x.dtype, device=x.device)
         out.narrow(dim, 0, part.shape[dim]).copy_(part)
         return out
 

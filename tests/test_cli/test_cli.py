@@ -679,6 +679,7 @@ def _rank_fails_while_peer_waits(ctx):
 
 
 def _rank_dies(ctx):
+    ctx.barrier()  # the group is whole: rank 1 then only sleeps, and rank 0's exit is the one failure
     if ctx.rank == 0:
         os._exit(3)
     time.sleep(600)
