@@ -194,21 +194,11 @@ def untiled_decode(vae, z):
 
 
 def direct_decode(vae, z):
-    """One rank's whole decode: the fast tier's frame loop where it gives what the VAE's own `decode`
-    would (its tiling does not tile this latent, no accelerate hook wraps `decode`), else that `decode`.
-    (A sliced batch arrives one sample at a time: vaeshard splits it.)"""
-    if fast.enabled() and not _own_decode_runs(vae, z):
-        return untiled_decode(vae, z)
-    return type(vae).decode(vae, z, return_dict=False)[0]
+    return frame_loop.direct_decode(vae, z, untiled_decode, _own_decode_runs)
 
 
 def stream_decode(vae, z, whole: bool):
-    """The frame loop's chunks (Family.stream_decode); None in the exact tier (diffusers decodes the
-    clip at once) or where a direct request runs the VAE's own decode (its tiling, a hook)."""
-    if not fast.enabled() or (whole and _own_decode_runs(vae, z)):
-        return None
-    check_one_shot(vae)
-    return frame_loop.stream(LOOP, vae, z)
+    return frame_loop.stream_decode(LOOP, vae, z, whole, _own_decode_runs, check=check_one_shot)
 
 
 def _own_decode_runs(vae, z) -> bool:

@@ -157,3 +157,24 @@ def stream(loop: FrameLoop, vae, z: torch.Tensor):
     """(number of chunks, an iterator of them): Family.stream_decode's answer for the frame loop."""
     steps = per_step()
     return num_steps(z.shape[2], steps), run(loop, vae, z, steps, whole=False)
+
+
+def direct_decode(vae, z: torch.Tensor, untiled_decode: Callable, own_decode_runs: Callable) -> torch.Tensor:
+    """One rank's whole decode (Family.direct_decode) for a family with a frame loop: the loop
+    (`untiled_decode`) where it gives what the VAE's own `decode` would (`own_decode_runs(vae, z)` is
+    False: its tiling does not tile this latent, no accelerate hook wraps `decode`), else that `decode`.
+    (A sliced batch arrives one sample at a time: vaeshard splits it.)"""
+    if tier.enabled() and not own_decode_runs(vae, z):
+        return untiled_decode(vae, z)
+    return type(vae).decode(vae, z, return_dict=False)[0]
+
+
+def stream_decode(loop: FrameLoop, vae, z: torch.Tensor, whole: bool, own_decode_runs: Callable, check=None):
+    """The loop's chunks (Family.stream_decode); None in the exact tier (diffusers decodes the clip at
+    once) or where a direct request runs the VAE's own decode (its tiling, a hook). `check(vae)` runs
+    first where the loop streams."""
+    if not tier.enabled() or (whole and own_decode_runs(vae, z)):
+        return None
+    if check is not None:
+        check(vae)
+    return stream(loop, vae, z)
