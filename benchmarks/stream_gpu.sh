@@ -6,7 +6,7 @@
 # PARTS: any of stream,e2e,cudnn (default all three, in that order). E2E_TIMEOUT: seconds per e2e subject.
 # 1. benchmarks/stream_gpu.py: stream_decode's chunks == vae.decode bit for bit (fast tier with CUDA
 #    graphs at a small size, and at 480p; the exact tier), the CLI writer's CUDA path == the CPU's.
-# 2. `vaeshard bench --e2e` per subject ("config=B,C,T,H,W@reps;..."): cold `vaeshard decode` to MP4,
+# 2. benchmarks/e2e.py per subject ("config=B,C,T,H,W@reps;..."): cold `vaeshard decode` to MP4,
 #    the plain diffusers route and warm requests, each route in fresh processes (e2e-N.json). The first
 #    vaeshard rep of the call is the machine's first (empty kernel cache); later reps find it on disk.
 # 3. the steady decode with cuDNN's benchmark mode on and off (bench-cudnn-*.json).
@@ -33,7 +33,7 @@ for item in "${subjects[@]}"; do
   [ -z "$item" ] && continue
   [[ $PARTS == *e2e* ]] || break
   n=$((n + 1)); config=${item%%=*}; rest=${item#*=}; shape=${rest%@*}; reps=${rest#*@}
-  timeout "$E2E_TIMEOUT" python3 -m vaeshard bench --e2e --config "$config" --shape "$shape" --reps "$reps" \
+  timeout "$E2E_TIMEOUT" python3 benchmarks/e2e.py --config "$config" --shape "$shape" --reps "$reps" \
     --out-dir "/tmp/e2e-$n" --json "$OUT/e2e-$n.json" >"$OUT/e2e-$n.log" 2>&1 \
     || echo "e2e $item failed" >>"$OUT/notes.txt"
   rm -rf "/tmp/e2e-$n"

@@ -269,3 +269,46 @@ def test_a_cpu_run_of_tiny_configs(parity, tmp_path):
             earlier = next(e for e in rows if e["dtype"] == r["dtype"] and e["mode"] == r["same_plan_as"])
             for k in ("max_diff", "fp32_mean", "ok"):
                 assert r[k] == earlier[k], (r, earlier)
+
+
+# --- e2e: a fresh process to the closed file ------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_e2e_times_each_route_from_a_fresh_process_to_the_closed_file(tmp_path):
+    import av
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from ..models import build, latent
+
+    build("wan21").save_pretrained(tmp_path / "wan21")
+    save_file({"latents": latent((1, 4, 3, 6, 8))}, tmp_path / "z.safetensors")  # 9 frames of 48 x 64
+    report, folder = tmp_path / "e2e.json", tmp_path / "runs"
+    code = _load("e2e.py").main(
+        [
+            "--model", str(tmp_path / "wan21"), "--latents", str(tmp_path / "z.safetensors"),
+            "--device", "cpu", "--reps", "1", "--out-dir", str(folder), "--json", str(report),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(report.read_text())
+    pictures = {}
+    for route in ("vaeshard", "diffusers"):
+        (row,) = data["rows"][route]
+        phases = row["load_s"] + row["decode_s"] + row["encode_s"]
+        assert all(row[k] > 0 for k in ("load_s", "decode_s", "encode_s")), row
+        assert phases == pytest.approx(row["to_file_s"]) and row["to_file_s"] < row["wall_s"], row
+        with av.open(str(folder / f"{route}.mp4")) as container:
+            pictures[route] = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(pictures[route]) == 9 and pictures[route][0].shape == (48, 64, 3), route
+    # the two routes wrote the same video (each lossy in its own encoder)
+    error = np.abs(pictures["vaeshard"][4].astype(float) - pictures["diffusers"][4].astype(float)).mean()
+    assert error < 12, error
+    warm = data["warm"]["median_s"]
+    assert set(warm) == {"decode", "decode_then_encode", "streamed"} and min(warm.values()) > 0
+    ratios = data["ratios"]
+    assert ratios["diffusers_over_vaeshard_cold"] == pytest.approx(
+        data["median"]["diffusers"]["to_file_s"] / data["median"]["vaeshard"]["to_file_s"]
+    )
+    assert data["environment"]["device"] == "cpu"

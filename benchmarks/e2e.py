@@ -1,4 +1,8 @@
-"""`vaeshard bench --e2e`: the time a user waits, from a fresh process to the closed video file.
+"""The time a user waits, from a fresh process to the closed video file (BENCHMARKS.md, "Streamed
+decode and the first request").
+
+    python3 benchmarks/e2e.py --config wan21 --shape 1,16,21,90,160 --reps 2 --json e2e.json
+    python3 benchmarks/e2e.py --model DIR --latents FILE --device cpu --reps 1   # a saved model and latent
 
 Three routes over the same local model folder and latent file, each in fresh processes, interleaved
 rep by rep:
@@ -11,7 +15,7 @@ rep by rep:
   one's peak memory.
 A route's time is from its launch to its closed file (`to_file_s`, what the targets count); the
 process's exit after it is shown apart.
-`python -m vaeshard.cli.e2e diffusers|warm ...` are the children; `run_e2e` the parent.
+`python3 benchmarks/e2e.py diffusers|warm ...` are the children; `run_e2e` the parent.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +42,7 @@ def prepare(model, shape, folder: Path, dtype: str) -> tuple[str, str]:
     import torch
     from safetensors.torch import save_file
 
-    from .bench import make_latent, torch_dtype
+    from vaeshard.cli.bench import make_latent, torch_dtype
 
     model_dir, latents = folder / "model", folder / "latents.safetensors"
     model.load(dtype=torch_dtype(dtype)).save_pretrained(model_dir)
@@ -49,18 +54,18 @@ def run_e2e(
     model_dir: str, latents: str, folder: Path, *, dtype: str, fps: int, reps: int, nproc: int, device: str, log
 ) -> dict:
     """Every route `reps` times (cold ones interleaved, each a fresh process), then the warm child."""
-    exe = [sys.executable]
+    exe = [sys.executable, str(Path(__file__).resolve())]
     rows: dict[str, list[dict]] = {"vaeshard": [], "diffusers": []}
     for rep in range(reps):
         for route in ("vaeshard", "diffusers"):
             out = folder / f"{route}.mp4"
             stamps = folder / f"{route}-{rep}.json"
             if route == "vaeshard":
-                cmd = [*exe, "-m", "vaeshard", "decode", latents, "--model", model_dir, "--out", str(out)]
+                cmd = [sys.executable, "-m", "vaeshard", "decode", latents, "--model", model_dir, "--out", str(out)]
                 cmd += ["--fps", str(fps), "--dtype", dtype, "--device", device, "--quiet", "--timings", str(stamps)]
                 cmd += ["--nproc", str(nproc)] if nproc > 1 else []
             else:
-                cmd = [*exe, "-m", "vaeshard.cli.e2e", "diffusers", latents, "--model", model_dir]
+                cmd = [*exe, "diffusers", latents, "--model", model_dir]
                 cmd += ["--out", str(out), "--fps", str(fps), "--dtype", dtype, "--device", device]
                 cmd += ["--timings", str(stamps)]
             row = _timed(cmd, stamps)
@@ -68,7 +73,7 @@ def run_e2e(
             rows[route].append(row)
             log(f"e2e {route} rep {rep + 1}/{reps}: {row['wall_s']:.2f} s")
     warm_json = folder / "warm.json"
-    cmd = [*exe, "-m", "vaeshard.cli.e2e", "warm", latents, "--model", model_dir, "--out", str(folder / "warm.mp4")]
+    cmd = [*exe, "warm", latents, "--model", model_dir, "--out", str(folder / "warm.mp4")]
     cmd += ["--fps", str(fps), "--dtype", dtype, "--device", device, "--reps", str(reps), "--timings", str(warm_json)]
     _check_run(cmd)
     warm = json.loads(warm_json.read_text())
@@ -140,30 +145,30 @@ def table(result: dict) -> str:
 
 
 def command(args) -> int:
-    """`vaeshard bench --e2e`: check the arguments, prepare the model folder and latent where a named
-    config is given, run the routes, print the table (and write the JSON)."""
-    import tempfile
+    """Check the arguments, prepare the model folder and latent where a named config is given, run
+    the routes, print the table (and write the JSON)."""
+    import torch
 
-    from . import _bench_log, _pick_device, io
-    from .io import InputError
+    from vaeshard.cli import io
+    from vaeshard.cli.bench import environment
 
-    if args.nproc is not None and len(args.nproc) != 1:
-        raise InputError("--e2e measures one rank count: give one --nproc")
     if args.config is not None:
         if args.shape is None or args.latents is not None:
-            raise InputError("--e2e with --config needs --shape B,C,T,H,W (its latent is made and saved), no --latents")
+            raise SystemExit("--config needs --shape B,C,T,H,W (its latent is made and saved), no --latents")
         model = io.named_model(args.config)
     elif args.model is not None:
         if args.latents is None or args.shape is not None:
-            raise InputError("--e2e with --model needs --latents FILE (and no --shape): the routes load both from disk")
+            raise SystemExit("--model needs --latents FILE (and no --shape): the routes load both from disk")
         model = io.resolve_model(args.model, args.subfolder, offline=True)
         if model.path is None or not Path(model.path).is_dir():
-            raise InputError("--e2e loads the model from a local folder: give --model a folder")
+            raise SystemExit("the routes load the model from a local folder: give --model a folder")
     else:
-        raise InputError("--e2e needs --config NAME --shape B,C,T,H,W, or --model DIR --latents FILE")
+        raise SystemExit("say what to decode: --config NAME --shape B,C,T,H,W, or --model DIR --latents FILE")
     if model.latent_ndim() != 5:
-        raise InputError("--e2e writes an MP4: it needs a video VAE")
-    device = _pick_device(args.device, 1)
+        raise SystemExit("the routes write an MP4: they need a video VAE")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and torch.cuda.device_count() < args.nproc:
+        raise SystemExit(f"--nproc {args.nproc} needs {args.nproc} GPUs; {torch.cuda.device_count()} visible")
     folder = Path(args.out_dir or tempfile.mkdtemp(prefix="vaeshard-e2e-"))
     folder.mkdir(parents=True, exist_ok=True)
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
@@ -173,7 +178,6 @@ def command(args) -> int:
     else:
         model_dir, latents = model.path, args.latents
         io.check_latents(io.load_latents(latents), model, source=f"latents in {latents!r}")
-    nproc = args.nproc[0] if args.nproc else 1
     result = run_e2e(
         model_dir,
         latents,
@@ -181,14 +185,12 @@ def command(args) -> int:
         dtype=dtype,
         fps=args.fps,
         reps=args.reps,
-        nproc=nproc,
+        nproc=args.nproc,
         device=device,
-        log=_bench_log,
+        log=lambda line: print(f"[e2e] {line}", file=sys.stderr, flush=True),
     )
     print(table(result), flush=True)
     if args.json:
-        from .bench import environment
-
         Path(args.json).write_text(json.dumps({"environment": environment(device), **result}, indent=1))
         print(f"wrote {args.json}")
     return 0
@@ -205,7 +207,7 @@ def _diffusers_route(args) -> None:
     from diffusers.video_processor import VideoProcessor
     from safetensors.torch import load_file
 
-    from .bench import torch_dtype
+    from vaeshard.cli.bench import torch_dtype
 
     config = json.loads((Path(args.model) / "config.json").read_text())
     dtype = torch_dtype(args.dtype)
@@ -237,10 +239,9 @@ def _warm_route(args) -> None:
     import torch
 
     import vaeshard
-
-    from . import io
-    from .bench import torch_dtype
-    from .writer import ChunkWriter, write_stream
+    from vaeshard.cli import io
+    from vaeshard.cli.bench import torch_dtype
+    from vaeshard.cli.writer import ChunkWriter, write_stream
 
     model = io.resolve_model(args.model, None, offline=True)
     vae = model.load(dtype=torch_dtype(args.dtype), device=args.device)
@@ -285,20 +286,46 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m vaeshard.cli.e2e")
-    parser.add_argument("route", choices=("diffusers", "warm"))
-    parser.add_argument("latents")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--fps", type=int, default=16)
-    parser.add_argument("--dtype", default="bf16")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--timings", required=True)
-    args = parser.parse_args(argv)
-    (_diffusers_route if args.route == "diffusers" else _warm_route)(args)
+def _shape(text: str) -> list[int]:
+    return [int(s) for s in text.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["diffusers"], ["warm"]):  # a child the parent started
+        child = argparse.ArgumentParser(prog="e2e.py diffusers|warm")
+        child.add_argument("route", choices=("diffusers", "warm"))
+        child.add_argument("latents")
+        child.add_argument("--model", required=True)
+        child.add_argument("--out", required=True)
+        child.add_argument("--fps", type=int, default=16)
+        child.add_argument("--dtype", default="bf16")
+        child.add_argument("--device", default="cuda")
+        child.add_argument("--reps", type=int, default=3)
+        child.add_argument("--timings", required=True)
+        args = child.parse_args(argv)
+        (_diffusers_route if args.route == "diffusers" else _warm_route)(args)
+        return 0
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--config", default=None, help="a named real config (vaeshard.cli.io), random weights")
+    what.add_argument("--model", default=None, metavar="DIR", help="a local diffusers folder")
+    parser.add_argument("--subfolder", default=None, help="subfolder of DIR holding the VAE")
+    parser.add_argument("--shape", type=_shape, default=None, metavar="B,C,T,H,W", help="with --config")
+    parser.add_argument("--latents", default=None, metavar="FILE", help="with --model: the latent file to decode")
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="default: bf16 on cuda")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda when available")
+    parser.add_argument("--nproc", type=int, default=1, help="ranks of the cold `vaeshard decode` route")
+    parser.add_argument("--reps", type=int, default=3, help="runs of each route (default 3)")
+    parser.add_argument("--fps", type=int, default=16, help="frame rate of the MP4s (default 16)")
+    parser.add_argument(
+        "--out-dir", default=None, metavar="DIR", help="where the runs write (default: a temporary folder)"
+    )
+    parser.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment")
+    return command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
