@@ -1,6 +1,7 @@
-"""The benchmark scripts: each one imports and shows its --help against the current library, and
+"""The benchmark tools (benchmarks/README.md): every entry point and each of its commands shows its
+--help against the current library, those that run without a GPU run at a tiny size on CPU, and
 benchmarks/gpu_parity.py judges the exactness contract's bf16 rule as BENCHMARKS.md states it (on
-synthetic figures, and in a CPU run of tiny configs). The scripts' GPU measurements run elsewhere."""
+synthetic figures, and in a CPU run of tiny configs). The GPU measurements run elsewhere."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
 SHELL_SCRIPTS = sorted(p.name for p in BENCH.glob("*.sh"))
 OPTIONAL = ("triton", "matplotlib")  # packages some scripts need that a minimal install may lack
 
+# Every entry point and its commands ("" the default, or a script without commands); the README lists them
+ENTRY_POINTS = {
+    "compile_engine.py": [""],
+    "conv_kernel.py": [""],
+    "e2e.py": ["", "first-request"],
+    "gpu_parity.py": ["", "stream"],
+    "interleaved_ab.py": ["", "bits"],
+    "kernel_costs.py": ["", "norm", "sass", "launch"],
+    "memory_model.py": [""],
+    "profile_decode.py": ["", "video", "host"],
+    "ranks.py": ["", "share", "faults", "kept-graphs", "halo", "agreement"],
+    "serve_gpu.py": [""],
+}
+
 
 def _load(name: str):
     """A benchmark script as a module, by path (its main is not run)."""
@@ -33,32 +48,27 @@ def parity():
     return _load("gpu_parity.py")
 
 
-def test_the_scripts_are_found():
-    assert {"gpu_parity.py", "memory_model.py", "rank_alone.py"} <= set(SCRIPTS)
-    assert {"gpu_scaling.sh", "two_gpus.sh"} <= set(SHELL_SCRIPTS)
+def test_the_entry_points_are_the_scripts_and_the_readme_names_each():
+    assert set(SCRIPTS) == set(ENTRY_POINTS), "add a new script to ENTRY_POINTS (and benchmarks/README.md)"
+    assert SHELL_SCRIPTS == ["gpu_runs.sh"]
+    readme = (BENCH / "README.md").read_text()
+    for name in [*SCRIPTS, *SHELL_SCRIPTS]:
+        assert f"`{name}" in readme, name
+        for command in filter(None, ENTRY_POINTS.get(name, [])):
+            assert f"`{command}`" in readme, (name, command)
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_script_imports(name):
-    try:
-        module = _load(name)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in OPTIONAL:
-            pytest.skip(f"{name} needs {exc.name}")
-        raise
-    assert callable(module.main)
-
-
-# Every script's --help, run as `python3 benchmarks/NAME.py --help` runs it: as __main__, with its folder
-# first on sys.path. One child interpreter runs them all (through runpy): a process per script would
-# spend most of its time importing torch again.
-_HELP_DRIVER = r"""
-import contextlib, io, json, runpy, sys
+# Scripts run as `python3 benchmarks/NAME.py ARGS` runs them: as __main__, with their folder first on
+# sys.path. One child interpreter runs them all (through runpy), one after another: a process per run
+# would spend most of its time importing torch again. A run that starts a process group sets the
+# variables torchrun would (one rank), and only for itself.
+_DRIVER = r"""
+import contextlib, io, json, os, runpy, sys
 folder, results = sys.argv[1], {}
-for path in sys.argv[2:]:
-    out, code = io.StringIO(), None
-    sys.argv = [path, "--help"]
+for key, path, args, env in json.loads(sys.argv[2]):
+    out, code, saved = io.StringIO(), None, dict(os.environ)
+    os.environ.update(env)
+    sys.argv = [path, *args]
     sys.path.insert(0, folder)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -67,42 +77,117 @@ for path in sys.argv[2:]:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else str(exc.code)
     except ModuleNotFoundError as exc:
         code = f"ModuleNotFoundError {exc.name}: {exc}"
-    except BaseException as exc:  # a failing import or argument parser: reported, not raised
+    except BaseException as exc:  # a failing import, argument parser or run: reported, not raised
         code = f"{type(exc).__name__}: {exc}"
     finally:
         sys.path.remove(folder)
-    results[path] = [code, out.getvalue()[-3000:]]
+        os.environ.clear()
+        os.environ.update(saved)
+    results[key] = [code, out.getvalue()[-20000:]]
 print(json.dumps(results))
 """
 
 
-@pytest.fixture(scope="module")
-def helps():
-    paths = [str(BENCH / name) for name in SCRIPTS if "argparse" in (BENCH / name).read_text()]
+def _drive(runs: list, timeout: float) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", _HELP_DRIVER, str(BENCH), *paths], capture_output=True, text=True, timeout=50, cwd=ROOT
+        [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps(runs)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return {Path(path).name: result for path, result in json.loads(done.stdout.splitlines()[-1]).items()}
+    return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_script_help_runs(helps, name):
-    if name not in helps:
-        pytest.skip(f"{name} has no argparse command line")
-    code, output = helps[name]
+def _skipped_for(code) -> str | None:
     if isinstance(code, str) and code.startswith("ModuleNotFoundError") and code.split()[1].split(".")[0] in OPTIONAL:
-        pytest.skip(f"{name}: {code}")
+        return code
+    return None
+
+
+@pytest.fixture(scope="module")
+def helps():
+    runs = [
+        (f"{name} {command}".strip(), str(BENCH / name), [*filter(None, [command]), "--help"], {})
+        for name, commands in ENTRY_POINTS.items()
+        for command in commands
+    ]
+    return _drive(runs, timeout=90)
+
+
+HELPS = [f"{name} {command}".strip() for name, commands in ENTRY_POINTS.items() for command in commands]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("key", HELPS)
+def test_every_entry_point_and_command_shows_its_help(helps, key):
+    code, output = helps[key]
+    if reason := _skipped_for(code):
+        pytest.skip(f"{key}: {reason}")
     assert code == 0, f"{code}\n{output}"
     assert "usage:" in output and "--help" in output, output
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("name", SHELL_SCRIPTS)
-def test_every_shell_script_parses(name):
-    done = subprocess.run(["bash", "-n", str(BENCH / name)], capture_output=True, text=True, timeout=20)
+def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
+    done = subprocess.run(["bash", "-n", str(BENCH / "gpu_runs.sh")], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        ["bash", str(BENCH / "gpu_runs.sh"), "nothing", str(tmp_path)], capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 2 and "unknown stage nothing" in done.stderr, done.stderr
+    # every stage the script's own usage names is one its dispatch takes
+    text = (BENCH / "gpu_runs.sh").read_text()
+    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "stream", "versions"):
+        assert f"gpu_runs.sh {stage} OUT" in text, stage
+
+
+# --- the commands that run without a GPU, at a tiny size --------------------------------------------
+
+_ONE_RANK = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    rank = {**_ONE_RANK, "MASTER_PORT": port}
+    out = tmp_path_factory.mktemp("cpu-runs")
+    tiny = ["--small", "--device", "cpu", "--config", "wan21", "--shape", "1,4,3,4,6"]
+    runs = [
+        ("host", "profile_decode.py", ["host", "--frames", "2", "--reps", "1"], rank),
+        ("halo", "ranks.py", ["halo", "--cpu", "--scale", "40", "--iters", "3"], rank),
+        ("agreement", "ranks.py", ["agreement", "--rounds", "20"], rank),
+        ("stream", "gpu_parity.py", ["stream", *tiny, "--out", str(out / "stream.jsonl")], {}),
+        ("bits", "interleaved_ab.py", ["bits", *tiny, "--modes", "tile", "--json", str(out / "bits.jsonl")], {}),
+        ("sass", "kernel_costs.py", ["sass", "--channels", "96"], {}),
+    ]
+    results = _drive([(key, str(BENCH / name), args, env) for key, name, args, env in runs], timeout=240)
+    return results, out
+
+
+@pytest.mark.timeout(300)
+def test_the_cpu_commands_run_at_a_tiny_size(cpu_runs):
+    results, out = cpu_runs
+    for key in ("host", "halo", "agreement", "stream", "bits"):
+        assert results[key][0] in (0, None), (key, results[key])
+    assert "1 rank(s)" in results["host"][1] and "ms per latent frame" in results["host"][1]
+    assert "full-res" in results["halo"][1] and "latent-level" in results["halo"][1]
+    assert "store: median" in results["agreement"][1] and "all-gather: median" in results["agreement"][1]
+    # the streamed decode's chunks equal the whole decode, in both tiers, and the writer's frames match
+    rows = [json.loads(line) for line in (out / "stream.jsonl").read_text().splitlines()]
+    assert [r["check"] for r in rows] == ["stream == decode", "cpu writer == CPU quantisation", "stream == decode"]
+    assert all(r["ok"] for r in rows), rows
+    (bits,) = [json.loads(line) for line in (out / "bits.jsonl").read_text().splitlines()]
+    assert bits["mode"] == "tile" and len(bits["sha256"]) == 64
+    code, output = results["sass"]
+    if reason := _skipped_for(code):
+        pytest.skip(f"kernel_costs.py sass: {reason}")
+    assert code in (0, None), output
+    assert "rms_norm" in output and "bias + residual" in output, output
 
 
 # --- gpu_parity's judging -----------------------------------------------------------------------------
