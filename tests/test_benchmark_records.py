@@ -55,3 +55,22 @@ def test_every_record_is_cited_and_they_are_few():
     uncited = [f for f in records if not any(f == c or f.startswith(c + "/") for c in cited)]
     assert not uncited, f"cite these in BENCHMARKS.md, docs/ or tuning.py, or remove them: {uncited}"
     assert len(records) <= MAX_FILES, f"{len(records)} files under benchmarks/results/: keep at most {MAX_FILES}"
+
+
+def test_every_benchmark_script_named_exists():
+    # a script renamed or folded into another leaves no reference behind (the records' own command
+    # lines under benchmarks/results/ keep the names they ran with)
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    missing = []
+    for rel in listed.splitlines():
+        path = ROOT / rel
+        if rel.startswith("benchmarks/results/") or path.suffix not in (".md", ".py", ".sh", ".toml"):
+            continue
+        if not path.is_file():
+            continue
+        for name in re.findall(r"benchmarks/(\w+\.(?:py|sh))", path.read_text(errors="ignore")):
+            if name != "NAME.py" and not (ROOT / "benchmarks" / name).is_file():
+                missing.append(f"{rel}: benchmarks/{name}")
+    assert not missing, missing
