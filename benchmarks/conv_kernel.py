@@ -35,8 +35,8 @@ cache in front of the new frames, then convolving that buffer, as the fast tier 
 the copied buffer (the same sums in the same order: 0 expected), then the same with a cache of one
 frame and with none (zero frames) against the kernel on a buffer with zero frames in front.
 
-The upsamplers' convolution (computed by phases since the Triton kernel that read the source for all
-nine taps was removed): benchmarks/upsample_phases.py.
+The upsamplers' convolution is computed by phases (kernels/phases.py) with cuDNN; its measurement
+against the former paths is in git (docs/perf-log.md, "Upsamplers by phases").
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from vaeshard.kernels import conv3d as conv_kernel
 from vaeshard.kernels.norm import add_bias_and_residual_, rms_norm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import norm_kernel  # (benchmarks/, next to this script) its CUDA-event timer
+import kernel_costs  # (benchmarks/, next to this script) its CUDA-event timer
 
 # name: (Cin, Cout, input frames, H, W, padding): the buffers of Wan 2.1's full-resolution residual
 # blocks (96 channels) at 720p (1 GPU; 2 GPUs by height and by width; 4 by width) and 480p (1 GPU,
@@ -247,7 +247,7 @@ def _front_row(name: str, cin: int, cout: int, frames: int, h: int, w: int, padd
 
 
 def median_ms(fn, reps: int = 20) -> float:
-    return norm_kernel._time(fn, loops=1, reps=reps) * 1e3  # (CUDA events around each call)
+    return kernel_costs._time(fn, loops=1, reps=reps) * 1e3  # (CUDA events around each call)
 
 
 def _kernel_rows(args, rows: list, name: str, cin: int, cout: int, frames: int, h: int, w: int, padding) -> None:

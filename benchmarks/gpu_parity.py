@@ -26,6 +26,13 @@ A row whose plan (strategy, tier, fast-tier choices) equals an earlier row's of 
 dtype runs the same code on the same inputs: it is reported with that row's figures, not decoded
 again (on one rank, for instance, the forced spatial modes fall back to auto's direct decode);
 `--repeat-same-plans` decodes it anyway. Exits 1 if any row fails.
+
+    python3 benchmarks/gpu_parity.py stream --out stream.jsonl [--config wan21] [--shape 1,16,9,60,104]
+
+`stream`: `vaeshard.stream_decode`'s chunks, concatenated, against `vae.decode` bit for bit (the
+default fast tier, with CUDA graphs on a GPU, and the exact tier), and the CLI writer's path for the
+decode's device (on CUDA: GPU quantise, pinned side-stream copy) against the CPU quantisation of the
+same chunks. One JSON line per check; exits 1 if any fails.
 """
 
 from __future__ import annotations
@@ -253,7 +260,9 @@ def format_row(r: dict) -> str:
 
 
 def _parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="gpu_parity.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument(
         "--models",
         default="wan21,wan22",
@@ -300,6 +309,9 @@ def _parse_args(argv):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["stream"]:
+        return stream(argv[1:])
     args = _parse_args(argv)
     torchrun = "WORLD_SIZE" in os.environ
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
@@ -527,6 +539,78 @@ def _check(
         emit(r)
         del out
     return ok_all
+
+
+def small_model(name: str):
+    """The tiny config of `name`'s class (SMALL_CONFIGS), random weights (torch.manual_seed(0))."""
+    import diffusers
+
+    cls, config = SMALL_CONFIGS[name]
+    torch.manual_seed(0)
+    return getattr(diffusers, cls)(**config).eval()
+
+
+def stream(argv: list[str]) -> int:
+    """stream_decode's chunks against vae.decode, and the writer against the CPU quantisation."""
+    import tempfile
+
+    import numpy as np
+    from PIL import Image
+
+    from vaeshard.cli import io
+    from vaeshard.cli.writer import ChunkWriter
+
+    ap = argparse.ArgumentParser(prog="gpu_parity.py stream", description="stream_decode against vae.decode")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--config", default="wan21")
+    ap.add_argument("--shape", default="1,16,9,60,104")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--small", action="store_true", help="the tiny config of the same class (a CPU check)")
+    args = ap.parse_args(argv)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    vae = small_model(args.config) if args.small else io.named_model(args.config).load(dtype=dtype)
+    vae = vae.to(args.device, dtype)
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(args.device, dtype)
+    rows = []
+    for exact in (False, True):
+        vaeshard.parallelize(vae, exact=exact)
+        plan = vaeshard.plan(vae, z.shape)
+        whole = vae.decode(z).sample
+        chunks = [c.clone() for c in vaeshard.stream_decode(vae, z)]
+        got = torch.cat(chunks, dim=2)
+        rows.append(
+            {
+                "check": "stream == decode",
+                "config": args.config,
+                "shape": shape,
+                "exact": exact,
+                "cuda_graphs": bool(plan.fast and plan.fast.cuda_graphs),
+                "frames_per_step": plan.fast.frames_per_step if plan.fast else 1,
+                "chunks": [c.shape[2] for c in chunks],
+                "ok": bool(torch.equal(got, whole)),
+            }
+        )
+        if not exact:
+            with tempfile.TemporaryDirectory() as folder:
+                with ChunkWriter(os.path.join(folder, "frames"), "frames") as writer:
+                    for chunk in chunks:
+                        writer.write(chunk)
+                expected = io.to_uint8_frames(got.cpu())
+                same = all(
+                    np.array_equal(
+                        np.asarray(Image.open(os.path.join(folder, "frames", f"{t:05d}.png")).convert("RGB")),
+                        expected[0, t],
+                    )
+                    for t in range(expected.shape[1])
+                )
+            rows.append({"check": f"{args.device} writer == CPU quantisation", "frames": expected.shape[1], "ok": same})
+        del whole, chunks, got
+    with open(args.out, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+            print(json.dumps(row))
+    return 0 if all(row["ok"] for row in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""One fast-tier setting at two values, decodes interleaved in the same processes (A, B, A, B, ...).
+"""A/B runs: one fast-tier setting at two values, interleaved in the same processes (A, B, A, B, ...),
+and (`bits`) the bits of every mode's decode, to compare two versions of vaeshard.
 
     torchrun --standalone --nproc_per_node=2 benchmarks/interleaved_ab.py --preset wan21-480p \\
         --setting triton_convs --values true,false --rounds 5
@@ -9,6 +10,7 @@
         --patch "vaeshard.layers.tier:upsample_by_phases=lambda x: False"
     python3 benchmarks/interleaved_ab.py --preset wan21-720p --setting patch --values off,on \\
         --patch "vaeshard.tuning:PART_FRAMES=None"
+    python3 benchmarks/interleaved_ab.py bits --config wan21 --shape 1,16,21,90,160 --json bits.json
 
 Separate `vaeshard bench` runs of the two values land in different processes, whose own pace can
 differ by more than the setting does. Here both values share the processes, the model and the
@@ -22,15 +24,25 @@ and how far the two values' outputs lie apart.
 MODULE:ATTR=EXPR` sets that attribute to the Python expression's value for the value `on` and back
 to the library's for `off` (a function that declines a path, say, to time the library without it, or
 a threshold of vaeshard.tuning, which each request reads when it is planned).
+
+`bits`: random weights (torch.manual_seed(0)) with a named real config, a seeded latent, bf16: for
+each mode the decode of the default fast tier with cuDNN's benchmark mode off (cuDNN then picks its
+algorithms by heuristic, the same in every process, so equal code gives equal bits), the exact tier,
+and `tile`. Prints one JSON line per decode with the SHA-256 of the output's bytes; two versions
+decoded the same way agree bit for bit where the hashes do. Runs on the version of vaeshard on the
+path (0.2 and later); `--device cpu` for a run without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib
+import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -38,7 +50,10 @@ import torch.distributed as dist
 
 import vaeshard
 from vaeshard.cli.bench import PRESETS
-from vaeshard.cli.io import NAMED_CONFIGS
+from vaeshard.cli.io import NAMED_CONFIGS, named_model
+
+# --- ab ----------------------------------------------------------------------------------
+
 
 FAST_TIER_SETTINGS = tuple(f.name for f in dataclasses.fields(vaeshard.FastOptions))
 
@@ -73,8 +88,10 @@ class Patch:
         setattr(self.module, self.attr, self.value if on else self.original)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def ab(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="interleaved_ab.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", choices=sorted(PRESETS), default="wan21-480p")
     ap.add_argument(
         "--setting",
@@ -86,7 +103,7 @@ def main() -> None:
     ap.add_argument("--patch", help="with --setting patch: MODULE:ATTR=EXPR, set for the value 'on'")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--mode", default="auto")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     values = [_value(v) for v in args.values.split(",")]
     patch = None
     if args.setting == "patch":
@@ -153,6 +170,73 @@ def main() -> None:
             )
     if world > 1:
         dist.destroy_process_group()
+
+
+# --- bits ----------------------------------------------------------------------------------
+
+
+def bits(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="interleaved_ab.py bits", description="SHA-256 of every mode's decode")
+    parser.add_argument("--config", default="wan21", help="a named config of the command line (wan21, wan22, ...)")
+    parser.add_argument("--shape", default="1,16,21,90,160", help="latent shape B,C,T,H,W")
+    parser.add_argument("--modes", default="auto,tile", help="modes to decode (on one GPU spatial modes run directly)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--json", default=None, help="append the JSON lines to this file")
+    parser.add_argument("--small", action="store_true", help="gpu_parity.py's tiny config of the class (a CPU check)")
+    args = parser.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if args.small:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_parity import small_model
+
+        vae = small_model(args.config).to(args.device, torch.bfloat16)
+    else:
+        vae = named_model(args.config).load(dtype=torch.bfloat16, device=args.device)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(args.device, torch.bfloat16)
+    rows = []
+    for mode in args.modes.split(","):
+        for exact in (False, True):
+            if mode == "tile" and exact:
+                continue  # tile is always the exact tier
+            vaeshard.parallelize(vae, mode, exact=exact, fast=vaeshard.FastOptions(cudnn_benchmark=False))
+            with torch.no_grad():
+                vae.decode(z[:, :, :2])  # warm-up: compiles, first-call costs
+                _sync(args.device)
+                began = time.perf_counter()
+                out = vae.decode(z).sample
+                _sync(args.device)
+            digest = hashlib.sha256(out.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+            row = {
+                "version": vaeshard.__version__,
+                "config": args.config,
+                "shape": list(shape),
+                "mode": mode,
+                "exact": exact,
+                "sha256": digest,
+                "seconds": round(time.perf_counter() - began, 3),
+                "mean": float(out.float().mean()),
+                "std": float(out.float().std()),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del out
+            vaeshard.unparallelize(vae)
+    if args.json:
+        with open(args.json, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return bits(argv[1:]) if argv[:1] == ["bits"] else ab(argv)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,59 @@
 #!/usr/bin/env python3
-"""Where the time of one Wan decode goes: top CUDA kernels and time per kernel class.
+"""Where the time of a decode goes, in three commands (random weights, real configs, bf16).
 
     python3 benchmarks/profile_decode.py --preset wan21-720p --frames 5 [--vaeshard]
     torchrun --standalone --nproc_per_node=2 benchmarks/profile_decode.py --preset wan21-720p --frames 5 --mode auto
+    python3 benchmarks/profile_decode.py video --subject AutoencoderKLHunyuanVideo15=1,32,9,45,80 [--json OUT.json]
+    torchrun --standalone --nproc_per_node=2 benchmarks/profile_decode.py host      # CPU ranks (gloo)
 
-`--cold` first times the process's first decode (cuDNN autotuning and kernel compiles included).
-`--memory` adds, per rank, the decode's peak and what is allocated at that moment by source line
-(the allocator's trace). Random weights, real config, bf16. `--frames` limits the latent frames
-profiled (the per-frame cost is steady after the first frame). Without --vaeshard it profiles
-diffusers' own decode on one GPU; under torchrun every rank profiles vaeshard's decode in `--mode`
-and prints its own summary, rank 0 also the kernel table. "GPU idle" is wall time minus the union
-of the intervals in which any kernel of that rank ran: time the GPU waited for the host or for a
-peer. The idle time inside the span of the profiled kernels is also attributed to the class of the
-kernel that ends each gap.
+(wan, the default) One Wan decode on CUDA: top kernels and time per kernel class. `--cold` first
+times the process's first decode (cuDNN autotuning and kernel compiles included). `--memory` adds,
+per rank, the decode's peak and what is allocated at that moment by source line (the allocator's
+trace). `--frames` limits the latent frames profiled (the per-frame cost is steady after the first
+frame). Without --vaeshard it profiles diffusers' own decode on one GPU; under torchrun every rank
+profiles vaeshard's decode in `--mode` and prints its own summary, rank 0 also the kernel table.
+"GPU idle" is wall time minus the union of the intervals in which any kernel of that rank ran: time
+the GPU waited for the host or for a peer. The idle time inside the span of the profiled kernels is
+also attributed to the class of the kernel that ends each gap.
+
+(video) diffusers' untiled decode of a video VAE (a diffusers class with its default config and a
+latent shape), interleaved in one process as it is (channels-first) and with the model and latent
+in `torch.channels_last_3d` (cuDNN's NDHWC kernels; pads and norms keep whatever layout they
+produce). Each variant is timed `--reps` times after a warm-up (medians), then profiled once: GPU
+time (CPU time on a machine without one) by kernel class. The last lines are a table of both.
+
+(host) The host's cost of a decode: Wan 2.1's layer structure at 8 base channels, a tiny latent, on
+CPU ranks. The layers, and so the Python and dispatch work per latent frame, are those of the real
+Wan 2.1 decoder (dim_mult 1, 2, 4, 4, two residual blocks per stage); the arithmetic is tiny, so the
+time per latent frame is mostly host work. On gloo, sends and receives are synchronous TCP and add
+their own cost; the 1-rank figure is the one that compares with the GPU's kernel time per latent
+frame.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import statistics
 import sys
 import time
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
+import vaeshard
 from vaeshard.cli.bench import PRESETS
 from vaeshard.cli.io import NAMED_CONFIGS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_model import steps_setting
+
+# --- wan ----------------------------------------------------------------------------------
+
 
 CLASSES = [
     ("layout transpose", r"nchwToNhwc|nhwcToNchw|transpose|permute"),
@@ -42,6 +64,8 @@ CLASSES = [
     ("elementwise", r"elementwise|vectorized|silu|mul|add|clamp|fill|bias_residual"),
     ("upsample", r"upsample|nearest"),
 ]
+
+
 CLASSES.insert(0, ("communication (NCCL)", r"nccl|ncclDevKernel"))
 
 
@@ -52,8 +76,10 @@ def classify(name: str) -> str:
     return "other"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def wan(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="profile_decode.py [wan]", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
     ap.add_argument("--frames", type=int, default=5)
     ap.add_argument(
@@ -95,7 +121,7 @@ def main() -> None:
         action="store_true",
         help="also: per decoder call and rank, the host's issue time, the GPU's span, its NCCL and idle time",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     from diffusers import AutoencoderKLWan
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -463,6 +489,174 @@ def _finish(world: int) -> None:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+
+
+# --- video ----------------------------------------------------------------------------------
+
+
+def _decode(vae, z):
+    with torch.no_grad():
+        return vae.decode(z, return_dict=False)[0]
+
+
+def _layout(vae, fmt) -> None:
+    """Every 5-D weight of `vae` in memory format `fmt` (in place)."""
+    for p in vae.parameters():
+        if p.ndim == 5:
+            p.data = p.data.contiguous(memory_format=fmt)
+
+
+def _timed(vae, z, device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    _decode(vae, z)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _by_class(vae, z, device) -> dict[str, float]:
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        _decode(vae, z)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    out = defaultdict(float)
+    for evt in prof.key_averages():
+        t = evt.device_time_total if device.type == "cuda" else evt.self_cpu_time_total
+        if t:
+            out[classify(evt.key)] += t / 1e6
+    return dict(out)
+
+
+def run_subject(spec: str, reps: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
+    import diffusers
+
+    name, shape_text = spec.split("=")
+    shape = tuple(int(v) for v in shape_text.split(","))
+    torch.manual_seed(0)
+    vae = getattr(diffusers, name)().eval().to(device, dtype)
+    for attr in ("use_tiling", "use_slicing", "use_framewise_decoding", "use_framewise_encoding"):
+        if hasattr(vae, attr):
+            setattr(vae, attr, False)
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    row = {"subject": name, "latent": list(shape), "variants": {}}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        _decode(vae, z)  # warm-up; an out-of-memory here is recorded as the subject's result
+    except torch.OutOfMemoryError as exc:
+        row["error"] = f"diffusers' untiled decode ran out of memory: {str(exc).splitlines()[0]}"
+        return row
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    layouts = {
+        "channels-first": (torch.contiguous_format, z),
+        "channels-last": (torch.channels_last_3d, z.contiguous(memory_format=torch.channels_last_3d)),
+    }
+    _layout(vae, torch.channels_last_3d)
+    _decode(vae, layouts["channels-last"][1])  # its own warm-up (cuDNN picks NDHWC algorithms)
+    times = defaultdict(list)
+    for _ in range(reps):  # A B A B, the same module converted in place between them
+        for label, (fmt, zz) in layouts.items():
+            _layout(vae, fmt)
+            times[label].append(_timed(vae, zz, device))
+            print(f"  {name} {label}: {times[label][-1]:.3f} s", file=sys.stderr, flush=True)
+    for label, (fmt, zz) in layouts.items():
+        _layout(vae, fmt)
+        row["variants"][label] = {
+            "seconds": statistics.median(times[label]),
+            "all": times[label],
+            "by_class": _by_class(vae, zz, device),
+        }
+    row["diffusers_peak_bytes"] = peak
+    del vae, z
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def video(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="profile_decode.py video",
+        description="diffusers' untiled decode of video VAEs, channels-first and -last (see the module's --help)",
+    )
+    ap.add_argument("--subject", action="append", required=True, help="Class=B,C,T,H,W")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--json")
+    ap.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    rows = []
+    for spec in args.subject:
+        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
+    print("subject | latent | channels-first s | channels-last s | ratio | top classes (channels-first, s)")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['subject']} | {row['latent']} | {row['error']}")
+            continue
+        a, b = row["variants"]["channels-first"], row["variants"]["channels-last"]
+        top = sorted(a["by_class"].items(), key=lambda kv: -kv[1])[:4]
+        print(
+            f"{row['subject']} | {row['latent']} | {a['seconds']:.3f} | {b['seconds']:.3f} | "
+            f"{a['seconds'] / b['seconds']:.2f}x | " + ", ".join(f"{k} {v:.3f}" for k, v in top)
+        )
+
+
+# --- host ----------------------------------------------------------------------------------
+
+
+def host(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="profile_decode.py host",
+        description="the host's cost of a tiny Wan 2.1 decode on CPU ranks, under torchrun",
+    )
+    ap.add_argument("--frames", type=int, default=8, help="latent frames per decode (default 8)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--frames-per-step", type=int, default=1, help="vaeshard's frames_per_step")
+    ap.add_argument("--max-layer-frames", type=int, default=None, help="vaeshard's max_layer_frames")
+    args = ap.parse_args(argv)
+    from diffusers import AutoencoderKLWan
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2).eval()
+    fast = vaeshard.FastOptions(frames_per_step=args.frames_per_step, max_layer_frames=args.max_layer_frames)
+    vaeshard.parallelize(vae, mode="spatial_shard_width" if world > 1 else "auto", fast=fast)
+    z = torch.randn(1, 16, args.frames, 2, 2 * world)
+    times = []
+    with torch.no_grad():
+        vae.decode(z)  # warm-up
+        for _ in range(args.reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            vae.decode(z)
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
+        print(
+            f"{world} rank(s), frames_per_step {args.frames_per_step}, max_layer_frames {args.max_layer_frames}: "
+            f"{min(times) / args.frames * 1000:.1f} ms per latent frame (fastest of {args.reps})"
+        )
+    dist.destroy_process_group()
+
+
+COMMANDS = {"wan": wan, "video": video, "host": host}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
+    return wan(argv)
 
 
 if __name__ == "__main__":

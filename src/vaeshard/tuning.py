@@ -187,7 +187,7 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         "kernels/norm.py TILE",
         "the norm and bias kernels' tile (elements, voxels, warps per program)",
-        "the fastest summed over the Wan 2.1 720p shapes, by 3% over 8192 / 128 / 4 (benchmarks/norm_kernel.py)",
+        "the fastest summed over the Wan 2.1 720p shapes, by 3% over 8192 / 128 / 4 (benchmarks/kernel_costs.py norm)",
     ),
     Entry(
         "kernels/attention.py SCORES_BYTES",
@@ -209,7 +209,7 @@ TABLE: tuple[Entry, ...] = (
         "whether a Triton launch goes straight to the compiled kernel kept for "
         "its arguments' key, rather than through the JIT function, which binds and classifies every argument again",
         "on an H200's host the JIT's binding took about 60 of the 245 us the host spent per box_conv launch and 16 "
-        "of 73 per norm launch (benchmarks/launch_cost.py)",
+        "of 73 per norm launch (benchmarks/kernel_costs.py launch)",
     ),
 )
 

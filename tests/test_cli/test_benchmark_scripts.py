@@ -1,6 +1,7 @@
-"""The benchmark scripts: each one imports and shows its --help against the current library, and
+"""The benchmark tools (benchmarks/README.md): every entry point and each of its commands shows its
+--help against the current library, those that run without a GPU run at a tiny size on CPU, and
 benchmarks/gpu_parity.py judges the exactness contract's bf16 rule as BENCHMARKS.md states it (on
-synthetic figures, and in a CPU run of tiny configs). The scripts' GPU measurements run elsewhere."""
+synthetic figures, and in a CPU run of tiny configs). The GPU measurements run elsewhere."""
 
 from __future__ import annotations
 
@@ -19,6 +20,20 @@ SCRIPTS = sorted(p.name for p in BENCH.glob("*.py"))
 SHELL_SCRIPTS = sorted(p.name for p in BENCH.glob("*.sh"))
 OPTIONAL = ("triton", "matplotlib")  # packages some scripts need that a minimal install may lack
 
+# Every entry point and its commands ("" the default, or a script without commands); the README lists them
+ENTRY_POINTS = {
+    "compile_engine.py": [""],
+    "conv_kernel.py": [""],
+    "e2e.py": ["", "first-request"],
+    "gpu_parity.py": ["", "stream"],
+    "interleaved_ab.py": ["", "bits"],
+    "kernel_costs.py": ["", "norm", "sass", "launch"],
+    "memory_model.py": [""],
+    "profile_decode.py": ["", "video", "host"],
+    "ranks.py": ["", "share", "faults", "kept-graphs", "halo", "agreement"],
+    "serve_gpu.py": [""],
+}
+
 
 def _load(name: str):
     """A benchmark script as a module, by path (its main is not run)."""
@@ -33,32 +48,27 @@ def parity():
     return _load("gpu_parity.py")
 
 
-def test_the_scripts_are_found():
-    assert {"gpu_parity.py", "memory_model.py", "rank_alone.py"} <= set(SCRIPTS)
-    assert {"gpu_scaling.sh", "two_gpus.sh"} <= set(SHELL_SCRIPTS)
+def test_the_entry_points_are_the_scripts_and_the_readme_names_each():
+    assert set(SCRIPTS) == set(ENTRY_POINTS), "add a new script to ENTRY_POINTS (and benchmarks/README.md)"
+    assert SHELL_SCRIPTS == ["gpu_runs.sh"]
+    readme = (BENCH / "README.md").read_text()
+    for name in [*SCRIPTS, *SHELL_SCRIPTS]:
+        assert f"`{name}" in readme, name
+        for command in filter(None, ENTRY_POINTS.get(name, [])):
+            assert f"`{command}`" in readme, (name, command)
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_script_imports(name):
-    try:
-        module = _load(name)
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] in OPTIONAL:
-            pytest.skip(f"{name} needs {exc.name}")
-        raise
-    assert callable(module.main)
-
-
-# Every script's --help, run as `python3 benchmarks/NAME.py --help` runs it: as __main__, with its folder
-# first on sys.path. One child interpreter runs them all (through runpy): a process per script would
-# spend most of its time importing torch again.
-_HELP_DRIVER = r"""
-import contextlib, io, json, runpy, sys
+# Scripts run as `python3 benchmarks/NAME.py ARGS` runs them: as __main__, with their folder first on
+# sys.path. One child interpreter runs them all (through runpy), one after another: a process per run
+# would spend most of its time importing torch again. A run that starts a process group sets the
+# variables torchrun would (one rank), and only for itself.
+_DRIVER = r"""
+import contextlib, io, json, os, runpy, sys
 folder, results = sys.argv[1], {}
-for path in sys.argv[2:]:
-    out, code = io.StringIO(), None
-    sys.argv = [path, "--help"]
+for key, path, args, env in json.loads(sys.argv[2]):
+    out, code, saved = io.StringIO(), None, dict(os.environ)
+    os.environ.update(env)
+    sys.argv = [path, *args]
     sys.path.insert(0, folder)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -67,42 +77,117 @@ for path in sys.argv[2:]:
         code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else str(exc.code)
     except ModuleNotFoundError as exc:
         code = f"ModuleNotFoundError {exc.name}: {exc}"
-    except BaseException as exc:  # a failing import or argument parser: reported, not raised
+    except BaseException as exc:  # a failing import, argument parser or run: reported, not raised
         code = f"{type(exc).__name__}: {exc}"
     finally:
         sys.path.remove(folder)
-    results[path] = [code, out.getvalue()[-3000:]]
+        os.environ.clear()
+        os.environ.update(saved)
+    results[key] = [code, out.getvalue()[-20000:]]
 print(json.dumps(results))
 """
 
 
-@pytest.fixture(scope="module")
-def helps():
-    paths = [str(BENCH / name) for name in SCRIPTS if "argparse" in (BENCH / name).read_text()]
+def _drive(runs: list, timeout: float) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", _HELP_DRIVER, str(BENCH), *paths], capture_output=True, text=True, timeout=50, cwd=ROOT
+        [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps(runs)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return {Path(path).name: result for path, result in json.loads(done.stdout.splitlines()[-1]).items()}
+    return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_every_script_help_runs(helps, name):
-    if name not in helps:
-        pytest.skip(f"{name} has no argparse command line")
-    code, output = helps[name]
+def _skipped_for(code) -> str | None:
     if isinstance(code, str) and code.startswith("ModuleNotFoundError") and code.split()[1].split(".")[0] in OPTIONAL:
-        pytest.skip(f"{name}: {code}")
+        return code
+    return None
+
+
+_ONE_RANK = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+
+
+@pytest.fixture(scope="module")
+def driven(tmp_path_factory):
+    """Every --help, then the commands that need no GPU at a tiny size on CPU, in one interpreter."""
+    import socket
+
+    helps = [
+        (f"{name} {command}".strip(), str(BENCH / name), [*filter(None, [command]), "--help"], {})
+        for name, commands in ENTRY_POINTS.items()
+        for command in commands
+    ]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    rank = {**_ONE_RANK, "MASTER_PORT": port}
+    out = tmp_path_factory.mktemp("cpu-runs")
+    tiny = ["--small", "--device", "cpu", "--config", "wan21", "--shape", "1,4,3,4,6"]
+    runs = [
+        ("host", "profile_decode.py", ["host", "--frames", "2", "--reps", "1"], rank),
+        ("halo", "ranks.py", ["halo", "--cpu", "--scale", "40", "--iters", "3"], rank),
+        ("agreement", "ranks.py", ["agreement", "--rounds", "20"], rank),
+        ("stream", "gpu_parity.py", ["stream", *tiny, "--out", str(out / "stream.jsonl")], {}),
+        ("bits", "interleaved_ab.py", ["bits", *tiny, "--modes", "tile", "--json", str(out / "bits.jsonl")], {}),
+        ("sass", "kernel_costs.py", ["sass", "--channels", "96"], {}),
+    ]
+    runs = [(f"run {key}", str(BENCH / name), args, env) for key, name, args, env in runs]
+    results = _drive([*helps, *runs], timeout=280)
+    return (
+        {k: v for k, v in results.items() if not k.startswith("run ")},
+        out,
+        {k[4:]: v for k, v in results.items() if k.startswith("run ")},
+    )
+
+
+HELPS = [f"{name} {command}".strip() for name, commands in ENTRY_POINTS.items() for command in commands]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("key", HELPS)
+def test_every_entry_point_and_command_shows_its_help(driven, key):
+    code, output = driven[0][key]
+    if reason := _skipped_for(code):
+        pytest.skip(f"{key}: {reason}")
     assert code == 0, f"{code}\n{output}"
     assert "usage:" in output and "--help" in output, output
 
 
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("name", SHELL_SCRIPTS)
-def test_every_shell_script_parses(name):
-    done = subprocess.run(["bash", "-n", str(BENCH / name)], capture_output=True, text=True, timeout=20)
+def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
+    done = subprocess.run(["bash", "-n", str(BENCH / "gpu_runs.sh")], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
+    done = subprocess.run(
+        ["bash", str(BENCH / "gpu_runs.sh"), "nothing", str(tmp_path)], capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 2 and "unknown stage nothing" in done.stderr, done.stderr
+    # every stage the script's usage names is one its dispatch (the last case statement) takes
+    text = (BENCH / "gpu_runs.sh").read_text()
+    dispatch = text.rsplit('case "$STAGE" in', 1)[1]
+    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "stream", "versions"):
+        assert f"gpu_runs.sh {stage} OUT" in text and stage in dispatch, stage
+
+
+@pytest.mark.timeout(300)
+def test_the_cpu_commands_run_at_a_tiny_size(driven):
+    _, out, results = driven
+    for key in ("host", "halo", "agreement", "stream", "bits"):
+        assert results[key][0] in (0, None), (key, results[key])
+    assert "1 rank(s)" in results["host"][1] and "ms per latent frame" in results["host"][1]
+    assert "full-res" in results["halo"][1] and "latent-level" in results["halo"][1]
+    assert "store: median" in results["agreement"][1] and "all-gather: median" in results["agreement"][1]
+    # the streamed decode's chunks equal the whole decode, in both tiers, and the writer's frames match
+    rows = [json.loads(line) for line in (out / "stream.jsonl").read_text().splitlines()]
+    assert [r["check"] for r in rows] == ["stream == decode", "cpu writer == CPU quantisation", "stream == decode"]
+    assert all(r["ok"] for r in rows), rows
+    (bits,) = [json.loads(line) for line in (out / "bits.jsonl").read_text().splitlines()]
+    assert bits["mode"] == "tile" and len(bits["sha256"]) == 64
+    code, output = results["sass"]
+    if reason := _skipped_for(code):
+        pytest.skip(f"kernel_costs.py sass: {reason}")
+    assert code in (0, None), output
+    assert "rms_norm" in output and "bias + residual" in output, output
 
 
 # --- gpu_parity's judging -----------------------------------------------------------------------------
@@ -269,3 +354,46 @@ def test_a_cpu_run_of_tiny_configs(parity, tmp_path):
             earlier = next(e for e in rows if e["dtype"] == r["dtype"] and e["mode"] == r["same_plan_as"])
             for k in ("max_diff", "fp32_mean", "ok"):
                 assert r[k] == earlier[k], (r, earlier)
+
+
+# --- e2e: a fresh process to the closed file ------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_e2e_times_each_route_from_a_fresh_process_to_the_closed_file(tmp_path):
+    import av
+    import numpy as np
+    from safetensors.torch import save_file
+
+    from ..models import build, latent
+
+    build("wan21").save_pretrained(tmp_path / "wan21")
+    save_file({"latents": latent((1, 4, 3, 6, 8))}, tmp_path / "z.safetensors")  # 9 frames of 48 x 64
+    report, folder = tmp_path / "e2e.json", tmp_path / "runs"
+    code = _load("e2e.py").main(
+        [
+            "--model", str(tmp_path / "wan21"), "--latents", str(tmp_path / "z.safetensors"),
+            "--device", "cpu", "--reps", "1", "--out-dir", str(folder), "--json", str(report),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads(report.read_text())
+    pictures = {}
+    for route in ("vaeshard", "diffusers"):
+        (row,) = data["rows"][route]
+        phases = row["load_s"] + row["decode_s"] + row["encode_s"]
+        assert all(row[k] > 0 for k in ("load_s", "decode_s", "encode_s")), row
+        assert phases == pytest.approx(row["to_file_s"]) and row["to_file_s"] < row["wall_s"], row
+        with av.open(str(folder / f"{route}.mp4")) as container:
+            pictures[route] = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(pictures[route]) == 9 and pictures[route][0].shape == (48, 64, 3), route
+    # the two routes wrote the same video (each lossy in its own encoder)
+    error = np.abs(pictures["vaeshard"][4].astype(float) - pictures["diffusers"][4].astype(float)).mean()
+    assert error < 12, error
+    warm = data["warm"]["median_s"]
+    assert set(warm) == {"decode", "decode_then_encode", "streamed"} and min(warm.values()) > 0
+    ratios = data["ratios"]
+    assert ratios["diffusers_over_vaeshard_cold"] == pytest.approx(
+        data["median"]["diffusers"]["to_file_s"] / data["median"]["vaeshard"]["to_file_s"]
+    )
+    assert data["environment"]["device"] == "cpu"

@@ -3,7 +3,7 @@ directly when the key was seen before. The key must tell apart every pair of cal
 compile apart (its specialization); a launch with a key seen before must hand the compiled kernel the
 same arguments, in the kernel's parameter order, as the JIT function would. Here a stand-in for the
 JIT function and its compiled kernel records the launches (the real ones run on the GPU:
-benchmarks/gpu_parity.py and benchmarks/launch_cost.py)."""
+benchmarks/gpu_parity.py and `benchmarks/kernel_costs.py launch`)."""
 
 from __future__ import annotations
 

@@ -281,17 +281,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="FLOPs of one decode in TFLOP (default: the preset's, else counted)",
     )
-    ben.add_argument(
-        "--e2e",
-        action="store_true",
-        help="time fresh processes from start to the closed MP4: `vaeshard decode`, the plain diffusers route, "
-        "and warm requests (with --config and --shape, or --model and --latents)",
-    )
-    ben.add_argument("--latents", default=None, metavar="FILE", help="--e2e with --model: the latent file to decode")
-    ben.add_argument("--fps", type=_positive_int, default=16, help="--e2e: frame rate of the MP4s (default 16)")
-    ben.add_argument(
-        "--out-dir", default=None, metavar="DIR", help="--e2e: where the runs write (default: a temporary folder)"
-    )
     ben.add_argument("--json", default=None, metavar="PATH", help="write every figure and the environment as JSON")
     ben.add_argument("--plot", default=None, metavar="PNG", help="draw latency and per-rank memory against ranks")
     _add_tier_arguments(ben)
@@ -567,11 +556,6 @@ def _serve(args) -> int:
 
 def _bench(args) -> int:
     from . import bench, io, launch, report
-
-    if args.e2e:
-        from . import e2e
-
-        return e2e.command(args)
 
     world = launch.torchrun_world()
     nprocs = [world] if world else (args.nproc or [1, 2])

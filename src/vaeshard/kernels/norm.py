@@ -73,8 +73,8 @@ if triton is not None:
         # CHUNKS blocks of BLOCK_C channels (1 to 3; C = CHUNKS * BLOCK_C, or C <= BLOCK_C with
         # CHUNKS == 1). Wan's channel counts are 3 x 2^k: three full blocks keep every lane busy
         # where one block of the next power of two would leave a quarter of them masked, and this
-        # kernel is bound by its instruction count, not by memory (benchmarks/kernel_sass.py counts
-        # them, benchmarks/norm_kernel.py times the kernel against a copy).
+        # kernel is bound by its instruction count, not by memory (`benchmarks/kernel_costs.py sass`
+        # counts them, `kernel_costs.py norm` times the kernel against a copy).
         # Every spatial dim has its own stride, so x and y may be any strided views (a slice of a
         # larger buffer, too). Channels-last tensors load contiguous channel rows, contiguous ones
         # contiguous voxel rows; both coalesce.
@@ -366,7 +366,7 @@ def _bias_pass(x: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | Non
 
 # The per-program tile of the two kernels above: all channels of up to `max_voxels` voxels, about
 # `elements` elements (counting the channels padded to a power of two), run by `num_warps` warps.
-# benchmarks/norm_kernel.py times the choices on a GPU; this one measured fastest summed over the
+# `benchmarks/kernel_costs.py norm` times the choices on a GPU; this one measured fastest summed over the
 # Wan 2.1 720p shapes on an H200 (docs/tuning.md, entry `kernels/norm.py TILE`).
 TILE = {"elements": 4096, "max_voxels": 128, "num_warps": 2}
 

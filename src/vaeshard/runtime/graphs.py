@@ -63,7 +63,7 @@ def replays(device: torch.device, num_calls: int) -> bool:
 
 _streams: dict[int, torch.cuda.Stream] = {}
 
-# how each capture's debug line begins (benchmarks/gpu_parity.py and kept_graphs.py count captures by it)
+# how each capture's debug line begins (benchmarks/gpu_parity.py and `ranks.py kept-graphs` count captures by it)
 CAPTURED = "vaeshard: captured a decoder call as a CUDA graph"
 
 # while the first or second call of a request with kept graphs is captured: the cache tensors the
