@@ -377,7 +377,8 @@ def test_load_from_as_many_clients_as_queue_places_no_errors_no_crossed_memory_f
     report.record(
         "service",
         "service-load",
-        what="vaeshard serve, 2 CPU ranks; small decodes of 3 shapes (mode auto) from 7 concurrent clients (the queue's places)",
+        what="vaeshard serve, 2 CPU ranks; small decodes of 3 shapes (mode auto) from 7 concurrent clients "
+        "(the queue's places)",
         requests=str(len(results)),
         results=f"{len(results)} x 200 OK, each equal to diffusers' decode of its own latents (<= 1e-5)",
         time=f"{len(results) / wall:.1f} requests/s; latency (queueing included) p50 {p50 * 1000:.0f} ms, "
