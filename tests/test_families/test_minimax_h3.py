@@ -1,0 +1,166 @@
+"""MiniMax-H3 (AutoencoderKLMiniMaxH3): 5-D latents, a ViT decoder and a causal conv encoder run per
+temporal clip, tiling on by default; tile decode and encode on gloo ranks, one launch per world size.
+
+tile: bit-identical (torch.equal) to diffusers' own decode / encode with its default tiling on: clips
+overlapping in time (the latent padded by repetition), tiles whose overlaps differ per boundary, the
+encoder's last clip padded by repeating the last frame and `token_drop` frames dropped, a one-frame
+encode, the real clip geometry (17 frames, 3 dropped) at tiny widths, geometry set with
+`enable_tiling(...)`, fewer tiles than ranks, batch 2. `auto` follows the VAE's tiling: bit for bit
+with `exact=True`; in the fast tier (tiles of one shape batched) within CPU fp32 tolerance. The real
+config on the meta device (grids, shapes, plan).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vaeshard
+from vaeshard.families import family_for
+
+from ..dist_harness import run_ranks
+from ..models import latent, minimax_h3_small
+from ..parity import CPU_FP32, assert_close, assert_identical, reference_from_rank0
+
+REAL_CLIPS = {"clip_length": 17, "token_drop": 3}  # the released clip geometry (4x temporal: 5 latent frames)
+
+
+def _build(overrides: dict, tiling=None):
+    vae = minimax_h3_small(**overrides)
+    if tiling is not None:
+        vae.enable_tiling(*tiling)
+    return vae
+
+
+def _input(op: str, shape):
+    return latent(shape) if op == "decode" else latent(shape, seed=3)
+
+
+def _run(vae, op: str, x):
+    return vae.decode(x).sample if op == "decode" else vae.encode(x).latent_dist.parameters
+
+
+def _counts(vae, op, x):
+    family = family_for(vae)
+    ops = family.decode_tile_ops(vae, x) if op == "decode" else family.encode_tile_ops(vae, x)
+    return len(ops.time.spans), len(ops.grid.tiles)
+
+
+def _tile(rank, world, op, shape, clips, tiles, overrides=None, tiling=None, mode="tile", exact=False):
+    """vaeshard's `mode` against diffusers' decode (encode) of the VAE as configured (tiling on)."""
+    overrides = overrides or {}
+    x = _input(op, shape)
+
+    def diffusers():
+        with torch.no_grad():
+            return _run(_build(overrides, tiling), op, x)
+
+    reference = reference_from_rank0(rank, diffusers)
+    vae = _build(overrides, tiling)
+    assert _counts(vae, op, x) == (clips, tiles)
+    plan = vaeshard.plan(vae, x.shape, world, mode, op=op, exact=exact)
+    assert plan.strategy == "tile" and not plan.changes_result, plan.explain()
+    vaeshard.parallelize(vae, mode=mode, exact=exact)
+    out = _run(vae, op, x)
+    if plan.fast is None:
+        assert_identical(out, reference, f"{mode} {op} {shape}")
+    else:  # the fast tier: a rank's tiles of one shape in one batch
+        assert op == "decode" and "one batch" in plan.explain(), plan.explain()
+        assert_close(out, reference, CPU_FP32, f"{mode} fast {op} {shape}")
+
+
+def _forced_spatial_falls_back(rank, world):
+    vae = _build({})
+    plan = vaeshard.plan(vae, (1, 4, 5, 11, 9), world, "spatial_shard_height")
+    assert plan.strategy == "tile" and plan.fallback, plan.explain()
+    assert "minimax_h3 has no spatial-shard decode" in plan.reason
+
+
+LAUNCHES = {
+    2: [
+        # 2 clips (latent padded by one frame) of 2 x 2 tiles, overlaps 20 / 28 pixels
+        (_tile, ("decode", (1, 4, 5, 11, 9), 2, 4)),
+        (_tile, ("encode", (1, 3, 12, 40, 36), 2, 4)),  # last clip padded (12 -> 14 frames)
+        (_tile, ("encode", (1, 3, 1, 40, 28), 1, 2)),  # one frame: one clip as it is, no token_drop
+        (_tile, ("decode", (2, 4, 4, 9, 11), 2, 4), {"mode": "auto", "exact": True}),
+        (_tile, ("decode", (1, 4, 5, 11, 9), 2, 4), {"mode": "auto"}),  # the fast tier
+        (_forced_spatial_falls_back, ()),
+    ],
+    3: [
+        # enable_tiling(24, 24, 4, 4): 3 rows with overlaps 8 / 4, 2 columns overlapping by 12
+        (_tile, ("decode", (1, 4, 2, 15, 9), 1, 6), {"tiling": (24, 24, 4, 4)}),
+        (_tile, ("decode", (1, 4, 2, 8, 11), 1, 2)),  # one clip of 2 tiles over 3 ranks
+        (_tile, ("decode", (1, 4, 7, 6, 9), 1, 2), {"overrides": REAL_CLIPS}),  # 17 * 1 + 5 frames
+        (_tile, ("encode", (1, 3, 22, 24, 40), 2, 2), {"overrides": REAL_CLIPS}),  # 17 + 5 frames
+    ],
+    4: [
+        # the real clip geometry: 11 latent frames (1 repeated) in 2 clips of 2 x 2 uneven tiles
+        (_tile, ("decode", (1, 4, 11, 9, 10), 2, 4), {"overrides": REAL_CLIPS}),
+        (_tile, ("decode", (1, 4, 11, 9, 10), 2, 4), {"overrides": REAL_CLIPS, "mode": "auto"}),
+    ],
+}
+
+
+def _launch(rank, world):
+    for entry in LAUNCHES[world]:
+        fn, args, kwargs = (*entry, {})[:3]
+        fn(rank, world, *args, **kwargs)
+    return world
+
+
+@pytest.mark.parametrize("world", sorted(LAUNCHES))
+def test_tile_bit_identical_to_diffusers_tiled(world):
+    assert run_ranks(_launch, world) == [world] * world
+
+
+# -- single process ------------------------------------------------------------------------------------
+
+
+def test_batched_tiles_match_tiles_one_at_a_time():
+    """The fast tier's batch (TileOps.run_many) against diffusers' decoder run on each tile."""
+    from vaeshard.layers import tier
+
+    vae = _build({})
+    z = latent((1, 4, 5, 11, 9))
+    with tier.active(tier.FastPlan()):
+        ops = family_for(vae).decode_tile_ops(vae, z)
+    tiles = [t.cut(ops.source) for t in ops.all_tiles()][:2]  # two tiles of one shape
+    assert tiles[0].shape == tiles[1].shape
+    with torch.no_grad():
+        batched = ops.run_many(tiles)
+        for tile, out in zip(tiles, batched):
+            assert_close(out, vae.decoder(vae.post_quant_conv(tile)), CPU_FP32, "batched tile")
+
+
+def test_too_few_latent_frames_are_refused_clearly():
+    vae = _build(REAL_CLIPS)
+    with pytest.raises(ValueError, match="at least 3 frames"):
+        family_for(vae).decode_tile_ops(vae, torch.empty((1, 4, 2, 16, 16), device="meta"))
+
+
+def test_real_config_tile_grids_shapes_and_plan():
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    with torch.device("meta"):
+        vae = AutoencoderKLMiniMaxH3().eval()  # diffusers' defaults are MiniMax-H3's VAE: shapes only
+    family = family_for(vae)
+    assert family.latent_channels(vae) == 24 and family.spatial_ratio(vae) == 16
+    z = torch.empty((1, 24, 13, 45, 80), device="meta")  # 13 latent frames of 720 x 1280
+    ops = family.decode_tile_ops(vae, z)
+    assert ops.time.spans == ((0, 7), (5, 12), (10, 17)) and ops.source.shape[2] == 17  # 4 frames repeated
+    assert (ops.grid.num_rows, ops.grid.num_cols) == (4, 7)  # 720: 4 tiles of 256; 1280: 7
+    with torch.no_grad():
+        tile = vae.decoder(vae.post_quant_conv(z[:, :, :7, :16, :16]))
+    assert tuple(tile.shape) == ops.out_shape((1, 24, 7, 16, 16)) == (1, 3, 28, 256, 256)
+    x = torch.empty((1, 3, 39, 720, 1280), device="meta")  # 17 * 2 + 5 frames: 5 * 2 + 2 latent frames
+    enc = family.encode_tile_ops(vae, x)
+    assert enc.time.spans == ((0, 17), (17, 34), (34, 51))
+    with torch.no_grad():
+        moments = vae.quant_conv(vae.encoder(x[:, :, :17, :256, :256]))
+    assert tuple(moments.shape) == enc.out_shape((1, 3, 17, 256, 256)) == (1, 48, 5, 16, 16)
+    plan = vaeshard.plan(vae, z.shape, 8)
+    assert plan.strategy == "tile" and not plan.changes_result and plan.fast is not None, plan.explain()
+    exact = vaeshard.plan(vae, z.shape, 8, exact=True)
+    assert exact.fast is None and "bit for bit" in exact.result, exact.explain()
+    vae.disable_tiling()  # untiled: one rank decodes (no spatial shard yet)
+    assert vaeshard.plan(vae, z.shape, 8).strategy == "direct"
