@@ -6,8 +6,10 @@ overlapping in time (the latent padded by repetition), tiles whose overlaps diff
 encoder's last clip padded by repeating the last frame and `token_drop` frames dropped, a one-frame
 encode, the real clip geometry (17 frames, 3 dropped) at tiny widths, geometry set with
 `enable_tiling(...)`, fewer tiles than ranks, batch 2. `auto` follows the VAE's tiling: bit for bit
-with `exact=True`; in the fast tier (tiles of one shape batched) within CPU fp32 tolerance. The real
-config on the meta device (grids, shapes, plan).
+with `exact=True`; in the fast tier (tiles of one shape batched) within CPU fp32 tolerance. With
+tiling off, spatial shards of the clip's tokens (keys and values gathered per layer) within CPU fp32
+tolerance of diffusers' untiled decode, uneven on 2, 3 and 4 ranks. The real config on the meta
+device (grids, shapes, plan, layers).
 """
 
 from __future__ import annotations
@@ -69,11 +71,32 @@ def _tile(rank, world, op, shape, clips, tiles, overrides=None, tiling=None, mod
         assert_close(out, reference, CPU_FP32, f"{mode} fast {op} {shape}")
 
 
-def _forced_spatial_falls_back(rank, world):
+def _spatial(rank, world, shape, mode, expect=None, overrides=None):
+    """A spatially sharded decode of the VAE with tiling off against diffusers' untiled decode: each
+    rank's tokens attend over the whole clip (keys and values gathered), registers on every rank."""
+    overrides = overrides or {}
+    z = latent(shape)
+
+    def diffusers():
+        vae = _build(overrides)
+        vae.disable_tiling()
+        with torch.no_grad():
+            return vae.decode(z).sample
+
+    reference = reference_from_rank0(rank, diffusers)
+    vae = _build(overrides)
+    vae.disable_tiling()
+    vaeshard.parallelize(vae, mode=mode)
+    plan = vaeshard.plan(vae, z.shape, world)
+    assert plan.strategy == (expect or mode) and not plan.changes_result, plan.explain()
+    assert_close(vae.decode(z).sample, reference, CPU_FP32, f"{mode} {shape}")
+
+
+def _encode_has_no_spatial_mode(rank, world):
     vae = _build({})
-    plan = vaeshard.plan(vae, (1, 4, 5, 11, 9), world, "spatial_shard_height")
+    plan = vaeshard.plan(vae, (1, 3, 12, 40, 36), world, "spatial_shard_height", op="encode")
     assert plan.strategy == "tile" and plan.fallback, plan.explain()
-    assert "minimax_h3 has no spatial-shard decode" in plan.reason
+    assert "minimax_h3 has no spatial-shard encode" in plan.reason
 
 
 LAUNCHES = {
@@ -84,7 +107,9 @@ LAUNCHES = {
         (_tile, ("encode", (1, 3, 1, 40, 28), 1, 2)),  # one frame: one clip as it is, no token_drop
         (_tile, ("decode", (2, 4, 4, 9, 11), 2, 4), {"mode": "auto", "exact": True}),
         (_tile, ("decode", (1, 4, 5, 11, 9), 2, 4), {"mode": "auto"}),  # the fast tier
-        (_forced_spatial_falls_back, ()),
+        (_encode_has_no_spatial_mode, ()),
+        (_spatial, ((1, 4, 5, 11, 9), "spatial_shard_height")),  # 6 / 5 rows, 2 clips
+        (_spatial, ((1, 4, 4, 7, 10), "auto", "spatial_shard_width")),  # tiling off: the longer axis
     ],
     3: [
         # enable_tiling(24, 24, 4, 4): 3 rows with overlaps 8 / 4, 2 columns overlapping by 12
@@ -92,11 +117,15 @@ LAUNCHES = {
         (_tile, ("decode", (1, 4, 2, 8, 11), 1, 2)),  # one clip of 2 tiles over 3 ranks
         (_tile, ("decode", (1, 4, 7, 6, 9), 1, 2), {"overrides": REAL_CLIPS}),  # 17 * 1 + 5 frames
         (_tile, ("encode", (1, 3, 22, 24, 40), 2, 2), {"overrides": REAL_CLIPS}),  # 17 + 5 frames
+        (_spatial, ((2, 4, 2, 5, 6), "spatial_shard_height")),  # batch 2, 2 / 2 / 1 rows
+        (_spatial, ((1, 4, 7, 4, 8), "spatial_shard_width", None, REAL_CLIPS)),  # 3 / 3 / 2 columns
     ],
     4: [
         # the real clip geometry: 11 latent frames (1 repeated) in 2 clips of 2 x 2 uneven tiles
         (_tile, ("decode", (1, 4, 11, 9, 10), 2, 4), {"overrides": REAL_CLIPS}),
         (_tile, ("decode", (1, 4, 11, 9, 10), 2, 4), {"overrides": REAL_CLIPS, "mode": "auto"}),
+        (_spatial, ((1, 4, 11, 6, 10), "spatial_shard_width", None, REAL_CLIPS)),  # 3 / 3 / 2 / 2 columns
+        (_spatial, ((1, 4, 2, 9, 3), "spatial_shard_height")),  # 3 / 2 / 2 / 2 rows
     ],
 }
 
@@ -162,5 +191,10 @@ def test_real_config_tile_grids_shapes_and_plan():
     assert plan.strategy == "tile" and not plan.changes_result and plan.fast is not None, plan.explain()
     exact = vaeshard.plan(vae, z.shape, 8, exact=True)
     assert exact.fast is None and "bit for bit" in exact.result, exact.explain()
-    vae.disable_tiling()  # untiled: one rank decodes (no spatial shard yet)
-    assert vaeshard.plan(vae, z.shape, 8).strategy == "direct"
+    vae.disable_tiling()  # untiled: the clip's tokens sharded over the ranks, by the longer axis
+    assert vaeshard.plan(vae, z.shape, 8).strategy == "spatial_shard_width"
+    assert vaeshard.plan(vae, x.shape, 8, op="encode").strategy == "direct"  # the encoder is not sharded
+    family.install_layers(vae)  # every attention of the real decoder is one vaeshard can shard
+    swapped = [n for n, m in vae.named_modules() if vaeshard.runtime.swap.is_swapped(m)]
+    assert swapped[0] == "decoder" and len(swapped) == 1 + 36
+    family.uninstall_layers(vae)

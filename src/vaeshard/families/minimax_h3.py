@@ -22,8 +22,12 @@ as one batch through the ViT (attention through diffusers' native dispatch, whic
 scaled-dot-product attention: flash or cuDNN kernels on the GPU); a batch computes the same as the
 tiles one at a time up to the order of floating-point sums.
 
-Spatial sharding is not supported: with tiling off a request runs on one rank (`auto`), and a forced
-spatial mode falls back to `tile` with a warning.
+With tiling off (`disable_tiling()`), a spatially sharded decode runs diffusers' untiled `_decode` on
+each rank's latent rows (or columns): every clip is one token sequence spread over the ranks, each
+rank holding the tokens of its rows with their global rotary positions and the register tokens as
+diffusers appends them; each attention gathers the keys and values of every rank's tokens (one
+all-gather per layer), so every query attends over the whole clip (layers/token_attention.py; the
+swaps are `install_layers`). The encoder is not sharded: an untiled encode runs on one rank.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from __future__ import annotations
 import torch
 
 from ..layers import tier as fast
+from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder
+from ..runtime.swap import swap
 from ..runtime.tile import Tile, TileGrid, TileOps, TimeChunks
-from .base import Family, Mirror, with_tiling_off
+from .base import Family, Mirror, refusal, with_tiling_off
 
 # the released checkpoint's constructor arguments: diffusers' defaults are MiniMax-H3's VAE
 CONFIGS = {"minimax_h3": ("AutoencoderKLMiniMaxH3", {})}
@@ -203,6 +209,37 @@ def encode_tile_ops(vae, x):
     )
 
 
+# -- spatial shard (tiling off): every layer swap of the family is in this one function -------------
+
+
+def install_layers(vae) -> None:
+    """The decoder (`MiniMaxH3VideoViTDecoder3d`) -> its rows' tokens with their global rotary
+    positions (layers/token_attention.py ShardedViTDecoder); each `MiniMaxH3VideoAttention` -> keys and
+    values of every rank's tokens (ShardedTokenAttention). Everything else in the decoder acts per
+    token (projections, RMS and layer norms, the feed-forward, the unpatchify of each token's pixels),
+    and `post_quant_conv` per pixel: local. An attention with another processor, or with diffusers'
+    own context parallelism configured, is refused before anything is swapped. The encoder is not
+    sharded (encode: `tile`, or one rank)."""
+    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import (
+        MiniMaxH3VideoAttention,
+        MiniMaxH3VideoAttnProcessor,
+        MiniMaxH3VideoViTDecoder3d,
+    )
+
+    if not isinstance(vae.decoder, MiniMaxH3VideoViTDecoder3d):
+        raise refusal("AutoencoderKLMiniMaxH3", "decoder", vae.decoder, "not diffusers' ViT decoder")
+    swaps = [(vae.decoder, ShardedViTDecoder)]
+    for name, module in vae.decoder.named_modules():
+        if isinstance(module, MiniMaxH3VideoAttention):
+            processor = module.processor
+            if type(processor) is not MiniMaxH3VideoAttnProcessor or processor._parallel_config is not None:
+                what = f"an attention whose processor is {type(processor).__name__} (or context-parallel)"
+                raise refusal("AutoencoderKLMiniMaxH3", f"decoder.{name}", module, what)
+            swaps.append((module, ShardedTokenAttention))
+    for module, mixin in swaps:  # only after the whole decoder was accepted
+        swap(module, mixin)
+
+
 def untiled_decode(vae, z):
     return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
 
@@ -211,7 +248,8 @@ def untiled_encode(vae, x):
     return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
 
 
-_H3 = "diffusers.models.autoencoders.autoencoder_kl_minimax_h3:AutoencoderKLMiniMaxH3."
+_MODULE = "diffusers.models.autoencoders.autoencoder_kl_minimax_h3:"
+_H3 = _MODULE + "AutoencoderKLMiniMaxH3."
 
 
 class _MiniMaxH3(Family):
@@ -230,14 +268,31 @@ class _MiniMaxH3(Family):
         ),
         Mirror(_H3 + "decode", "families/minimax_h3.py decode_tile_ops (the latent's dtype)", "2a06df98fba43d2f"),
         Mirror(_H3 + "encode", "families/minimax_h3.py encode_tile_ops (the sample's dtype)", "f25433a70fa1b136"),
+        Mirror(
+            _MODULE + "MiniMaxH3VideoViTDecoder3d.forward",
+            "layers/token_attention.py ShardedViTDecoder.forward, global_positions",
+            "27ef2cf940602f3a",
+        ),
+        Mirror(
+            _MODULE + "MiniMaxH3VideoAttnProcessor.__call__",
+            "layers/token_attention.py ShardedTokenAttention.forward",
+            "f890add650941d22",
+        ),
+        Mirror(
+            _MODULE + "MiniMaxH3VideoAttention.forward",
+            "layers/token_attention.py ShardedTokenAttention.forward (the processor's call)",
+            "8d871f737867c88e",
+        ),
     )
     latent_ndim = 5
+    spatial_decode = True
     fast_tiles = True  # the fast tier batches a rank's tiles of one shape (TileOps.run_many)
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
 
 
 FAMILY = _MiniMaxH3()
