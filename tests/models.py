@@ -413,3 +413,13 @@ def minimax_h3_small(**overrides):
 
 
 BUILDERS["minimax_h3"] = minimax_h3_small
+
+
+def minimax_h3_untiled():
+    """minimax_h3_small with diffusers' tiling off: the untiled decode the spatial modes give."""
+    vae = minimax_h3_small()
+    vae.disable_tiling()
+    return vae
+
+
+BUILDERS["minimax_h3_untiled"] = minimax_h3_untiled
