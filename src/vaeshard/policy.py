@@ -121,7 +121,8 @@ def _fast_tiles(chosen: Plan, family, options: FastOptions, op: str) -> Plan:
     )
     return chosen._replace(
         fast=fast,
-        result=f"diffusers' tiled {op} within the fast tier's tolerance (bit for bit with exact=True or mode tile)",
+        result=f"diffusers' tiled {op} within the fast tier's tolerances: what this VAE computes as configured "
+        "(bit for bit with exact=True or mode tile)",
     )
 
 

@@ -63,11 +63,15 @@ def _tile(rank, world, op, shape, clips, tiles, overrides=None, tiling=None, mod
     plan = vaeshard.plan(vae, x.shape, world, mode, op=op, exact=exact)
     assert plan.strategy == "tile" and not plan.changes_result, plan.explain()
     vaeshard.parallelize(vae, mode=mode, exact=exact)
+    batches = []  # the batch of every decoder call on this rank
+    vae.decoder.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
     out = _run(vae, op, x)
     if plan.fast is None:
         assert_identical(out, reference, f"{mode} {op} {shape}")
+        assert op == "encode" or set(batches) <= {shape[0]}, batches  # one tile at a time
     else:  # the fast tier: a rank's tiles of one shape in one batch
         assert op == "decode" and "one batch" in plan.explain(), plan.explain()
+        assert max(batches) > shape[0], batches
         assert_close(out, reference, CPU_FP32, f"{mode} fast {op} {shape}")
 
 
@@ -161,10 +165,18 @@ def test_batched_tiles_match_tiles_one_at_a_time():
             assert_close(out, vae.decoder(vae.post_quant_conv(tile)), CPU_FP32, "batched tile")
 
 
-def test_too_few_latent_frames_are_refused_clearly():
-    vae = _build(REAL_CLIPS)
+@pytest.mark.parametrize("tiling", [True, False])
+def test_too_few_latent_frames_are_refused_clearly(tiling):
+    vae = _build(REAL_CLIPS)  # clips of 5 latent frames, 3 dropped: at least 3 frames
+    if not tiling:
+        vae.disable_tiling()
+    z = latent((1, 4, 2, 4, 12))  # larger than one tile: diffusers' own decode fails on an empty list
+    with pytest.raises(ValueError, match="non-empty"):
+        vae.decode(z)
+    assert vaeshard.plan(vae, z.shape, 2).strategy != "refused"  # planning does not raise
+    vaeshard.parallelize(vae)
     with pytest.raises(ValueError, match="at least 3 frames"):
-        family_for(vae).decode_tile_ops(vae, torch.empty((1, 4, 2, 16, 16), device="meta"))
+        vae.decode(z)
 
 
 def test_real_config_tile_grids_shapes_and_plan():

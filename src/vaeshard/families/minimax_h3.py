@@ -66,18 +66,24 @@ def _grid(vae, rows: int, cols: int, ratio: int) -> tuple[TileGrid, list[int], l
 
 def _decode_clips(vae, frames: int) -> tuple[int, tuple[tuple[int, int], ...]]:
     """`_decode`'s temporal chunking of a latent of `frames` frames: the frames repeated at the end,
-    and the latent frames [t0, t1) of each clip (of the padded latent)."""
+    and the latent frames [t0, t1) of each clip (of the padded latent); no clip for a latent too short."""
     size, drop = vae.tokens_chunk_size, vae.config.token_drop
     num_tokens = frames + drop
     pad = (-num_tokens) % size
     num_chunks = (num_tokens + pad) // size - int(drop > 0)
-    if num_chunks < 1:
-        raise ValueError(
-            f"AutoencoderKLMiniMaxH3 decodes latents of at least {size - drop + 1} frames (its clips of "
-            f"{size} latent frames less token_drop {drop}), got {frames}: diffusers' decode would fail too"
-        )
     total = frames + pad
     return pad, tuple((i * size, min(i * size + size + vae.token_overlap, total)) for i in range(num_chunks))
+
+
+def _check_frames(vae, frames: int) -> None:
+    """diffusers' `_decode` of a latent shorter than one clip less `token_drop` has no clip to decode
+    (it fails on an empty concatenation): say so instead."""
+    size, drop = vae.tokens_chunk_size, vae.config.token_drop
+    if not _decode_clips(vae, frames)[1]:
+        raise ValueError(
+            f"AutoencoderKLMiniMaxH3 decodes latents of at least {size - drop + 1} frames (its clips of {size} "
+            f"latent frames less token_drop {drop}), got {frames}; diffusers' own decode fails on it too"
+        )
 
 
 def _merge_decoded(vae, clips: list[torch.Tensor], pad_tokens: int, padded_frames: int) -> torch.Tensor:
@@ -127,8 +133,8 @@ def decode_tile_ops(vae, z):
     ratio = vae.spatial_compression_ratio
     pad, spans = _decode_clips(vae, frames)
     grid, row_overlaps, col_overlaps = _grid(vae, rows, cols, ratio)
-    if len(spans) == 1 and len(grid.tiles) == 1:
-        return None
+    if not spans or (len(spans) == 1 and len(grid.tiles) == 1):
+        return None  # diffusers decodes it directly (a latent without a clip: the decode refuses it)
     if pad > 0:
         z = torch.cat([z, z[:, :, -1:].repeat(1, 1, pad, 1, 1)], dim=2)
     padded = z.shape[2]
@@ -241,7 +247,13 @@ def install_layers(vae) -> None:
 
 
 def untiled_decode(vae, z):
+    _check_frames(vae, z.shape[2])
     return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
+
+
+def direct_decode(vae, z):
+    _check_frames(vae, z.shape[2])
+    return type(vae).decode(vae, z, return_dict=False)[0]
 
 
 def untiled_encode(vae, x):
@@ -291,6 +303,7 @@ class _MiniMaxH3(Family):
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
+    direct_decode = staticmethod(direct_decode)
     untiled_encode = staticmethod(untiled_encode)
     install_layers = staticmethod(install_layers)
 
