@@ -149,19 +149,25 @@ def test_tile_bit_identical_to_diffusers_tiled(world):
 # -- single process ------------------------------------------------------------------------------------
 
 
-def test_batched_tiles_match_tiles_one_at_a_time():
-    """The fast tier's batch (TileOps.run_many) against diffusers' decoder run on each tile."""
+def test_batched_tiles_match_tiles_one_at_a_time(monkeypatch):
+    """The fast tier's batches (TileOps.run_many, at most BATCH_TOKENS tokens a call) against
+    diffusers' decoder run on each tile."""
+    from vaeshard.families import minimax_h3
     from vaeshard.layers import tier
 
     vae = _build({})
     z = latent((1, 4, 5, 11, 9))
     with tier.active(tier.FastPlan()):
         ops = family_for(vae).decode_tile_ops(vae, z)
-    tiles = [t.cut(ops.source) for t in ops.all_tiles()][:2]  # two tiles of one shape
-    assert tiles[0].shape == tiles[1].shape
+    tiles = [t.cut(ops.source) for t in ops.all_tiles()]  # 8 tiles of 3 x 8 x 8 latent voxels
+    assert len(tiles) == 8 and all(t.shape == tiles[0].shape for t in tiles)
+    monkeypatch.setattr(minimax_h3, "BATCH_TOKENS", 3 * 3 * 8 * 8)  # three tiles a call: 3 + 3 + 2
+    batches = []
+    vae.decoder.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
     with torch.no_grad():
         batched = ops.run_many(tiles)
-        for tile, out in zip(tiles, batched):
+        assert batches == [3, 3, 2]
+        for tile, out in zip(tiles, batched, strict=True):
             assert_close(out, vae.decoder(vae.post_quant_conv(tile)), CPU_FP32, "batched tile")
 
 

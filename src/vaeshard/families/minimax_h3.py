@@ -18,7 +18,7 @@ ranks together, largest first, gathers them once, and stitches each clip with di
 so the result is diffusers' bit for bit. Geometry set with `enable_tiling(...)` is read per request.
 
 The fast tier (the default unless `exact=True` or mode `tile`) decodes each rank's tiles of one shape
-as one batch through the ViT (attention through diffusers' native dispatch, which is PyTorch's
+as one batch through the ViT (of at most `BATCH_TOKENS` tokens) (attention through diffusers' native dispatch, which is PyTorch's
 scaled-dot-product attention: flash or cuDNN kernels on the GPU); a batch computes the same as the
 tiles one at a time up to the order of floating-point sums.
 
@@ -42,6 +42,12 @@ from .base import Family, Mirror, refusal, with_tiling_off
 
 # the released checkpoint's constructor arguments: diffusers' defaults are MiniMax-H3's VAE
 CONFIGS = {"minimax_h3": ("AutoencoderKLMiniMaxH3", {})}
+
+
+# The fast tier's batch of tiles holds at most this many tokens (whole tiles, at least one): a bound on
+# the feed-forward's peak (2**16 tokens of the real decoder: about 2 GiB of bf16 activations), not a
+# measured optimum.
+BATCH_TOKENS = 2**16
 
 
 def latent_channels(vae) -> int:
@@ -145,7 +151,11 @@ def decode_tile_ops(vae, z):
         return decoder(vae.post_quant_conv(tile))
 
     def run_many(tiles):
-        return list(run(torch.cat(tiles)).split(tiles[0].shape[0]))
+        per_call = max(1, BATCH_TOKENS // tiles[0][:, 0].numel())  # tokens of one tile (its whole batch)
+        outs = []
+        for k in range(0, len(tiles), per_call):
+            outs += run(torch.cat(tiles[k : k + per_call])).split(tiles[0].shape[0])
+        return outs
 
     return TileOps(
         grid=grid,
