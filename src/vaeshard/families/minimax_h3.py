@@ -18,9 +18,9 @@ ranks together, largest first, gathers them once, and stitches each clip with di
 so the result is diffusers' bit for bit. Geometry set with `enable_tiling(...)` is read per request.
 
 The fast tier (the default unless `exact=True` or mode `tile`) decodes each rank's tiles of one shape
-as one batch through the ViT (of at most `BATCH_TOKENS` tokens) (attention through diffusers' native dispatch, which is PyTorch's
-scaled-dot-product attention: flash or cuDNN kernels on the GPU); a batch computes the same as the
-tiles one at a time up to the order of floating-point sums.
+in batches of at most `BATCH_TOKENS` tokens through the ViT (attention through diffusers' native
+dispatch, which is PyTorch's scaled-dot-product attention: flash or cuDNN kernels on the GPU); a
+batch computes the same as the tiles one at a time up to the order of floating-point sums.
 
 With tiling off (`disable_tiling()`), a spatially sharded decode runs diffusers' untiled `_decode` on
 each rank's latent rows (or columns): every clip is one token sequence spread over the ranks, each
