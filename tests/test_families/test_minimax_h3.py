@@ -171,6 +171,21 @@ def test_batched_tiles_match_tiles_one_at_a_time(monkeypatch):
             assert_close(out, vae.decoder(vae.post_quant_conv(tile)), CPU_FP32, "batched tile")
 
 
+def test_untiled_decode_aligns_the_latent_with_a_mixed_precision_decoder():
+    """diffusers' `decode` casts the latent to `post_quant_conv`'s dtype before `_decode`; the untiled
+    decode a sharded request runs on each rank does too (bf16 decoder, float32 pinned modules)."""
+    vae = _build({})
+    vae.disable_tiling()
+    vae.decoder.to(torch.bfloat16)
+    vae.post_quant_conv.to(torch.bfloat16)
+    for name, param in vae.decoder.named_parameters():  # diffusers' _keep_in_fp32_modules of the decoder
+        if any(part in name for part in ("norm1", "norm2", "norm_out", "scale1", "scale2")):
+            param.data = param.data.float()
+    z = latent((1, 4, 2, 4, 4))  # float32, one of the VAE's dtypes
+    with torch.no_grad():
+        assert_identical(family_for(vae).untiled_decode(vae, z), vae.decode(z).sample, "mixed precision")
+
+
 @pytest.mark.parametrize("tiling", [True, False])
 def test_too_few_latent_frames_are_refused_clearly(tiling):
     vae = _build(REAL_CLIPS)  # clips of 5 latent frames, 3 dropped: at least 3 frames

@@ -258,6 +258,7 @@ def install_layers(vae) -> None:
 
 def untiled_decode(vae, z):
     _check_frames(vae, z.shape[2])
+    z = z.to(_weights_dtype(vae.post_quant_conv))  # as diffusers' `decode` aligns it before `_decode`
     return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
 
 
@@ -267,6 +268,7 @@ def direct_decode(vae, z):
 
 
 def untiled_encode(vae, x):
+    x = x.to(_weights_dtype(vae.encoder))  # as diffusers' `encode` aligns it before `_encode`
     return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
 
 
