@@ -186,6 +186,21 @@ def test_untiled_decode_aligns_the_latent_with_a_mixed_precision_decoder():
         assert_identical(family_for(vae).untiled_decode(vae, z), vae.decode(z).sample, "mixed precision")
 
 
+def test_one_clip_of_one_tile_is_run_as_diffusers_runs_it():
+    """One clip of one tile is no tile grid (diffusers runs the model once): one rank runs it."""
+    vae = _build({})  # clips of 7 frames (2 latent frames, 1 dropped), tiles of 32 pixels
+    family = family_for(vae)
+
+    def meta(*shape):
+        return torch.empty(shape, device="meta")
+
+    assert family.encode_tile_ops(vae, meta(1, 3, 7, 32, 32)) is None
+    assert len(family.encode_tile_ops(vae, meta(1, 3, 8, 32, 32)).time.spans) == 2
+    assert family.decode_tile_ops(vae, meta(1, 4, 2, 8, 8)) is None
+    assert len(family.decode_tile_ops(vae, meta(1, 4, 4, 8, 8)).time.spans) == 2
+    assert vaeshard.plan(vae, (1, 3, 7, 32, 32), 2, op="encode").strategy == "direct"
+
+
 @pytest.mark.parametrize("tiling", [True, False])
 def test_too_few_latent_frames_are_refused_clearly(tiling):
     vae = _build(REAL_CLIPS)  # clips of 5 latent frames, 3 dropped: at least 3 frames

@@ -198,6 +198,8 @@ def encode_tile_ops(vae, x):
     ratio = vae.spatial_compression_ratio
     latent_rows = [o // ratio for o in row_overlaps]
     latent_cols = [o // ratio for o in col_overlaps]
+    if frames <= clip_length and len(grid.tiles) == 1:
+        return None  # diffusers encodes one clip of one tile directly
     if frames == 1:
         spans, merge_clips = ((0, 1),), lambda clips: clips[0]
     else:
@@ -209,8 +211,6 @@ def encode_tile_ops(vae, x):
             moments = torch.cat(clips, dim=2)
             return moments[:, :, :-drop] if drop > 0 else moments
 
-    if frames == 1 and len(grid.tiles) == 1:
-        return None  # diffusers encodes it directly (one clip, one tile)
     return TileOps(
         grid=grid,
         source=x,
