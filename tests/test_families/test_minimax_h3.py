@@ -98,17 +98,17 @@ def _spatial(rank, world, shape, mode, expect=None, overrides=None):
 
 def _encode_has_no_spatial_mode(rank, world):
     vae = _build({})
-    plan = vaeshard.plan(vae, (1, 3, 12, 40, 36), world, "spatial_shard_height", op="encode")
+    plan = vaeshard.plan(vae, (1, 3, 12, 80, 72), world, "spatial_shard_height", op="encode")
     assert plan.strategy == "tile" and plan.fallback, plan.explain()
     assert "minimax_h3 has no spatial-shard encode" in plan.reason
 
 
 LAUNCHES = {
     2: [
-        # 2 clips (latent padded by one frame) of 2 x 2 tiles, overlaps 20 / 28 pixels
+        # 2 clips (latent padded by one frame) of 2 x 2 tiles, overlaps 40 / 56 pixels
         (_tile, ("decode", (1, 4, 5, 11, 9), 2, 4)),
-        (_tile, ("encode", (1, 3, 12, 40, 36), 2, 4)),  # last clip padded (12 -> 14 frames)
-        (_tile, ("encode", (1, 3, 1, 40, 28), 1, 2)),  # one frame: one clip as it is, no token_drop
+        (_tile, ("encode", (1, 3, 12, 80, 72), 2, 4)),  # last clip padded (12 -> 14 frames)
+        (_tile, ("encode", (1, 3, 1, 80, 56), 1, 2)),  # one frame: one clip as it is, no token_drop
         (_tile, ("decode", (2, 4, 4, 9, 11), 2, 4), {"mode": "auto", "exact": True}),
         (_tile, ("decode", (1, 4, 5, 11, 9), 2, 4), {"mode": "auto"}),  # the fast tier
         (_encode_has_no_spatial_mode, ()),
@@ -116,11 +116,11 @@ LAUNCHES = {
         (_spatial, ((1, 4, 4, 7, 10), "auto", "spatial_shard_width")),  # tiling off: the longer axis
     ],
     3: [
-        # enable_tiling(24, 24, 4, 4): 3 rows with overlaps 8 / 4, 2 columns overlapping by 12
-        (_tile, ("decode", (1, 4, 2, 15, 9), 1, 6), {"tiling": (24, 24, 4, 4)}),
+        # enable_tiling(48, 48, 8, 8): 3 rows with overlaps 16 / 8, 2 columns overlapping by 24
+        (_tile, ("decode", (1, 4, 2, 15, 9), 1, 6), {"tiling": (48, 48, 8, 8)}),
         (_tile, ("decode", (1, 4, 2, 8, 11), 1, 2)),  # one clip of 2 tiles over 3 ranks
         (_tile, ("decode", (1, 4, 7, 6, 9), 1, 2), {"overrides": REAL_CLIPS}),  # 17 * 1 + 5 frames
-        (_tile, ("encode", (1, 3, 22, 24, 40), 2, 2), {"overrides": REAL_CLIPS}),  # 17 + 5 frames
+        (_tile, ("encode", (1, 3, 22, 48, 80), 2, 2), {"overrides": REAL_CLIPS}),  # 17 + 5 frames
         (_spatial, ((2, 4, 2, 5, 6), "spatial_shard_height")),  # batch 2, 2 / 2 / 1 rows
         (_spatial, ((1, 4, 7, 4, 8), "spatial_shard_width", None, REAL_CLIPS)),  # 3 / 3 / 2 columns
     ],
@@ -188,17 +188,17 @@ def test_untiled_decode_aligns_the_latent_with_a_mixed_precision_decoder():
 
 def test_one_clip_of_one_tile_is_run_as_diffusers_runs_it():
     """One clip of one tile is no tile grid (diffusers runs the model once): one rank runs it."""
-    vae = _build({})  # clips of 7 frames (2 latent frames, 1 dropped), tiles of 32 pixels
+    vae = _build({})  # clips of 7 frames (2 latent frames, 1 dropped), tiles of 64 pixels
     family = family_for(vae)
 
     def meta(*shape):
         return torch.empty(shape, device="meta")
 
-    assert family.encode_tile_ops(vae, meta(1, 3, 7, 32, 32)) is None
-    assert len(family.encode_tile_ops(vae, meta(1, 3, 8, 32, 32)).time.spans) == 2
+    assert family.encode_tile_ops(vae, meta(1, 3, 7, 64, 64)) is None
+    assert len(family.encode_tile_ops(vae, meta(1, 3, 8, 64, 64)).time.spans) == 2
     assert family.decode_tile_ops(vae, meta(1, 4, 2, 8, 8)) is None
     assert len(family.decode_tile_ops(vae, meta(1, 4, 4, 8, 8)).time.spans) == 2
-    assert vaeshard.plan(vae, (1, 3, 7, 32, 32), 2, op="encode").strategy == "direct"
+    assert vaeshard.plan(vae, (1, 3, 7, 64, 64), 2, op="encode").strategy == "direct"
 
 
 @pytest.mark.parametrize("tiling", [True, False])
