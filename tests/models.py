@@ -369,3 +369,58 @@ def hunyuanvideo_small(**overrides):
 
 
 BUILDERS["hunyuanvideo"] = hunyuanvideo_small
+
+
+def minimax_h3_small(**overrides):
+    """A seeded AutoencoderKLMiniMaxH3 keeping every kind of layer of the real one: an encoder of four
+    levels whose downsamplers resample space only, space and time (twice) and nothing (8x spatial, 4x
+    temporal; stride-2 convolutions after their (0, 1) reflect pad), causal reflect-padded 3x3x3
+    convolutions, per-frame GroupNorms (affine weights seeded), 1x1x1 shortcuts where the width
+    changes; a ViT decoder of two blocks (RMS-normed Q/K, rotary positions over t, h, w, two register
+    tokens and the zero token, SwiGLU feed-forward; the zero-initialised residual scales and registers
+    seeded). Clips of 7 sample frames (2 latent frames, 1 dropped): the decoder's clips overlap by one
+    latent frame, cross-faded over 3 sample frames, and the encoder's last clip is padded. Tiles of 64
+    sample pixels with at least 16 overlapping (the real 256 and 64: 8 and 2 latent pixels); the real
+    clip geometry (17 frames, 3 dropped) is `clip_length=17, token_drop=3`."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    config = dict(
+        latent_channels=4,
+        block_out_channels=(4, 8, 8, 8),
+        layers_per_block=1,
+        spatial_downsample_factors=(2, 2, 2, 1),
+        temporal_downsample_factors=(1, 2, 2, 1),
+        norm_num_groups=2,
+        decoder_num_layers=2,
+        decoder_num_attention_heads=2,
+        decoder_attention_head_dim=8,
+        decoder_num_register_tokens=2,
+        decoder_ffn_mult=2,
+        clip_length=7,
+        token_drop=1,
+        latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    )
+    config.update(overrides)
+    vae = _seeded(lambda: AutoencoderKLMiniMaxH3(**config))
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            if "norm" in name or name.endswith(("scale1", "scale2", "register_tokens")):
+                base = 1.0 if name.endswith("weight") and "norm" in name else 0.0
+                p.copy_(base + 0.3 * torch.randn(p.shape, generator=g))
+    vae.enable_tiling(64, 64, 16, 16)
+    return vae
+
+
+BUILDERS["minimax_h3"] = minimax_h3_small
+
+
+def minimax_h3_untiled():
+    """minimax_h3_small with diffusers' tiling off: the untiled decode the spatial modes give."""
+    vae = minimax_h3_small()
+    vae.disable_tiling()
+    return vae
+
+
+BUILDERS["minimax_h3_untiled"] = minimax_h3_untiled

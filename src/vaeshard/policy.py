@@ -98,13 +98,32 @@ def plan_for(vae, latent_shape, world_size: int, config: ParallelConfig, *, op: 
     (runtime.swap.replaced_forwards), which a request has looked for already."""
     chosen = strategy_for(vae, latent_shape, world_size, config.mode, op=op, size=config.size, hooked=hooked)
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
-    if hooked or config.exact or config.mode == "tile" or chosen.strategy == "tile":
+    if hooked or config.exact or config.mode == "tile":
         return chosen
     from .families import family_for
 
+    if chosen.strategy == "tile":
+        return _fast_tiles(chosen, family_for(vae), config.fast, op)
     if not family_for(vae).fast_tier:
         return chosen._replace(tier_reason=f"{type(vae).__name__} has no fast-tier layers (docs/families.md)")
     return chosen._replace(fast=resolve_fast(vae, latent_shape, world_size, chosen.strategy, config.fast, op=op))
+
+
+def _fast_tiles(chosen: Plan, family, options: FastOptions, op: str) -> Plan:
+    """`auto`'s tiles in the fast tier: where the family batches a rank's tiles of one shape
+    (Family.fast_tiles, decode), one batch per shape, within the fast tier's tolerance of diffusers'
+    tiled decode; elsewhere (and with `exact=True` or mode `tile`) one tile at a time, bit for bit."""
+    if not (family.fast_tiles and op == "decode"):
+        return chosen
+    why = "each rank decodes its tiles of one shape as one batch (Family.fast_tiles; exact=True: one at a time)"
+    fast = FastPlan(
+        cudnn_benchmark=options.cudnn_benchmark, triton_convs=options.triton_convs, reasons=(("tiles", why),)
+    )
+    return chosen._replace(
+        fast=fast,
+        result=f"diffusers' tiled {op} within the fast tier's tolerances: what this VAE computes as configured "
+        "(bit for bit with exact=True or mode tile)",
+    )
 
 
 def expected_of(family, vae, op: str) -> Expected:

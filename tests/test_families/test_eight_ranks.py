@@ -26,6 +26,7 @@ CASES = [
     ("mochi", (1, 4, 2, 8, 9), "spatial_shard_width", {}, CPU_FP32_GROUPNORM),
     ("cogvideox", (1, 4, 5, 9, 8), "spatial_shard_height", {}, CPU_FP32_GROUPNORM),
     ("hunyuanvideo", (1, 4, 2, 3, 9), "spatial_shard_width", {}, CPU_FP32_GROUPNORM),
+    ("minimax_h3_untiled", (1, 4, 2, 5, 9), "spatial_shard_width", {}, CPU_FP32),
 ]
 
 

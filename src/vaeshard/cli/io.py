@@ -93,6 +93,7 @@ NAMED_CONFIGS = {
     "hunyuanvideo": ("AutoencoderKLHunyuanVideo", {}),  # likewise the HunyuanVideo VAE
     "cogvideox": ("AutoencoderKLCogVideoX", {}),  # likewise CogVideoX's (1.0 and 1.5 share it)
     "mochi": ("AutoencoderKLMochi", {}),  # likewise the Mochi 1 VAE
+    "minimax_h3": ("AutoencoderKLMiniMaxH3", {}),  # likewise the MiniMax-H3 VAE
 }
 
 

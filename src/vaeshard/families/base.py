@@ -82,6 +82,9 @@ class Family(ABC):
     # the fast tier (kernels, channels-last, fused norms) serves this family's layers, measured faster
     # than diffusers' own on the GPU (BENCHMARKS.md); otherwise every request runs diffusers' layers
     fast_tier: bool = False
+    # `auto`'s tiled decode in the fast tier runs a rank's tiles of one shape as one batch
+    # (TileOps.run_many: MiniMax-H3's ViT); `tile` and `exact=True` run them one at a time, bit for bit
+    fast_tiles: bool = False
 
     @abstractmethod
     def latent_channels(self, vae) -> int:

@@ -108,6 +108,12 @@ class TileOps:
     skip: Callable[[torch.Tensor], None] | None = None
     # diffusers' tiling in time around the grid (None: the grid covers every frame at once)
     time: TimeChunks | None = None
+    # the family's merge of one grid's finished tiles (rows of tiles, row-major), in place of `merge`:
+    # diffusers' own stitch where its overlaps differ from boundary to boundary (MiniMax-H3)
+    stitch: Callable[[list[list[torch.Tensor]]], torch.Tensor] | None = None
+    # several input tiles of one shape -> their finished tiles, in one call (the fast tier's batch);
+    # None: one tile at a time through `run`
+    run_many: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
 
     def all_tiles(self) -> tuple[Tile, ...]:
         """The grid's tiles, once per time chunk where there are chunks (chunk by chunk, row-major)."""
@@ -155,13 +161,14 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     stack = None
     mine_set = set(mine)
     order = tiles if ops.skip is not None else mine
+    batched = _run_batched(ops, mine, x_bcthw) if ops.run_many is not None and ops.skip is None else None
     k = -1
     for t in order:
         if t not in mine_set:
             ops.skip(t.cut(x_bcthw))
             continue
         k += 1
-        out = ops.run(t.cut(x_bcthw))
+        out = batched.pop(t.key) if batched is not None else ops.run(t.cut(x_bcthw))
         if tuple(out.shape) != out_shapes[t.key]:
             where = f"({t.row}, {t.col})" if ops.time is None else f"({t.row}, {t.col}) of time chunk {t.chunk}"
             raise RuntimeError(
@@ -187,11 +194,24 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
 
     def merged(chunk: int) -> torch.Tensor:
         rows = [[by_position[(chunk, i, j)] for j in range(grid.num_cols)] for i in range(grid.num_rows)]
-        return merge(rows, grid, ops)
+        return ops.stitch(rows) if ops.stitch is not None else merge(rows, grid, ops)
 
     if ops.time is None:
         return ops.finish(merged(0))
     return ops.finish(ops.time.merge([merged(c) for c in range(len(ops.time.spans))]))
+
+
+def _run_batched(ops: TileOps, mine: list[Tile], x: torch.Tensor) -> dict[tuple[int, int, int], torch.Tensor]:
+    """This rank's tiles run through `ops.run_many`, those of one input shape in one call (in key
+    order), by key."""
+    by_shape: dict[tuple[int, ...], list[Tile]] = {}
+    for t in mine:
+        by_shape.setdefault(t.in_shape(x.shape), []).append(t)
+    done = {}
+    for group in by_shape.values():
+        outs = ops.run_many([t.cut(x) for t in group])
+        done.update({t.key: out for t, out in zip(group, outs)})
+    return done
 
 
 def merge(rows: list[list[torch.Tensor]], grid: TileGrid, ops: TileOps) -> torch.Tensor:
