@@ -41,6 +41,7 @@ _PRELOAD = [
     "diffusers.models.autoencoders.autoencoder_kl_ltx2",
     "diffusers.models.autoencoders.autoencoder_kl_cogvideox",
     "diffusers.models.autoencoders.autoencoder_kl_mochi",
+    "diffusers.models.autoencoders.autoencoder_dc",
     "tests.models",
     "vaeshard",
 ]

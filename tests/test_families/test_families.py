@@ -24,6 +24,7 @@ FAMILY_MODELS["AutoencoderKLHunyuanVideo15"] = "hunyuanvideo15"
 FAMILY_MODELS.update(AutoencoderKLHunyuanVideo="hunyuanvideo", AutoencoderKLCogVideoX="cogvideox")
 FAMILY_MODELS["AutoencoderKLMochi"] = "mochi"
 FAMILY_MODELS.update(AutoencoderKLLTXVideo="ltx", AutoencoderKLLTX2Video="ltx2")
+FAMILY_MODELS["AutoencoderDC"] = "dcae"
 
 
 def _tiny_autoencoder():

@@ -33,6 +33,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLLTXVideo": ("vaeshard.families.ltx", "LTX_FAMILY"),
     "AutoencoderKLLTX2Video": ("vaeshard.families.ltx", "LTX2_FAMILY"),
     "AutoencoderKLMochi": ("vaeshard.families.mochi", "FAMILY"),
+    "AutoencoderDC": ("vaeshard.families.dcae", "FAMILY"),
 }
 
 
