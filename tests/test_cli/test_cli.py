@@ -68,7 +68,7 @@ def assets(tmp_path_factory):
     (root / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DConditionModel"}))
     (root / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     (root / "dc").mkdir()
-    (root / "dc" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderDC"}))
+    (root / "dc" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderTiny"}))
     (root / "dc" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     torch.save(latent((1, 5, 3, 6, 8)), root / "wrong_channels.pt")
     torch.save(latent((4, 3, 6, 8)), root / "four_d.pt")
@@ -503,7 +503,7 @@ ERROR_CASES = [
     ("folder-without-config", ["{a}/z.safetensors", "--model", "{a}"], "o.mp4", "no config.json"),
     ("folder-without-weights", ["{a}/z.safetensors", "--model", "{a}/config_only"], "o.mp4", "no weights"),
     ("not-a-vae", ["{a}/z.safetensors", "--model", "{a}/unet"], "o.mp4", "vaeshard decodes AutoencoderKLWan"),
-    ("unsupported-vae", ["{a}/z.safetensors", "--model", "{a}/dc"], "o.mp4", "is an AutoencoderDC: vaeshard"),
+    ("unsupported-vae", ["{a}/z.safetensors", "--model", "{a}/dc"], "o.mp4", "is an AutoencoderTiny: vaeshard"),
     ("config-wrong-channels", ["{a}/z.safetensors", "--config", "wan21"], "o.mp4", "expects 16"),
     (
         "tile-stride-without-size",
