@@ -143,6 +143,40 @@ def test_slices_hold_the_rows_of_the_widest_halo():
     assert vaeshard.plan(vae, (1, 4, 5, 7), 3).strategy == "spatial_shard_width"  # auto: height 5 < 3 x 2
 
 
+def test_auto_follows_the_vae_own_tiling():
+    vae = _build("sana")  # latent tiles of 8
+    assert vaeshard.plan(vae, (1, 4, 8, 10), 2).strategy == "spatial_shard_width"
+    vae.use_tiling = True  # diffusers tiles this latent: auto gives its tiled result
+    chosen = vaeshard.plan(vae, (1, 4, 8, 10), 2)
+    assert chosen.strategy == "tile" and not chosen.changes_result, chosen.explain()
+
+
+def _direct_encode(rank, world, output):
+    """A 3 x 2 latent cannot give 2 ranks 2 rows each: rank 0 encodes it with the VAE's own encode; the
+    result is diffusers' EncoderOutput (a latent), or None off rank 0 with output='rank0'."""
+    vae = _build("sana")
+    x = latent((1, 3, 12, 8), seed=7)
+    reference = reference_from_rank0(rank, lambda: diffusers_encode(vae, x))
+    vaeshard.parallelize(vae, output=output)
+    assert vaeshard.plan(vae, x.shape, world, op="encode").strategy == "direct"
+    encoded = vae.encode(x)
+    if output == "rank0" and rank != 0:
+        assert encoded.latent is None and vae.encode(x, return_dict=False) == (None,)
+    else:
+        assert_identical(encoded.latent, reference, "direct encode")
+        assert_identical(vae.encode(x, return_dict=False)[0], reference, "direct encode, tuple")
+
+
+def diffusers_encode(vae, x):
+    with torch.no_grad():
+        return vae.encode(x).latent
+
+
+@pytest.mark.parametrize("output", ["all", "rank0"])
+def test_direct_encode_returns_diffusers_encoder_output(output):
+    run_ranks(_direct_encode, 2, output)
+
+
 # -- refusals ---------------------------------------------------------------------------------------------
 
 
