@@ -42,6 +42,7 @@ _PRELOAD = [
     "diffusers.models.autoencoders.autoencoder_kl_cogvideox",
     "diffusers.models.autoencoders.autoencoder_kl_mochi",
     "diffusers.models.autoencoders.autoencoder_kl_minimax_h3",
+    "diffusers.models.autoencoders.autoencoder_dc",
     "tests.models",
     "vaeshard",
 ]

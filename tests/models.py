@@ -424,3 +424,58 @@ def minimax_h3_untiled():
 
 
 BUILDERS["minimax_h3_untiled"] = minimax_h3_untiled
+
+
+# Two tiny AutoencoderDC layouts that keep every kind of layer the real ones have. "sana": the f32c32
+# layout (stride-2 conv downsampling, nearest-interpolate upsampling), BatchNorm ResBlocks at the top
+# decoder level, multi-scale attention (3x3 and 5x5 depthwise) on the two lower levels. "shuffle": pixel
+# (un)shuffle resampling, the first level without layers (conv_in / conv_out are down / up blocks).
+DCAE_LAYOUTS = {
+    "sana": {
+        "encoder_block_types": ("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
+        "decoder_block_types": ("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
+        "encoder_qkv_multiscales": ((), (3,), (5,)),
+        "decoder_qkv_multiscales": ((), (3,), (5,)),
+        "downsample_block_type": "conv",
+        "upsample_block_type": "interpolate",
+        "decoder_norm_types": ("batch_norm", "rms_norm", "rms_norm"),
+        "decoder_act_fns": ("relu", "silu", "silu"),
+        "encoder_layers_per_block": (1, 1, 1),
+        "decoder_layers_per_block": (1, 1, 1),
+    },
+    "shuffle": {
+        "encoder_block_types": ("ResBlock", "ResBlock", "EfficientViTBlock"),
+        "decoder_block_types": ("ResBlock", "ResBlock", "EfficientViTBlock"),
+        "encoder_qkv_multiscales": ((), (), (5,)),
+        "decoder_qkv_multiscales": ((), (), (5,)),
+        "encoder_layers_per_block": (0, 1, 1),
+        "decoder_layers_per_block": (0, 1, 1),
+    },
+}
+
+
+def dcae_small(layout: str = "sana", tile: tuple[int, int] = (32, 24)):
+    """A seeded tiny AutoencoderDC (4x compression, 4 latent channels, head_dim 8) of a DCAE_LAYOUTS
+    layout, with diffusers' tile size and stride `tile` in sample pixels and its tiling off."""
+    from diffusers import AutoencoderDC
+
+    vae = _seeded(
+        lambda: AutoencoderDC(
+            latent_channels=4,
+            attention_head_dim=8,
+            encoder_block_out_channels=(8, 16, 16),
+            decoder_block_out_channels=(8, 16, 16),
+            **DCAE_LAYOUTS[layout],
+        )
+    )
+    with torch.no_grad():  # BatchNorm's running statistics start at 0 and 1: seeded ones, so they matter
+        for module in vae.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 1.5)
+    vae.enable_tiling(tile[0], tile[0], tile[1], tile[1])  # also sets the latent tile size diffusers derives
+    vae.disable_tiling()
+    return vae
+
+
+BUILDERS["dcae"] = dcae_small

@@ -263,16 +263,12 @@ def _decode(vae, z, *args, **kwargs):
 
 
 def _encode(vae, x, *args, **kwargs):
-    from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
-    from diffusers.models.modeling_outputs import AutoencoderKLOutput
-
-    inputs, return_dict = getattr(vae, STATE_ATTR).family.call_arguments("encode", args, kwargs)
+    family = getattr(vae, STATE_ATTR).family
+    inputs, return_dict = family.call_arguments("encode", args, kwargs)
     with passing_inputs(inputs):
         moments = _run(vae, "encode", x)
-    if moments.numel() == 0:  # output="rank0" on another rank: nothing to wrap
-        return AutoencoderKLOutput(latent_dist=None) if return_dict else (None,)
-    posterior = DiagonalGaussianDistribution(moments)
-    return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
+    # output="rank0" on another rank: nothing to wrap
+    return family.encode_output(moments if moments.numel() else None, return_dict)
 
 
 def _run(vae, op: str, x):
@@ -415,7 +411,7 @@ def direct(vae, family: Family, op: str, x):
     own untiled decode loop where that gives the VAE's result, see Family.direct_decode)."""
     if op == "decode":
         return family.direct_decode(vae, x)
-    return type(vae).encode(vae, x, return_dict=False, **request_inputs())[0].parameters
+    return family.direct_encode(vae, x)
 
 
 __all__ = ["INPUT_DTYPES", "check", "config_of", "parallelize", "release", "unparallelize", "verify_weights"]

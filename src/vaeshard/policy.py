@@ -253,9 +253,9 @@ def _strategy(
         axis = "height" if mode == "spatial_shard_height" else "width"
         if not reasons:
             extent = _axis_extents(shape, op, family.spatial_ratio(vae))[0 if axis == "height" else 1]
-            if extent < world_size:
+            if extent < world_size * (rows := family.min_shard_rows(vae)):
                 reasons.append(
-                    f"latent {axis} {extent} is shorter than the group ({world_size} ranks)"
+                    f"latent {axis} {extent} is shorter than the group ({world_size} ranks{_of_rows(rows)})"
                     if extent or op == "decode"
                     else f"sample {axis} is not a multiple of {family.spatial_ratio(vae)}"
                 )
@@ -278,9 +278,10 @@ def _strategy(
     if reasons:
         return shared_direct(", ".join(reasons))
     h, w = _axis_extents(shape, op, family.spatial_ratio(vae))
-    candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size]
+    rows = family.min_shard_rows(vae)
+    candidates = [(extent, name) for extent, name in ((h, "height"), (w, "width")) if extent >= world_size * rows]
     if not candidates:
-        return shared_direct(f"neither latent height {h} nor width {w} covers {world_size} ranks")
+        return shared_direct(f"neither latent height {h} nor width {w} covers {world_size} ranks{_of_rows(rows)}")
     device = _device_of(vae)
     measured = family.decode_axis(vae, world_size, device) if op == "decode" else None
     for extent, axis in candidates:
@@ -293,6 +294,11 @@ def _strategy(
     # the longer axis; width wins ties (rows of a wide frame stay contiguous and halos stay short)
     extent, axis = max(candidates, key=lambda c: (c[0], c[1] == "width"))
     return Plan(f"spatial_shard_{axis}", f"auto: {axis} {extent} is the longer axis covering {world_size} ranks")
+
+
+def _of_rows(rows: int) -> str:
+    """How many latent rows each rank needs, where a family needs more than one (Family.min_shard_rows)."""
+    return f" of {rows} latent rows each" if rows > 1 else ""
 
 
 def resolve_fast(

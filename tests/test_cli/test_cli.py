@@ -68,7 +68,7 @@ def assets(tmp_path_factory):
     (root / "unet" / "config.json").write_text(json.dumps({"_class_name": "UNet2DConditionModel"}))
     (root / "unet" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     (root / "dc").mkdir()
-    (root / "dc" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderDC"}))
+    (root / "dc" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderTiny"}))
     (root / "dc" / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     torch.save(latent((1, 5, 3, 6, 8)), root / "wrong_channels.pt")
     torch.save(latent((4, 3, 6, 8)), root / "four_d.pt")
@@ -145,7 +145,7 @@ def test_help_lists_the_modes(capsys):
 # Every flag of every command, with its choices and default: a change here is a change of the
 # command line users script against, so it must be made on purpose (update this list with it).
 CONFIGS = ("wan21", "wan22", "qwenimage", "sd15", "sdxl", "flux1", "flux2", "hunyuanvideo15", "qwenimage21", "ltx",
-           "ltx2", "hunyuanvideo", "cogvideox", "mochi", "minimax_h3")  # fmt: skip
+           "ltx2", "hunyuanvideo", "cogvideox", "mochi", "minimax_h3", "dc-ae-f32c32-sana-1.0")  # fmt: skip
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 TIER_FLAGS = [  # --exact and the FastOptions knobs, the same on decode, serve and bench
     ("--exact", None, False, False),
@@ -499,7 +499,7 @@ ERROR_CASES = [
     ("folder-without-config", ["{a}/z.safetensors", "--model", "{a}"], "o.mp4", "no config.json"),
     ("folder-without-weights", ["{a}/z.safetensors", "--model", "{a}/config_only"], "o.mp4", "no weights"),
     ("not-a-vae", ["{a}/z.safetensors", "--model", "{a}/unet"], "o.mp4", "vaeshard decodes AutoencoderKLWan"),
-    ("unsupported-vae", ["{a}/z.safetensors", "--model", "{a}/dc"], "o.mp4", "is an AutoencoderDC: vaeshard"),
+    ("unsupported-vae", ["{a}/z.safetensors", "--model", "{a}/dc"], "o.mp4", "is an AutoencoderTiny: vaeshard"),
     ("config-wrong-channels", ["{a}/z.safetensors", "--config", "wan21"], "o.mp4", "expects 16"),
     (
         "tile-stride-without-size",

@@ -25,6 +25,7 @@ FAMILY_MODELS.update(AutoencoderKLHunyuanVideo="hunyuanvideo", AutoencoderKLCogV
 FAMILY_MODELS["AutoencoderKLMochi"] = "mochi"
 FAMILY_MODELS.update(AutoencoderKLLTXVideo="ltx", AutoencoderKLLTX2Video="ltx2")
 FAMILY_MODELS["AutoencoderKLMiniMaxH3"] = "minimax_h3"
+FAMILY_MODELS["AutoencoderDC"] = "dcae"
 
 
 def _tiny_autoencoder():

@@ -77,6 +77,16 @@ FLUX1_CONFIG = {
     "use_post_quant_conv": False,
 }
 
+# Sana's DC-AE f32c32: the arguments of diffusers' scripts/convert_dcae_to_diffusers.py that differ from
+# AutoencoderDC's defaults (the same as families/dcae.py's CONFIGS, which the command line cannot import).
+DCAE_SANA_CONFIG = {
+    "encoder_block_types": ["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
+    "decoder_block_types": ["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
+    "downsample_block_type": "conv",
+    "upsample_block_type": "interpolate",
+    "scaling_factor": 0.41407,
+}
+
 # name -> (diffusers class, constructor arguments): the real configs, built with random weights.
 NAMED_CONFIGS = {
     "wan21": ("AutoencoderKLWan", {}),  # AutoencoderKLWan's defaults are the Wan 2.1 VAE
@@ -94,6 +104,7 @@ NAMED_CONFIGS = {
     "cogvideox": ("AutoencoderKLCogVideoX", {}),  # likewise CogVideoX's (1.0 and 1.5 share it)
     "mochi": ("AutoencoderKLMochi", {}),  # likewise the Mochi 1 VAE
     "minimax_h3": ("AutoencoderKLMiniMaxH3", {}),  # likewise the MiniMax-H3 VAE
+    "dc-ae-f32c32-sana-1.0": ("AutoencoderDC", DCAE_SANA_CONFIG),  # families/dcae.py CONFIGS says where from
 }
 
 

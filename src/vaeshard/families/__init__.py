@@ -34,6 +34,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLLTX2Video": ("vaeshard.families.ltx", "LTX2_FAMILY"),
     "AutoencoderKLMochi": ("vaeshard.families.mochi", "FAMILY"),
     "AutoencoderKLMiniMaxH3": ("vaeshard.families.minimax_h3", "FAMILY"),
+    "AutoencoderDC": ("vaeshard.families.dcae", "FAMILY"),
 }
 
 

@@ -129,6 +129,20 @@ class Family(ABC):
         """One rank's whole decode: the VAE's own `decode` unless the family runs its own loop."""
         return type(vae).decode(vae, z, return_dict=False, **request_inputs())[0]
 
+    def direct_encode(self, vae, x) -> torch.Tensor:
+        """One rank's whole encode with the VAE's own settings, as `untiled_encode` returns it (the
+        moments of diffusers' latent distribution)."""
+        return type(vae).encode(vae, x, return_dict=False, **request_inputs())[0].parameters
+
+    def encode_output(self, result: torch.Tensor | None, return_dict: bool):
+        """What `vae.encode` returns for an encode's `result` (None on a rank that receives nothing):
+        diffusers' AutoencoderKLOutput of the latent distribution of the moments."""
+        from diffusers.models.autoencoders.vae import DiagonalGaussianDistribution
+        from diffusers.models.modeling_outputs import AutoencoderKLOutput
+
+        posterior = None if result is None else DiagonalGaussianDistribution(result)
+        return AutoencoderKLOutput(latent_dist=posterior) if return_dict else (posterior,)
+
     def stream_decode(self, vae, z, whole: bool):
         """The decode of `z` as (number of chunks, an iterator of the chunks): each final (what the
         decode returns for those frames) as soon as the decoder has made it, in frame order, their
@@ -180,6 +194,12 @@ class Family(ABC):
         `ranks` ranks on `device`, where it measured faster than the baseline rule's pick (the longer
         axis; docs/tuning.md); None: the baseline rule."""
         return None
+
+    def min_shard_rows(self, vae) -> int:
+        """The fewest latent rows (or columns) a rank of a spatially sharded request may hold: a halo
+        comes from the neighbouring rank only, so a convolution at the latent's resolution that needs
+        more halo rows than a slice has (DC-AE's 5x5) needs wider slices. 1 for most families."""
+        return 1
 
     def spatial_ratio(self, vae) -> int:
         """Sample pixels per latent pixel along each spatial axis."""

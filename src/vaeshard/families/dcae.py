@@ -1,0 +1,233 @@
+"""AutoencoderDC (diffusers `AutoencoderDC`): the deep-compression image autoencoder of Sana (DC-AE,
+32x spatial compression, 32 latent channels in Sana's f32c32).
+
+Latents are 4-D (B, C, H, W). Declared (`SHARD_PLAN`): which layer of the encoder and decoder gets
+which treatment when the feature map is sharded. Its EfficientViT blocks hold Sana's multi-scale
+linear attention, which couples every pixel of a map through one small (head_dim + 1) x head_dim
+matrix per head: sharded, each rank sums its pixels' part and one all-reduce per attention layer
+adds them (`layers/linear_attention.py`). Its 3x3 and 5x5 (depthwise) convolutions take halo rows,
+including the encoder's stride-2 downsampling convolutions (shards are whole latent rows, so every
+slice starts and ends on the stride lattice); RMSNorm, BatchNorm in eval, nearest 2x interpolation
+and pixel (un)shuffle are local. Code, because it cannot be data: the tile grids, which follow
+diffusers' `tiled_decode` / `tiled_encode` (with the encode's zero padding of edge tiles to a
+multiple of the compression ratio and its final crop) so `tile` stays bit-identical; and
+`encode`'s result, a plain latent (`EncoderOutput`) rather than a distribution.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..layers.convs import HaloConv2d
+from ..layers.linear_attention import EvalBatchNorm2d, ShardedLinearAttention
+from ..runtime.swap import swap, unswap
+from ..runtime.tile import TileOps
+from .base import Family, Mirror, refusal, request_inputs, strided_decode_grid, strided_encode_grid, with_tiling_off
+
+# -- the shard plan: diffusers class name -> treatment, for every module of the encoder and decoder --------
+HALO = "halo rows replace the zero padding on the sharded axis (3x3, 5x5 depthwise; stride 1 or 2)"
+LOCAL = "local: per pixel, per channel, or whole latent rows in and out"
+SHARD_PLAN: dict[str, object] = {
+    "Conv2d": HaloConv2d,  # 1x1 ones are LOCAL; a 'same' padded one takes halo rows (_conv_treatment)
+    "SanaMultiscaleLinearAttention": ShardedLinearAttention,  # one all-reduce of V_pad Kᵀ per layer
+    "BatchNorm2d": EvalBatchNorm2d,  # running statistics: per channel; refused in training mode
+    "DCUpBlock2d": LOCAL,  # nearest 2x or pixel shuffle (its conv is a Conv2d above); other modes refused
+    "DCDownBlock2d": LOCAL,  # pixel unshuffle and the channel mean of its shortcut (its conv: above)
+    "RMSNorm": LOCAL,  # over channels, per pixel
+    **dict.fromkeys(
+        (
+            "Encoder",
+            "Decoder",
+            "ModuleList",
+            "Sequential",
+            "ResBlock",
+            "EfficientViTBlock",
+            "GLUMBConv",
+            "SanaMultiscaleAttentionProjection",
+            "Linear",
+            "ReLU",
+            "ReLU6",
+            "SiLU",
+            "Mish",
+            "GELU",
+            "Identity",
+        ),
+        LOCAL,
+    ),
+}
+
+# Named real configs (constructor arguments that differ from AutoencoderDC's defaults), for the command
+# line. dc-ae-f32c32-sana-1.0: the AutoencoderDC(...) call of diffusers' scripts/convert_dcae_to_diffusers.py
+# (`convert_ae`, which converts that checkpoint): the default channels (128 ... 1024), layers
+# (2, 2, 2, 3, 3, 3) / (3, 3, 3, 3, 3, 3) and multi-scales ((5,) on the three lowest levels), with these.
+# diffusers' AutoencoderDC has no time axis (Sana-Video's pipeline decodes with other classes), so
+# there is no Sana-Video DC-AE config to name.
+SANA_F32C32 = {
+    "encoder_block_types": ["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
+    "decoder_block_types": ["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
+    "downsample_block_type": "conv",
+    "upsample_block_type": "interpolate",
+    "scaling_factor": 0.41407,
+}
+CONFIGS = {"dc-ae-f32c32-sana-1.0": ("AutoencoderDC", SANA_F32C32)}
+
+
+def latent_channels(vae) -> int:
+    return vae.config.latent_channels
+
+
+# -- tile ---------------------------------------------------------------------------------------------------
+
+
+def decode_tile_ops(vae, z_bchw):
+    height, width = z_bchw.shape[-2:]
+    if not (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height):
+        return None  # diffusers' _decode does not tile this latent
+    ratio = vae.spatial_compression_ratio
+    channels = vae.config.in_channels
+    return TileOps(
+        grid=strided_decode_grid(vae, height, width, ratio),  # diffusers concatenates without a crop
+        source=z_bchw,
+        run=vae.decoder,
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=lambda s: (s[0], channels, s[2] * ratio, s[3] * ratio),
+        out_dtype=z_bchw.dtype,
+    )
+
+
+def encode_tile_ops(vae, x_bchw):
+    height, width = x_bchw.shape[-2:]
+    if not (width > vae.tile_sample_min_width or height > vae.tile_sample_min_height):
+        return None  # diffusers' _encode does not tile this image
+    ratio = vae.spatial_compression_ratio
+    channels = vae.config.latent_channels
+    return TileOps(
+        grid=strided_encode_grid(vae, height, width, ratio),  # the crop to height // ratio is diffusers'
+        source=x_bchw,
+        run=lambda tile: vae.encoder(_pad_to_ratio(tile, ratio)),
+        blend_v=vae.blend_v,
+        blend_h=vae.blend_h,
+        finish=lambda merged: merged,
+        out_shape=lambda s: (s[0], channels, -(-s[2] // ratio), -(-s[3] // ratio)),
+        out_dtype=x_bchw.dtype,
+    )
+
+
+def _pad_to_ratio(tile, ratio: int):
+    """diffusers' tiled_encode: an edge tile not a multiple of the ratio is zero-padded at its end."""
+    if tile.shape[2] % ratio != 0 or tile.shape[3] % ratio != 0:
+        pad_h = (ratio - tile.shape[2]) % ratio
+        pad_w = (ratio - tile.shape[3]) % ratio
+        tile = F.pad(tile, (0, pad_w, 0, pad_h))
+    return tile
+
+
+def untiled_decode(vae, z):
+    return with_tiling_off(vae, lambda: vae._decode(z)).contiguous()
+
+
+def untiled_encode(vae, x):
+    return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
+
+
+# -- spatial shard: the one function that applies SHARD_PLAN ------------------------------------------------
+
+
+def install_layers(vae) -> None:
+    """Swap in SHARD_PLAN's layers for every module of the encoder and decoder; refuse (before any
+    swap) a module the plan does not list, or one whose settings its treatment cannot shard exactly."""
+    swaps = []
+    for part in ("encoder", "decoder"):
+        for name, module in getattr(vae, part).named_modules():
+            where = f"{part}.{name}" if name else part
+            kind = type(module).__name__  # a swapped module keeps its class name
+            treatment = SHARD_PLAN.get(kind)
+            if treatment is None:
+                raise refusal("AutoencoderDC", where, module, "a layer vaeshard does not know")
+            if kind == "Conv2d":
+                treatment = _conv_treatment(where, module)
+            elif kind == "DCUpBlock2d" and module.interpolate and module.interpolation_mode != "nearest":
+                raise refusal("AutoencoderDC", where, module, f"a {module.interpolation_mode} upsampler (not nearest)")
+            if treatment is not LOCAL:
+                swaps.append((module, treatment))
+    for module, mixin in swaps:  # only after every module was accepted
+        swap(module, mixin)
+
+
+def _conv_treatment(where: str, conv: nn.Conv2d):
+    if conv.kernel_size == (1, 1) and conv.padding == (0, 0) and conv.stride == (1, 1):
+        return LOCAL
+    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size, conv.padding))
+    if conv.stride not in ((1, 1), (2, 2)) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or not same:
+        what = "a convolution that is not stride 1 or 2, undilated, zero-padded 'same'"
+        raise refusal("AutoencoderDC", where, conv, what)
+    return HaloConv2d
+
+
+def uninstall_layers(vae) -> None:
+    for module in vae.modules():
+        unswap(module)
+
+
+_DC = "diffusers.models.autoencoders.autoencoder_dc:AutoencoderDC."
+_SANA = "diffusers.models.attention_processor:"
+
+
+class _AutoencoderDC(Family):
+    name = "dcae"
+    classes = ("AutoencoderDC",)
+    mirrors = (
+        Mirror(_DC + "tiled_decode", "families/dcae.py decode_tile_ops (base.strided_decode_grid)", "ff8b0e9e08b37327"),
+        Mirror(
+            _DC + "tiled_encode",
+            "families/dcae.py encode_tile_ops, _pad_to_ratio (base.strided_encode_grid)",
+            "e20fdbd352542829",
+        ),
+        Mirror(
+            _SANA + "SanaMultiscaleAttnProcessor2_0.__call__",
+            "layers/linear_attention.py ShardedLinearAttention.forward",
+            "e1a431fe02a6a4b1",
+        ),
+        Mirror(
+            _SANA + "SanaMultiscaleLinearAttention.apply_linear_attention",
+            "layers/linear_attention.py ShardedLinearAttention._linear",
+            "699902b37f194fb7",
+        ),
+        Mirror(
+            _SANA + "SanaMultiscaleLinearAttention.apply_quadratic_attention",
+            "layers/linear_attention.py ShardedLinearAttention._quadratic",
+            "862e3bb0981b546a",
+        ),
+    )
+    latent_ndim = 4
+    spatial_decode = True
+    spatial_encode = True
+    latent_channels = staticmethod(latent_channels)
+    decode_tile_ops = staticmethod(decode_tile_ops)
+    encode_tile_ops = staticmethod(encode_tile_ops)
+    untiled_decode = staticmethod(untiled_decode)
+    untiled_encode = staticmethod(untiled_encode)
+    install_layers = staticmethod(install_layers)
+    uninstall_layers = staticmethod(uninstall_layers)
+
+    def min_shard_rows(self, vae) -> int:
+        """The widest halo of a convolution (5x5 multi-scale projections: 2 rows): the latent-level
+        ones take it from the neighbouring rank's slice, which must hold that many rows."""
+        pads = [max(m.padding) for m in vae.modules() if isinstance(m, nn.Conv2d) and isinstance(m.padding, tuple)]
+        return max([1, *pads])
+
+    def direct_encode(self, vae, x) -> torch.Tensor:
+        return type(vae).encode(vae, x, return_dict=False, **request_inputs())[0]
+
+    def encode_output(self, result, return_dict: bool):
+        """diffusers' AutoencoderDC.encode returns the latent itself (EncoderOutput.latent)."""
+        from diffusers.models.autoencoders.vae import EncoderOutput
+
+        return EncoderOutput(latent=result) if return_dict else (result,)
+
+
+FAMILY = _AutoencoderDC()
