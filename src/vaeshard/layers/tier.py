@@ -5,8 +5,7 @@ A request runs in the fast tier unless the VAE was parallelized with `exact=True
 for bit. `vaeshard.plan` resolves a fast-tier request's choices once, before any work, into a
 `FastPlan`; `active(plan)` makes it the request's (the running request's `fast`, runtime/requests.py,
 so code outside a vaeshard request always sees the original layers), and the layers read it, never
-change it. Where a layer runs its
-frames in parts, it passes the part size to what it calls.
+change it. Where a layer runs its frames in parts, it passes the part size to what it calls.
 """
 
 from __future__ import annotations
