@@ -179,3 +179,57 @@ def test_plan_explains_every_choice():
         assert any(line.strip().startswith(name + ":") for line in text.splitlines()), (name, text)
     # the largest rank's output frame: 80 of 160 latent columns, 8x upsampled, by 90 rows
     assert p.fast.frame_pixels == 90 * 8 * 80 * 8
+
+
+def test_a_request_looks_up_its_family_and_builds_its_tile_ops_once(monkeypatch):
+    # a request carries its family (found by parallelize) and the tile ops its plan built into its
+    # execution: no lookup while it runs, one construction of its tile ops, one answer of its own result
+    import vaeshard.api
+    from vaeshard import families
+
+    from .parity import CPU_FP32, assert_close, assert_identical
+
+    vae = build("wan21", tile_sample=(16, 8))  # latent tiles of 2 every 1: a 3 x 3 latent is 4 tiles
+    z = torch.randn(1, 4, 1, 3, 3, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        untiled = vae.decode(z).sample
+        vae.enable_tiling()
+        tiled = vae.decode(z).sample
+        vae.disable_tiling()
+    assert not torch.equal(tiled, untiled)
+    found = families.family_for(vae)
+    kind = type(found)
+    lookups, built, owns = [], [], []
+
+    def lookup(v):
+        lookups.append(type(v).__name__)
+        return found
+
+    def decode_tile_ops(self, v, x, real=kind.decode_tile_ops):
+        built.append(x.device.type)
+        return real(self, v, x)
+
+    def own_result(self, v, op, shape, real=kind.own_result):
+        owns.append(tuple(shape))
+        return real(self, v, op, shape)
+
+    monkeypatch.setattr(families, "family_for", lookup)
+    monkeypatch.setattr(vaeshard.api, "family_for", lookup)
+    monkeypatch.setattr(kind, "decode_tile_ops", decode_tile_ops)
+    monkeypatch.setattr(kind, "own_result", own_result)
+
+    vaeshard.parallelize(vae, "tile")
+    assert lookups == ["AutoencoderKLWan"]  # parallelize's own
+    assert_identical(vae.decode(z).sample, tiled, "mode tile: diffusers' tiled decode")
+    assert (lookups, built, owns) == (["AutoencoderKLWan"], ["cpu"], [tuple(z.shape)])
+
+    vaeshard.parallelize(vae, "auto")  # one rank in the fast tier: planned, and resolved its choices
+    for calls in (lookups, built, owns):
+        calls.clear()
+    assert_close(vae.decode(z).sample, untiled, CPU_FP32, "auto on one rank: diffusers' untiled decode")
+    assert (lookups, built, owns) == ([], [], [tuple(z.shape)])
+
+    # the plan of a shape (no request): one lookup, the tile ops built on a meta tensor of that shape
+    assert vaeshard.plan(vae, z.shape, 2, "tile").strategy == "tile"
+    assert (lookups, built) == (["AutoencoderKLWan"], ["meta"])
+    vaeshard.unparallelize(vae)

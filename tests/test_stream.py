@@ -10,7 +10,7 @@ import torch
 
 from .dist_harness import run_ranks
 from .models import build, cogvideox_small, latent, ltx_small
-from .parity import CPU_FP32, CPU_FP32_GROUPNORM, reference_from_rank0
+from .parity import CPU_FP32, CPU_FP32_GROUPNORM, assert_close, assert_identical, reference_from_rank0
 
 # family: (latent shape, decoder steps of its frame loop); 3 rows and columns spread over 3 ranks
 SUBJECTS = {
@@ -118,6 +118,38 @@ def test_stream_chunks_concatenate_to_the_decode(world):
     strategies = set(run_ranks(_parity, world, names, timeout=280)[0])
     expected = {"direct", "tile"} | (set() if world == 1 else {"spatial_shard_height", "spatial_shard_width"})
     assert strategies == expected, strategies
+
+
+def _decode_is_the_stream(rank, world):
+    """A direct, a tile and a spatial request of a tiny Wan: `decode` is the stream's chunks
+    concatenated (one executor runs both), and diffusers' decode (its tiled one for `tile`)."""
+    import vaeshard
+
+    vae = _model("wan21")  # latent tiles of 2 every 1: `tile` tiles a 3 x 3 latent
+    small = latent((1, 4, 2, 3, 3), seed=7)
+    one = latent((1, 4, 2, 1, 1), seed=8)  # a row and a column: covers no ranks, is one tile
+    references = reference_from_rank0(
+        rank, lambda: [_diffusers(vae, one, False), _diffusers(vae, small, True), _diffusers(vae, small, False)]
+    )
+    seen = []
+    for (mode, z), reference in zip((("auto", one), ("tile", small), ("spatial_shard_height", small)), references):
+        vaeshard.parallelize(vae, mode)
+        strategy = vaeshard.plan(vae, z.shape).strategy
+        whole = vae.decode(z).sample
+        chunks = _chunks_of(vae, z)
+        assert len(chunks) == (1 if strategy == "tile" else 2), (strategy, len(chunks))  # a chunk per decoder step
+        assert torch.equal(torch.cat(chunks, dim=2), whole), strategy
+        if strategy == "tile":
+            assert_identical(whole, reference, "tile: diffusers' tiled decode")
+        else:
+            assert_close(whole, reference, CPU_FP32, f"{strategy}: diffusers' decode")
+        seen.append(strategy)
+    vaeshard.unparallelize(vae)
+    return seen
+
+
+def test_decode_is_the_concatenated_stream_for_each_strategy():
+    assert run_ranks(_decode_is_the_stream, 2) == [["direct", "tile", "spatial_shard_height"]] * 2
 
 
 def _once(rank, world):

@@ -1,32 +1,34 @@
 """The public verbs, and the life of one request.
 
 `parallelize` swaps in the family's request-aware layers and wraps `decode` / `encode`. One request:
-check the input on this rank -> the agreement (runtime/requests.py: every rank sees every rank's
-request through the group's store, and all fail alike) -> `policy.plan_for` resolves the strategy
-and the fast tier's choices once -> the strategy runs (direct, the tile executor or the spatial
-executor, runtime/) with those choices active (layers/tier.py) -> the result placed per `output`.
-Request scratch (the model's feature caches, halo and gather buffers) is released on success and on
-failure.
+`admit` checks the input on this rank and holds the agreement (runtime/requests.py: every rank sees
+every rank's request through the group's store, and all fail alike), and returns the `Request` ->
+`execute`, the one executor of `decode`, `encode` and `stream_decode`: `policy.plan_request`
+resolves the strategy and the fast tier's choices once (and builds a tile request's tile ops once)
+-> the strategy runs (direct, the tile executor of runtime/tile.py, or the spatial shards of
+runtime/spatial.py) with the request current (its inputs, plan and shard, runtime/requests.py) ->
+the result placed per `output`, whole or chunk by chunk. Request scratch (the model's feature
+caches, halo and gather buffers) is released on success and on failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from . import kernels, metrics
 from .config import SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
 from .families import family_for
-from .families.base import Family, inputs_of_sample, passing_inputs, request_inputs
+from .families.base import Family, inputs_of_sample
 from .layers import tier
-from .policy import expected_of, hooks_reason, plan_for
+from .policy import expected_of, hooks_reason, plan_request
 from .runtime import comm as comm_mod
-from .runtime import graphs
-from .runtime.requests import DTYPES, PROBLEMS, agree, describe, describe_verify, size_message, validate
-from .runtime.spatial import HEIGHT, WIDTH, run_spatial
+from .runtime import graphs, requests, spatial
+from .runtime.requests import DTYPES, PROBLEMS, Request, agree, describe, describe_verify, size_message, validate
 from .runtime.swap import replaced_forwards
 from .runtime.tile import run_tiled
 
@@ -250,41 +252,43 @@ def _checksums(vae) -> tuple[list[str], list[int]]:
     return names, torch.stack(sums).tolist() if sums else []
 
 
-# --- requests --------------------------------------------------------------------------------------
+# --- requests ---------------------------------------------------------------------------------------
 
 
 def _decode(vae, z, *args, **kwargs):
     from diffusers.models.autoencoders.vae import DecoderOutput
 
     inputs, return_dict = getattr(vae, STATE_ATTR).family.call_arguments("decode", args, kwargs)
-    with passing_inputs(inputs):  # e.g. LTX-Video's decoder timestep
-        sample = _run(vae, "decode", z)
+    sample = _run(vae, "decode", z, inputs)  # inputs: e.g. LTX-Video's decoder timestep
     return DecoderOutput(sample=sample) if return_dict else (sample,)
 
 
 def _encode(vae, x, *args, **kwargs):
     family = getattr(vae, STATE_ATTR).family
     inputs, return_dict = family.call_arguments("encode", args, kwargs)
-    with passing_inputs(inputs):
-        moments = _run(vae, "encode", x)
+    moments = _run(vae, "encode", x, inputs)
     # output="rank0" on another rank: nothing to wrap
     return family.encode_output(moments if moments.numel() else None, return_dict)
 
 
-def _run(vae, op: str, x):
+def _run(vae, op: str, x, inputs: dict):
+    """A decode or encode: admitted, then run by the executor in one step (a batch the VAE slices:
+    one request per sample, their results concatenated)."""
     with recorded(vae, op, x) as record:
-        state, comm, hooked = admit(vae, op, x)
-        config, family = state.config, state.family
-        x = x.contiguous()  # channels-last or strided views: one copy of the input, same result as contiguous
-        with comm.bounded():
-            if vae.use_slicing and x.shape[0] > 1:
-                whole = request_inputs()
-                parts = []
-                for k, part in enumerate(x.split(1)):
-                    with passing_inputs(inputs_of_sample(whole, k, x.shape[0])):
-                        parts.append(_run_one(vae, family, config, comm, op, part, hooked, record))
-                return torch.cat(parts) if parts[0].numel() else parts[0]
-            return _run_one(vae, family, config, comm, op, x, hooked, record)
+        request = admit(vae, op, x, inputs, record)
+        x = request.x
+        if vae.use_slicing and x.shape[0] > 1:
+            parts = [
+                _whole(replace(request, x=part, inputs=inputs_of_sample(request.inputs, k, x.shape[0])))
+                for k, part in enumerate(x.split(1))
+            ]
+            return torch.cat(parts) if parts[0].numel() else parts[0]
+        return _whole(request)
+
+
+def _whole(request: Request) -> torch.Tensor:
+    (result,) = execute(request, stream=False)
+    return result
 
 
 def recorded(vae, op: str, x):
@@ -296,10 +300,10 @@ def recorded(vae, op: str, x):
     return metrics.request(op, state.family.name, comm_mod.group_size(group) if rank >= 0 else 0, rank, device)
 
 
-def admit(vae, op: str, x):
+def admit(vae, op: str, x, inputs: dict, record) -> Request:
     """A request's admission on this rank: membership, this rank's check of its input, the
     agreement with every rank (all raise alike) and the once-per-VAE note on hooked layers. Returns
-    (state, comm, hooked layers)."""
+    the request (`inputs`: the family's extra inputs; `record`: its metrics record), not yet planned."""
     state: _State = getattr(vae, STATE_ATTR)
     if state.streaming:
         raise RuntimeError(
@@ -319,17 +323,14 @@ def admit(vae, op: str, x):
         code, error = 9, size_message(config.size, comm.world)
     else:
         code, error = validate(op, x, expected_of(family, vae, op))
-    hooked = replaced_forwards(vae)
-    agree(
-        comm,
-        op,
-        describe(
-            op, x, config.mode, config.output, config.size, bool(hooked), _compared_inputs(vae, state, op, x, code == 0)
-        ),
-        code,
-        error,
-        config.timeout_seconds,
+    hooked = tuple(replaced_forwards(vae))
+    request = Request(
+        op=op, x=x, vae=vae, family=family, config=config, comm=comm, inputs=dict(inputs), record=record, hooked=hooked
     )
+    if code == 0:  # what the VAE's own op computes for this input, asked once (policy, the agreement)
+        request = replace(request, own=family.own_result(vae, op, tuple(x.shape)))
+    desc = describe(op, x, config.mode, config.output, config.size, bool(hooked), _compared_inputs(request, code == 0))
+    agree(comm, op, desc, code, error, config.timeout_seconds)
     if hooked and not state.hooks_noted and not config.exact and config.mode != "tile":
         log.warning(
             "vaeshard: %s: this VAE decodes and encodes with diffusers' own layers (the exact tier), "
@@ -337,73 +338,135 @@ def admit(vae, op: str, x):
             hooks_reason(hooked),
         )
         state.hooks_noted = True
-    return state, comm, hooked
+    # channels-last or strided views: one copy of the input, the same result as contiguous
+    return replace(request, x=x.contiguous())
 
 
-def _compared_inputs(vae, state: _State, op: str, x, valid: bool) -> dict:
+def _compared_inputs(request: Request, valid: bool) -> dict:
     """What every rank must pass alike beyond the tensor: the family's extra inputs; where the
     decode draws noise from the global RNG, that generator's state on the latent's device; and for
     `auto`, whose strategy follows the VAE's own tiling, what that tiling makes of a valid request."""
-    inputs, family = request_inputs(), state.family
-    if valid and state.config.mode == "auto":
-        own = family.own_result(vae, op, tuple(x.shape))
-        if own != "untiled":  # absent in the common case, so a request's digest stays its inputs'
-            inputs["the VAE's own tiling"] = own
-    if op == "decode" and family.draws_noise(vae):
+    inputs, x = dict(request.inputs), request.x
+    if valid and request.config.mode == "auto" and request.own != "untiled":
+        inputs["the VAE's own tiling"] = request.own  # absent in the common case: the digest stays the inputs'
+    if request.op == "decode" and request.family.draws_noise(request.vae):
         on_cuda = isinstance(x, torch.Tensor) and x.is_cuda
         inputs["global RNG state"] = torch.cuda.get_rng_state(x.device) if on_cuda else torch.get_rng_state()
     return inputs
 
 
-def _run_one(vae, family: Family, config: ParallelConfig, comm, op: str, x, hooked: list[str], record):
-    """One sample (or batch) of an agreed request; `hooked`: the VAE's hooked layers, which keep it
-    unsharded and, as the fast tier's blocks call their layers' computations rather than their hooks,
-    in the exact tier."""
-    workers = comm.world if config.size is None else min(config.size, comm.world)
-    chosen = choose(vae, config, comm, op, x, hooked)
-    record.strategy = chosen.strategy
-    to_all = config.output == "all"
+def execute(request: Request, stream: bool):
+    """The executor of an admitted request: plans it (`policy.plan_request`), then runs its strategy
+    (direct, the tile executor, or the spatial shards) and yields its result placed per `output` (an
+    empty tensor on a rank that gets none). Yields once, or with `stream` (a decode) once per decoder
+    step where the family's frame loop cuts it (Family.stream_decode): the chunks in frame order,
+    their concatenation the same result bit for bit. Nothing of the request is in force between two
+    chunks (`_step`); before every chunk after the first the ranks agree that every consumer still
+    wants the rest. The request's scratch (the VAE's caches) is released at the end, on failure and
+    when the consumer closes the generator early."""
+    vae, family, comm = request.vae, request.family, request.comm
+    timeout = request.config.timeout_seconds
+    source = None
     try:
-        with torch.no_grad(), tier.active(chosen.fast):
-            if chosen.strategy == "direct":
-                out = direct(vae, family, op, x) if comm.rank == 0 else None
-                if comm.rank != 0 and op == "decode":
-                    family.replay_draws(vae, x)  # the RNG draws rank 0's decode made (LTX's noise)
-                if to_all:
-                    out = comm.share_from_rank0(out)
-            elif chosen.strategy == "tile":
-                ops = family.decode_tile_ops(vae, x) if op == "decode" else family.encode_tile_ops(vae, x)
-                out = run_tiled(ops, comm, workers, to_all)
-            else:
-                run = family.untiled_decode if op == "decode" else family.untiled_encode
-                axis = HEIGHT if chosen.strategy == "spatial_shard_height" else WIDTH
-                rows = 1 if op == "decode" else family.spatial_ratio(vae)
-                out = run_spatial(comm, x, axis, rows, lambda local: run(vae, local), to_all)
+        with requests.entered(request), torch.no_grad(), comm.bounded():
+            request = _planned(request)
+        strategy = request.plan.strategy
+        local, dim = request.x, None
+        if strategy in SPATIAL_MODES:
+            axis = spatial.HEIGHT if strategy == "spatial_shard_height" else spatial.WIDTH
+            rows = 1 if request.op == "decode" else family.spatial_ratio(vae)
+            local, shard, dim = spatial.shard_of(comm, request.x, axis, rows)
+            request = replace(request, shard=shard)
+        with _step(request):
+            if stream and strategy != "tile":
+                source = family.stream_decode(vae, local, whole=request.shard is None)
+            if source is None:
+                result = _result(request, local, dim)
+        if source is None:
+            yield _placed(request, result)
+            return
+        count, chunks = source
+        for k in range(count):
+            if k:
+                try:
+                    requests.carry_on(comm, k, count, timeout)
+                except requests.StreamClosed:
+                    request.record.status = "closed"
+                    raise
+            with _step(request):
+                made = next(chunks) if request.shard is not None or comm.rank == 0 else None
+                chunk = _placed(request, _place(request, made, dim))
+            try:
+                yield chunk
+            except GeneratorExit:
+                request.record.status = "closed"
+                requests.tell_closed(comm, k, count, timeout)
+                raise
+            del chunk
     finally:
-        family.release(vae)
-    if out is None:
-        return x.new_empty(0)
-    return out
+        if source is not None:
+            source[1].close()  # the family's loop: its caches and the request's graphs end here
+        with torch.no_grad():
+            family.release(vae)
 
 
-def choose(vae, config: ParallelConfig, comm, op: str, x, hooked: list[str]):
-    """The request's plan (`vaeshard.plan`), a fallback's reason logged as a warning (with what its
-    result is where that is not what the VAE computes as configured)."""
-    chosen = plan_for(vae, x.shape, comm.world, config, op=op, hooked=hooked)
+@contextlib.contextmanager
+def _step(request: Request):
+    """The request in force for one step (no yield inside): it is the current request (its extra
+    inputs, its shard), with its fast-tier plan, without autograd and bounded by its group's timeout."""
+    with requests.entered(request), tier.active(request.plan.fast), torch.no_grad(), request.comm.bounded():
+        yield
+
+
+def _result(request: Request, local, dim: int | None):
+    """The whole result of the request's strategy on this rank, placed (None where it gets none);
+    `local`: this rank's slice of the input where the request is sharded along `dim`."""
+    vae, family, comm, op = request.vae, request.family, request.comm, request.op
+    if request.plan.strategy == "tile":
+        return run_tiled(request.tile_ops, comm, request.workers, request.config.output == "all")
+    if request.shard is not None:
+        run = family.untiled_decode if op == "decode" else family.untiled_encode
+        return _place(request, run(vae, local), dim)
+    out = direct(vae, family, op, request.x) if comm.rank == 0 else None
+    if comm.rank != 0 and op == "decode":
+        family.replay_draws(vae, request.x)  # the RNG draws rank 0's decode made (LTX's noise)
+    return _place(request, out, dim)
+
+
+def _place(request: Request, out, dim: int | None):
+    """What this rank made of a direct or sharded request (its result, or a chunk of it) placed per
+    `output`: a direct request's from rank 0 (`out` None elsewhere), a sharded one's assembled
+    from every rank's part along `dim`; None on a rank that gets none."""
+    to_all = request.config.output == "all"
+    if request.shard is not None:
+        return spatial.assemble(request.shard, out, dim, to_all)
+    return request.comm.share_from_rank0(out) if to_all else out
+
+
+def _placed(request: Request, out):
+    return request.x.new_empty(0) if out is None else out
+
+
+def _planned(request: Request) -> Request:
+    """The request with its plan (`vaeshard.plan`), a fallback's reason logged as a warning (with what
+    its result is where that is not what the VAE computes as configured)."""
+    request = plan_request(request, request.comm.world)
+    chosen, config = request.plan, request.config
+    request.record.strategy = chosen.strategy
     if chosen.fallback:
         log.warning("vaeshard: %s%s", chosen.reason, f"; result: {chosen.result}" if chosen.changes_result else "")
     elif log.isEnabledFor(logging.DEBUG):
-        log.debug("vaeshard: %s -> %s", op, chosen.explain())
-    state: _State = getattr(vae, STATE_ATTR)
-    if chosen.strategy == "direct" and config.mode == "auto" and comm.world > 1 and not state.own_noted:
-        if state.family.own_result(vae, op, tuple(x.shape)) == "own":  # neither tiles nor shards give its result
+        log.debug("vaeshard: %s -> %s", request.op, chosen.explain())
+    state: _State = getattr(request.vae, STATE_ATTR)
+    if chosen.strategy == "direct" and config.mode == "auto" and request.comm.world > 1 and not state.own_noted:
+        if request.own == "own":  # neither tiles nor shards give its result
             log.warning(
                 "vaeshard: %s. Set vae.use_framewise_decoding = vae.use_framewise_encoding = False for spatial "
                 "shards (diffusers' untiled result), or vae.enable_tiling() for tiles (diffusers' tiled result)",
                 chosen.reason,
             )
             state.own_noted = True
-    return chosen
+    return request
 
 
 def direct(vae, family: Family, op: str, x):

@@ -7,6 +7,7 @@ nothing here communicates or allocates real tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import NamedTuple
 
@@ -17,7 +18,7 @@ from .config import MODES, SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfi
 from .layers.tier import FastPlan, kernels_unavailable
 from .runtime import comm as comm_mod
 from .runtime import graphs
-from .runtime.requests import Expected, check_shape, size_message
+from .runtime.requests import Expected, Request, check_shape, size_message
 from .runtime.spatial import split_extents
 from .runtime.swap import replaced_forwards
 
@@ -71,6 +72,7 @@ def plan(
     the same message."""
     from .families import family_for
 
+    family = family_for(vae)  # (the one lookup: a request's plan takes its family from the request)
     state = getattr(vae, STATE_ATTR, None)
     config = state.config if state is not None else ParallelConfig()
     if world_size is None:
@@ -85,28 +87,52 @@ def plan(
         fast=config.fast if fast is None else fast,
     )
     shape = tuple(int(s) for s in latent_shape)
-    code, why = check_shape(op, shape, expected_of(family_for(vae), vae, op))
+    code, why = check_shape(op, shape, expected_of(family, vae, op))
     if code == 0 and config.size is not None and config.size > world_size:
         why = size_message(config.size, world_size)
     if why is not None:
         return Plan(REFUSED, why)
-    return plan_for(vae, latent_shape, world_size, config, op=op, hooked=replaced_forwards(vae))
+    # a request of that shape, its input a meta tensor: its tile ops are built without tensors
+    request = Request(
+        op=op,
+        x=torch.empty(shape, device="meta"),
+        vae=vae,
+        family=family,
+        config=config,
+        hooked=tuple(replaced_forwards(vae)),
+        own=family.own_result(vae, op, shape),
+    )
+    return plan_request(request, world_size).plan
 
 
-def plan_for(vae, latent_shape, world_size: int, config: ParallelConfig, *, op: str, hooked: list[str]) -> Plan:
-    """`plan` of a request whose settings are `config`, given the VAE's hooked layers
-    (runtime.swap.replaced_forwards), which a request has looked for already."""
-    chosen = strategy_for(vae, latent_shape, world_size, config.mode, op=op, size=config.size, hooked=hooked)
+def plan_request(request: Request, world_size: int) -> Request:
+    """`request` (admitted: its family, settings, hooked layers and own result known) planned over
+    `world_size` ranks: its `plan` and, where planning needed them, its `tile_ops`, built once from
+    its input, which the tile executor then runs. Called inside the request (requests.entered), as a
+    family's tile ops take its extra inputs (`request_inputs`)."""
+    built: list = []
+
+    def tile_ops():
+        if not built:
+            family, vae, x = request.family, request.vae, request.x
+            built.append(family.decode_tile_ops(vae, x) if request.op == "decode" else family.encode_tile_ops(vae, x))
+        return built[0]
+
+    chosen = _with_result(_strategy(request, world_size, tile_ops), request.op, request.own, request.config.mode)
+    config, family = request.config, request.family
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
-    if hooked or config.exact or config.mode == "tile":
-        return chosen
-    from .families import family_for
-
-    if chosen.strategy == "tile":
-        return _fast_tiles(chosen, family_for(vae), config.fast, op)
-    if not family_for(vae).fast_tier:
-        return chosen._replace(tier_reason=f"{type(vae).__name__} has no fast-tier layers (docs/families.md)")
-    return chosen._replace(fast=resolve_fast(vae, latent_shape, world_size, chosen.strategy, config.fast, op=op))
+    if not (request.hooked or config.exact or config.mode == "tile"):
+        if chosen.strategy == "tile":
+            chosen = _fast_tiles(chosen, family, config.fast, request.op)
+        elif not family.fast_tier:
+            why = f"{type(request.vae).__name__} has no fast-tier layers (docs/families.md)"
+            chosen = chosen._replace(tier_reason=why)
+        else:
+            fast = resolve_fast(
+                request.vae, request.x.shape, world_size, chosen.strategy, config.fast, op=request.op, family=family
+            )
+            chosen = chosen._replace(fast=fast)
+    return dataclasses.replace(request, plan=chosen, tile_ops=built[0] if built else None)
 
 
 def _fast_tiles(chosen: Plan, family, options: FastOptions, op: str) -> Plan:
@@ -139,16 +165,6 @@ def expected_of(family, vae, op: str) -> Expected:
     )
 
 
-def _fits_one_tile(family, vae, op: str, shape) -> bool:
-    """True when the request is a single tile, so tiling would decode it directly anyway."""
-    if len(shape) != family.latent_ndim:
-        return True
-    probe = torch.empty(shape, device="meta")
-    if op == "decode":
-        return family.decode_tile_ops(vae, probe) is None
-    return family.encode_tile_ops(vae, probe) is None
-
-
 def _axis_extents(shape, op: str, ratio: int) -> tuple[int, int]:
     """The (height, width) extents that decide sharding, in latent rows: the latent's own for decode;
     for encode the sample extent over the compression ratio, or 0 when the sample extent is not a
@@ -174,25 +190,6 @@ def _device_of(vae):
     return first.device if first is not None else torch.device("cpu")
 
 
-def strategy_for(
-    vae, latent_shape, world_size: int, mode: str, *, op: str, size: int | None, hooked: list[str]
-) -> Plan:
-    """The strategy of a request, its reason and what its result equals (docs/strategies.md, "`auto`"
-    and "Fallbacks": `auto` keeps to what the VAE's own decode computes as configured: its tiled
-    result where diffusers' tiling is on and tiles this request, else an untiled-equivalent strategy,
-    sharding the longer axis that covers the group, width on ties, unless the family measured another
-    axis faster there; a forced mode that cannot run falls back to `tile` with a warning)."""
-    from .families import family_for
-
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}: valid modes are {', '.join(MODES)}")
-    family = family_for(vae)
-    shape = tuple(int(s) for s in latent_shape)
-    own = family.own_result(vae, op, shape) if len(shape) == family.latent_ndim else "untiled"
-    chosen = _strategy(family, vae, shape, world_size, mode, own, op=op, size=size, hooked=hooked)
-    return _with_result(chosen, op, own, mode)
-
-
 def _with_result(chosen: Plan, op: str, own: str, mode: str) -> Plan:
     """`chosen` with what its result equals, and whether that differs from what the VAE computes as
     configured (`own`, Family.own_result)."""
@@ -215,17 +212,26 @@ def _with_result(chosen: Plan, op: str, own: str, mode: str) -> Plan:
     )
 
 
-def _strategy(
-    family, vae, shape, world_size: int, mode: str, own: str, *, op: str, size: int | None, hooked: list[str]
-) -> Plan:
-    """strategy_for's choice and its reason, `own` the VAE's own result (Family.own_result)."""
+def _strategy(request: Request, world_size: int, tile_ops) -> Plan:
+    """The strategy of a request and its reason (docs/strategies.md, "`auto`" and "Fallbacks": `auto`
+    keeps to what the VAE's own decode computes as configured, `request.own`: its tiled result where
+    diffusers' tiling is on and tiles this request, else an untiled-equivalent strategy, sharding the
+    longer axis that covers the group, width on ties, unless the family measured another axis faster
+    there; a forced mode that cannot run falls back to `tile` with a warning). `tile_ops()`: the
+    request's tile ops (None: it is one tile), asked only where the choice depends on them."""
+    family, vae, op, hooked, own = request.family, request.vae, request.op, request.hooked, request.own
+    mode, size = request.config.mode, request.config.size
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: valid modes are {', '.join(MODES)}")
+    shape = tuple(int(s) for s in request.x.shape)
     workers = world_size if size is None else min(size, world_size)
-    one_tile = _fits_one_tile(family, vae, op, shape)
     has_tile = family.supports(op, "tile")
 
     def not_spatial(why: str, forced: bool) -> Plan:
         if workers == 1 and mode != "tile":
             return Plan("direct", f"{why}; one rank decodes directly", forced)
+        # (a latent of another layout has no tile grid to cut)
+        one_tile = len(shape) != family.latent_ndim or tile_ops() is None
         if one_tile or not has_tile:
             what = "the request is a single tile" if one_tile else f"{family.name} has no tiled {op}"
             return Plan("direct", f"{why}; {what}, so group rank 0 runs it directly and shares the result", forced)
@@ -310,13 +316,16 @@ def resolve_fast(
     *,
     op: str = "decode",
     device: torch.device | None = None,
+    family=None,
 ) -> FastPlan:
     """The fast tier's choices for a request of `latent_shape` run by `strategy` over `world_size`
     ranks with `options`: the largest rank's frame, frames per decoder call, CUDA graphs and layers in
-    parts, each with its reason (FastPlan.reasons), by tuning.py's thresholds."""
-    from .families import family_for
+    parts, each with its reason (FastPlan.reasons), by tuning.py's thresholds. `family`: the VAE's
+    (looked up where not given)."""
+    if family is None:
+        from .families import family_for
 
-    family = family_for(vae)
+        family = family_for(vae)
     device = _device_of(vae) if device is None else device
     shape = tuple(int(s) for s in latent_shape)
     ratio = family.spatial_ratio(vae)

@@ -375,11 +375,8 @@ def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_fra
     plain = [None, old.clone() if isinstance(old, torch.Tensor) else old]
     _store_cache(plain, 1, plain[1], frames)
     targeted = [None, old]
-    token = graphs._cache_targets.set([None, target])
-    try:
+    with graphs.writing_caches_into([None, target]):
         _store_cache(targeted, 1, old, frames)
-    finally:
-        graphs._cache_targets.reset(token)
     assert torch.equal(targeted[1], plain[1])
     if old_frames is None and new_frames == 1:  # the first call: one frame, in the target's last
         assert targeted[1].shape == (1, 3, 1, 4, 5) and targeted[1].data_ptr() == target[:, :, -1:].data_ptr()

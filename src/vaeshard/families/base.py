@@ -10,7 +10,6 @@ sharding (runtime/swap.py). docs/adding-a-family.md walks through writing one.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import importlib
 import inspect
@@ -20,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..runtime import requests
 from ..runtime.tile import TileGrid, TileOps
 
 # diffusers' switch of tiling in time, per op (HunyuanVideo's is on by default; LTX's and Mochi's off)
@@ -217,22 +217,17 @@ class Family(ABC):
         return "(B, C, T, H, W)" if self.latent_ndim == 5 else "(B, C, H, W)"
 
 
-_inputs: contextvars.ContextVar[dict | None] = contextvars.ContextVar("vaeshard_inputs", default=None)
-
-
 def request_inputs() -> dict:
     """The current request's extra inputs (Family.call_inputs) by name; empty outside one."""
-    return dict(_inputs.get() or {})
+    request = requests.current()
+    return {} if request is None else dict(request.inputs)
 
 
 @contextlib.contextmanager
 def passing_inputs(values: dict):
     """Make `values` the extra inputs of the request run inside (reset afterwards)."""
-    token = _inputs.set(dict(values))
-    try:
+    with requests.scoped(inputs=dict(values)):
         yield
-    finally:
-        _inputs.reset(token)
 
 
 def inputs_of_sample(values: dict, index: int, batch: int) -> dict:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import torch
 
-from ..layers import tier as fast
 from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder
 from ..runtime.swap import swap
 from ..runtime.tile import Tile, TileGrid, TileOps, TimeChunks
@@ -168,7 +167,7 @@ def decode_tile_ops(vae, z):
         out_dtype=_weights_dtype(decoder.proj_out),
         time=TimeChunks(spans, lambda clips: _merge_decoded(vae, clips, pad, padded)),
         stitch=lambda tiles: vae._stitch_tiles(tiles, row_overlaps, col_overlaps),
-        run_many=run_many if fast.enabled() else None,
+        run_many=run_many,
     )
 
 

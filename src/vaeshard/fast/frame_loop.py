@@ -18,13 +18,13 @@ within the fast tier's tolerances (the convolutions may pick other algorithms fo
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..layers import tier
+from ..runtime import requests
 
 
 @dataclass(frozen=True)
@@ -59,18 +59,21 @@ class _Chunk:
         self.caches = caches
 
 
-_chunk: contextvars.ContextVar[_Chunk | None] = contextvars.ContextVar("vaeshard_frame_loop", default=None)
+def _running() -> _Chunk | None:
+    """The running body call's state (the request's `loop`, runtime/requests.py), or None."""
+    request = requests.current()
+    return None if request is None else request.loop
 
 
 def active() -> bool:
     """Whether a frame loop's body call is running (its causal convolutions cache their input)."""
-    return _chunk.get() is not None
+    return _running() is not None
 
 
 def first_chunk() -> bool:
     """Whether the running body call's chunk starts the clip (True outside a frame loop: the call
     then gets the whole clip)."""
-    state = _chunk.get()
+    state = _running()
     return state is None or state.first
 
 
@@ -80,7 +83,7 @@ def cached_front(module, padded: torch.Tensor, front: int) -> torch.Tensor:
     its front frames are the last `front` frames of the previous call's `padded` (the module's cache);
     in the first chunk they stay the clip's first frame. Keeps its own last `front` frames as the next
     call's cache. Outside a frame loop, `padded` as it is."""
-    state = _chunk.get()
+    state = _running()
     if state is None or front == 0:
         return padded
     if not state.first:
@@ -108,11 +111,8 @@ def run(loop: FrameLoop, vae, z: torch.Tensor, per_step: int, whole: bool):
     out, filled, start = None, 0, 0
     while start < num_frames:
         stop = 1 if start == 0 else min(start + per_step, num_frames)
-        token = _chunk.set(_Chunk(start == 0, caches))
-        try:
+        with requests.scoped(loop=_Chunk(start == 0, caches)):
             y = loop.body(decoder, head[:, :, start:stop])
-        finally:
-            _chunk.reset(token)
         if drop:  # (a view: the frames kept are copied into the output or the chunk below)
             cut = min(drop, y.shape[2])
             y, drop = y[:, :, cut:], drop - cut

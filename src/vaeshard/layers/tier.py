@@ -3,15 +3,14 @@
 A request runs in the fast tier unless the VAE was parallelized with `exact=True`, the mode is
 `tile`, or hooks replace its layers' forwards; then every layer runs diffusers' own computation, bit
 for bit. `vaeshard.plan` resolves a fast-tier request's choices once, before any work, into a
-`FastPlan`; `active(plan)` makes it the request's (a ContextVar, so code outside a vaeshard request
-always sees the original layers), and the layers read it, never change it. Where a layer runs its
-frames in parts, it passes the part size to what it calls.
+`FastPlan`; `active(plan)` makes it the request's (the running request's `fast`, runtime/requests.py,
+so code outside a vaeshard request always sees the original layers), and the layers read it, never
+change it. Where a layer runs its frames in parts, it passes the part size to what it calls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from dataclasses import dataclass, field
 
 import torch
@@ -22,6 +21,7 @@ from ..kernels import conv3d as conv_kernel
 from ..kernels import triton_support
 from ..kernels.norm import add_bias_, add_bias_and_residual_, fused_bias_add_available, rms_norm
 from ..kernels.routing import Route, route
+from ..runtime import requests
 
 
 @dataclass(frozen=True)
@@ -65,16 +65,14 @@ class FastPlan:
         return "\n".join(f"{name}: {why}" for name, why in self.reasons)
 
 
-_current: contextvars.ContextVar[FastPlan | None] = contextvars.ContextVar("vaeshard_fast_plan", default=None)
-
-
 def current() -> FastPlan | None:
     """This request's fast-tier choices, or None (the exact tier, or outside a vaeshard request)."""
-    return _current.get()
+    request = requests.current()
+    return None if request is None else request.fast
 
 
 def enabled() -> bool:
-    return _current.get() is not None
+    return current() is not None
 
 
 @contextlib.contextmanager
@@ -83,27 +81,26 @@ def active(plan: FastPlan | None):
     benchmark mode is on for the request, the caller's setting restored afterwards: the first
     convolution of each new shape times cuDNN's algorithms once per process and later ones reuse the
     fastest. The exact tier leaves cuDNN as the caller set it."""
-    token = _current.set(plan)
     benchmark = torch.backends.cudnn.benchmark
-    if plan is not None and plan.cudnn_benchmark:
-        torch.backends.cudnn.benchmark = True
-    try:
-        yield plan
-    finally:
-        torch.backends.cudnn.benchmark = benchmark
-        _current.reset(token)
+    with requests.scoped(fast=plan):
+        if plan is not None and plan.cudnn_benchmark:
+            torch.backends.cudnn.benchmark = True
+        try:
+            yield plan
+        finally:
+            torch.backends.cudnn.benchmark = benchmark
 
 
 def max_layer_frames() -> int | None:
     """The user's bound on the frames a layer takes at once in this request (None: none; always None
     outside the fast tier)."""
-    plan = _current.get()
+    plan = current()
     return None if plan is None else plan.max_layer_frames
 
 
 def layer_frames(pixels: int, suits=None) -> int | None:
     """`FastPlan.layer_frames` of this request (None outside the fast tier)."""
-    plan = _current.get()
+    plan = current()
     return None if plan is None else plan.layer_frames(pixels, suits)
 
 
@@ -111,7 +108,7 @@ def signature() -> tuple:
     """This request's fast-tier choices and PyTorch's switches that choose its kernels (cuDNN's
     benchmark mode, TF32): a kept CUDA graph serves only a request that would run the same kernels."""
     return (
-        _current.get(),
+        current(),
         torch.backends.cudnn.benchmark,
         torch.backends.cudnn.allow_tf32,
         torch.backends.cuda.matmul.allow_tf32,
@@ -120,7 +117,7 @@ def signature() -> tuple:
 
 def kernels_on() -> bool:
     """Whether this request may run vaeshard's convolution kernels: the fast tier with triton_convs."""
-    plan = _current.get()
+    plan = current()
     return plan is not None and plan.triton_convs
 
 

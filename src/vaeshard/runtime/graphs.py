@@ -37,7 +37,6 @@ names the weights' addresses and versions, so a graph never reads weights that m
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
 import time
 import weakref
@@ -47,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import tuning
+from . import requests
 
 log = logging.getLogger("vaeshard")
 
@@ -66,9 +66,12 @@ _streams: dict[int, torch.cuda.Stream] = {}
 # how each capture's debug line begins (benchmarks/gpu_parity.py and `ranks.py kept-graphs` count captures by it)
 CAPTURED = "vaeshard: captured a decoder call as a CUDA graph"
 
-# while the first or second call of a request with kept graphs is captured: the cache tensors the
-# steady graph reads (KeptCalls.state), into which the call writes its new caches (`cache_target`)
-_cache_targets: contextvars.ContextVar[list | None] = contextvars.ContextVar("vaeshard_cache_targets", default=None)
+
+def writing_caches_into(targets: list):
+    """The scope of the capture of a request's first or second call with kept graphs: `targets`, the
+    cache tensors the steady graph reads (KeptCalls.state), into which the call writes its new caches
+    (`cache_target`); the request's `cache_targets` (runtime/requests.py)."""
+    return requests.scoped(cache_targets=targets)
 
 
 def cache_target(idx: int) -> torch.Tensor | None:
@@ -77,7 +80,8 @@ def cache_target(idx: int) -> torch.Tensor | None:
     the entry the steady graph reads (the first call's one-frame caches go in its last frame, which
     the second call reads before it overwrites the entry; the second call leaves its caches where
     the steady graph reads them). No second set of caches is kept or copied. Else None."""
-    targets = _cache_targets.get()
+    request = requests.current()
+    targets = None if request is None else request.cache_targets
     if targets is None or idx >= len(targets) or not isinstance(targets[idx], torch.Tensor):
         return None
     return targets[idx]
@@ -356,11 +360,8 @@ class DecoderSteps:
     def _capture_kept(self, step, x, state: list, copy_into: list | None) -> tuple[_Graph, list]:
         """`_capture` of the first or second call of a request with kept graphs: the call writes its
         new caches into the tensors the steady graph reads (`cache_target`)."""
-        token = _cache_targets.set(self.kept.state)
-        try:
+        with writing_caches_into(self.kept.state):
             return self._capture(step, x, state, copy_into)
-        finally:
-            _cache_targets.reset(token)
 
     def _first_calls_eager(self, exc: CaptureFailed, step, x) -> torch.Tensor:
         log.info(

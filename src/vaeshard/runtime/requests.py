@@ -1,20 +1,39 @@
-"""A request's check and agreement: every rank checks its own input, then every rank learns every
-rank's request (`Comm.agree`), so a request that is invalid or different anywhere fails everywhere
-with the same clear error, before any work, and a rank that never arrives is named. No model
-knowledge: what a request must look like comes in an `Expected`.
+"""A request: its check and agreement, and the one object that carries it.
+
+Every rank checks its own input, then every rank learns every rank's request (`Comm.agree`), so a
+request that is invalid or different anywhere fails everywhere with the same clear error, before any
+work, and a rank that never arrives is named. No model knowledge: what a request must look like
+comes in an `Expected`.
+
+An admitted request is a `Request`: what it is (op, input, extra inputs), what runs it (the VAE, its
+family, settings and group), its plan once made, and what is in force at the moment inside it (the
+fast tier's choices, the shard, the frame loop's call, a graph capture's cache targets). While a
+request runs, it is the one context variable every layer reads (`current`, through the accessors of
+layers/tier.py, spatial.py, families/base.py, fast/frame_loop.py and graphs.py); a part of it is
+changed for a scope by `scoped`, and outside a request there is none.
 
 What is refused, where and with which message is listed (and measured) in docs/reliability.md.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import dataclasses
 import hashlib
-from typing import NamedTuple
+import logging
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from ..config import MODES, OUTPUTS, agreement_timeout
-from .comm import Comm
+from .comm import Comm, CommTimeout
+
+if TYPE_CHECKING:
+    from .spatial import ShardContext
+    from .tile import TileOps
+
+log = logging.getLogger("vaeshard")
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 OPS = ("decode", "encode", "verify_weights")
@@ -45,6 +64,63 @@ class Expected(NamedTuple):
     channels: int | None
     devices: frozenset
     dtypes: frozenset
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # (one request is itself: compared by identity)
+class Request:
+    """One request of a parallelized VAE on this rank, made by its admission (api.admit) and planned
+    once (policy.plan_request). A bare one (every field left out) stands for code run outside a
+    request under a `scoped` setting, such as a test's fast-tier layer."""
+
+    op: str = ""  # "decode" or "encode"
+    x: Any = None  # the input tensor (this sample's, where the VAE slices a batch)
+    vae: Any = None
+    family: Any = None  # the VAE's family (families/base.py)
+    config: Any = None  # config.ParallelConfig
+    comm: Comm | None = None
+    inputs: dict = dataclasses.field(default_factory=dict)  # the family's extra inputs (Family.call_inputs)
+    record: Any = None  # the metrics record (vaeshard.metrics)
+    hooked: tuple[str, ...] = ()  # layers whose forward a hook replaces (runtime.swap.replaced_forwards)
+    own: str = "untiled"  # what the VAE's own op computes for this input (Family.own_result)
+    plan: Any = None  # policy.Plan, once planned
+    tile_ops: TileOps | None = None  # the family's tile ops of `x`, built once where the plan needed them
+    # in force now, for a scope inside the request (`scoped`):
+    fast: Any = None  # the fast tier's choices (layers/tier.py); None: diffusers' own computation
+    shard: ShardContext | None = None  # the spatial shard (spatial.py); None: unsharded
+    loop: Any = None  # the frame loop's running decoder call (fast/frame_loop.py)
+    cache_targets: list | None = None  # a graph capture's cache tensors (graphs.py)
+
+    @property
+    def workers(self) -> int:
+        """The group's ranks that do the work (`size`, at most the group)."""
+        size = self.config.size
+        return self.comm.world if size is None else min(size, self.comm.world)
+
+
+_request: contextvars.ContextVar[Request | None] = contextvars.ContextVar("vaeshard_request", default=None)
+
+
+def current() -> Request | None:
+    """The request running in this context, or None outside one."""
+    return _request.get()
+
+
+@contextlib.contextmanager
+def entered(request: Request):
+    """Run `request` inside: it is `current()` (reset afterwards, also when the code inside raises)."""
+    token = _request.set(request)
+    try:
+        yield request
+    finally:
+        _request.reset(token)
+
+
+@contextlib.contextmanager
+def scoped(**changes):
+    """The current request with `changes` (a bare `Request` outside one) for the code run inside."""
+    now = _request.get()
+    with entered(Request(**changes) if now is None else dataclasses.replace(now, **changes)) as request:
+        yield request
 
 
 def check_shape(op: str, shape: tuple[int, ...], expected: Expected) -> tuple[int, str | None]:
@@ -205,16 +281,58 @@ def agree(comm: Comm, op: str, desc: list[int], code: int, error: str | None, ti
         raise PROBLEMS[code][0](error)
 
 
+class StreamClosed(RuntimeError):
+    """Another rank closed its stream before the end: the request ended on every rank."""
+
+
+def carry_on(comm: Comm, k: int, count: int, timeout: float | None) -> None:
+    """Before step `k` of `count` of a streamed request: every rank says whether its consumer still
+    wants the rest (through the store: bounded, no collective left pending); StreamClosed on every
+    rank if one does not."""
+    rows = _agree_step(comm, 1, timeout)
+    closed = [r for r, row in enumerate(rows) if not row[0]]
+    if closed:
+        raise StreamClosed(
+            f"stream_decode: rank(s) {closed} closed the stream after {k} of {count} chunks; the request "
+            "ended on every rank (every rank must consume the same chunks; close it on every rank alike)"
+        )
+
+
+def tell_closed(comm: Comm, k: int, count: int, timeout: float | None) -> None:
+    """This rank's consumer closed the stream after chunk `k`: tell the others at their next step
+    (nothing to tell after the last chunk). A rank that cannot be told fails its own wait, bounded."""
+    if k + 1 >= count or comm.world == 1:
+        return
+    try:
+        _agree_step(comm, 0, timeout)
+    except CommTimeout as exc:
+        log.warning("vaeshard: stream_decode closed on rank %d; the other ranks could not be told: %s", comm.rank, exc)
+
+
+def _agree_step(comm: Comm, wants: int, timeout: float | None) -> list[list[int]]:
+    if comm.world == 1:
+        return [[wants]]
+    seconds, bound = agreement_timeout(timeout)
+    return comm.agree([wants], seconds, "stream_decode", bound)
+
+
 __all__ = [
     "DTYPES",
     "Expected",
     "OPS",
     "PROBLEMS",
+    "Request",
+    "StreamClosed",
     "agree",
+    "carry_on",
     "check_shape",
+    "current",
     "describe",
     "describe_verify",
+    "entered",
     "explain",
+    "scoped",
     "size_message",
+    "tell_closed",
     "validate",
 ]

@@ -1,18 +1,19 @@
-"""The spatial executor's request-scoped shard context: which rank holds which latent rows.
+"""The spatial strategies' shard: which rank holds which latent rows, its slice and its assembly.
 
 A spatially sharded request runs the untiled model on each rank's slice of whole latent rows (or
 columns) inside `sharding(ctx)`; the halo-aware layers ask `current()` for the context (None
-outside a sharded request, where they compute exactly as diffusers does).
+outside a sharded request, where they compute exactly as diffusers does). The context is the running
+request's `shard` (requests.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from dataclasses import dataclass
 
 import torch
 
+from . import requests
 from .comm import Comm
 
 HEIGHT, WIDTH = "height", "width"
@@ -74,21 +75,16 @@ class ShardContext:
         return self.comm.all_gather_along(x, dim, self.extents_at(x.shape[dim]))
 
 
-_current: contextvars.ContextVar[ShardContext | None] = contextvars.ContextVar("vaeshard_shard", default=None)
-
-
 def current() -> ShardContext | None:
-    return _current.get()
+    request = requests.current()
+    return None if request is None else request.shard
 
 
 @contextlib.contextmanager
 def sharding(ctx: ShardContext):
     """Make `ctx` the shard context of this request; always reset, also when the decode raises."""
-    token = _current.set(ctx)
-    try:
+    with requests.scoped(shard=ctx):
         yield ctx
-    finally:
-        _current.reset(token)
 
 
 def largest_frame_pixels(x: torch.Tensor) -> int:
@@ -125,12 +121,3 @@ def assemble(ctx: ShardContext, out_local: torch.Tensor, dim: int, to_all: bool)
     """Every rank's part of an output in global order (on every rank, or group rank 0 only: the others
     get None)."""
     return ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), to_all)
-
-
-def run_spatial(comm: Comm, x: torch.Tensor, axis: str, rows_per_latent_row: int, run, to_all: bool):
-    """The spatial executor: each rank runs `run(local)` (the untiled model) on its slice of `x`
-    (`shard_of`) inside its shard context, then the slices are assembled (`assemble`)."""
-    local, ctx, dim = shard_of(comm, x, axis, rows_per_latent_row)
-    with sharding(ctx):
-        out_local = run(local)
-    return assemble(ctx, out_local, dim, to_all)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from . import requests
 from .comm import Comm
 
 
@@ -111,8 +112,8 @@ class TileOps:
     # the family's merge of one grid's finished tiles (rows of tiles, row-major), in place of `merge`:
     # diffusers' own stitch where its overlaps differ from boundary to boundary (MiniMax-H3)
     stitch: Callable[[list[list[torch.Tensor]]], torch.Tensor] | None = None
-    # several input tiles of one shape -> their finished tiles, in one call (the fast tier's batch);
-    # None: one tile at a time through `run`
+    # several input tiles of one shape -> their finished tiles, in one call: the fast tier's batch, used
+    # where the request runs the fast tier; None (or the exact tier): one tile at a time through `run`
     run_many: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None
 
     def all_tiles(self) -> tuple[Tile, ...]:
@@ -161,7 +162,9 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     stack = None
     mine_set = set(mine)
     order = tiles if ops.skip is not None else mine
-    batched = _run_batched(ops, mine, x_bcthw) if ops.run_many is not None and ops.skip is None else None
+    request = requests.current()
+    fast = request is not None and request.fast is not None
+    batched = _run_batched(ops, mine, x_bcthw) if fast and ops.run_many is not None and ops.skip is None else None
     k = -1
     for t in order:
         if t not in mine_set:
