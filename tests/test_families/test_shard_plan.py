@@ -33,6 +33,16 @@ def test_a_refusal_names_every_module_it_cannot_shard_and_swaps_nothing():
     assert {name: type(m) for name, m in vae.named_modules()} == classes  # nothing swapped
 
 
+def test_a_refused_rule_gives_its_reason():
+    from diffusers.models.downsampling import Downsample2D
+
+    vae = build("autoencoder_kl")
+    vae.decoder.conv_act = Downsample2D(4, use_conv=True)  # declared refused in the decoder
+    with pytest.raises(ValueError, match=r"decoder\.conv_act \(Downsample2D\) is a downsampler \(no halo rows"):
+        family_for(vae).install_layers(vae)
+    assert not any(is_swapped(m) for m in vae.modules())
+
+
 @pytest.mark.parametrize("name", sorted(NAMED_CONFIGS))
 def test_every_family_plan_covers_its_real_config(name):
     vae = _on_meta(name)
