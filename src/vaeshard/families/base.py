@@ -131,6 +131,8 @@ class ShardPlan:
 
 
 class Swapped(NamedTuple):
+    """A module `apply_plan` swapped: its path in the VAE, diffusers class, mixin and treatment."""
+
     path: str
     cls: str
     mixin: str
@@ -176,15 +178,7 @@ def apply_plan(plan: ShardPlan, vae, install: bool = True) -> ShardReport:
                 continue
             parent = modules[name.rpartition(".")[0]] if name else vae
             rule = next((r for r in plan.rules if r.selects(module, path, parent)), None)
-            problem = (
-                "a layer vaeshard does not know"
-                if rule is None
-                else rule.reason
-                if rule.treatment == REFUSED
-                else rule.check(module)
-                if rule.check is not None
-                else None
-            )
+            problem = _problem(rule, module)
             if problem:
                 problems.append(f"{path} ({class_name(module)}) is {problem}")
                 continue
@@ -205,6 +199,15 @@ def apply_plan(plan: ShardPlan, vae, install: bool = True) -> ShardReport:
             swap(module, rule.mixin)
         swapped.append(Swapped(path, class_name(module), rule.mixin.__name__, rule.treatment))
     return ShardReport(tuple(swapped), dict(Counter(rule.treatment for _, _, rule in chosen)))
+
+
+def _problem(rule: Rule | None, module) -> str | None:
+    """Why the module `rule` selected cannot be sharded exactly (None: it can)."""
+    if rule is None:
+        return "a layer vaeshard does not know"
+    if rule.treatment == REFUSED:
+        return rule.reason
+    return None if rule.check is None else rule.check(module)
 
 
 # Rules most families share: modules that are per pixel, or containers whose coupling lies in children.
