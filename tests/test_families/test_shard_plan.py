@@ -49,6 +49,7 @@ def test_every_family_plan_covers_its_real_config(name):
     family = family_for(vae)
     before = {n: type(m) for n, m in vae.named_modules()}
     report = family.shard_report(vae)  # raises naming any module the plan does not cover
+    assert report is not None, f"family {family.name} declares no shard_plan"
     assert {n: type(m) for n, m in vae.named_modules()} == before  # a report swaps nothing
     assert report.counts.get("refused", 0) == 0 and report.swapped
     assert family.install_layers(vae) == report

@@ -515,6 +515,15 @@ def strided_encode_grid(vae, rows: int, cols: int, ratio: int) -> TileGrid:
     )
 
 
+def refusal(vae_class: str, where: str, module, what: str) -> ValueError:
+    """The error for one layer `where` a family's own walk (one without a `shard_plan`) cannot shard,
+    raised before anything is swapped: a wrong decode would be worse than a refusal."""
+    return ValueError(
+        f"vaeshard cannot shard this {vae_class}: {where} ({type(module).__name__}) is {what}. "
+        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+    )
+
+
 def frames_out(num_frames: int, temporal_factor: int) -> int:
     """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
     return 1 + (num_frames - 1) * temporal_factor if num_frames > 0 else 0
@@ -549,6 +558,7 @@ __all__ = [
     "local",
     "padded",
     "pointwise_problem",
+    "refusal",
     "same_conv_problem",
     "Mirror",
     "TileOps",
