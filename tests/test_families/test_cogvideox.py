@@ -87,7 +87,7 @@ def _local_norm_rows(vae, rank, world, shape, mode, op):
 
 
 def _run_case(rank, world, case):
-    from vaeshard.layers import cached_causal_conv
+    from vaeshard.layers import halo as cached_causal_conv
 
     name, model, tiles, shape, mode, op = case[:6]
     options = case[6] if len(case) > 6 else {}
@@ -215,7 +215,7 @@ def test_nearest_interpolation_of_a_slice_is_the_slice_of_the_interpolation():
 def test_time_chunks_of_the_safe_conv_match_the_whole_convolution(monkeypatch):
     from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXSafeConv3d
 
-    from vaeshard.layers import cached_causal_conv
+    from vaeshard.layers import halo as cached_causal_conv
 
     torch.manual_seed(2)
     conv = CogVideoXSafeConv3d(4, 6, kernel_size=3, padding=(0, 1, 1))

@@ -107,8 +107,8 @@ def _sharded_mid_block(rank, world):
     from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoCausalConv3d
 
     from vaeshard.layers.frame_causal_attention import FrameCausalMidBlock
+    from vaeshard.layers.halo import HaloPadThenConv as HaloReplicateCausalConv3d
     from vaeshard.layers.norms import GlobalGroupNorm
-    from vaeshard.layers.replicate_conv import HaloReplicateCausalConv3d
     from vaeshard.runtime import spatial, swap
     from vaeshard.runtime.comm import Comm
 

@@ -77,7 +77,7 @@ def _conv_against_diffusers(rank, world):
     patchify), sharded over uneven rows and columns, against diffusers' module on the whole tensor."""
     from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
 
-    from vaeshard.layers.replicate_conv import HaloReplicateCachedCausalConv3d
+    from vaeshard.layers.halo import HaloPadThenCachedConv as HaloReplicateCachedCausalConv3d
     from vaeshard.runtime import spatial, swap
     from vaeshard.runtime.comm import Comm
 

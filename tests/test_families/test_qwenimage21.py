@@ -32,7 +32,7 @@ def _halo_frame_conv(rank, world, axis, fast):
     from diffusers.models.autoencoders.autoencoder_kl_qwenimage21 import QwenImage21CausalConv3d
 
     from vaeshard.layers import tier
-    from vaeshard.layers.halo_frame import HaloFrameConv2d
+    from vaeshard.layers.halo import HaloFrameConv2d
     from vaeshard.runtime import spatial, swap
     from vaeshard.runtime.comm import Comm
 

@@ -16,31 +16,65 @@ directly.
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from ..layers.attention import WholeImageAttention
 from ..layers.convs import HaloConv2d
 from ..layers.norms import GlobalGroupNorm
-from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileOps
-from .base import Family, Mirror, concatenated_tile_ops, with_tiling_off
+from .base import (
+    CONTAINERS,
+    GLOBAL_NORM,
+    HALO,
+    LOCAL,
+    REFUSED,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    concatenated_tile_ops,
+    local,
+    padded,
+    pointwise_problem,
+    same_conv_problem,
+    with_tiling_off,
+)
 
-# Leaf or container classes of the decoder whose forward is local to a slice of rows, or whose
-# coupling is handled by a swapped child (ResnetBlock2D's GroupNorms and convs, Upsample2D's conv).
-_LOCAL = (
-    "Decoder",
-    "UNetMidBlock2D",
-    "UpDecoderBlock2D",
-    "AttnUpDecoderBlock2D",
-    "ResnetBlock2D",
-    "ModuleList",
-    "Linear",
-    "Dropout",
-    "Identity",
-    "SiLU",
-    "Mish",
-    "GELU",
-    "ReLU",
+
+def _plain_attention(attn) -> str | None:
+    if (
+        getattr(attn, "spatial_norm", None) is not None
+        or getattr(attn, "is_cross_attention", False)
+        or getattr(attn, "added_kv_proj_dim", None) is not None
+    ):
+        return "attention with a spatial norm or cross/added keys"
+    return None
+
+
+def _nearest_then_conv(up) -> str | None:
+    transposed, interpolates = getattr(up, "use_conv_transpose", False), getattr(up, "interpolate", True)
+    if transposed or not interpolates or getattr(up, "norm", None) is not None:
+        return "an upsampler other than nearest 2x then conv"
+    return None
+
+
+# The decoder only (spatial-shard encode is not offered): 3x3 stride-1 Conv2d -> halo rows replace its
+# zero padding on the sharded axis; 1x1 Conv2d -> local; GroupNorm -> whole-map statistics;
+# Attention -> whole-image keys and values (its projections act per token); Upsample2D -> its nearest
+# 2x interpolation is local and its conv is one of the 3x3 above.
+SHARD_PLAN = ShardPlan(
+    roots=("decoder",),
+    rules=(
+        Rule("Conv2d", HALO, HaloConv2d, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
+        Rule("Conv2d", LOCAL, check=pointwise_problem),
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        Rule("Attention", WHOLE_MAP, WholeImageAttention, check=_plain_attention),
+        Rule("Upsample2D", LOCAL, check=_nearest_then_conv),
+        Rule("Downsample2D", REFUSED, reason="a downsampler (no halo rows for its inline pad here)"),
+        local("Decoder", "UNetMidBlock2D", "UpDecoderBlock2D", "AttnUpDecoderBlock2D", "ResnetBlock2D"),
+        local("SiLU", "Mish", "GELU", "ReLU", "Linear"),
+        CONTAINERS,
+    ),
 )
 
 
@@ -148,69 +182,6 @@ def untiled_encode(vae, x):
     return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
 
 
-# -- spatial shard ----------------------------------------------------------------------------------
-
-
-def install_layers(vae) -> None:
-    """Treatment by layer class, decoder only (spatial-shard encode is not offered).
-
-    3x3 stride-1 Conv2d -> halo rows replace its zero padding on the sharded axis; 1x1 Conv2d -> local;
-    GroupNorm -> whole-map statistics; Attention -> whole-image keys and values; Upsample2D -> its
-    nearest 2x interpolation is local and its conv is one of the 3x3 above. Any other layer could
-    couple rows in a way vaeshard does not know, so it is refused here rather than decoded wrongly.
-    """
-    from diffusers.models.attention_processor import Attention
-    from diffusers.models.upsampling import Upsample2D
-
-    swaps = []
-    for name, module in vae.decoder.named_modules():
-        if type(module) is nn.Conv2d:
-            if any(module.padding):
-                _check_halo_conv2d(name, module)
-                swaps.append((module, HaloConv2d))
-            elif module.kernel_size != (1, 1):
-                raise _refuse(name, module, "an unpadded convolution wider than 1x1")
-        elif type(module) is nn.GroupNorm:
-            swaps.append((module, GlobalGroupNorm))
-        elif isinstance(module, Attention):
-            if (
-                getattr(module, "spatial_norm", None) is not None
-                or getattr(module, "is_cross_attention", False)
-                or getattr(module, "added_kv_proj_dim", None) is not None
-            ):
-                raise _refuse(name, module, "attention with a spatial norm or cross/added keys")
-            swaps.append((module, WholeImageAttention))
-        elif isinstance(module, Upsample2D):
-            if (
-                getattr(module, "use_conv_transpose", False)
-                or not getattr(module, "interpolate", True)
-                or getattr(module, "norm", None) is not None
-            ):
-                raise _refuse(name, module, "an upsampler other than nearest 2x then conv")
-        elif type(module).__name__ not in _LOCAL and not is_swapped(module):
-            raise _refuse(name, module, "a layer vaeshard does not know")
-    for module, mixin in swaps:  # only after the whole decoder was accepted
-        swap(module, mixin)
-
-
-def _check_halo_conv2d(name: str, conv: nn.Conv2d) -> None:
-    odd_same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size, conv.padding))
-    if conv.stride != (1, 1) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or not odd_same:
-        raise _refuse(name, conv, "a convolution that is not stride-1, undilated, zero-padded 'same'")
-
-
-def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return ValueError(
-        f"vaeshard cannot shard this AutoencoderKL-layout decoder: decoder.{name} ({type(module).__name__}) is "
-        f"{what}. This VAE is not the AutoencoderKL layout vaeshard supports; decode it without vaeshard"
-    )
-
-
-def uninstall_layers(vae) -> None:
-    for module in vae.decoder.modules():
-        unswap(module)
-
-
 def release(vae) -> None:
     """AutoencoderKL keeps no feature cache between calls: nothing to drop."""
 
@@ -257,8 +228,7 @@ class _AutoencoderKL(Family):
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
-    install_layers = staticmethod(install_layers)
-    uninstall_layers = staticmethod(uninstall_layers)
+    shard_plan = SHARD_PLAN
     release = staticmethod(release)
 
     def spatial_ratio(self, vae) -> int:

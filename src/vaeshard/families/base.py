@@ -3,23 +3,30 @@
 A family is a subclass of `Family`: class attributes declare what it supports (the support table in
 docs/families.md is generated from them), and methods supply what cannot be data: the tile grid and
 per-tile run (kept line for line with diffusers' tiled decode, so `tile` stays bit-identical), the
-untiled decode and encode a sharded request runs on each rank's slice, and the layers to swap for
-sharding (runtime/swap.py). docs/adding-a-family.md walks through writing one.
+untiled decode and encode a sharded request runs on each rank's slice. The layers to swap for
+sharding are data too: a family's `shard_plan` (a `ShardPlan` of `Rule`s naming diffusers' module
+classes as strings), which one walker (`apply_plan`) checks whole and then applies (runtime/swap.py).
+docs/adding-a-family.md walks through writing one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import importlib
 import inspect
 import textwrap
 from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from ..runtime import requests
+from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileGrid, TileOps
 
 # diffusers' switch of tiling in time, per op (HunyuanVideo's is on by default; LTX's and Mochi's off)
@@ -48,6 +55,200 @@ def source_hash(qualified: str) -> str:
     return hashlib.sha256((text + "\n").encode()).hexdigest()[:16]
 
 
+# -- shard plans: which treatment each module of a VAE gets when its feature maps are sharded ---------
+
+HALO = "halo"  # takes its neighbours' rows in place of its padding on the sharded axis (layers/halo.py)
+GLOBAL_NORM = "global_norm"  # statistics combined over the ranks (layers/norms.py)
+WHOLE_MAP = "whole_map"  # attention over the whole map's keys and values, or whole-map noise, sliced
+LOCAL = "local"  # per pixel, or a container whose coupling lies in children treated by their own rule
+FAST = "fast"  # only the fast tier's layers change (fused norms, blocks that write into conv buffers)
+REFUSED = "refused"  # vaeshard cannot shard it exactly: the plan names why
+TREATMENTS = (HALO, GLOBAL_NORM, WHOLE_MAP, LOCAL, FAST, REFUSED)
+
+
+class Layer(NamedTuple):
+    """What a family knows of a declared module's kind, for tiers that read more than the treatment:
+    `norm` ("group", "rms_channels", "layer", ...), the `activation` after it, the `padding` mode of
+    a convolution's (or its next convolution's) padding, and whether it keeps a causal `cache` of
+    its last input frames."""
+
+    norm: str | None = None
+    activation: str | None = None
+    padding: str | None = None
+    cache: bool = False
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One declaration of a shard plan: modules of the diffusers classes `classes` (names, so a class
+    an older diffusers lacks is no import error; () with `where`: any class) get `treatment`, with
+    `mixin` swapped onto them where there is one.
+
+    Selection, where the class alone is not enough: `parent`, the class names of the module's
+    direct parent; `where`, an fnmatch pattern of its path in the VAE ("decoder.*"); `when`, a
+    predicate of the module. The first rule of a plan that selects a module decides it. `check`:
+    what keeps the module from being sharded exactly (a phrase), or None; `reason`, for a `REFUSED`
+    rule, the phrase. `subtree`: the treatment covers every module below it, which the walker does
+    not visit. `layer`: the module's kind (`Layer`)."""
+
+    classes: tuple[str, ...]
+    treatment: str
+    mixin: type | None = None
+    parent: tuple[str, ...] = ()
+    where: str | None = None
+    when: Callable[[torch.nn.Module], bool] | None = None
+    check: Callable[[torch.nn.Module], str | None] | None = None
+    reason: str = ""
+    subtree: bool = False
+    layer: Layer = Layer()
+
+    def __post_init__(self):
+        for name in ("classes", "parent"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+        if self.treatment not in TREATMENTS:
+            raise ValueError(f"unknown treatment {self.treatment!r}: one of {TREATMENTS}")
+
+    def selects(self, module, path: str, parent) -> bool:
+        return (
+            (not self.classes or class_name(module) in self.classes)
+            and (not self.parent or class_name(parent) in self.parent)
+            and (self.where is None or fnmatch.fnmatchcase(path, self.where))
+            and (self.when is None or bool(self.when(module)))
+        )
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """A family's shard plan: its `rules`, in order, over the VAE's children named in `roots` (None:
+    all of them; a root the VAE lacks is skipped). `check_model`: a check of the whole VAE that
+    raises ValueError, run first (a switch of the VAE no single module shows)."""
+
+    rules: tuple[Rule, ...]
+    roots: tuple[str, ...] | None = None
+    check_model: Callable[[torch.nn.Module], None] | None = None
+
+
+class Swapped(NamedTuple):
+    """A module `apply_plan` swapped: its path in the VAE, diffusers class, mixin and treatment."""
+
+    path: str
+    cls: str
+    mixin: str
+    treatment: str
+
+
+class ShardReport(NamedTuple):
+    """What `apply_plan` did: every module it swapped, and how many modules got each treatment."""
+
+    swapped: tuple[Swapped, ...]
+    counts: dict[str, int]
+
+    def summary(self) -> str:
+        """One line: modules per treatment, and how many were swapped."""
+        counts = ", ".join(f"{self.counts[t]} {t}" for t in TREATMENTS if self.counts.get(t))
+        return f"{counts}; {len(self.swapped)} swapped"
+
+
+def class_name(module) -> str:
+    """The name of `module`'s diffusers class (its own where vaeshard swapped a mixin onto it)."""
+    return getattr(type(module), "_vaeshard_base", type(module)).__name__
+
+
+def apply_plan(plan: ShardPlan, vae, install: bool = True) -> ShardReport:
+    """Walk `vae` by `plan`: every module of its roots is checked first, and one ValueError names
+    every module vaeshard cannot shard exactly (path and class: a wrong decode would be worse than a
+    refusal), before anything is swapped; then the mixins are swapped on (`install`; idempotent:
+    a module swapped already is left as it is). Returns the report."""
+    if plan.check_model is not None:
+        plan.check_model(vae)
+    chosen, problems = [], []
+    children = dict(vae.named_children())
+    for root_name in children if plan.roots is None else plan.roots:
+        root = children.get(root_name)
+        if root is None:
+            continue
+        modules = {"": root}
+        covered: list[str] = []
+        for name, module in root.named_modules():
+            modules[name] = module
+            path = f"{root_name}.{name}" if name else root_name
+            if any(path.startswith(prefix) for prefix in covered):
+                continue
+            parent = modules[name.rpartition(".")[0]] if name else vae
+            rule = next((r for r in plan.rules if r.selects(module, path, parent)), None)
+            problem = _problem(rule, module)
+            if problem:
+                problems.append(f"{path} ({class_name(module)}) is {problem}")
+                continue
+            chosen.append((path, module, rule))
+            if rule.subtree:
+                covered.append(path + ".")
+    if problems:
+        raise ValueError(
+            f"vaeshard cannot shard this {type(vae).__name__}: {len(problems)} of its layers cannot be sharded "
+            f"exactly: {'; '.join(problems)}. A wrong decode would be worse than a refusal: this VAE is not the "
+            "layout vaeshard supports; use mode='tile' or decode it without vaeshard"
+        )
+    swapped = []
+    for path, module, rule in chosen:
+        if rule.mixin is None:
+            continue
+        if install and not is_swapped(module):
+            swap(module, rule.mixin)
+        swapped.append(Swapped(path, class_name(module), rule.mixin.__name__, rule.treatment))
+    return ShardReport(tuple(swapped), dict(Counter(rule.treatment for _, _, rule in chosen)))
+
+
+def _problem(rule: Rule | None, module) -> str | None:
+    """Why the module `rule` selected cannot be sharded exactly (None: it can)."""
+    if rule is None:
+        return "a layer vaeshard does not know"
+    if rule.treatment == REFUSED:
+        return rule.reason
+    return None if rule.check is None else rule.check(module)
+
+
+# Rules most families share: modules that are per pixel, or containers whose coupling lies in children.
+def local(*classes: str, **selection) -> Rule:
+    return Rule(classes, LOCAL, **selection)
+
+
+CONTAINERS = local("ModuleList", "Sequential", "Identity", "Dropout")
+
+
+def same_conv_problem(conv) -> str | None:
+    """Why a convolution's own padding cannot become halo rows (None: it can): it must be 'same'
+    (odd kernel, padding (k - 1) / 2) and undilated over the spatial axes, stride 1, zero-padded."""
+    spatial = slice(-2, None)
+    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size[spatial], _spatial_padding(conv)))
+    if conv.stride[spatial] != (1, 1) or conv.dilation[spatial] != (1, 1) or conv.padding_mode != "zeros" or not same:
+        return "a convolution that is not stride-1, undilated, zero-padded 'same'"
+    return None
+
+
+def _spatial_padding(conv) -> tuple[int, int]:
+    """(height, width) padding of a convolution: its `padding`, or for a layer that pads itself by an
+    F.pad tuple `_padding` (w_left, w_right, h_top, h_bottom, ...) the top and left entries."""
+    own = getattr(conv, "_padding", None)
+    if own is not None and not any(conv.padding):
+        return own[2], own[0]
+    return tuple(conv.padding[-2:])
+
+
+def pointwise_problem(conv) -> str | None:
+    """None for a 1x1(x1) convolution of stride 1 without padding (per pixel), else why not."""
+    if any(k != 1 for k in conv.kernel_size) or any(s != 1 for s in conv.stride) or any(conv.padding):
+        return "a convolution other than 1x1x1" if len(conv.kernel_size) == 3 else "a convolution other than 1x1"
+    return None
+
+
+def padded(conv) -> bool:
+    """Whether a convolution pads the spatial axes itself (its `padding`)."""
+    return any(conv.padding[-2:])
+
+
 class Family(ABC):
     """A family of diffusers VAE classes (e.g. Wan: AutoencoderKLWan).
 
@@ -59,7 +260,10 @@ class Family(ABC):
     `frame_loop_graphs`: its frame loop may replay CUDA graphs (runtime/graphs.py); `layer_parts`:
     its fast layers take a call's frames in parts.
     `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
+    `shard_plan`: each module's treatment when the feature maps are sharded (`ShardPlan`).
     """
+
+    shard_plan: ShardPlan | None = None
 
     mirrors: tuple[Mirror, ...] = ()
     # the arguments diffusers' decode / encode take between the tensor and `return_dict`, in order
@@ -175,14 +379,19 @@ class Family(ABC):
         """The global-RNG draws one rank's whole decode of `z` makes, without decoding: what a rank
         that does not decode a `direct` request does, so its RNG stays in step with rank 0's."""
 
-    def install_layers(self, vae) -> None:
-        """Swap in request-aware layers (halo, fast tier); idempotent. May raise ValueError for a VAE
-        whose layers cannot be sharded (the caller then undoes any swap made)."""
+    def install_layers(self, vae) -> ShardReport | None:
+        """Swap in request-aware layers (halo, fast tier) by the family's `shard_plan`; idempotent.
+        Raises ValueError, before swapping anything, for a VAE with layers it cannot shard. Returns
+        what it swapped (None: the family declares no plan and swaps nothing)."""
+        return None if self.shard_plan is None else apply_plan(self.shard_plan, vae)
+
+    def shard_report(self, vae) -> ShardReport | None:
+        """What `install_layers` would swap and each module's treatment, swapping nothing; raises as
+        it would."""
+        return None if self.shard_plan is None else apply_plan(self.shard_plan, vae, install=False)
 
     def uninstall_layers(self, vae) -> None:
         """Undo `install_layers`: by default every swapped module of the VAE gets its class back."""
-        from ..runtime.swap import unswap
-
         for module in vae.modules():
             unswap(module)
 
@@ -324,15 +533,6 @@ def strided_encode_grid(vae, rows: int, cols: int, ratio: int) -> TileGrid:
     )
 
 
-def refusal(vae_class: str, where: str, module, what: str) -> ValueError:
-    """The error a family's `install_layers` raises, before swapping anything, for a layer `where` it
-    cannot shard: a wrong decode would be worse than a refusal."""
-    return ValueError(
-        f"vaeshard cannot shard this {vae_class}: {where} ({type(module).__name__}) is {what}. "
-        "This VAE is not the layout vaeshard supports; use mode='tile' or decode it without vaeshard"
-    )
-
-
 def frames_out(num_frames: int, temporal_factor: int) -> int:
     """Causal video VAEs decode the first latent frame to one frame and each later one to `factor`."""
     return 1 + (num_frames - 1) * temporal_factor if num_frames > 0 else 0
@@ -350,7 +550,24 @@ def with_tiling_off(vae, fn, *args):
 
 
 __all__ = [
+    "CONTAINERS",
+    "FAST",
+    "GLOBAL_NORM",
+    "HALO",
+    "LOCAL",
+    "REFUSED",
+    "WHOLE_MAP",
     "Family",
+    "Layer",
+    "Rule",
+    "ShardPlan",
+    "ShardReport",
+    "apply_plan",
+    "class_name",
+    "local",
+    "padded",
+    "pointwise_problem",
+    "same_conv_problem",
     "Mirror",
     "TileOps",
     "concat_extent",
@@ -358,7 +575,6 @@ __all__ = [
     "frames_out",
     "inputs_of_sample",
     "passing_inputs",
-    "refusal",
     "request_inputs",
     "source_hash",
     "strided_decode_grid",

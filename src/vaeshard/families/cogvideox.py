@@ -12,7 +12,7 @@ rows:
 
 - `CogVideoXCausalConv3d` (constant mode: time padded from the cache or the first frame, per pixel):
   left as it is; its child `CogVideoXSafeConv3d` takes halo rows in place of its spatial zero padding
-  and keeps diffusers' time chunks (layers/cached_causal_conv.py);
+  and keeps diffusers' time chunks (layers/halo.py HaloSafeConv3d);
 - every `nn.GroupNorm` (the encoder's resnets and `norm_out`; the decoder's `CogVideoXSpatialNorm3D`,
   whose statistics span a frame batch) -> whole-map statistics (layers/norms.py);
 - `CogVideoXSpatialNorm3D`'s conditioning: nearest interpolation of the decoder's input latent to the
@@ -23,7 +23,7 @@ rows:
 - `CogVideoXUpsample3D`: nearest 2x (time too where it compresses time): local to whole latent rows;
   its 3x3 Conv2d takes halo rows (layers/convs.py HaloConv2d);
 - `CogVideoXDownsample3D` (encoder): the time average is per pixel; its inline (0, 1, 0, 1) zero pad
-  before the 3x3 stride-2 Conv2d takes the next rank's first row instead (layers/inline_pad_conv.py):
+  before the 3x3 stride-2 Conv2d takes the next rank's first row instead (layers/halo.py HaloInlinePadConv2d):
   exact, since shards of whole latent rows start on even rows at every level;
 - SiLU, dropout, the 1x1x1 shortcuts and quant convolutions: per pixel.
 
@@ -32,29 +32,25 @@ The VAE has no attention. Every other layer is refused before anything is swappe
 
 from __future__ import annotations
 
-import torch.nn as nn
-
-from ..layers.cached_causal_conv import HaloSafeConv3d
 from ..layers.convs import HaloConv2d
-from ..layers.inline_pad_conv import HaloInlinePadConv2d
+from ..layers.halo import HaloInlinePadConv2d, HaloSafeConv3d
 from ..layers.norms import GlobalGroupNorm
-from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileOps
-from .base import Family, Mirror, concatenated_tile_ops, refusal, with_tiling_off
-
-# containers and per-pixel leaves (their coupling, if any, is in a child treated by class below)
-_LOCAL = (
-    "CogVideoXEncoder3D",
-    "CogVideoXDecoder3D",
-    "CogVideoXDownBlock3D",
-    "CogVideoXMidBlock3D",
-    "CogVideoXUpBlock3D",
-    "CogVideoXResnetBlock3D",
-    "CogVideoXSpatialNorm3D",
-    "ModuleList",
-    "SiLU",
-    "Dropout",
-    "Identity",
+from .base import (
+    CONTAINERS,
+    GLOBAL_NORM,
+    HALO,
+    LOCAL,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    concatenated_tile_ops,
+    local,
+    padded,
+    pointwise_problem,
+    with_tiling_off,
 )
 
 
@@ -220,53 +216,7 @@ def untiled_encode(vae, x):
 # -- spatial shard ----------------------------------------------------------------------------------
 
 
-def install_layers(vae) -> None:
-    """Treatment by layer class, encoder and decoder (the module docstring says why each is exact).
-
-    CogVideoXCausalConv3d (constant mode) -> its CogVideoXSafeConv3d child takes halo rows;
-    nn.GroupNorm -> whole-map statistics; CogVideoXUpsample3D's 3x3 Conv2d -> halo rows;
-    CogVideoXDownsample3D's 3x3 stride-2 Conv2d -> the next rank's first row for the inline zero pad;
-    other CogVideoXSafeConv3d (shortcuts, quant convs) must be 1x1x1. Any other layer could couple rows
-    in a way vaeshard does not know, so it is refused here, before anything is swapped.
-    """
-    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d, CogVideoXSafeConv3d
-    from diffusers.models.downsampling import CogVideoXDownsample3D
-    from diffusers.models.upsampling import CogVideoXUpsample3D
-
-    swaps = []
-    for part in ("encoder", "decoder"):
-        treated = set()  # children a parent's check covers
-        for name, module in getattr(vae, part).named_modules():
-            where = f"{part}.{name}"
-            if id(module) in treated or is_swapped(module):
-                continue
-            if isinstance(module, CogVideoXCausalConv3d):
-                _check_causal_conv(where, module)
-                treated.add(id(module.conv))
-                if any(module.conv.padding):
-                    swaps.append((module.conv, HaloSafeConv3d))
-            elif isinstance(module, CogVideoXUpsample3D):
-                _check_conv2d(f"{where}.conv", module.conv, stride=1, padding=1)
-                treated.add(id(module.conv))
-                swaps.append((module.conv, HaloConv2d))
-            elif isinstance(module, CogVideoXDownsample3D):
-                _check_conv2d(f"{where}.conv", module.conv, stride=2, padding=0)
-                treated.add(id(module.conv))
-                swaps.append((module.conv, HaloInlinePadConv2d))
-            elif isinstance(module, CogVideoXSafeConv3d):
-                _check_pointwise(where, module)
-            elif type(module) is nn.GroupNorm:
-                swaps.append((module, GlobalGroupNorm))
-            elif type(module).__name__ not in _LOCAL:
-                raise _refuse(where, module, "a layer vaeshard does not know")
-    for name in ("quant_conv", "post_quant_conv"):
-        if getattr(vae, name, None) is not None:
-            _check_pointwise(name, getattr(vae, name))
-    for module, mixin in swaps:  # only after the whole model was accepted
-        swap(module, mixin)
-
-
-def _check_causal_conv(name: str, module) -> None:
+def _causal_conv_problem(module) -> str | None:
     conv = module.conv
     same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size[1:], conv.padding[1:]))
     if (
@@ -277,28 +227,47 @@ def _check_causal_conv(name: str, module) -> None:
         or conv.padding_mode != "zeros"
         or not same
     ):
-        raise _refuse(name, module, "a causal convolution that is not stride-1, undilated, zero-padded 'same'")
+        return "a causal convolution that is not stride-1, undilated, zero-padded 'same'"
+    return None
 
 
-def _check_conv2d(name: str, conv, stride: int, padding: int) -> None:
-    if (
-        getattr(type(conv), "_vaeshard_base", type(conv)) is not nn.Conv2d  # swapped already: its base
-        or conv.kernel_size != (3, 3)
-        or conv.stride != (stride, stride)
-        or conv.padding != (padding, padding)
-        or conv.dilation != (1, 1)
-        or conv.padding_mode != "zeros"
-    ):
-        raise _refuse(name, conv, f"not the 3x3 stride-{stride} zero-padded convolution diffusers builds there")
+def _conv3x3(stride: int, padding: int):
+    def problem(conv) -> str | None:
+        if (
+            conv.kernel_size != (3, 3)
+            or conv.stride != (stride, stride)
+            or conv.padding != (padding, padding)
+            or conv.dilation != (1, 1)
+            or conv.padding_mode != "zeros"
+        ):
+            return f"not the 3x3 stride-{stride} zero-padded convolution diffusers builds there"
+        return None
+
+    return problem
 
 
-def _check_pointwise(name: str, conv) -> None:
-    if conv.kernel_size != (1, 1, 1) or conv.stride != (1, 1, 1) or any(conv.padding):
-        raise _refuse(name, conv, "a convolution other than 1x1x1")
-
-
-def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return refusal("AutoencoderKLCogVideoX", name, module, what)
+# Encoder, decoder and the quant convs (the module docstring says why each is exact).
+# CogVideoXCausalConv3d (constant mode) -> local (time padded from its cache, per pixel), its
+# CogVideoXSafeConv3d child takes halo rows; nn.GroupNorm -> whole-map statistics;
+# CogVideoXUpsample3D's 3x3 Conv2d -> halo rows; CogVideoXDownsample3D's 3x3 stride-2 Conv2d -> the
+# next rank's first row for the inline zero pad; other CogVideoXSafeConv3d (shortcuts, quant convs) must
+# be 1x1x1; the containers and per-pixel leaves -> local.
+SHARD_PLAN = ShardPlan(
+    roots=("encoder", "decoder", "quant_conv", "post_quant_conv"),
+    rules=(
+        Rule("CogVideoXCausalConv3d", LOCAL, check=_causal_conv_problem, layer=Layer(padding="zeros", cache=True)),
+        Rule("CogVideoXSafeConv3d", HALO, HaloSafeConv3d, parent="CogVideoXCausalConv3d", when=padded),
+        Rule("CogVideoXSafeConv3d", LOCAL, parent="CogVideoXCausalConv3d"),  # unpadded in space: per pixel
+        Rule(("CogVideoXSafeConv3d", "Conv3d"), LOCAL, check=pointwise_problem),
+        Rule("Conv2d", HALO, HaloConv2d, parent="CogVideoXUpsample3D", check=_conv3x3(stride=1, padding=1)),
+        Rule("Conv2d", HALO, HaloInlinePadConv2d, parent="CogVideoXDownsample3D", check=_conv3x3(stride=2, padding=0)),
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        local("CogVideoXEncoder3D", "CogVideoXDecoder3D", "CogVideoXDownBlock3D", "CogVideoXMidBlock3D"),
+        local("CogVideoXUpBlock3D", "CogVideoXResnetBlock3D", "CogVideoXSpatialNorm3D", "CogVideoXUpsample3D"),
+        local("CogVideoXDownsample3D", "SiLU"),
+        CONTAINERS,
+    ),
+)
 
 
 _COG = "diffusers.models.autoencoders.autoencoder_kl_cogvideox:"
@@ -331,17 +300,17 @@ class _CogVideoX(Family):
         ),
         Mirror(
             _COG + "CogVideoXSafeConv3d.forward",
-            "layers/cached_causal_conv.py safe_conv3d",
+            "layers/halo.py safe_conv3d",
             "e9cfcc39cf5c6cf3",
         ),
         Mirror(
             _COG + "CogVideoXCausalConv3d.forward",
-            "layers/cached_causal_conv.py (time padding and cache local; spatial padding in the child)",
+            "layers/halo.py HaloSafeConv3d (time padding and cache local; spatial padding in the child)",
             "bae9401dabb7f044",
         ),
         Mirror(
             _COG + "CogVideoXCausalConv3d.fake_context_parallel_forward",
-            "layers/cached_causal_conv.py (the cache holds no spatial padding)",
+            "layers/halo.py HaloSafeConv3d (the cache holds no spatial padding)",
             "ef6a7f17d4baf334",
         ),
         Mirror(
@@ -356,7 +325,7 @@ class _CogVideoX(Family):
         ),
         Mirror(
             "diffusers.models.downsampling:CogVideoXDownsample3D.forward",
-            "layers/inline_pad_conv.py HaloInlinePadConv2d (the inline pad); families/cogvideox.py _encoded_*",
+            "layers/halo.py HaloInlinePadConv2d (the inline pad); families/cogvideox.py _encoded_*",
             "cee4ce635b34b404",
         ),
     )
@@ -370,7 +339,7 @@ class _CogVideoX(Family):
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
     stream_decode = staticmethod(stream_decode)
-    install_layers = staticmethod(install_layers)
+    shard_plan = SHARD_PLAN
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** len(_upsamplers(vae))

@@ -22,41 +22,60 @@ import torch.nn.functional as F
 
 from ..layers.convs import HaloConv2d
 from ..layers.linear_attention import EvalBatchNorm2d, ShardedLinearAttention
-from ..runtime.swap import swap, unswap
 from ..runtime.tile import TileOps
-from .base import Family, Mirror, refusal, request_inputs, strided_decode_grid, strided_encode_grid, with_tiling_off
+from .base import (
+    CONTAINERS,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    local,
+    pointwise_problem,
+    request_inputs,
+    strided_decode_grid,
+    strided_encode_grid,
+    with_tiling_off,
+)
 
-# -- the shard plan: diffusers class name -> treatment, for every module of the encoder and decoder --------
-HALO = "halo rows replace the zero padding on the sharded axis (3x3, 5x5 depthwise; stride 1 or 2)"
-LOCAL = "local: per pixel, per channel, or whole latent rows in and out"
-SHARD_PLAN: dict[str, object] = {
-    "Conv2d": HaloConv2d,  # 1x1 ones are LOCAL; a 'same' padded one takes halo rows (_conv_treatment)
-    "SanaMultiscaleLinearAttention": ShardedLinearAttention,  # one all-reduce of V_pad Kᵀ per layer
-    "BatchNorm2d": EvalBatchNorm2d,  # running statistics: per channel; refused in training mode
-    "DCUpBlock2d": LOCAL,  # nearest 2x or pixel shuffle (its conv is a Conv2d above); other modes refused
-    "DCDownBlock2d": LOCAL,  # pixel unshuffle and the channel mean of its shortcut (its conv: above)
-    "RMSNorm": LOCAL,  # over channels, per pixel
-    **dict.fromkeys(
-        (
-            "Encoder",
-            "Decoder",
-            "ModuleList",
-            "Sequential",
-            "ResBlock",
-            "EfficientViTBlock",
-            "GLUMBConv",
-            "SanaMultiscaleAttentionProjection",
-            "Linear",
-            "ReLU",
-            "ReLU6",
-            "SiLU",
-            "Mish",
-            "GELU",
-            "Identity",
-        ),
-        LOCAL,
+# -- the shard plan: every module of the encoder and decoder ----------------------------------------------
+
+
+def _conv_problem(conv) -> str | None:
+    """3x3 and 5x5 (depthwise) convolutions, stride 1 or 2 (the encoder's downsampling): halo rows
+    replace their zero padding; shards are whole latent rows, so a stride-2 slice starts on the lattice."""
+    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size, conv.padding))
+    if conv.stride not in ((1, 1), (2, 2)) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or not same:
+        return "a convolution that is not stride 1 or 2, undilated, zero-padded 'same'"
+    return None
+
+
+def _nearest(up) -> str | None:
+    if up.interpolate and up.interpolation_mode != "nearest":
+        return f"a {up.interpolation_mode} upsampler (not nearest)"
+    return None
+
+
+SHARD_PLAN = ShardPlan(
+    roots=("encoder", "decoder"),
+    rules=(
+        Rule("Conv2d", LOCAL, check=pointwise_problem, when=lambda c: c.kernel_size == (1, 1)),
+        Rule("Conv2d", HALO, HaloConv2d, check=_conv_problem, layer=Layer(padding="zeros")),
+        # one all-reduce of V_pad Kᵀ per layer (the quadratic branch of small maps: keys and values gathered)
+        Rule("SanaMultiscaleLinearAttention", WHOLE_MAP, ShardedLinearAttention),
+        # running statistics: per channel; refused at run time in training mode
+        Rule("BatchNorm2d", LOCAL, EvalBatchNorm2d, layer=Layer(norm="batch")),
+        Rule("DCUpBlock2d", LOCAL, check=_nearest),  # nearest 2x or pixel shuffle; its conv is a Conv2d above
+        Rule("RMSNorm", LOCAL, layer=Layer(norm="rms_channels")),
+        # pixel unshuffle and its shortcut's channel mean; containers and per-pixel layers
+        local("DCDownBlock2d", "Encoder", "Decoder", "ResBlock", "EfficientViTBlock", "GLUMBConv"),
+        local("SanaMultiscaleAttentionProjection", "Linear", "ReLU", "ReLU6", "SiLU", "Mish", "GELU"),
+        CONTAINERS,
     ),
-}
+)
 
 # Named real configs (constructor arguments that differ from AutoencoderDC's defaults), for the command
 # line. dc-ae-f32c32-sana-1.0: the AutoencoderDC(...) call of diffusers' scripts/convert_dcae_to_diffusers.py
@@ -134,45 +153,6 @@ def untiled_encode(vae, x):
     return with_tiling_off(vae, lambda: vae._encode(x)).contiguous()
 
 
-# -- spatial shard: the one function that applies SHARD_PLAN ------------------------------------------------
-
-
-def install_layers(vae) -> None:
-    """Swap in SHARD_PLAN's layers for every module of the encoder and decoder; refuse (before any
-    swap) a module the plan does not list, or one whose settings its treatment cannot shard exactly."""
-    swaps = []
-    for part in ("encoder", "decoder"):
-        for name, module in getattr(vae, part).named_modules():
-            where = f"{part}.{name}" if name else part
-            kind = type(module).__name__  # a swapped module keeps its class name
-            treatment = SHARD_PLAN.get(kind)
-            if treatment is None:
-                raise refusal("AutoencoderDC", where, module, "a layer vaeshard does not know")
-            if kind == "Conv2d":
-                treatment = _conv_treatment(where, module)
-            elif kind == "DCUpBlock2d" and module.interpolate and module.interpolation_mode != "nearest":
-                raise refusal("AutoencoderDC", where, module, f"a {module.interpolation_mode} upsampler (not nearest)")
-            if treatment is not LOCAL:
-                swaps.append((module, treatment))
-    for module, mixin in swaps:  # only after every module was accepted
-        swap(module, mixin)
-
-
-def _conv_treatment(where: str, conv: nn.Conv2d):
-    if conv.kernel_size == (1, 1) and conv.padding == (0, 0) and conv.stride == (1, 1):
-        return LOCAL
-    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size, conv.padding))
-    if conv.stride not in ((1, 1), (2, 2)) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or not same:
-        what = "a convolution that is not stride 1 or 2, undilated, zero-padded 'same'"
-        raise refusal("AutoencoderDC", where, conv, what)
-    return HaloConv2d
-
-
-def uninstall_layers(vae) -> None:
-    for module in vae.modules():
-        unswap(module)
-
-
 _DC = "diffusers.models.autoencoders.autoencoder_dc:AutoencoderDC."
 _SANA = "diffusers.models.attention_processor:"
 
@@ -211,8 +191,7 @@ class _AutoencoderDC(Family):
     encode_tile_ops = staticmethod(encode_tile_ops)
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
-    install_layers = staticmethod(install_layers)
-    uninstall_layers = staticmethod(uninstall_layers)
+    shard_plan = SHARD_PLAN
 
     def min_shard_rows(self, vae) -> int:
         """The widest halo of a convolution (5x5 multi-scale projections: 2 rows): the latent-level

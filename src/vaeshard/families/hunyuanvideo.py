@@ -19,7 +19,7 @@ untiled decode on its whole latent rows (or columns) of every frame, with leaf l
 
 - `HunyuanVideoCausalConv3d` (replicate-padded causal convolutions; stride 2 in the encoder's
   downsamplers): halo rows from the neighbours, the edge row repeated at the global edges
-  (layers/replicate_conv.py);
+  (layers/halo.py);
 - `nn.GroupNorm` (the resnets', the output norms', the attention's): whole-clip statistics combined
   over the ranks (layers/norms.py);
 - `HunyuanVideoMidBlock3D`'s `Attention` with the causal frame mask: the mask is never built; each
@@ -34,30 +34,28 @@ The encoder is made of the same kinds of layer, so encode shards too (sample ext
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
+from ..layers.halo import HaloPadThenConv, replicate_causal_problem
 from ..layers.norms import GlobalGroupNorm
-from ..layers.replicate_conv import HaloReplicateCausalConv3d, replicate_causal_problem
-from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
-from .base import Family, Mirror, frames_out, refusal, strided_decode_grid, strided_encode_grid, with_tiling_off
-
-# Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in a
-# swapped child). The upsamplers' nearest interpolation is local too (checked: integer factors).
-_LOCAL = (
-    "HunyuanVideoEncoder3D",
-    "HunyuanVideoDecoder3D",
-    "HunyuanVideoDownBlock3D",
-    "HunyuanVideoUpBlock3D",
-    "HunyuanVideoResnetBlockCausal3D",
-    "HunyuanVideoDownsampleCausal3D",
-    "ModuleList",
-    "SiLU",
-    "Mish",
-    "GELU",
-    "Dropout",
-    "Identity",
+from .base import (
+    CONTAINERS,
+    GLOBAL_NORM,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    frames_out,
+    local,
+    pointwise_problem,
+    strided_decode_grid,
+    strided_encode_grid,
+    with_tiling_off,
 )
 
 
@@ -234,69 +232,44 @@ def untiled_encode(vae, x):
 # -- spatial shard ----------------------------------------------------------------------------------
 
 
-def install_layers(vae) -> None:
-    """Treatment by layer class, the whole VAE (encoder, decoder, quant convs).
-
-    HunyuanVideoCausalConv3d -> halo rows in place of its replicate padding on the sharded axis (its
-    child Conv3d is then unpadded and local); nn.GroupNorm -> whole-clip statistics;
-    HunyuanVideoMidBlock3D -> its attentions causal by frame without the mask (each must be plain
-    self-attention with AttnProcessor2_0 or AttnProcessor); the attention's Linear projections (per
-    token), 1x1x1 Conv3d, nearest upsampling by integer factors -> local. Any other layer could couple
-    rows in a way vaeshard does not know, so it is refused here, before anything is swapped, rather
-    than decoded wrongly.
-    """
-    from diffusers.models.attention_processor import Attention
-    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
-        HunyuanVideoCausalConv3d,
-        HunyuanVideoMidBlock3D,
-        HunyuanVideoUpsampleCausal3D,
-    )
-
-    swaps, inner = [], set()  # inner: children whose parent's treatment covers them
-    for name, module in vae.named_modules():
-        if module is vae:
-            continue
-        if isinstance(module, HunyuanVideoCausalConv3d):
-            _check_causal_conv(name, module)
-            inner.add(id(module.conv))
-            swaps.append((module, HaloReplicateCausalConv3d))
-        elif isinstance(module, nn.GroupNorm):
-            swaps.append((module, GlobalGroupNorm))
-        elif isinstance(module, HunyuanVideoMidBlock3D):
-            for k, attn in enumerate(module.attentions):
-                if attn is None:
-                    continue
-                why = unsupported_attention(attn) if isinstance(attn, Attention) else "not diffusers' Attention"
-                if why is not None:
-                    raise _refuse(f"{name}.attentions.{k}", attn, f"an attention vaeshard cannot shard: {why}")
-                inner.add(id(attn))
-                inner.update(id(m) for m in attn.modules() if isinstance(m, (nn.Linear, nn.Dropout, nn.ModuleList)))
-            swaps.append((module, FrameCausalMidBlock))
-        elif isinstance(module, HunyuanVideoUpsampleCausal3D):
-            factors = tuple(module.upsample_factor)
-            if any(float(f) != int(f) or f < 1 for f in factors) or factors[1] != factors[2]:
-                raise _refuse(name, module, f"an upsampler by {factors}, not integer and alike in height and width")
-        elif type(module) is nn.Conv3d:
-            if id(module) not in inner and (
-                module.kernel_size != (1, 1, 1) or module.stride != (1, 1, 1) or any(module.padding)
-            ):
-                raise _refuse(name, module, "a convolution other than 1x1x1")
-        elif id(module) in inner:
-            continue
-        elif type(module).__name__ not in _LOCAL and not is_swapped(module):
-            raise _refuse(name, module, "a layer vaeshard does not know")
-    for module, mixin in swaps:  # only after the whole model was accepted
-        swap(module, mixin)
+def _attention_problem(attn) -> str | None:
+    why = unsupported_attention(attn)
+    return None if why is None else f"an attention vaeshard cannot shard: {why}"
 
 
-def _check_causal_conv(name: str, module) -> None:
-    problem = replicate_causal_problem(module)
-    if problem:
-        raise _refuse(name, module, problem)
+def _upsampler_problem(up) -> str | None:
+    factors = tuple(up.upsample_factor)
+    if any(float(f) != int(f) or f < 1 for f in factors) or factors[1] != factors[2]:
+        return f"an upsampler by {factors}, not integer and alike in height and width"
+    return None
 
 
-def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return refusal("AutoencoderKLHunyuanVideo", name, module, what)
+# The whole VAE (encoder, decoder, quant convs). HunyuanVideoCausalConv3d -> halo rows in place of its
+# replicate padding on the sharded axis (its child Conv3d is then unpadded and local); nn.GroupNorm ->
+# whole-clip statistics; HunyuanVideoMidBlock3D -> its attentions causal by frame without the mask
+# (each must be plain self-attention with AttnProcessor2_0 or AttnProcessor; their Linear projections
+# act per token); 1x1x1 Conv3d, nearest upsampling by integer factors, the containers -> local.
+SHARD_PLAN = ShardPlan(
+    rules=(
+        Rule(
+            "HunyuanVideoCausalConv3d",
+            HALO,
+            HaloPadThenConv,
+            check=replicate_causal_problem,
+            layer=Layer(padding="replicate"),
+        ),
+        Rule("Conv3d", LOCAL, parent="HunyuanVideoCausalConv3d"),  # unpadded, run by its parent
+        Rule("Conv3d", LOCAL, check=pointwise_problem),
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        Rule("HunyuanVideoMidBlock3D", WHOLE_MAP, FrameCausalMidBlock),
+        Rule("Attention", LOCAL, where="*.mid_block.attentions.*", check=_attention_problem),  # in the block's
+        Rule("Linear", LOCAL, where="*.mid_block.attentions.*"),
+        Rule("HunyuanVideoUpsampleCausal3D", LOCAL, check=_upsampler_problem),
+        local("HunyuanVideoEncoder3D", "HunyuanVideoDecoder3D", "HunyuanVideoDownBlock3D", "HunyuanVideoUpBlock3D"),
+        local("HunyuanVideoResnetBlockCausal3D", "HunyuanVideoDownsampleCausal3D", "SiLU", "Mish", "GELU"),
+        CONTAINERS,
+    ),
+)
 
 
 _HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video:"
@@ -338,7 +311,7 @@ class _HunyuanVideo(Family):
         ),
         Mirror(
             _HV + "HunyuanVideoCausalConv3d.forward",
-            "layers/replicate_conv.py HaloReplicateCausalConv3d.forward",
+            "layers/halo.py HaloPadThenConv.forward",
             "45611c78196e07d8",
         ),
         Mirror(
@@ -366,7 +339,7 @@ class _HunyuanVideo(Family):
     own_result = staticmethod(own_result)
     untiled_decode = staticmethod(untiled_decode)
     untiled_encode = staticmethod(untiled_encode)
-    install_layers = staticmethod(install_layers)
+    shard_plan = SHARD_PLAN
 
     def spatial_ratio(self, vae) -> int:
         ratio = 1

@@ -6,7 +6,7 @@ VAE is diffusers' own loops over whole clips (no causal frame cache), so `tile` 
 diffusers' `_decode` / `_encode` on each rank's rows with leaf layers swapped:
 
 - `HunyuanVideo15CausalConv3d` (replicate-padded causal 3x3x3): halo rows from the neighbours,
-  the edge row repeated at the global edges (layers/replicate_conv.py);
+  the edge row repeated at the global edges (layers/halo.py);
 - `HunyuanVideo15AttnBlock` (the mid-block attention, causal by frame): local queries against the
   keys and values of the whole frames each query frame may see, one frame's at a time, without
   diffusers' (T*H*W)^2 mask (layers/frame_causal_attention.py);
@@ -26,30 +26,27 @@ attention runs without diffusers' mask there too. The exact tier and `tile` run 
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
 from ..layers import tier as fast
 from ..layers.frame_causal_attention import FrameCausalAttention
-from ..layers.replicate_conv import replicate_causal_problem
-from ..runtime.swap import is_swapped, swap
-from .base import Family, Mirror, concatenated_tile_ops, frames_out, refusal, with_tiling_off
-
-# Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in
-# a swapped child). The up/downsamplers' rearranges and channel shortcuts are local too.
-_LOCAL = (
-    "HunyuanVideo15Encoder3D",
-    "HunyuanVideo15Decoder3D",
-    "HunyuanVideo15DownBlock3D",
-    "HunyuanVideo15UpBlock3D",
-    "HunyuanVideo15MidBlock",
-    "HunyuanVideo15ResnetBlock",
-    "HunyuanVideo15Upsample",
-    "HunyuanVideo15Downsample",
-    "ModuleList",
-    "SiLU",
-    "Identity",
+from ..layers.halo import replicate_causal_problem
+from .base import (
+    CONTAINERS,
+    FAST,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    concatenated_tile_ops,
+    frames_out,
+    local,
+    pointwise_problem,
+    with_tiling_off,
 )
 
 
@@ -198,61 +195,43 @@ def untiled_encode(vae, x):
 # -- spatial shard ----------------------------------------------------------------------------------
 
 
-def install_layers(vae) -> None:
-    """Treatment by layer class, encoder and decoder.
-
-    HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the sharded axis
-    (its child Conv3d is then unpadded and local), and in the fast tier's frame loop its cache;
-    HunyuanVideo15Upsample -> the frame loop's first-frame rule (`ChunkedUpsample`);
-    HunyuanVideo15AttnBlock -> frame-causal attention against the whole frames' keys and values, one
-    frame at a time; an RMS norm over channels, a 1x1x1
-    Conv3d (shortcuts, the attention's projections) -> local. Any other layer could couple rows in a way
-    vaeshard does not know, so it is refused here, before anything is swapped, rather than decoded wrongly.
-    """
-    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import (
-        HunyuanVideo15AttnBlock,
-        HunyuanVideo15CausalConv3d,
-        HunyuanVideo15RMS_norm,
-        HunyuanVideo15Upsample,
-    )
-
-    swaps = []
-    for part in ("encoder", "decoder"):
-        causal_children = set()
-        for name, module in getattr(vae, part).named_modules():
-            where = f"{part}.{name}"
-            if isinstance(module, HunyuanVideo15CausalConv3d):
-                _check_causal_conv(where, module)
-                causal_children.add(id(module.conv))
-                swaps.append((module, CachedReplicateCausalConv3d))
-            elif isinstance(module, HunyuanVideo15Upsample):
-                swaps.append((module, ChunkedUpsample))
-            elif isinstance(module, HunyuanVideo15AttnBlock):
-                swaps.append((module, FrameCausalAttention))
-            elif isinstance(module, HunyuanVideo15RMS_norm):
-                if not module.channel_first:  # it would normalize over the width
-                    raise _refuse(where, module, "an RMS norm over the last axis rather than the channels")
-            elif type(module) is nn.Conv3d:
-                if id(module) not in causal_children and (
-                    module.kernel_size != (1, 1, 1) or module.stride != (1, 1, 1) or any(module.padding)
-                ):
-                    raise _refuse(where, module, "a convolution other than 1x1x1")
-            elif type(module).__name__ not in _LOCAL and not is_swapped(module):
-                raise _refuse(where, module, "a layer vaeshard does not know")
-    for module, mixin in swaps:  # only after the whole model was accepted
-        swap(module, mixin)
+def _causal_conv_problem(conv) -> str | None:
+    if conv.conv.stride != (1, 1, 1):
+        return "a strided causal convolution (its encoder downsamples by pixel unshuffle)"
+    return replicate_causal_problem(conv) or loop_problem(conv)
 
 
-def _check_causal_conv(name: str, module) -> None:
-    if module.conv.stride != (1, 1, 1):
-        raise _refuse(name, module, "a strided causal convolution (its encoder downsamples by pixel unshuffle)")
-    problem = replicate_causal_problem(module) or loop_problem(module)
-    if problem:
-        raise _refuse(name, module, problem)
+def _channel_norm_problem(norm) -> str | None:
+    return None if norm.channel_first else "an RMS norm over the last axis rather than the channels"
 
 
-def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return refusal("AutoencoderKLHunyuanVideo15", name, module, what)
+# Encoder and decoder. HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the
+# sharded axis (its child Conv3d is then unpadded and local), and in the fast tier's frame loop its
+# cache; HunyuanVideo15Upsample -> the frame loop's first-frame rule (`ChunkedUpsample`);
+# HunyuanVideo15AttnBlock -> frame-causal attention against the whole frames' keys and values, one
+# frame at a time; an RMS norm over channels, a 1x1x1 Conv3d (shortcuts, the attention's
+# projections), the up/downsamplers' rearranges and channel shortcuts, the containers -> local.
+SHARD_PLAN = ShardPlan(
+    roots=("encoder", "decoder"),
+    rules=(
+        Rule(
+            "HunyuanVideo15CausalConv3d",
+            HALO,
+            CachedReplicateCausalConv3d,
+            check=_causal_conv_problem,
+            layer=Layer(padding="replicate", cache=True),
+        ),
+        Rule("Conv3d", LOCAL, parent="HunyuanVideo15CausalConv3d"),  # unpadded, run by its parent
+        Rule("Conv3d", LOCAL, check=pointwise_problem),
+        Rule("HunyuanVideo15Upsample", FAST, ChunkedUpsample),
+        Rule("HunyuanVideo15AttnBlock", WHOLE_MAP, FrameCausalAttention),
+        Rule("HunyuanVideo15RMS_norm", LOCAL, check=_channel_norm_problem, layer=Layer(norm="rms_channels")),
+        local("HunyuanVideo15Encoder3D", "HunyuanVideo15Decoder3D", "HunyuanVideo15DownBlock3D"),
+        local("HunyuanVideo15UpBlock3D", "HunyuanVideo15MidBlock", "HunyuanVideo15ResnetBlock"),
+        local("HunyuanVideo15Downsample", "SiLU"),
+        CONTAINERS,
+    ),
+)
 
 
 _HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:"
@@ -284,7 +263,7 @@ class _HunyuanVideo15(Family):
         ),
         Mirror(
             _HV + "HunyuanVideo15CausalConv3d.forward",
-            "layers/replicate_conv.py HaloReplicateCausalConv3d.forward; fast/causal_conv.py padded_in_loop",
+            "layers/halo.py HaloPadThenConv; fast/causal_conv.py padded_in_loop",
             "45611c78196e07d8",
         ),
         Mirror(
@@ -323,7 +302,7 @@ class _HunyuanVideo15(Family):
     direct_decode = staticmethod(direct_decode)
     stream_decode = staticmethod(stream_decode)
     untiled_encode = staticmethod(untiled_encode)
-    install_layers = staticmethod(install_layers)
+    shard_plan = SHARD_PLAN
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** len(_ups(vae))

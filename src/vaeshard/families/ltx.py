@@ -4,7 +4,7 @@ Latents are 5-D (B, C, T, H, W). The decoder may be conditioned on a timestep (`
 LTX-2 also takes `causal`), which a request passes on to every rank's decoder, and may inject noise
 drawn from the global RNG. Declared: which layers get which treatment when the feature map is
 sharded. The causal convolutions pad time themselves (local) and leave the spatial padding to an
-inner nn.Conv3d (zeros; reflect in LTX-2's decoder), which takes halo rows (`HaloConv3d`); a residual
+inner nn.Conv3d (zeros; reflect in LTX-2's decoder), which takes halo rows (`HaloPaddedConv`); a residual
 block that injects noise draws the whole map and keeps its slice (`NoiseSliceResnet`); the per-channel
 RMS and layer norms, the timestep embeddings and scale/shift, and the pixel (un)shuffles of the
 up- and downsamplers are per pixel or local to whole latent rows. Code, because it cannot be data:
@@ -16,42 +16,66 @@ every tile sees the RNG state it has in diffusers' tiled decode.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
-from ..layers.halo_conv3d import PADDING_MODES, HaloConv3d
+from ..layers.halo import PADDING_MODES, HaloPaddedConv
 from ..layers.noise_slice import NoiseSliceResnet
-from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileOps
-from .base import Family, Mirror, request_inputs, strided_decode_grid, strided_encode_grid, with_tiling_off
+from .base import (
+    CONTAINERS,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Mirror,
+    Rule,
+    ShardPlan,
+    local,
+    padded,
+    request_inputs,
+    strided_decode_grid,
+    strided_encode_grid,
+    with_tiling_off,
+)
 
-# containers and per-pixel leaves (the convolutions and noise blocks are treated by class below)
-_LOCAL = {
-    "ModuleList",
-    "Dropout",
-    "SiLU",
-    "LayerNorm",
-    "RMSNorm",
-    "PerChannelRMSNorm",
-    "LTXVideoEncoder3d",
-    "LTXVideoDecoder3d",
-    "LTXVideoDownBlock3D",
-    "LTXVideo095DownBlock3D",
-    "LTXVideoMidBlock3d",
-    "LTXVideoUpBlock3d",
-    "LTXVideoResnetBlock3d",
-    "LTXVideoCausalConv3d",
-    "LTXVideoDownsampler3d",
-    "LTXVideoUpsampler3d",
-    "LTX2VideoEncoder3d",
-    "LTX2VideoDecoder3d",
-    "LTX2VideoDownBlock3D",
-    "LTX2VideoMidBlock3d",
-    "LTX2VideoUpBlock3d",
-    "LTX2VideoResnetBlock3d",
-    "LTX2VideoCausalConv3d",
-    "LTX2VideoDownsampler3d",
-    "LTX2VideoUpsampler3d",
-}
+
+def _halo_conv3d_problem(conv) -> str | None:
+    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size[1:], conv.padding[1:]))
+    if conv.dilation[1:] != (1, 1) or conv.padding_mode not in PADDING_MODES or not same:
+        return "a convolution that is not undilated 'same' with zeros/reflect/replicate padding"
+    return None
+
+
+def _unpadded_problem(conv) -> str | None:
+    return None if conv.kernel_size[1:] == (1, 1) else "an unpadded convolution wider than 1x1"
+
+
+# Decoder and encoder (either may be absent: a VAE kept for one direction). nn.Conv3d with spatial
+# padding (inside every causal conv) -> halo rows in place of that padding, in its own mode at the
+# global edges; an unpadded nn.Conv3d must be 1x1 spatially (LTX-2's shortcut); a residual block that
+# injects noise -> whole-map noise, sliced; the timestep embedders are per sample (no feature map);
+# the causal convs' time padding, the per-channel RMS and layer norms, the up/downsamplers' pixel
+# (un)shuffles and the containers -> local.
+SHARD_PLAN = ShardPlan(
+    roots=("decoder", "encoder"),
+    rules=(
+        Rule((), LOCAL, where="*time_embedder", subtree=True),
+        Rule("Conv3d", HALO, HaloPaddedConv, when=padded, check=_halo_conv3d_problem),
+        Rule("Conv3d", LOCAL, check=_unpadded_problem),
+        Rule(
+            ("LTXVideoResnetBlock3d", "LTX2VideoResnetBlock3d"),
+            WHOLE_MAP,
+            NoiseSliceResnet,
+            when=lambda block: getattr(block, "per_channel_scale1", None) is not None,
+        ),
+        local("LTXVideoEncoder3d", "LTXVideoDecoder3d", "LTXVideoDownBlock3D", "LTXVideo095DownBlock3D"),
+        local("LTXVideoMidBlock3d", "LTXVideoUpBlock3d", "LTXVideoResnetBlock3d", "LTXVideoCausalConv3d"),
+        local("LTXVideoDownsampler3d", "LTXVideoUpsampler3d", "LTX2VideoEncoder3d", "LTX2VideoDecoder3d"),
+        local("LTX2VideoDownBlock3D", "LTX2VideoMidBlock3d", "LTX2VideoUpBlock3d", "LTX2VideoResnetBlock3d"),
+        local("LTX2VideoCausalConv3d", "LTX2VideoDownsampler3d", "LTX2VideoUpsampler3d"),
+        local("SiLU", "LayerNorm", "RMSNorm", "PerChannelRMSNorm"),
+        CONTAINERS,
+    ),
+)
 
 
 class LTXLike(Family):
@@ -203,61 +227,11 @@ class LTXLike(Family):
             out_dtype=x.dtype,
         )
 
-    # -- spatial shard --------------------------------------------------------------------------
-
-    def install_layers(self, vae) -> None:
-        """Treatment by layer class, in the decoder and the encoder.
-
-        nn.Conv3d with spatial padding (inside every causal conv) -> halo rows in place of that
-        padding, in its own mode at the global edges; an unpadded nn.Conv3d must be 1x1 spatially
-        (LTX-2's shortcut); a residual block that injects noise -> whole-map noise, sliced; the
-        timestep embedders are per sample. Any other layer could couple rows in a way vaeshard does
-        not know, so it is refused here (before anything is swapped) rather than decoded wrongly.
-        """
-        swaps = []
-        for part_name in ("decoder", "encoder"):
-            part = getattr(vae, part_name, None)
-            if part is None:  # a VAE kept for one direction only
-                continue
-            skip = set()
-            for name, module in part.named_modules():
-                if any(name == s or name.startswith(s + ".") for s in skip):
-                    continue
-                kind = type(module).__name__
-                if is_swapped(module):
-                    continue  # installed already
-                if name.endswith("time_embedder"):
-                    skip.add(name)  # per sample: the timestep's embedding, no feature map
-                elif type(module) is nn.Conv3d:
-                    if module.padding[1] or module.padding[2]:
-                        _check_halo_conv3d(part_name, name, module)
-                        swaps.append((module, HaloConv3d))
-                    elif module.kernel_size[1:] != (1, 1):
-                        raise _refuse(part_name, name, module, "an unpadded convolution wider than 1x1")
-                elif getattr(module, "per_channel_scale1", None) is not None:
-                    swaps.append((module, NoiseSliceResnet))
-                elif kind not in _LOCAL:
-                    raise _refuse(part_name, name, module, "a layer vaeshard does not know")
-        for module, mixin in swaps:
-            swap(module, mixin)
+    shard_plan = SHARD_PLAN
 
 
 def _is_causal(conv) -> bool:
     return getattr(conv, "is_causal", True)
-
-
-def _check_halo_conv3d(part: str, name: str, conv: nn.Conv3d) -> None:
-    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size[1:], conv.padding[1:]))
-    if conv.dilation[1:] != (1, 1) or conv.padding_mode not in PADDING_MODES or not same:
-        raise _refuse(
-            part, name, conv, "a convolution that is not undilated 'same' with zeros/reflect/replicate padding"
-        )
-
-
-def _refuse(part: str, name: str, module: nn.Module, what: str) -> ValueError:
-    return ValueError(
-        f"vaeshard cannot shard this LTX-Video VAE: {part}.{name} ({type(module).__name__}) is {what}; use mode='tile'"
-    )
 
 
 _LTX = "diffusers.models.autoencoders.autoencoder_kl_ltx:"
@@ -275,7 +249,7 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
         f"{prefix}Downsampler3d.forward": "families/ltx.py _encoded_shape",
         f"{prefix}Decoder3d.forward": "families/ltx.py _decoded_shape (unpatchify)",
         f"{prefix}Encoder3d.forward": "families/ltx.py _encoded_shape (patchify, output channels)",
-        f"{prefix}CausalConv3d.forward": "layers/halo_conv3d.py HaloConv3d (pads time, leaves space to self.conv)",
+        f"{prefix}CausalConv3d.forward": "layers/halo.py HaloPaddedConv (pads time, leaves space to self.conv)",
     }
     return tuple(Mirror(module + theirs, where, shas[theirs]) for theirs, where in ours.items())
 

@@ -27,7 +27,7 @@ each rank's latent rows (or columns): every clip is one token sequence spread ov
 rank holding the tokens of its rows with their global rotary positions and the register tokens as
 diffusers appends them; each attention gathers the keys and values of every rank's tokens (one
 all-gather per layer), so every query attends over the whole clip (layers/token_attention.py; the
-swaps are `install_layers`). The encoder is not sharded: an untiled encode runs on one rank.
+swaps are its `SHARD_PLAN`). The encoder is not sharded: an untiled encode runs on one rank.
 """
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ from __future__ import annotations
 import torch
 
 from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder
-from ..runtime.swap import swap
 from ..runtime.tile import Tile, TileGrid, TileOps, TimeChunks
-from .base import Family, Mirror, refusal, with_tiling_off
+from .base import CONTAINERS, LOCAL, WHOLE_MAP, Family, Layer, Mirror, Rule, ShardPlan, local, with_tiling_off
 
 # the released checkpoint's constructor arguments: diffusers' defaults are MiniMax-H3's VAE
 CONFIGS = {"minimax_h3": ("AutoencoderKLMiniMaxH3", {})}
@@ -224,35 +223,33 @@ def encode_tile_ops(vae, x):
     )
 
 
-# -- spatial shard (tiling off): every layer swap of the family is in this one function -------------
+# -- spatial shard (tiling off): the decoder's shard plan ----------------------------------------------
 
 
-def install_layers(vae) -> None:
-    """The decoder (`MiniMaxH3VideoViTDecoder3d`) -> its rows' tokens with their global rotary
-    positions (layers/token_attention.py ShardedViTDecoder); each `MiniMaxH3VideoAttention` -> keys and
-    values of every rank's tokens (ShardedTokenAttention). Everything else in the decoder acts per
-    token (projections, RMS and layer norms, the feed-forward, the unpatchify of each token's pixels),
-    and `post_quant_conv` per pixel: local. An attention with another processor, or with diffusers'
-    own context parallelism configured, is refused before anything is swapped. The encoder is not
-    sharded (encode: `tile`, or one rank)."""
-    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import (
-        MiniMaxH3VideoAttention,
-        MiniMaxH3VideoAttnProcessor,
-        MiniMaxH3VideoViTDecoder3d,
-    )
+def _plain_processor(attention) -> str | None:
+    processor = attention.processor
+    if type(processor).__name__ != "MiniMaxH3VideoAttnProcessor" or processor._parallel_config is not None:
+        return f"an attention whose processor is {type(processor).__name__} (or context-parallel)"
+    return None
 
-    if not isinstance(vae.decoder, MiniMaxH3VideoViTDecoder3d):
-        raise refusal("AutoencoderKLMiniMaxH3", "decoder", vae.decoder, "not diffusers' ViT decoder")
-    swaps = [(vae.decoder, ShardedViTDecoder)]
-    for name, module in vae.decoder.named_modules():
-        if isinstance(module, MiniMaxH3VideoAttention):
-            processor = module.processor
-            if type(processor) is not MiniMaxH3VideoAttnProcessor or processor._parallel_config is not None:
-                what = f"an attention whose processor is {type(processor).__name__} (or context-parallel)"
-                raise refusal("AutoencoderKLMiniMaxH3", f"decoder.{name}", module, what)
-            swaps.append((module, ShardedTokenAttention))
-    for module, mixin in swaps:  # only after the whole decoder was accepted
-        swap(module, mixin)
+
+# The decoder (`MiniMaxH3VideoViTDecoder3d`) -> its rows' tokens with their global rotary positions
+# (layers/token_attention.py ShardedViTDecoder); each `MiniMaxH3VideoAttention` -> keys and values of
+# every rank's tokens (ShardedTokenAttention). Everything else in the decoder acts per token
+# (projections, RMS and layer norms, the feed-forward, the unpatchify of each token's pixels), and
+# `post_quant_conv` per pixel: local. Another decoder class matches no rule and is refused. The encoder
+# is not sharded (encode: `tile`, or one rank).
+SHARD_PLAN = ShardPlan(
+    roots=("decoder",),
+    rules=(
+        Rule("MiniMaxH3VideoViTDecoder3d", WHOLE_MAP, ShardedViTDecoder, where="decoder"),
+        Rule("MiniMaxH3VideoAttention", WHOLE_MAP, ShardedTokenAttention, check=_plain_processor),
+        Rule(("RMSNorm", "LayerNorm"), LOCAL, layer=Layer(norm="tokens")),
+        local("MiniMaxH3VideoTransformerBlock", "MiniMaxH3VideoRotaryPosEmbed", "FeedForward", "SwiGLU"),
+        local("Linear", "SiLU", "GELU"),
+        CONTAINERS,
+    ),
+)
 
 
 def untiled_decode(vae, z):
@@ -316,7 +313,7 @@ class _MiniMaxH3(Family):
     untiled_decode = staticmethod(untiled_decode)
     direct_decode = staticmethod(direct_decode)
     untiled_encode = staticmethod(untiled_encode)
-    install_layers = staticmethod(install_layers)
+    shard_plan = SHARD_PLAN
 
 
 FAMILY = _MiniMaxH3()

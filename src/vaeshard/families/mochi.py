@@ -10,7 +10,7 @@ request runs diffusers' `_decode` / `_encode` on each rank's rows with leaf laye
 
 - `CogVideoXCausalConv3d` in "replicate" mode (3x3x3 stride 1 in the resnets; the encoder's
   downsamplers, kernel = stride = (t, 2, 2) without spatial padding): halo rows from the
-  neighbours, the edge row repeated at the global edges (layers/replicate_conv.py);
+  neighbours, the edge row repeated at the global edges (layers/halo.py);
 - the nn.GroupNorm inside `MochiChunkedGroupNorm3D`: that norm runs the GroupNorm on chunks of
   frames, each frame a sample of its own, so its statistics are per (frame, group); sharded, each
   frame's sums are combined over the ranks (layers/norms.py GlobalGroupNorm, two all-reduces per
@@ -35,33 +35,27 @@ frames per call, not the clip's length. The exact tier and `tile` run diffusers'
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCachedCausalConv3d, loop_problem
 from ..layers import tier as fast
+from ..layers.halo import HaloPadThenCachedConv, replicate_causal_problem
 from ..layers.norms import GlobalGroupNorm
-from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d, replicate_causal_problem
-from ..runtime.swap import is_swapped, swap
 from ..runtime.tile import TileOps
-from .base import Family, Mirror, refusal, strided_decode_grid, strided_encode_grid, with_tiling_off
-
-# Containers and per-pixel layers: local to a slice of whole latent rows (or their coupling is in a
-# swapped child). The up blocks' depth-to-space rearrange is local too.
-_LOCAL = (
-    "MochiEncoder3D",
-    "MochiDecoder3D",
-    "MochiMidBlock3D",
-    "MochiDownBlock3D",
-    "MochiUpBlock3D",
-    "MochiResnetBlock3D",
-    "MochiChunkedGroupNorm3D",
-    "FourierFeatures",
-    "ModuleList",
-    "Linear",
-    "SiLU",
-    "Identity",
-    "Dropout",
+from .base import (
+    CONTAINERS,
+    GLOBAL_NORM,
+    HALO,
+    LOCAL,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    local,
+    pointwise_problem,
+    strided_decode_grid,
+    strided_encode_grid,
+    with_tiling_off,
 )
 
 
@@ -248,63 +242,55 @@ def untiled_encode(vae, x):
 # -- spatial shard --------------------------------------------------------------------------------
 
 
-def install_layers(vae) -> None:
-    """Treatment by layer class, encoder and decoder.
-
-    CogVideoXCausalConv3d ("replicate" mode) -> halo rows in place of its replicate padding on the
-    sharded axis (its child convolution is unpadded), and in the decoder the frame loop's cache;
-    nn.GroupNorm (inside MochiChunkedGroupNorm3D, per frame) -> statistics combined over the ranks;
-    Attention (over each pixel's frames) -> local; a 1x1x1 nn.Conv3d, Linear, SiLU, Fourier features
-    -> local. Any other layer could couple rows in
-    a way vaeshard does not know, so it is refused here, before anything is swapped, rather than
-    decoded wrongly.
-    """
-    from diffusers.models.attention_processor import Attention
-    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
-
-    check_one_shot(vae)
-    swaps = []
-    for part in ("encoder", "decoder"):
-        inside_causal, inside_attention = set(), []
-        for name, module in getattr(vae, part).named_modules():
-            where = f"{part}.{name}"
-            if any(name.startswith(prefix) for prefix in inside_attention):
-                continue  # the attention's projections and q/k norms act on its per-pixel sequences
-            if isinstance(module, CogVideoXCausalConv3d):
-                _check_causal_conv(where, module, looped=part == "decoder")
-                inside_causal.add(id(module.conv))
-                # the decoder's run in the fast tier's frame loop; the encoder's patchifying ones never do
-                cached = part == "decoder"
-                swaps.append((module, CachedReplicateCachedCausalConv3d if cached else HaloReplicateCachedCausalConv3d))
-            elif id(module) in inside_causal:
-                continue  # the unpadded child convolution, run by the swapped parent
-            elif type(module) is nn.GroupNorm:
-                swaps.append((module, GlobalGroupNorm))
-            elif isinstance(module, Attention):
-                if (
-                    getattr(module, "is_cross_attention", False)
-                    or getattr(module, "spatial_norm", None) is not None
-                    or getattr(module, "added_kv_proj_dim", None) is not None
-                ):
-                    raise _refuse(where, module, "attention with a spatial norm or cross/added keys")
-                inside_attention.append(name + ".")
-            elif type(module) is nn.Conv3d:
-                if module.kernel_size != (1, 1, 1) or module.stride != (1, 1, 1) or any(module.padding):
-                    raise _refuse(where, module, "a convolution other than 1x1x1")
-            elif type(module).__name__ not in _LOCAL and not is_swapped(module):
-                raise _refuse(where, module, "a layer vaeshard does not know")
-    for module, mixin in swaps:  # only after the whole model was accepted
-        swap(module, mixin)
+def _plain_attention(attn) -> str | None:
+    if (
+        getattr(attn, "is_cross_attention", False)
+        or getattr(attn, "spatial_norm", None) is not None
+        or getattr(attn, "added_kv_proj_dim", None) is not None
+    ):
+        return "attention with a spatial norm or cross/added keys"
+    return None
 
 
-def _check_causal_conv(name: str, module, looped: bool) -> None:
-    problem = replicate_causal_problem(module) or (loop_problem(module) if looped else None)
-    if problem:
-        raise _refuse(name, module, problem)
+def _looped_conv_problem(conv) -> str | None:
+    return replicate_causal_problem(conv) or loop_problem(conv)
 
 
-def _refuse(name: str, module: nn.Module, what: str) -> ValueError:
-    return refusal("AutoencoderKLMochi", name, module, what)
+# Encoder and decoder, of a VAE in diffusers' one-shot mode (`check_one_shot`).
+# CogVideoXCausalConv3d ("replicate" mode) -> halo rows in place of its replicate padding on the
+# sharded axis (its child convolution is unpadded, run by it), and in the decoder the frame loop's
+# cache (the encoder's patchifying ones never run in it); nn.GroupNorm (inside MochiChunkedGroupNorm3D,
+# per frame) -> statistics combined over the ranks; Attention (over each pixel's frames, with its
+# projections and q/k norms) -> local; a 1x1x1 nn.Conv3d, Linear, SiLU, Fourier features, the up
+# blocks' depth-to-space rearrange, the containers -> local.
+SHARD_PLAN = ShardPlan(
+    roots=("encoder", "decoder"),
+    check_model=check_one_shot,
+    rules=(
+        Rule(
+            "CogVideoXCausalConv3d",
+            HALO,
+            CachedReplicateCachedCausalConv3d,
+            where="decoder.*",
+            check=_looped_conv_problem,
+            layer=Layer(padding="replicate", cache=True),
+        ),
+        Rule(
+            "CogVideoXCausalConv3d",
+            HALO,
+            HaloPadThenCachedConv,
+            check=replicate_causal_problem,
+            layer=Layer(padding="replicate"),
+        ),
+        Rule("CogVideoXSafeConv3d", LOCAL, parent="CogVideoXCausalConv3d"),  # unpadded, run by its parent
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        Rule("Attention", LOCAL, check=_plain_attention, subtree=True),
+        Rule("Conv3d", LOCAL, check=pointwise_problem),
+        local("MochiEncoder3D", "MochiDecoder3D", "MochiMidBlock3D", "MochiDownBlock3D", "MochiUpBlock3D"),
+        local("MochiResnetBlock3D", "MochiChunkedGroupNorm3D", "FourierFeatures", "Linear", "SiLU"),
+        CONTAINERS,
+    ),
+)
 
 
 _M = "diffusers.models.autoencoders.autoencoder_kl_mochi:"
@@ -351,22 +337,22 @@ class _Mochi(Family):
         ),
         Mirror(
             _M + "MochiChunkedGroupNorm3D.forward",
-            "families/mochi.py install_layers (per-frame GroupNorm chunks: GlobalGroupNorm on each)",
+            "families/mochi.py SHARD_PLAN (per-frame GroupNorm chunks: GlobalGroupNorm on each)",
             "15e1b1ffbfad5413",
         ),
         Mirror(
             _M + "MochiDownBlock3D.forward",
-            "families/mochi.py install_layers (attention over each pixel's frames: local)",
+            "families/mochi.py SHARD_PLAN (attention over each pixel's frames: local)",
             "2ff2c963ceed8f89",
         ),
         Mirror(
             _COG + "CogVideoXCausalConv3d.forward",
-            "layers/replicate_conv.py HaloReplicateCachedCausalConv3d.forward; fast/causal_conv.py padded_in_loop",
+            "layers/halo.py HaloPadThenCachedConv.forward; fast/causal_conv.py padded_in_loop",
             "bae9401dabb7f044",
         ),
         Mirror(
             _COG + "CogVideoXCausalConv3d.fake_context_parallel_forward",
-            "layers/replicate_conv.py HaloReplicateCachedCausalConv3d.forward (replicate padding)",
+            "layers/halo.py HaloPadThenCachedConv.forward (replicate padding)",
             "ef6a7f17d4baf334",
         ),
     )
@@ -385,7 +371,7 @@ class _Mochi(Family):
     direct_decode = staticmethod(direct_decode)
     stream_decode = staticmethod(stream_decode)
     untiled_encode = staticmethod(untiled_encode)
-    install_layers = staticmethod(install_layers)
+    shard_plan = SHARD_PLAN
 
     def spatial_ratio(self, vae) -> int:
         ratio = 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .base import Mirror
 from .wan import WanLike
+from .wan.adapter import wan_plan
 
 _QWEN = "diffusers.models.autoencoders.autoencoder_kl_qwenimage:"
 
@@ -46,36 +47,8 @@ class _QwenImage(WanLike):
     )
     decoder_takes_first_chunk = False
     clamp_tiled_decode = False
-
-    @property
-    def causal_conv_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageCausalConv3d
-
-        return QwenImageCausalConv3d
-
-    @property
-    def attention_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageAttentionBlock
-
-        return QwenImageAttentionBlock
-
-    @property
-    def residual_block_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageResidualBlock
-
-        return QwenImageResidualBlock
-
-    @property
-    def resample_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageResample
-
-        return QwenImageResample
-
-    @property
-    def upsample_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageUpsample
-
-        return QwenImageUpsample
+    class_prefix = "QwenImage"
+    shard_plan = wan_plan("QwenImage")
 
 
 FAMILY = _QwenImage()

@@ -5,7 +5,7 @@ default. The tile grid, the per-tile run and the blending are Wan's (`WanLike`: 
 decode and encode are Wan's, line for line, with their own patchify), so `tile` stays bit-identical.
 
 What differs for sharding: every "causal Conv3d" is an nn.Conv2d over the squeezed frame with its
-zero padding in `_padding` (`layers/halo_frame.py` HaloFrameConv2d gives it halo rows); the
+zero padding in `_padding` (`layers/halo.py` HaloFrameConv2d gives it halo rows); the
 upsamplers' 3x3 nn.Conv2d take halo rows (HaloConv2d), the downsamplers' ZeroPad2d takes the
 neighbour's row (HaloZeroPad2d), the mid-block attention sees the whole frame (WholeFrameAttention).
 The RMS norms, SiLU, the 1x1 convolutions, nearest 2x upsampling and the shortcuts' pixel (un)shuffle
@@ -20,36 +20,70 @@ loop, neither of which this model has. A sharded or fast-tier request runs diffu
 
 from __future__ import annotations
 
-import torch.nn as nn
-
 from ..layers.attention import WholeFrameAttention
-from ..layers.convs import HaloConv2d, HaloZeroPad2d
-from ..layers.halo_frame import HaloFrameConv2d
-from ..runtime.swap import is_swapped, swap
-from .base import Family, Mirror, with_tiling_off
+from ..layers.convs import HaloConv2d
+from ..layers.halo import HaloFrameConv2d, HaloZeroPad2d
+from .base import (
+    CONTAINERS,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    local,
+    padded,
+    same_conv_problem,
+    with_tiling_off,
+)
 from .wan import WanLike
 
 _Q21 = "diffusers.models.autoencoders.autoencoder_kl_qwenimage21:"
 
-# Containers and leaves whose forward is local to whole latent rows (or whose coupling layers are
-# swapped children): per-pixel norms and activations, 1x1 convolutions, pixel (un)shuffles.
-_LOCAL = (
-    "QwenImage21Encoder3d",
-    "QwenImage21Decoder3d",
-    "QwenImage21MidBlock",
-    "QwenImage21ResidualBlock",
-    "QwenImage21ResidualDownBlock",
-    "QwenImage21ResidualUpBlock",
-    "QwenImage21UpBlock",
-    "QwenImage21Resample",
-    "QwenImage21RMS_norm",
-    "QwenImage21AvgDown3D",
-    "QwenImage21DupUp3D",
-    "ModuleList",
-    "Sequential",
-    "Dropout",
-    "Identity",
-    "SiLU",
+
+def _unpadded_problem(conv) -> str | None:
+    return None if tuple(conv.kernel_size) == (1, 1) else "an unpadded convolution wider than 1x1"
+
+
+def _nearest_2x(up) -> str | None:
+    scale = up.scale_factor
+    scale = tuple(scale) if isinstance(scale, (tuple, list)) else (scale, scale)
+    if up.mode not in ("nearest", "nearest-exact") or up.size is not None or scale != (2.0, 2.0):
+        return "an upsampler other than nearest 2x"
+    return None
+
+
+# Decoder and encoder. Halo rows for the padded single-frame convolutions (HaloFrameConv2d) and the
+# upsamplers' 3x3 Conv2d (HaloConv2d), the neighbour's row for the downsamplers' ZeroPad2d (the
+# stride-2 convolution after it is then local), whole-frame keys and values for the attention. The
+# RMS norms (over channels), SiLU, 1x1 convolutions, nearest 2x upsampling and the pixel
+# (un)shuffles are per pixel or local to whole latent rows; so are the containers.
+SHARD_PLAN = ShardPlan(
+    roots=("decoder", "encoder"),
+    rules=(
+        Rule(
+            "QwenImage21CausalConv3d",
+            HALO,
+            HaloFrameConv2d,
+            when=lambda conv: any(conv._padding),
+            check=same_conv_problem,
+            layer=Layer(padding="zeros"),
+        ),
+        Rule("QwenImage21CausalConv3d", LOCAL, check=_unpadded_problem),
+        Rule("Conv2d", HALO, HaloConv2d, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
+        Rule("Conv2d", LOCAL, where="*.resample.1", parent="Sequential"),  # stride 2, after the ZeroPad2d
+        Rule("Conv2d", LOCAL, check=_unpadded_problem),
+        Rule("ZeroPad2d", HALO, HaloZeroPad2d, layer=Layer(padding="zeros")),
+        Rule("QwenImage21AttentionBlock", WHOLE_MAP, WholeFrameAttention),
+        Rule("QwenImage21Upsample", LOCAL, check=_nearest_2x),
+        Rule("QwenImage21RMS_norm", LOCAL, layer=Layer(norm="rms_channels")),
+        local("QwenImage21Encoder3d", "QwenImage21Decoder3d", "QwenImage21MidBlock", "QwenImage21Resample"),
+        local("QwenImage21ResidualBlock", "QwenImage21ResidualDownBlock", "QwenImage21ResidualUpBlock"),
+        local("QwenImage21UpBlock", "QwenImage21AvgDown3D", "QwenImage21DupUp3D", "SiLU"),
+        CONTAINERS,
+    ),
 )
 
 
@@ -57,64 +91,6 @@ def _diffusers():
     from diffusers.models.autoencoders import autoencoder_kl_qwenimage21
 
     return autoencoder_kl_qwenimage21
-
-
-def _treatments(vae) -> list[tuple[nn.Module, type]]:
-    """(module, mixin) for every layer of the decoder and encoder that couples pixels across rows;
-    ValueError naming the first layer vaeshard cannot shard exactly."""
-    q21 = _diffusers()
-    swaps = []
-    for part_name in ("decoder", "encoder"):
-        part = getattr(vae, part_name)
-        # the stride-2 convolutions that diffusers pads with the ZeroPad2d just before them
-        after_pad = {
-            id(m.resample[1])
-            for m in part.modules()
-            if isinstance(m, q21.QwenImage21Resample)
-            and m.mode in ("downsample2d", "downsample3d")
-            and isinstance(m.resample[0], nn.ZeroPad2d)
-        }
-        for name, module in part.named_modules():
-            where = f"{part_name}.{name}" if name else part_name
-            if is_swapped(module):
-                continue  # installed already (install_layers is idempotent)
-            if isinstance(module, q21.QwenImage21CausalConv3d):
-                if any(module._padding):
-                    _check_same(where, module, (module._padding[2], module._padding[0]))
-                    swaps.append((module, HaloFrameConv2d))
-                elif module.kernel_size != (1, 1):
-                    raise _refuse(where, module, "an unpadded convolution wider than 1x1")
-            elif type(module) is nn.Conv2d:
-                if any(module.padding):
-                    _check_same(where, module, module.padding)
-                    swaps.append((module, HaloConv2d))
-                elif module.kernel_size != (1, 1) and id(module) not in after_pad:
-                    raise _refuse(where, module, "an unpadded convolution wider than 1x1")
-            elif type(module) is nn.ZeroPad2d:
-                swaps.append((module, HaloZeroPad2d))
-            elif isinstance(module, q21.QwenImage21AttentionBlock):
-                swaps.append((module, WholeFrameAttention))
-            elif isinstance(module, q21.QwenImage21Upsample):
-                scale = module.scale_factor
-                scale = tuple(scale) if isinstance(scale, (tuple, list)) else (scale, scale)
-                if module.mode not in ("nearest", "nearest-exact") or module.size is not None or scale != (2.0, 2.0):
-                    raise _refuse(where, module, "an upsampler other than nearest 2x")
-            elif type(module).__name__ not in _LOCAL:
-                raise _refuse(where, module, "a layer vaeshard does not know")
-    return swaps
-
-
-def _check_same(where: str, conv: nn.Conv2d, padding) -> None:
-    same = all(k == 2 * p + 1 for k, p in zip(conv.kernel_size, padding))
-    if conv.stride != (1, 1) or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or not same:
-        raise _refuse(where, conv, "a convolution that is not stride-1, undilated, zero-padded 'same'")
-
-
-def _refuse(where: str, module: nn.Module, what: str) -> ValueError:
-    return ValueError(
-        f"vaeshard cannot shard this AutoencoderKLQwenImage21: {where} ({type(module).__name__}) is {what}; "
-        "use mode='tile'"
-    )
 
 
 class _QwenImage21(WanLike):
@@ -141,7 +117,7 @@ class _QwenImage21(WanLike):
             "families/wan/adapter.py encode_tile_ops (when diffusers tiles an encode), encode_prepare",
             "79f3a6f98ba0ef01",
         ),
-        Mirror(_Q21 + "QwenImage21CausalConv3d.forward", "layers/halo_frame.py HaloFrameConv2d", "c5c6c09450f877f7"),
+        Mirror(_Q21 + "QwenImage21CausalConv3d.forward", "layers/halo.py HaloFrameConv2d", "c5c6c09450f877f7"),
         Mirror(
             _Q21 + "QwenImage21AttentionBlock.forward", "layers/attention.py WholeFrameAttention", "7e88f423719e757d"
         ),
@@ -154,29 +130,9 @@ class _QwenImage21(WanLike):
     decoder_takes_first_chunk = True
     clamp_tiled_decode = True
 
-    @property
-    def causal_conv_cls(self):
-        return _diffusers().QwenImage21CausalConv3d
-
-    @property
-    def attention_cls(self):
-        return _diffusers().QwenImage21AttentionBlock
-
-    @property
-    def residual_block_cls(self):
-        return _diffusers().QwenImage21ResidualBlock
-
-    @property
-    def resample_cls(self):
-        return _diffusers().QwenImage21Resample
-
-    @property
-    def upsample_cls(self):
-        return _diffusers().QwenImage21Upsample
-
-    @property
-    def up_block_cls(self):
-        return _diffusers().QwenImage21ResidualUpBlock
+    class_prefix = "QwenImage21"
+    shard_plan = SHARD_PLAN
+    install_layers = Family.install_layers  # the plan alone: none of Wan's fast-tier links
 
     # -- patchify: this class's own functions ----------------------------------------------------
 
@@ -194,15 +150,6 @@ class _QwenImage21(WanLike):
 
     def direct_decode(self, vae, z):
         return Family.direct_decode(self, vae, z)
-
-    # -- spatial shard ----------------------------------------------------------------------------
-
-    def install_layers(self, vae) -> None:
-        """Halo rows for the padded single-frame convolutions (HaloFrameConv2d) and the upsamplers'
-        3x3 Conv2d (HaloConv2d), the neighbour's row for the downsamplers' ZeroPad2d, whole-frame keys
-        and values for the attention; decoder and encoder. Every layer is checked before any swap."""
-        for module, mixin in _treatments(vae):
-            swap(module, mixin)
 
     def decode_axis(self, vae, ranks, device):
         return None  # not measured: auto's baseline rule (the longer axis)

@@ -8,7 +8,7 @@ Conv3d child `conv` of stride 1 in time. diffusers' `HunyuanVideo15CausalConv3d`
 whose forward takes and returns a cache it ignores in that mode.
 
 In a frame loop each chunk is padded as diffusers pads the clip (sharded: the neighbours' rows on the
-sharded axis first, layers/replicate_conv.py), and then its `t_front` front frames are replaced by the
+sharded axis first, layers/halo.py), and then its `t_front` front frames are replaced by the
 cache: the last `t_front` frames of the previous chunk's padded input, halo rows and edge columns
 included, which are those of the same frames in the whole clip's padded input. So each output frame
 reads the input values it reads in the whole clip. One copy of the input is made per call, as
@@ -20,26 +20,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..layers.replicate_conv import HaloReplicateCachedCausalConv3d, HaloReplicateCausalConv3d, replicate_halo
-from ..runtime.spatial import HEIGHT, current
+from ..layers.halo import HaloPadThenCachedConv, HaloPadThenConv, extend_padding
+from ..runtime.spatial import current
 from . import frame_loop
 
 
 def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
     """`x` padded by `module.time_causal_padding` in replicate mode as the whole clip's would be, in a
     frame loop (see the module docstring); sharded, with the neighbours' rows on the sharded axis."""
-    padding = list(module.time_causal_padding)
+    padding = tuple(module.time_causal_padding)
     ctx = current()
     if ctx is not None:
-        slot = 2 if ctx.axis == HEIGHT else 0
-        x = replicate_halo(ctx, x, padding[slot], padding[slot + 1])
-        padding[slot] = padding[slot + 1] = 0
-    return frame_loop.cached_front(module, F.pad(x, tuple(padding), mode="replicate"), padding[4])
+        x, padding = extend_padding(ctx, x, padding, "replicate")
+    return frame_loop.cached_front(module, F.pad(x, padding, mode="replicate"), padding[4])
 
 
-class CachedReplicateCausalConv3d(HaloReplicateCausalConv3d):
+class CachedReplicateCausalConv3d(HaloPadThenConv):
     """Mixin for a replicate-padded causal convolution (`forward(x)`: HunyuanVideo 1.5's): cached in
-    a frame loop, halo rows when sharded (HaloReplicateCausalConv3d) outside one."""
+    a frame loop, halo rows when sharded (layers/halo.py HaloPadThenConv) outside one."""
 
     def forward(self, hidden_states):
         if not frame_loop.active():
@@ -47,7 +45,7 @@ class CachedReplicateCausalConv3d(HaloReplicateCausalConv3d):
         return self.conv(padded_in_loop(self, hidden_states))
 
 
-class CachedReplicateCachedCausalConv3d(HaloReplicateCachedCausalConv3d):
+class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
     """The same for `CogVideoXCausalConv3d` in "replicate" mode (`forward(x, conv_cache)` ->
     `(output, None)`: diffusers ignores the cache in that mode), as Mochi 1's decoder uses it."""
 

@@ -1,4 +1,6 @@
-"""Halo-aware convolution layers (mixins swapped onto diffusers' own modules, runtime/swap.py).
+"""The fast tier's halo-aware convolution layers (mixins swapped onto diffusers' own modules,
+runtime/swap.py): Wan's causal Conv3d and the 2-D convolutions that take their input in one
+channels-last buffer; sharded in the exact tier they run halo.py's operations.
 
 Every forward first asks the current shard context (runtime/spatial.py): outside a sharded request
 there is none and, outside the fast tier, the exact original computation runs, so direct and tile
@@ -16,6 +18,7 @@ from ..kernels.conv3d import dense_channels_last
 from ..runtime.spatial import HEIGHT, WIDTH, current
 from . import tier as fast_tier
 from .buffers import _buffer_shape, copy_frames
+from .halo import HaloPaddedConv, extend_padding
 from .norms import bias_moved
 
 
@@ -42,9 +45,7 @@ class HaloCausalConv3d:
         if cached is not None:
             x = torch.cat([cached, x], dim=2)
             padding[4] -= cached.shape[2]
-        slot = self._slot(ctx)
-        x = ctx.halo_pad(x, ctx.dim(x), padding[slot], padding[slot + 1])
-        padding[slot] = padding[slot + 1] = 0
+        x, padding = extend_padding(ctx, x, padding)
         return nn.Conv3d.forward(self, F.pad(x, padding))
 
     def convolve(self, x, cache_x=None, limit: int | None = None):
@@ -299,8 +300,9 @@ class HaloCausalConv3d:
         return self._padding[slot], self._padding[slot + 1]
 
 
-class HaloConv2d:
-    """Mixin for a stride-1 zero-padded nn.Conv2d: halo rows replace the padding on the sharded axis.
+class HaloConv2d(HaloPaddedConv):
+    """Mixin for a stride-1 zero-padded nn.Conv2d: halo rows replace the padding on the sharded axis
+    (exact tier: `HaloPaddedConv`).
 
     Fast tier: channels-last input; sharded, the input is built in one buffer with room for the halo
     rows (`input_buffer` / `forward_buffer`, which a caller that produces the input itself, such as
@@ -327,13 +329,7 @@ class HaloConv2d:
             buf, core = self.input_buffer(x)
             copy_frames(core, x, 0)
             return self.forward_buffer(buf)
-        # exact tier, sharded: the halo rows in place of the sharded axis's padding
-        pad_h, pad_w = self.padding
-        if ctx.axis == HEIGHT:
-            x, pad_h = ctx.halo_pad(x, ctx.dim(x), pad_h, pad_h), 0
-        else:
-            x, pad_w = ctx.halo_pad(x, ctx.dim(x), pad_w, pad_w), 0
-        return F.conv2d(x, self.weight, self.bias, self.stride, (pad_h, pad_w), self.dilation, self.groups)
+        return self._sharded(ctx, x)  # exact tier: the halo rows in place of the sharded axis's padding
 
     def input_buffer(self, like: torch.Tensor, shape=None):
         """(buffer, view): this convolution's input (`shape`, default `like`'s; dtype and device of
@@ -437,23 +433,3 @@ def _place_frames(dst: torch.Tensor, src: torch.Tensor, sub: int, cin: int, one_
         dst.copy_(src)
     else:
         copy_frames(dst, src, 0)
-
-
-class HaloZeroPad2d:
-    """Mixin for nn.ZeroPad2d before a strided conv (Wan's downsamplers pad (0, 1, 0, 1)).
-
-    On the sharded axis the pad rows of an interior shard boundary are the neighbour's rows; the
-    global edges keep their zeros. Shards start on even rows at every level (the split is in whole
-    latent rows), so the strided convolution that follows lands on the global stride lattice.
-    """
-
-    def forward(self, x):
-        ctx = current()
-        if ctx is None:
-            return super().forward(x)
-        left, right, top, bottom = self.padding
-        if ctx.axis == HEIGHT:
-            x = ctx.halo_pad(x, ctx.dim(x), top, bottom)
-            return F.pad(x, (left, right, 0, 0))
-        x = ctx.halo_pad(x, ctx.dim(x), left, right)
-        return F.pad(x, (0, 0, top, bottom))

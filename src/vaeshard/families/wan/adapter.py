@@ -11,16 +11,36 @@ tile strategy stays bit-identical to them.
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from ... import tuning
 from ...layers import tier as fast
 from ...layers.attention import WholeFrameAttention
-from ...layers.convs import HaloCausalConv3d, HaloConv2d, HaloZeroPad2d
+from ...layers.convs import HaloCausalConv3d, HaloConv2d
+from ...layers.halo import HaloZeroPad2d
 from ...layers.norms import FusedRMSNormSiLU, NearestUpsample, PassThroughSiLU, forget_moved_bias, move_bias_into_norm
-from ...runtime.swap import is_swapped, swap, unswap
+from ...runtime.swap import is_swapped, unswap
 from ...runtime.tile import TileOps
-from ..base import Family, Mirror, frames_out, strided_decode_grid, strided_encode_grid, with_tiling_off
+from ..base import (
+    CONTAINERS,
+    FAST,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShardPlan,
+    class_name,
+    frames_out,
+    local,
+    padded,
+    pointwise_problem,
+    same_conv_problem,
+    strided_decode_grid,
+    strided_encode_grid,
+    with_tiling_off,
+)
 from .blocks import FastCoderHead, FastResidualBlock, FastResidualUpBlock, FastUpsample
 from .frames import decode_in_steps, stream_steps
 
@@ -35,12 +55,7 @@ class WanLike(Family):
     streams_steps = True
     fast_tier = True
 
-    causal_conv_cls: type
-    attention_cls: type
-    residual_block_cls: type
-    resample_cls: type
-    upsample_cls: type
-    up_block_cls: type | None = None  # an up block with a duplicating shortcut (Wan 2.2's), if the family has one
+    class_prefix: str  # of the family's diffusers class names ("Wan": WanCausalConv3d, ...), for `wan_plan`
     decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
     clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
 
@@ -186,55 +201,17 @@ class WanLike(Family):
 
     # -- spatial shard --------------------------------------------------------------------------
 
-    def install_layers(self, vae) -> None:
-        """Request-aware layers, by leaf class, in the decoder and the encoder.
-
-        Halo treatment (spatial shard): causal conv -> halo rows replace its spatial zero padding
-        (none for the temporal-only ones, which the fast tier still gives one input buffer); 2-D
-        conv with padding (the upsamplers' 3x3) -> likewise; 2-D conv without padding (the
-        downsamplers' stride-2 3x3) -> nothing, the ZeroPad2d before it takes the halo; single-head
-        attention -> whole-frame keys and values. Everything else is per voxel, or a local pixel
-        (un)shuffle, and stays as diffusers wrote it.
-        Fast tier (layers/, and blocks.py): the RMS norms that diffusers always follows with SiLU
-        (in residual blocks and before conv_out) fuse it, and those SiLU modules pass through; a
-        residual block's conv1 (read only by norm2) leaves its bias for norm2 to add, and the
-        block's norms write straight into the convolutions' input buffers (`FastResidualBlock`;
-        norm2 computed by conv1's Triton kernel where it runs conv1), and so does the head's norm,
-        into conv_out's (`FastCoderHead`, on the decoder and the encoder themselves); the nearest
-        upsamplers skip their fp32 round trip, and an upsampling resample computes its 3x3
-        convolution from the source frames by phases, never upsampled in memory, or, where that
-        does not apply, writes each upsampled frame straight into that convolution's input buffer
-        (`FastUpsample`).
-        """
+    def install_layers(self, vae):
+        """The family's shard plan (`wan_plan`); then, in each residual block whose conv1 was swapped,
+        conv1 leaves its bias for norm2 to add in the fast tier (`move_bias_into_norm`). That hook
+        is not a rule of the plan because it relates two modules (one's bias read by the other's
+        pass) rather than giving one a treatment."""
+        report = super().install_layers(vae)
         for part in (vae.decoder, vae.encoder):
-            for module in part.modules():
-                if isinstance(module, self.causal_conv_cls):
-                    swap(module, HaloCausalConv3d)
-                elif type(module) is nn.Conv2d and any(module.padding):
-                    _check_halo_conv2d(module)
-                    swap(module, HaloConv2d)
-                elif type(module) is nn.ZeroPad2d:
-                    swap(module, HaloZeroPad2d)
-                elif isinstance(module, self.attention_cls):
-                    swap(module, WholeFrameAttention)
-                elif isinstance(module, self.upsample_cls):
-                    swap(module, NearestUpsample)
-            for block in [part, *(m for m in part.modules() if isinstance(m, self.residual_block_cls))]:
-                norms = [block.norm_out] if block is part else [block.norm1, block.norm2]
-                for norm in norms:
-                    swap(norm, FusedRMSNormSiLU)
-                swap(block.nonlinearity, PassThroughSiLU)
-                if block is not part and is_swapped(block.conv1):
+            for block in part.modules():
+                if class_name(block) == f"{self.class_prefix}ResidualBlock" and is_swapped(block.conv1):
                     move_bias_into_norm(block.conv1, block.norm2)
-                if block is not part and all(hasattr(c, "input_buffer") for c in (block.conv1, block.conv2)):
-                    swap(block, FastResidualBlock)
-            if hasattr(part.conv_out, "input_buffer"):  # the head: its norm into conv_out's buffer
-                swap(part, FastCoderHead)
-            for module in part.modules():
-                if isinstance(module, self.resample_cls) and _upsamples_into_conv(module, self.upsample_cls):
-                    swap(module, FastUpsample)
-                elif self.up_block_cls is not None and isinstance(module, self.up_block_cls):
-                    swap(module, FastResidualUpBlock)
+        return report
 
     def uninstall_layers(self, vae) -> None:
         for module in vae.modules():
@@ -259,29 +236,68 @@ class WanLike(Family):
         )
 
 
-def _upsamples_into_conv(resample: nn.Module, upsample_cls: type) -> bool:
-    """A Wan upsampling resample whose layers FastUpsample knows: nearest 2x, then a halo 3x3 conv."""
-    if resample.mode not in ("upsample2d", "upsample3d"):
-        return False
-    layers = list(resample.resample)
-    if len(layers) != 2 or not isinstance(layers[0], upsample_cls):
-        return False
-    scale = layers[0].scale_factor
-    return (
-        layers[0].mode in ("nearest", "nearest-exact")
-        and layers[0].size is None
-        and tuple(scale if isinstance(scale, (tuple, list)) else (scale, scale)) == (2.0, 2.0)
-        and hasattr(layers[1], "input_buffer")
-        and (resample.mode == "upsample2d" or hasattr(resample.time_conv, "input_buffer"))
-    )
+def wan_plan(prefix: str) -> ShardPlan:
+    """The shard plan of a Wan-architecture VAE whose diffusers classes are named `prefix` + "CausalConv3d"
+    and so on (Wan; Qwen-Image, its architecture), decoder and encoder.
 
+    Halo rows (spatial shard): the causal conv's spatial zero padding (none for the temporal-only
+    ones, which the fast tier still gives one input buffer); the padded 2-D convs (the upsamplers'
+    3x3); the ZeroPad2d before the downsamplers' unpadded stride-2 3x3 (which is then local). The
+    single-head attention sees whole-frame keys and values. Everything else is per voxel, or a local
+    pixel (un)shuffle, and stays as diffusers wrote it.
+    Fast tier (layers/, and blocks.py): the RMS norms that diffusers always follows with SiLU (in
+    residual blocks and before conv_out) fuse it, and those SiLU modules pass through; the residual
+    block's norms write straight into the convolutions' input buffers (`FastResidualBlock`; norm2
+    computed by conv1's Triton kernel where it runs conv1), and so does the head's norm, into
+    conv_out's (`FastCoderHead`, on the decoder and the encoder themselves); the nearest upsamplers
+    skip their fp32 round trip, and an upsampling resample computes its 3x3 convolution from the
+    source frames by phases, never upsampled in memory, or, where that does not apply, writes each
+    upsampled frame straight into that convolution's input buffer (`FastUpsample`).
+    """
+    causal, residual = f"{prefix}CausalConv3d", f"{prefix}ResidualBlock"
+    parts = (f"{prefix}Encoder3d", f"{prefix}Decoder3d")
+    fused = Layer(norm="rms_channels", activation="silu")
 
-def _check_halo_conv2d(conv: nn.Conv2d) -> None:
-    if conv.stride != (1, 1) or conv.padding_mode != "zeros" or conv.dilation != (1, 1):
-        raise ValueError(
-            f"vaeshard cannot shard {conv!r}: the halo exchange supports stride-1, zero-padded, "
-            "undilated 2-D convolutions in the decoder; use mode='tile'"
+    def buffered(*convs) -> bool:  # convolutions the plan gives an input buffer (HaloCausalConv3d)
+        return all(class_name(c) == causal for c in convs)
+
+    def upsamples_into_conv(resample) -> bool:  # nearest 2x, then a padded 3x3 Conv2d (FastUpsample)
+        layers = list(resample.resample) if resample.mode in ("upsample2d", "upsample3d") else []
+        if len(layers) != 2 or class_name(layers[0]) != f"{prefix}Upsample" or class_name(layers[1]) != "Conv2d":
+            return False
+        scale = layers[0].scale_factor
+        return (
+            layers[0].mode in ("nearest", "nearest-exact")
+            and layers[0].size is None
+            and tuple(scale if isinstance(scale, (tuple, list)) else (scale, scale)) == (2.0, 2.0)
+            and padded(layers[1])
+            and (resample.mode == "upsample2d" or buffered(resample.time_conv))
         )
+
+    return ShardPlan(
+        roots=("decoder", "encoder"),
+        rules=(
+            Rule(causal, HALO, HaloCausalConv3d, layer=Layer(padding="zeros", cache=True)),
+            Rule("Conv2d", HALO, HaloConv2d, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
+            Rule("Conv2d", LOCAL, where="*.resample.1"),  # the downsamplers' stride-2 3x3, after the pad
+            Rule("Conv2d", LOCAL, check=pointwise_problem),
+            Rule("ZeroPad2d", HALO, HaloZeroPad2d, layer=Layer(padding="zeros")),
+            Rule(f"{prefix}AttentionBlock", WHOLE_MAP, WholeFrameAttention),
+            Rule(f"{prefix}Upsample", FAST, NearestUpsample),
+            Rule(f"{prefix}RMS_norm", FAST, FusedRMSNormSiLU, parent=residual, where="*.norm[12]", layer=fused),
+            Rule(f"{prefix}RMS_norm", FAST, FusedRMSNormSiLU, parent=parts, where="*.norm_out", layer=fused),
+            Rule(f"{prefix}RMS_norm", LOCAL, layer=Layer(norm="rms_channels")),
+            Rule("SiLU", FAST, PassThroughSiLU, parent=(residual, *parts), where="*.nonlinearity"),
+            Rule("SiLU", LOCAL),
+            Rule(residual, FAST, FastResidualBlock, when=lambda b: buffered(b.conv1, b.conv2)),
+            Rule(parts, FAST, FastCoderHead, when=lambda part: buffered(part.conv_out)),
+            Rule(f"{prefix}Resample", FAST, FastUpsample, when=upsamples_into_conv),
+            Rule(f"{prefix}ResidualUpBlock", FAST, FastResidualUpBlock),
+            local(residual, *parts, f"{prefix}Resample", f"{prefix}MidBlock", f"{prefix}UpBlock"),
+            local(f"{prefix}ResidualDownBlock", "AvgDown3D", "DupUp3D"),
+            CONTAINERS,
+        ),
+    )
 
 
 _WAN = "diffusers.models.autoencoders.autoencoder_kl_wan:"
@@ -317,42 +333,8 @@ class _Wan(WanLike):
     )
     decoder_takes_first_chunk = True
     clamp_tiled_decode = True
-
-    @property
-    def causal_conv_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
-
-        return WanCausalConv3d
-
-    @property
-    def attention_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
-
-        return WanAttentionBlock
-
-    @property
-    def residual_block_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualBlock
-
-        return WanResidualBlock
-
-    @property
-    def resample_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResample
-
-        return WanResample
-
-    @property
-    def upsample_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
-
-        return WanUpsample
-
-    @property
-    def up_block_cls(self):
-        from diffusers.models.autoencoders.autoencoder_kl_wan import WanResidualUpBlock
-
-        return WanResidualUpBlock
+    class_prefix = "Wan"
+    shard_plan = wan_plan("Wan")
 
 
 FAMILY = _Wan()
