@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 SRC=${SRC:-$PWD/src}
 NAME="$SUBJECT${TAG:+_$TAG}"
 export PYTHONPATH=/tmp/site:$SRC${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -m vaeshard bench --preset "$SUBJECT" --dtype bf16 --reps 3 --nproc "$NPROCS" \
+python3 -m vaeshard bench --subject "$SUBJECT" --dtype bf16 --reps 3 --nproc "$NPROCS" \
   --modes "${MODES:-tile,auto,spatial_shard_height,spatial_shard_width}" \
   --json "$OUT/scaling_$NAME.json" --plot "$OUT/scaling_$NAME.png" ${EXTRA:-} 2>>"$OUT/err.log" | tee "$OUT/scaling_$NAME.txt"
 [[ -n "${ANCHORS:-}" ]] || exit 0

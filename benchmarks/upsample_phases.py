@@ -76,7 +76,7 @@ def _row(name: str, f: int, sub: int, cin: int, cout: int, h: int, w: int, reps:
     bias = torch.randn(cout, device=dev, dtype=dt) / 10
     frames = src.unflatten(1, (sub, cin))  # (F, sub, Cin, h, w): frame f * sub + j, a view
 
-    def copy_path():  # as layers/buffers.py's _upsample_into_buffer
+    def copy_path():  # as layers/buffers.py's upsample_into_buffer
         buf = torch.empty((f * sub, cin, 2 * h, 2 * w), device=dev, dtype=dt, memory_format=torch.channels_last)
         buf.unflatten(0, (f, sub)).unflatten(-1, (w, 2)).unflatten(-3, (h, 2)).copy_(
             frames[..., None, :, None].expand(f, sub, cin, h, 2, w, 2)

@@ -358,7 +358,7 @@ def test_decoder_steps_off_the_gpu_keep_nothing():
 def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_frames, new_frames):
     # capturing a request's second call with kept graphs, the call writes each new cache entry into
     # the tensor the steady graph reads (graphs.cache_target): the same values as without a target
-    from vaeshard.layers.buffers import _store_cache
+    from vaeshard.layers.buffers import store_cache
     from vaeshard.runtime import graphs
 
     # ("last": the old entry is the first call's one-frame cache kept in the target's last frame)
@@ -373,11 +373,11 @@ def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_fra
         old = old_frames
     frames = torch.randn(1, 3, new_frames, 4, 5, generator=g)
     plain = [None, old.clone() if isinstance(old, torch.Tensor) else old]
-    _store_cache(plain, 1, plain[1], frames)
+    store_cache(plain, 1, plain[1], frames)
     targeted = [None, old]
     token = graphs._cache_targets.set([None, target])
     try:
-        _store_cache(targeted, 1, old, frames)
+        store_cache(targeted, 1, old, frames)
     finally:
         graphs._cache_targets.reset(token)
     assert torch.equal(targeted[1], plain[1])

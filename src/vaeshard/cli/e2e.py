@@ -144,8 +144,10 @@ def command(args) -> int:
     config is given, run the routes, print the table (and write the JSON)."""
     import tempfile
 
-    from . import _bench_log, _pick_device, io
+    from . import io
     from .io import InputError
+    from .placement import pick_device
+    from .report import bench_log
 
     if args.nproc is not None and len(args.nproc) != 1:
         raise InputError("--e2e measures one rank count: give one --nproc")
@@ -163,7 +165,7 @@ def command(args) -> int:
         raise InputError("--e2e needs --config NAME --shape B,C,T,H,W, or --model DIR --latents FILE")
     if model.latent_ndim() != 5:
         raise InputError("--e2e writes an MP4: it needs a video VAE")
-    device = _pick_device(args.device, 1)
+    device = pick_device(args.device, 1)
     folder = Path(args.out_dir or tempfile.mkdtemp(prefix="vaeshard-e2e-"))
     folder.mkdir(parents=True, exist_ok=True)
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
@@ -183,7 +185,7 @@ def command(args) -> int:
         reps=args.reps,
         nproc=nproc,
         device=device,
-        log=_bench_log,
+        log=bench_log,
     )
     print(table(result), flush=True)
     if args.json:
@@ -240,7 +242,7 @@ def _warm_route(args) -> None:
 
     from . import io
     from .bench import torch_dtype
-    from .writer import ChunkWriter, write_stream
+    from .writer import ChunkWriter, write_output, write_stream
 
     model = io.resolve_model(args.model, None, offline=True)
     vae = model.load(dtype=torch_dtype(args.dtype), device=args.device)
@@ -252,7 +254,7 @@ def _warm_route(args) -> None:
         vae.decode(z)
 
     def decode_then_encode():
-        io.write_output(vae.decode(z).sample, args.out, "mp4", args.fps)
+        write_output(vae.decode(z).sample, args.out, "mp4", args.fps)
 
     def streamed():
         with ChunkWriter(args.out, "mp4", args.fps) as writer:

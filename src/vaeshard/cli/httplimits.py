@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from .args import positive_float, positive_int
 from .io import InputError
 
 API_KEY_ENV = "VAESHARD_API_KEY"
@@ -41,17 +42,15 @@ class Limits:
 
 def add_arguments(parser) -> None:
     """`vaeshard serve`'s flags for the key's sources and the HTTP limits."""
-    from . import _positive_float, _positive_int
-
     parser.add_argument(
         "--api-key-file", default=None, metavar="PATH", help="read the API key from this file (its first line)"
     )
     defaults = Limits()
     for flag, kind, value, what in [
-        ("--max-connections", _positive_int, defaults.max_connections, "open connections; more are closed at once"),
-        ("--max-uploads", _positive_int, defaults.max_uploads, "request bodies received at once; more wait"),
-        ("--header-timeout", _positive_float, defaults.header_timeout, "seconds a client has to send its headers"),
-        ("--body-timeout", _positive_float, defaults.body_timeout, "seconds a client has to send a body (408)"),
+        ("--max-connections", positive_int, defaults.max_connections, "open connections; more are closed at once"),
+        ("--max-uploads", positive_int, defaults.max_uploads, "request bodies received at once; more wait"),
+        ("--header-timeout", positive_float, defaults.header_timeout, "seconds a client has to send its headers"),
+        ("--body-timeout", positive_float, defaults.body_timeout, "seconds a client has to send a body (408)"),
     ]:
         parser.add_argument(flag, type=kind, default=value, help=f"{what} (default {value:g})")
 
