@@ -10,7 +10,6 @@ import functools
 import importlib.util
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -165,16 +164,6 @@ def serve(args) -> int:
         ctx = launch.inline_context(f"{device}:0" if device == "cuda" else "cpu")
         return _serve_exit_code(serve.serve_worker(ctx, job, http.run), job)
 
-    def forward(sig, frame):  # rank 0 drains and stops the group; the other ranks wait for it
-        import multiprocessing
-
-        for child in multiprocessing.active_children():
-            if child.name == "vaeshard-rank0":
-                os.kill(child.pid, sig)
-
-    if not launch.torchrun_env():
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0 itself (its process group)
     values = launch.run(
         serve.serve_worker,
         nproc,
@@ -183,6 +172,7 @@ def serve(args) -> int:
         device=device,
         group_timeout=args.timeout,
         failure_grace=serve.FAILED_LINGER_S + 10.0,
+        signals="rank0",  # a SIGTERM drains: rank 0 answers what is in flight, then stops the group
     )
     return _serve_exit_code(values[0], job)
 

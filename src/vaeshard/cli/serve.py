@@ -34,7 +34,6 @@ import os
 import queue as queue_mod
 import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -525,8 +524,6 @@ def serve_worker(ctx, job: ServeJob, front) -> dict:
     {"drain_cut": whether a SIGTERM's drain outlasted --drain-timeout}."""
     from .launch import Control
 
-    if ctx.backend is not None and not ctx.torchrun:
-        _die_with_parent()
     if not ctx.is_main:
         logging.getLogger("vaeshard").setLevel(logging.ERROR)
     from .bench import torch_dtype
@@ -557,19 +554,6 @@ def serve_worker(ctx, job: ServeJob, front) -> dict:
             f"stop within {STOP_AFTER_CUT_S:g} s more"
         )
     return {"drain_cut": service.drain_cut}
-
-
-def _die_with_parent() -> None:
-    """On Linux, a rank that `vaeshard serve --nproc N` started ends with it (SIGTERM), instead of
-    serving on as an orphan if the parent is killed."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _first_line(exc: BaseException) -> str:
