@@ -52,9 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _source(required: bool) -> argparse.ArgumentParser:
     """The VAE: a model folder or Hub id, or a named config with random weights."""
+    # no argument group of its own: a parent's exclusive pair inside one lands outside it in the child
     parent = argparse.ArgumentParser(add_help=False)
-    group = parent.add_argument_group("model")
-    what = group.add_mutually_exclusive_group(required=required)
+    what = parent.add_mutually_exclusive_group(required=required)
     what.add_argument(
         "--model", default=None, metavar="MODEL", help="local diffusers folder (VAE or pipeline with vae/) or Hub id"
     )
@@ -65,10 +65,10 @@ def _source(required: bool) -> argparse.ArgumentParser:
         help="a real VAE's config with RANDOM weights (torch.manual_seed(0)), to try vaeshard without a model: "
         "the output is noise",
     )
-    group.add_argument(
+    parent.add_argument(
         "--subfolder", default=None, help="subfolder of MODEL holding the VAE (default: vae/ when present)"
     )
-    group.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
+    parent.add_argument("--offline", action="store_true", help="use only models already on disk or in the local cache")
     return parent
 
 
