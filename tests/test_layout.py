@@ -1,5 +1,5 @@
-"""The source tree's shape, checked: the import rule between the subpackages, module sizes, and no
-package-level sprawl. The rule: kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed
+"""The source tree's shape, checked: the import rule between the subpackages, no import cycle, no
+module reading another's underscore names, module sizes, and no package-level sprawl. The rule: kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed
 request); the command line uses only the public API (`import vaeshard`, and `vaeshard.metrics` for
 the service). config.py, tuning.py and metrics.py are leaves everyone above may read."""
 

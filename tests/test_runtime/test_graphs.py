@@ -161,12 +161,12 @@ def test_auto_replays_where_a_rank_s_frames_are_small():
 
 
 @pytest.mark.parametrize("mode,graphed", [("auto", True), ("off", False), ("on", True)])
-def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, graphed):
+def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, capsys, mode, graphed):
     # the loop passes DecoderSteps the plan's decision for the rank's own output frame (a small
     # model's frame is far below the threshold; the plan here as if the device could replay); the
     # recorded steps then run eagerly all the same
     import vaeshard
-    import vaeshard.cli as cli
+    from vaeshard.cli import build_parser
     from vaeshard.layers import tier
     from vaeshard.runtime import graphs
 
@@ -180,9 +180,11 @@ def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, gr
             super().__init__(device, False, num_calls, keep)
 
     monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
-    setting = cli._argument(dict((k[0], k[4]) for k in vaeshard.FastOptions.knobs())["cuda_graphs"])(mode)
-    with pytest.raises(Exception, match="expected auto, on or off"):
-        cli._argument(dict((k[0], k[4]) for k in vaeshard.FastOptions.knobs())["cuda_graphs"])("yes")
+    command = ["decode", "z.pt", "--config", "wan21", "--out", "o.mp4", "--cuda-graphs"]
+    setting = build_parser().parse_args([*command, mode]).cuda_graphs  # as the command line reads it
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command, "yes"])
+    assert "expected auto, on or off" in capsys.readouterr().err
     vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=setting))
     vae.decode(latent((1, 4, 3, 4, 3)))
     ratio = vae.spatial_compression_ratio
