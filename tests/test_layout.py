@@ -1,7 +1,8 @@
 """The source tree's shape, checked: the import rule between the subpackages, no import cycle, no
-module reading another's underscore names, module sizes, and no package-level sprawl. The rule: kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed
-request); the command line uses only the public API (`import vaeshard`, and `vaeshard.metrics` for
-the service). config.py, tuning.py and metrics.py are leaves everyone above may read."""
+module reading another's underscore names, module sizes, and no package-level sprawl. The rule:
+kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed request); the command line
+uses only the public API (`import vaeshard`, and `vaeshard.metrics` for the service). config.py,
+tuning.py and metrics.py are leaves everyone above may read."""
 
 from __future__ import annotations
 
@@ -154,12 +155,24 @@ def _module_name(path: Path) -> str:
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """vaeshard module -> the vaeshard modules it imports (function-level imports included)."""
+    """vaeshard module -> the vaeshard modules it imports (function-level imports included; those under
+    `if TYPE_CHECKING:`, which never run, not)."""
     graph = {}
     for path in sorted(SRC.rglob("*.py")):
         module = _module_name(path)
-        graph[module] = {target for _, target in _imports(path) if target != module}
+        typing_only = _type_checking_lines(path.read_text())
+        graph[module] = {target for line, target in _imports(path) if target != module and line not in typing_only}
     return graph
+
+
+def _type_checking_lines(source: str) -> set[int]:
+    """The lines of the imports inside `if TYPE_CHECKING:` blocks (read by type checkers, never run)."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for inner in node.body:
+                lines |= {n.lineno for n in ast.walk(inner) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -248,6 +261,8 @@ def test_no_module_reaches_into_another_modules_private_names():
 def test_the_cycle_and_privacy_checks_see_what_they_look_for():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .tile import Ops\nfrom .comm import Comm\n"
+    assert _type_checking_lines(typed) == {3}
     seen = _private_uses_in(
         "from . import io\nfrom .bench import _timed, run\nio._umask()\nrun._x\nio.umask()\nfrom .io import __all__",
         "vaeshard.cli.writer",
