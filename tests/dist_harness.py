@@ -48,6 +48,7 @@ _PRELOAD = [
     "diffusers.models.autoencoders.autoencoder_kl_mochi",
     "tests.models",
     "vaeshard",
+    "vaeshard.cli",  # (this module's ranks use its launcher)
 ]
 _forkserver_env: dict | None = None  # the environment the forkserver was started with
 
