@@ -605,7 +605,7 @@ def _warm_route(args) -> None:
     import vaeshard
     from vaeshard.cli import io
     from vaeshard.cli.bench import torch_dtype
-    from vaeshard.cli.writer import ChunkWriter, write_stream
+    from vaeshard.cli.writer import ChunkWriter, write_output, write_stream
 
     model = io.resolve_model(args.model, None, offline=True)
     vae = model.load(dtype=torch_dtype(args.dtype), device=args.device)
@@ -617,7 +617,7 @@ def _warm_route(args) -> None:
         vae.decode(z)
 
     def decode_then_encode():
-        io.write_output(vae.decode(z).sample, args.out, "mp4", args.fps)
+        write_output(vae.decode(z).sample, args.out, "mp4", args.fps)
 
     def streamed():
         with ChunkWriter(args.out, "mp4", args.fps) as writer:

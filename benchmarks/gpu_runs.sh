@@ -37,7 +37,7 @@
 #   off (bench-cudnn-*.json).
 # versions: each version installed in a folder of its own (pip install --no-deps --target); WHAT
 #   bits: `interleaved_ab.py bits` for Wan 2.1 720p and Wan 2.2 720p, A then B (the SHA-256 of every
-#   mode's output); bench-SUBJECT: `vaeshard bench --preset SUBJECT --nproc 1 --modes auto` four
+#   mode's output); bench-SUBJECT: `vaeshard bench --subject SUBJECT --nproc 1 --modes auto` four
 #   times, A B A B, each with diffusers' untiled decode; parity: each version's own GPU parity script
 #   (PARITY_A, PARITY_B: paths), A then B.
 # families, stream and versions need diffusers importable (PYTHONPATH; stream: PyAV too). Each stage
@@ -75,7 +75,7 @@ scaling() {
   mkdir -p "$OUT"
   install_wheels
   export PYTHONPATH=/tmp/site:${SRC:-$PWD/src}${PYTHONPATH:+:$PYTHONPATH}
-  python3 -m vaeshard bench --preset "$subject" --dtype bf16 --reps 3 --nproc "$nprocs" \
+  python3 -m vaeshard bench --subject "$subject" --dtype bf16 --reps 3 --nproc "$nprocs" \
     --modes "${MODES:-tile,auto,spatial_shard_height,spatial_shard_width}" \
     --json "$OUT/scaling_$name.json" --plot "$OUT/scaling_$name.png" ${EXTRA:-} 2>>"$OUT/err.log" \
     | tee "$OUT/scaling_$name.txt"
@@ -274,7 +274,7 @@ EOF
     bench-*)
       subject=${what#bench-}
       for round in 1 2; do for v in A B; do site=${!v}
-        with "$site" python3 -m vaeshard bench --preset "$subject" --nproc 1 --modes auto --reps 5 \
+        with "$site" python3 -m vaeshard bench --subject "$subject" --nproc 1 --modes auto --reps 5 \
           --json "$OUT/bench-$subject-$v$round.json" >"$OUT/bench-$subject-$v$round.log" 2>&1 || echo "bench $v$round failed"
       done; done
       python3 - "$OUT" "$subject" <<'EOF'

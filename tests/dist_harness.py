@@ -12,6 +12,10 @@ next call starts a new one. `fresh=True` runs on new processes, for tests that d
 their group. A forked rank has the forkserver's environment, so where a test has changed the
 environment since the forkserver started (an environment variable the ranks must read at import),
 its ranks are spawned afresh instead.
+
+The ranks join their group, are tied to the process that started them and are stopped by the command
+line's launcher (vaeshard/cli/launch.py: `join_group`, `die_with_parent`, `stop_processes`); only the
+pool, which outlives one call, is the harness's own.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import shutil
 import tempfile
 import time
 import traceback
-from datetime import timedelta
+
+from vaeshard.cli import launch
 
 GROUP_TIMEOUT_S = 60
 _STOP = "stop"
@@ -45,6 +50,7 @@ _PRELOAD = [
     "diffusers.models.autoencoders.autoencoder_dc",
     "tests.models",
     "vaeshard",
+    "vaeshard.cli",  # (this module's ranks use its launcher)
 ]
 _forkserver_env: dict | None = None  # the environment the forkserver was started with
 
@@ -66,19 +72,14 @@ def _context():
 
 
 def _worker(rank, world, init_file, tasks, results, group_timeout):
+    launch.die_with_parent(os.getppid())  # (the forkserver, or pytest for a spawned rank)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=group_timeout),
-        )
+        launch.join_group(rank, world, init_file, group_timeout)
     except BaseException:
         results.put((rank, -1, False, traceback.format_exc()))
         return
@@ -154,11 +155,7 @@ class _Pool:
         if graceful:
             for q in self.tasks:
                 q.put(_STOP)
-        for p in self.procs:
-            p.join(timeout=5 if graceful else 0.1)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        launch.stop_processes(self.procs, wait=5 if graceful else 0.1)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

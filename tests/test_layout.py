@@ -1,7 +1,8 @@
-"""The source tree's shape, checked: the import rule between the subpackages, module sizes, and no
-package-level sprawl. The rule: kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed
-request); the command line uses only the public API (`import vaeshard`, and `vaeshard.metrics` for
-the service). config.py, tuning.py and metrics.py are leaves everyone above may read."""
+"""The source tree's shape, checked: the import rule between the subpackages, no import cycle, no
+module reading another's underscore names, module sizes, and no package-level sprawl. The rule:
+kernels <- layers <- fast <- families; runtime <- api <- stream (the streamed request); the command line
+uses only the public API (`import vaeshard`, and `vaeshard.metrics` for the service). config.py,
+tuning.py and metrics.py are leaves everyone above may read."""
 
 from __future__ import annotations
 
@@ -133,10 +134,145 @@ def test_no_test_or_benchmark_name_shadows_an_importable_package():
     try:
         sys.path[:] = [p for p in sys.path if str(Path(p).resolve()) not in ours and p not in ours]
         shadowing = sorted(n for n in names if n not in sys.modules and importlib.util.find_spec(n) is not None)
-        shadowing += sorted(n for n in names if n in sys.modules and n != "tests"
-                            and not str(getattr(sys.modules[n], "__file__", "") or "").startswith(str(repo)))
+        shadowing += sorted(
+            n
+            for n in names
+            if n in sys.modules
+            and n != "tests"
+            and not str(getattr(sys.modules[n], "__file__", "") or "").startswith(str(repo))
+        )
         sees_installed = importlib.util.find_spec("torch") is not None  # the filtered path still finds packages
     finally:
         sys.path[:] = saved
     assert sees_installed
     assert not shadowing, f"tests/ or benchmarks/ names that an installed package also has: {shadowing}"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = rel.parts[:-1] if path.name == "__init__.py" else rel.parts
+    return ".".join(parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """vaeshard module -> the vaeshard modules it imports (function-level imports included; those under
+    `if TYPE_CHECKING:`, which never run, not)."""
+    graph = {}
+    for path in sorted(SRC.rglob("*.py")):
+        module = _module_name(path)
+        typing_only = _type_checking_lines(path.read_text())
+        graph[module] = {target for line, target in _imports(path) if target != module and line not in typing_only}
+    return graph
+
+
+def _type_checking_lines(source: str) -> set[int]:
+    """The lines of the imports inside `if TYPE_CHECKING:` blocks (read by type checkers, never run)."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for inner in node.body:
+                lines |= {n.lineno for n in ast.walk(inner) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of `graph`: each group of modules that reach one another (Tarjan's strongly
+    connected components of more than one module), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_import_cycles():
+    # a cycle makes a module's names depend on which of its modules was imported first; a function-level
+    # import only hides one (its module is still half-made when a caller first runs it)
+    cycles = _cycles(_import_graph())
+    assert not cycles, "modules that import one another:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _private_uses(path: Path) -> list[str]:
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    return [f"{path.relative_to(SRC)}:{use}" for use in _private_uses_in(path.read_text(), module, package)]
+
+
+def _private_uses_in(source: str, module: str, package: str) -> list[str]:
+    """`from X import _name` and `X._name` in `source` (module `module` of `package`), where X is another
+    vaeshard module or a name imported from one: a module's underscore names are its own."""
+    tree = ast.parse(source)
+    imported: dict[str, str] = {}  # local name -> the vaeshard module it names or came from
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "vaeshard":
+                continue
+            for a in node.names:
+                named = f"{target}.{a.name}"
+                imported[a.asname or a.name] = named if _is_module(named) else target
+                if _private(a.name) and target != module and not _is_module(named):
+                    found.append(f"{node.lineno} imports {a.name} from {target}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "vaeshard":
+                    imported[a.asname or "vaeshard"] = a.name if a.asname else "vaeshard"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _private(node.attr):
+            if imported.get(node.value.id, module) != module:
+                found.append(f"{node.lineno} uses {node.value.id}.{node.attr} of {imported[node.value.id]}")
+    return sorted(found, key=lambda use: int(use.split()[0]))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+    found = [line for path in sorted(SRC.rglob("*.py")) for line in _private_uses(path)]
+    assert not found, "\n".join(found)
+
+
+def test_the_cycle_and_privacy_checks_see_what_they_look_for():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .tile import Ops\nfrom .comm import Comm\n"
+    assert _type_checking_lines(typed) == {3}
+    seen = _private_uses_in(
+        "from . import io\nfrom .bench import _timed, run\nio._umask()\nrun._x\nio.umask()\nfrom .io import __all__",
+        "vaeshard.cli.writer",
+        "vaeshard.cli",
+    )
+    assert seen == [
+        "2 imports _timed from vaeshard.cli.bench",
+        "3 uses io._umask of vaeshard.cli.io",
+        "4 uses run._x of vaeshard.cli.bench",
+    ], seen
+    graph = _import_graph()
+    assert "vaeshard.runtime.comm" in graph["vaeshard.runtime.tile"]  # real edges, relative imports resolved
+    assert "vaeshard.families" in graph["vaeshard.policy"]  # (inside a function)

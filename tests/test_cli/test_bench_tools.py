@@ -165,7 +165,7 @@ def test_memory_model_predicts_a_sharded_decode_below_a_direct_one():
     four, _ = model.predicted_peak(vae, z, 4)
     assert one > two > four > 0
     assert sum(size for _, size in sites) == one
-    assert any("_store_cache" in site for site, _ in sites)  # the causal caches (allocated there)
+    assert any("store_cache" in site for site, _ in sites)  # the causal caches (allocated there)
 
 
 def test_memory_model_sees_the_frame_settings():

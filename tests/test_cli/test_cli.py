@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from argparse import SUPPRESS
 from pathlib import Path
 
 import numpy as np
@@ -163,41 +164,42 @@ EXPECTED_FLAGS = {
         ("--timeout", None, 300.0, False),
     ],
     "decode": [
-        ("latents", None, None, True),
         ("--model", None, None, False),  # (one of --model and --config is required)
         ("--config", CONFIGS, None, False),
         ("--subfolder", None, None, False),
+        ("--offline", None, False, False),
+        ("--dtype", ("bf16", "fp16", "fp32"), None, False),
+        ("--device", ("cpu", "cuda"), None, False),
+        ("--fps", None, 16, False),
+        ("--x264-preset", X264_PRESETS, "veryfast", False),
+        ("--preset", X264_PRESETS, SUPPRESS, False),  # (deprecated: --x264-preset)
+        *TIER_FLAGS,
+        ("--timeout", None, 600.0, False),
+        ("latents", None, None, True),
         ("--key", None, "latents", False),
         ("--denormalize", None, False, False),
         ("--decode-timestep", None, None, False),
         ("--seed", None, 0, False),
-        ("--dtype", ("bf16", "fp16", "fp32"), None, False),
-        ("--device", ("cpu", "cuda"), None, False),
         ("--nproc", None, None, False),
         ("--mode", ("tile", "auto", "spatial_shard_height", "spatial_shard_width"), "auto", False),
         ("--tile-size", None, None, False),
         ("--tile-stride", None, None, False),
         ("--out", None, None, True),
-        ("--fps", None, 16, False),
-        ("--preset", X264_PRESETS, "veryfast", False),
-        ("--offline", None, False, False),
-        *TIER_FLAGS,
         ("--quiet", None, False, False),
         ("--timings", None, None, False),
-        ("--timeout", None, 600.0, False),
     ],
     "serve": [
         ("--model", None, None, False),  # (one of --model and --config is required)
-        (
-            "--config",
-            CONFIGS,
-            None,
-            False,
-        ),
+        ("--config", CONFIGS, None, False),
         ("--subfolder", None, None, False),
         ("--offline", None, False, False),
         ("--dtype", ("bf16", "fp16", "fp32"), None, False),
         ("--device", ("cpu", "cuda"), None, False),
+        ("--fps", None, 16, False),
+        ("--x264-preset", X264_PRESETS, "veryfast", False),
+        ("--preset", X264_PRESETS, SUPPRESS, False),  # (deprecated: --x264-preset)
+        *TIER_FLAGS,
+        ("--timeout", None, 600.0, False),
         ("--nproc", None, None, False),
         ("--mode", MODES, "auto", False),
         ("--host", None, "127.0.0.1", False),
@@ -210,38 +212,30 @@ EXPECTED_FLAGS = {
         ("--max-uploads", None, 4, False),
         ("--header-timeout", None, 10.0, False),
         ("--body-timeout", None, 60.0, False),
-        ("--fps", None, 16, False),
-        ("--preset", X264_PRESETS, "veryfast", False),
         ("--ready-file", None, None, False),
-        *TIER_FLAGS,
-        ("--timeout", None, 600.0, False),
         ("--drain-timeout", None, 120.0, False),
         ("--max-request-timeout", None, 3600.0, False),
     ],
     "bench": [
-        (
-            "--config",
-            CONFIGS,
-            None,
-            False,
-        ),
         ("--model", None, None, False),
+        ("--config", CONFIGS, None, False),
         ("--subfolder", None, None, False),
         ("--offline", None, False, False),
-        ("--shape", None, None, False),
-        ("--preset", ("wan21-480p", "wan21-720p", "wan22-720p"), None, False),
-        ("--modes", None, ["tile", "auto", "spatial_shard_height", "spatial_shard_width"], False),
-        ("--nproc", None, None, False),
         ("--dtype", ("bf16", "fp16", "fp32"), None, False),
         ("--device", ("cpu", "cuda"), None, False),
+        *TIER_FLAGS,
+        ("--timeout", None, 600.0, False),
+        ("--shape", None, None, False),
+        ("--subject", ("wan21-480p", "wan21-720p", "wan22-720p"), None, False),
+        ("--preset", ("wan21-480p", "wan21-720p", "wan22-720p"), SUPPRESS, False),  # (deprecated: --subject)
+        ("--modes", None, ["tile", "auto", "spatial_shard_height", "spatial_shard_width"], False),
+        ("--nproc", None, None, False),
         ("--reps", None, 3, False),
         ("--no-ref", None, False, False),
         ("--peak-tflops", None, None, False),
         ("--tflop", None, None, False),
         ("--json", None, None, False),
         ("--plot", None, None, False),
-        *TIER_FLAGS,
-        ("--timeout", None, 600.0, False),
     ],
 }
 
@@ -267,7 +261,7 @@ def test_flags_and_choices_are_frozen():
             if not isinstance(a, argparse._HelpAction)
         ]
         assert actual == EXPECTED_FLAGS[name], name
-    assert tuple(EXPECTED_FLAGS["decode"][11][1]) == MODES
+    assert tuple(next(row for row in EXPECTED_FLAGS["decode"] if row[0] == "--mode")[1]) == MODES
 
 
 @pytest.mark.parametrize(
@@ -605,17 +599,42 @@ def test_bench_writes_json_and_plot(assets, tmp_path):
         assert image.format == "PNG" and image.size[0] > 600
 
 
-def test_bench_preset_on_cpu_warns_that_it_takes_hours(monkeypatch, capfd):
+@pytest.mark.parametrize("flag", ["--subject", "--preset"])
+def test_bench_subject_on_cpu_warns_that_it_takes_hours(monkeypatch, capfd, flag):
     from vaeshard.cli import bench
 
     def interrupted(*args, **kwargs):  # (the user stops it: nothing is decoded here)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(bench, "run_bench", interrupted)
-    assert in_process("bench", "--preset", "wan21-720p", "--device", "cpu") == 130
-    warning = capfd.readouterr().err.splitlines()[0]
-    assert warning.startswith("[bench] warning: --preset wan21-720p on CPU takes hours"), warning
+    assert in_process("bench", flag, "wan21-720p", "--device", "cpu") == 130
+    lines = capfd.readouterr().err.splitlines()
+    if flag == "--preset":  # the old spelling still works for one release, and says what replaces it
+        deprecated = lines.pop(0)
+        assert deprecated == (
+            "vaeshard bench: warning: --preset is deprecated and will be removed in vaeshard 0.4: use --subject"
+        ), deprecated
+    warning = lines[0]
+    assert warning.startswith("[bench] warning: --subject wan21-720p on CPU takes hours"), warning
     assert warning.endswith("for a quick CPU run: --config wan21 --shape 1,16,3,12,16"), warning
+
+
+@pytest.mark.parametrize("command", ["decode", "serve"])
+def test_the_x264_preset_flag_and_its_deprecated_spelling(capsys, command):
+    from vaeshard.cli import build_parser
+
+    parser = build_parser()
+    head = [command, *(["z.pt", "--out", "o.mp4"] if command == "decode" else []), "--config", "wan21"]
+    assert parser.parse_args(head).x264_preset == "veryfast"
+    assert parser.parse_args([*head, "--x264-preset", "slow"]).x264_preset == "slow"
+    assert capsys.readouterr().err == ""
+    assert parser.parse_args([*head, "--preset", "slower"]).x264_preset == "slower"
+    assert capsys.readouterr().err == (
+        f"vaeshard {command}: warning: --preset is deprecated and will be removed in vaeshard 0.4: use --x264-preset\n"
+    )
+    with pytest.raises(SystemExit):  # the old spelling checks its value as the new one does
+        parser.parse_args([*head, "--preset", "fastest"])
+    assert "argument --preset: invalid choice: 'fastest'" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(60)

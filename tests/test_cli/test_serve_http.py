@@ -228,6 +228,24 @@ def test_every_error_is_json_404_405_and_the_servers_own_400(server):
     assert server.health()[0] == 200
 
 
+@pytest.mark.timeout(60)
+def test_a_kept_alive_connection_has_each_head_checked(server):
+    # the server's guard holds each request head back until it is whole and follows the body after it:
+    # on one connection, a request with a body, one without, then a head that is no HTTP
+    body = b"\0" * 4  # a body the app reads whole, then refuses
+    with _connect(server) as sock:
+        sock.sendall(_head("/v1/decode", len(body)) + body)
+        code, _, text = _answer(sock)
+        assert code == 400 and "shorter than" in json.loads(text)["error"], text
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        code, _, text = _answer(sock)
+        assert code == 200 and json.loads(text)["status"] == "ready", text
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        code, headers, text = _answer(sock)
+        assert code == 400 and headers["content-type"] == "application/json", text
+        assert "HTTP/1.1" in json.loads(text)["error"]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "route, tensors, params, words",

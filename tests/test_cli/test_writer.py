@@ -1,4 +1,4 @@
-"""ChunkWriter: a video written chunk by chunk equals io.write_output of the whole; failures leave nothing."""
+"""ChunkWriter: a video written chunk by chunk equals writer.write_output of the whole; failures leave nothing."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_frames_written_chunk_by_chunk_equal_the_whole(tmp_path, batch, sizes, d
             np.testing.assert_array_equal(_read_png(out / writer.frame_name(b, t, batch)), expected[b, t])
     assert sorted(os.listdir(out)) == sorted(names) and _leftovers(tmp_path) == []
     # the same as write_output, which is one write of the whole video
-    assert io.write_output(video, tmp_path / "whole", "frames") == [str(tmp_path / "whole" / n) for n in names]
+    assert writer.write_output(video, tmp_path / "whole", "frames") == [str(tmp_path / "whole" / n) for n in names]
 
 
 def test_frames_into_an_existing_folder_are_added(tmp_path):
@@ -108,7 +108,7 @@ def test_png_holds_one_frame(tmp_path):
     out = tmp_path / "image.png"
     assert _write(out, "png", [video]) == [str(out)]
     np.testing.assert_array_equal(_read_png(out), io.to_uint8_frames(video)[0, 0])
-    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~io._umask())
+    assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~writer.umask())
     with pytest.raises(io.InputError, match="decode to 2 frames; a .png holds one"):
         _write(tmp_path / "two.png", "png", _chunks(_video(frames=2), (1, 1)))
     with pytest.raises(io.InputError, match="batch of 2; png holds one video"):
@@ -134,7 +134,7 @@ def test_mp4_with_an_odd_frame_size_raises_and_leaves_nothing(tmp_path):
     with pytest.raises(io.InputError, match="H.264 needs an even frame size, got 63x48"):
         _write(out, "mp4", _chunks(_video(width=63)))
     with pytest.raises(io.InputError, match="batch of 2; mp4 holds one video"):
-        io.write_output(_video(batch=2), out, "mp4")
+        writer.write_output(_video(batch=2), out, "mp4")
     assert os.listdir(tmp_path) == []
 
 

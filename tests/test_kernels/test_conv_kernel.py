@@ -964,13 +964,13 @@ def test_box_conv_steps_samples_of_one_frame_by_their_own_stride(monkeypatch, tm
 
 def _recorded_box_launches(monkeypatch) -> list[dict]:
     """box_conv's kernel launches recorded (by argument name), not run; 4 SMs."""
-    names, launched = box_conv._box_conv_kernel.arg_names, []
+    names, launched = box_conv.box_conv_kernel.arg_names, []
 
     class Kernel:
         def __getitem__(self, grid):
             return lambda *args, **kw: launched.append({**dict(zip(names, args)), **kw})
 
-    monkeypatch.setattr(box_conv, "_box_conv_kernel", Kernel())
+    monkeypatch.setattr(box_conv, "box_conv_kernel", Kernel())
     monkeypatch.setattr(box_conv, "_multiprocessors", lambda device: 4)
     return launched
 

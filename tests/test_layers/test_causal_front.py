@@ -87,13 +87,13 @@ def test_default_parts_keep_their_two_frame_buffers_as_the_caches(monkeypatch):
 
     box_stand_in.install(monkeypatch.setattr, [])
     stores, buffers = [], []
-    store = layer_buffers._store_cache
+    store = layer_buffers.store_cache
 
     def spy_store(feat_cache, idx, old, frames, owned=False):
         store(feat_cache, idx, old, frames, owned)
         stores.append((owned, frames.shape[2], frames.shape[-2] * frames.shape[-1], feat_cache[idx] is frames))
 
-    monkeypatch.setattr(layer_buffers, "_store_cache", spy_store)
+    monkeypatch.setattr(layer_buffers, "store_cache", spy_store)
     input_buffer = convs.HaloCausalConv3d.input_buffer
 
     def spy_buffer(self, like, cache_x, halo_rows=None, shape=None):

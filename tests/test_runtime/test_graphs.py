@@ -161,12 +161,12 @@ def test_auto_replays_where_a_rank_s_frames_are_small():
 
 
 @pytest.mark.parametrize("mode,graphed", [("auto", True), ("off", False), ("on", True)])
-def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, graphed):
+def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, capsys, mode, graphed):
     # the loop passes DecoderSteps the plan's decision for the rank's own output frame (a small
     # model's frame is far below the threshold; the plan here as if the device could replay); the
     # recorded steps then run eagerly all the same
     import vaeshard
-    import vaeshard.cli as cli
+    from vaeshard.cli import build_parser
     from vaeshard.layers import tier
     from vaeshard.runtime import graphs
 
@@ -180,9 +180,11 @@ def test_the_wan_loop_asks_for_graphs_by_this_rank_s_frame(monkeypatch, mode, gr
             super().__init__(device, False, num_calls, keep)
 
     monkeypatch.setattr(graphs, "DecoderSteps", Recorder)
-    setting = cli._argument(dict((k[0], k[4]) for k in vaeshard.FastOptions.knobs())["cuda_graphs"])(mode)
-    with pytest.raises(Exception, match="expected auto, on or off"):
-        cli._argument(dict((k[0], k[4]) for k in vaeshard.FastOptions.knobs())["cuda_graphs"])("yes")
+    command = ["decode", "z.pt", "--config", "wan21", "--out", "o.mp4", "--cuda-graphs"]
+    setting = build_parser().parse_args([*command, mode]).cuda_graphs  # as the command line reads it
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*command, "yes"])
+    assert "expected auto, on or off" in capsys.readouterr().err
     vae = vaeshard.parallelize(build("wan21"), fast=vaeshard.FastOptions(cuda_graphs=setting))
     vae.decode(latent((1, 4, 3, 4, 3)))
     ratio = vae.spatial_compression_ratio
@@ -358,7 +360,7 @@ def test_decoder_steps_off_the_gpu_keep_nothing():
 def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_frames, new_frames):
     # capturing a request's second call with kept graphs, the call writes each new cache entry into
     # the tensor the steady graph reads (graphs.cache_target): the same values as without a target
-    from vaeshard.layers.buffers import _store_cache
+    from vaeshard.layers.buffers import store_cache
     from vaeshard.runtime import graphs
 
     # ("last": the old entry is the first call's one-frame cache kept in the target's last frame)
@@ -373,10 +375,10 @@ def test_a_cache_target_receives_the_values_a_new_cache_entry_would_hold(old_fra
         old = old_frames
     frames = torch.randn(1, 3, new_frames, 4, 5, generator=g)
     plain = [None, old.clone() if isinstance(old, torch.Tensor) else old]
-    _store_cache(plain, 1, plain[1], frames)
+    store_cache(plain, 1, plain[1], frames)
     targeted = [None, old]
     with graphs.writing_caches_into([None, target]):
-        _store_cache(targeted, 1, old, frames)
+        store_cache(targeted, 1, old, frames)
     assert torch.equal(targeted[1], plain[1])
     if old_frames is None and new_frames == 1:  # the first call: one frame, in the target's last
         assert targeted[1].shape == (1, 3, 1, 4, 5) and targeted[1].data_ptr() == target[:, :, -1:].data_ptr()

@@ -122,7 +122,7 @@ class PeakMemory:
         return int(torch.cuda.max_memory_reserved(self.ctx.device) - self.reserved_base)
 
 
-def _timed_decode(ctx, vae, z, together: bool = True):
+def timed_decode(ctx, vae, z, together: bool = True):
     """One decode (started together on every rank); returns (sample, seconds on this rank)."""
     if together:
         ctx.barrier()
@@ -153,7 +153,7 @@ def _timed_runs(ctx, vae, z, reps: int, memory: PeakMemory, together: bool):
     out, times = None, []
     for _ in range(reps):
         del out
-        out, seconds = _timed_decode(ctx, vae, z, together)
+        out, seconds = timed_decode(ctx, vae, z, together)
         times.append(seconds)
     return out, times
 
@@ -163,7 +163,7 @@ def _diff_stats(out, ref) -> tuple[float, float]:
     return float(d.max()), float(d.mean())
 
 
-def _quiet_other_ranks(ctx) -> None:
+def quiet_other_ranks(ctx) -> None:
     import logging
     import warnings
 

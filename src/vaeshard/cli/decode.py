@@ -1,6 +1,6 @@
 """`vaeshard decode`'s work on each rank: load the VAE and the latent, parallelize, and decode through
 `vaeshard.stream_decode` into the streamed writer on rank 0 (cli/writer.py), with a progress bar.
-cli/__init__.py checks the request and runs a `DecodeJob` (`run`: here, or on ranks of cli/launch.py).
+cli/commands.py checks the request and runs a `DecodeJob` (`run`: here, or on ranks of cli/launch.py).
 
 A failed decode leaves no output, however it fails, and the output appears only when the decode
 succeeded. Rank 0's writer completes the output in a temporary file (`ChunkWriter.finish`) and hands

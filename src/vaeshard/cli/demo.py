@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import vaeshard
 from vaeshard import MODES
 
-from .bench import MIB, TOLERANCES, PeakMemory, _quiet_other_ranks, _timed_decode, make_latent, torch_dtype
+from .bench import MIB, TOLERANCES, PeakMemory, make_latent, quiet_other_ranks, timed_decode, torch_dtype
 from .io import named_model
 from .report import format_table
 
@@ -41,7 +41,7 @@ def _set_tiles(vae, tile) -> None:
 def _demo_worker(ctx, spec: DemoSpec) -> dict:
     import torch
 
-    _quiet_other_ranks(ctx)
+    quiet_other_ranks(ctx)
     vae = named_model("wan21").load(dtype=torch_dtype(spec.dtype), device=ctx.device)
     default_tiles = (vae.tile_sample_min_height, vae.tile_sample_stride_height)
     z = make_latent(spec.shape, seed=1).to(ctx.device, torch_dtype(spec.dtype))
@@ -54,7 +54,7 @@ def _demo_worker(ctx, spec: DemoSpec) -> dict:
             chosen = vaeshard.plan(vae, z.shape, ctx.world, mode)
             vaeshard.parallelize(vae, mode, timeout=spec.group_timeout)
             memory.reset()
-            out, seconds = _timed_decode(ctx, vae, z)
+            out, seconds = timed_decode(ctx, vae, z)
             rows.append(
                 {
                     "mode": mode,

@@ -39,6 +39,7 @@ DEFAULT_FORMAT = "safetensors"
 # times slower than in pieces of this size (benchmarks/serve_gpu.py, BENCHMARKS.md).
 SEND_BYTES = 1 << 20
 GRACEFUL_S = 5.0  # once drained or cut, the least time uvicorn gives open connections to send their answers
+TICK_S = 0.1  # how often the main thread checks the drain and a failed service (uvicorn's own tick)
 DEADLINE_HEADER = "x-request-timeout"  # seconds, as the `timeout` query parameter
 MAX_FPS = 1000  # an MP4's frame rate; more is refused (the container cannot time it)
 RETRY_AFTER_S = 2  # the Retry-After of a 429: about one small request's time on the group
@@ -538,46 +539,17 @@ def _check(tensor, op: str, params: dict, model) -> None:
 
 def run(service, job) -> None:
     """Serve until SIGTERM or SIGINT (then: drain, finish the request in flight), or until a failed
-    service has answered for FAILED_LINGER_S."""
+    service has answered for FAILED_LINGER_S.
+
+    uvicorn's server runs in a thread of its own, through its public API (`Config`, `Server.run`,
+    `started`, `should_exit`, `force_exit`): off the main thread uvicorn leaves the process's signals
+    alone (its own handlers would re-raise the signal after a graceful exit, where a drained service
+    exits 0). This thread takes SIGTERM and SIGINT and watches the service every TICK_S: it ends the
+    server once the drain is done or cut, or once a failed service lingered long enough."""
     import signal
+    import threading
 
     import uvicorn
-
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self):
-            # uvicorn's own handlers re-raise the signal after a graceful exit; a drained service
-            # exits 0 instead
-            def stop(sig, frame):
-                # on_tick ends the server once the request in flight is answered, or cuts it at --drain-timeout
-                self.force_exit = service.draining_since is not None and sig == signal.SIGINT
-                self.should_exit = self.force_exit
-                service.drain()
-
-            previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-
-        async def startup(self, sockets=None):
-            await super().startup(sockets=sockets)
-            if self.started:
-                _announce(service, job)
-
-        async def on_tick(self, counter: int) -> bool:
-            if service.status == STATUS_FAILED and time.time() - service.failed_at > FAILED_LINGER_S:
-                return True
-            if service.draining_since is not None:
-                left = job.drain_timeout - (time.monotonic() - service.draining_since)
-                if service.idle() or service.drain_cut:
-                    # uvicorn then lets the open responses finish: what is left of the drain, at least GRACEFUL_S
-                    self.config.timeout_graceful_shutdown = max(GRACEFUL_S, left)
-                    return True
-                if left < 0:
-                    service.cut()  # answered 503 now; the ranks stop at the request's next chunk
-            return await super().on_tick(counter)
 
     limits = job.limits or Limits()
     log_repeats_once()
@@ -593,7 +565,57 @@ def run(service, job) -> None:
         h11_max_incomplete_event_size=HEAD_BYTES,
         timeout_graceful_shutdown=GRACEFUL_S,
     )
-    Server(config).run()
+    server = uvicorn.Server(config)
+    failed: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # (uvicorn exits with SystemExit when it cannot bind)
+            failed.append(exc)
+
+    def stop(sig, frame) -> None:
+        # a second Ctrl-C while draining stops at once; otherwise the ticks below end the drain
+        if service.draining_since is not None and sig == signal.SIGINT:
+            server.force_exit = server.should_exit = True
+        service.drain()
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    thread = threading.Thread(target=serve, name="vaeshard-http", daemon=True)
+    try:
+        thread.start()
+        announced = False
+        while thread.is_alive():
+            thread.join(TICK_S)
+            if server.started and not announced:
+                _announce(service, job)
+                announced = True
+            if not server.should_exit and _done(service, job, config):
+                server.should_exit = True
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failed:
+        raise failed[0]
+    if not announced:
+        raise RuntimeError(f"the HTTP server on {job.host}:{job.port} stopped before it listened (see its log)")
+
+
+def _done(service, job, config) -> bool:
+    """Whether the server is to end now: a failed service lingered, or the drain is done or was cut (then
+    uvicorn lets the open responses finish: what is left of the drain, at least GRACEFUL_S)."""
+    if service.status == STATUS_FAILED and time.time() - service.failed_at > FAILED_LINGER_S:
+        return True
+    if service.draining_since is None:
+        return False
+    left = job.drain_timeout - (time.monotonic() - service.draining_since)
+    if service.idle() or service.drain_cut:
+        config.timeout_graceful_shutdown = max(GRACEFUL_S, left)
+        return True
+    if left < 0:
+        service.cut()  # answered 503 now; the ranks stop at the request's next chunk
+    return False
 
 
 def _announce(service, job) -> None:

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from .args import positive_float, positive_int
 from .io import InputError
 
 API_KEY_ENV = "VAESHARD_API_KEY"
@@ -41,17 +42,15 @@ class Limits:
 
 def add_arguments(parser) -> None:
     """`vaeshard serve`'s flags for the key's sources and the HTTP limits."""
-    from . import _positive_float, _positive_int
-
     parser.add_argument(
         "--api-key-file", default=None, metavar="PATH", help="read the API key from this file (its first line)"
     )
     defaults = Limits()
     for flag, kind, value, what in [
-        ("--max-connections", _positive_int, defaults.max_connections, "open connections; more are closed at once"),
-        ("--max-uploads", _positive_int, defaults.max_uploads, "request bodies received at once; more wait"),
-        ("--header-timeout", _positive_float, defaults.header_timeout, "seconds a client has to send its headers"),
-        ("--body-timeout", _positive_float, defaults.body_timeout, "seconds a client has to send a body (408)"),
+        ("--max-connections", positive_int, defaults.max_connections, "open connections; more are closed at once"),
+        ("--max-uploads", positive_int, defaults.max_uploads, "request bodies received at once; more wait"),
+        ("--header-timeout", positive_float, defaults.header_timeout, "seconds a client has to send its headers"),
+        ("--body-timeout", positive_float, defaults.body_timeout, "seconds a client has to send a body (408)"),
     ]:
         parser.add_argument(flag, type=kind, default=value, help=f"{what} (default {value:g})")
 
@@ -123,75 +122,148 @@ class Uploads:
 
 
 def protocol(limits: Limits):
-    """uvicorn's HTTP/1.1 protocol, with what it lacks for a service open to a network:
+    """An asyncio protocol class for uvicorn's `Config(http=...)`: uvicorn's own HTTP/1.1 protocol, made
+    and driven only through asyncio.Protocol's methods, behind a guard that adds what it lacks for a
+    service open to a network:
 
     - its `limit_concurrency` answers a request 503 once that many connections are open, but never closes
       one, and it counts idle connections: a few hundred connections that send nothing keep everyone out
       (and use up the process's file descriptors). Here a connection over `max_connections` is closed at
       once, and one that has not sent a whole request line and headers within `header_timeout` s (idle, or
-      slow on purpose) is closed; `timeout_keep_alive` covers only the wait after a response.
+      slow on purpose) is closed; uvicorn's `timeout_keep_alive` covers only the wait after a response.
     - its own 400, for a request that is not HTTP/1.1 or whose head is over HEAD_BYTES, is plain text:
       here it is JSON like every other error.
+
+    The guard holds each request head back until it is whole, checks it with h11 (the parser uvicorn's
+    protocol uses), then hands uvicorn's protocol what it received; it follows the request's body with
+    h11 too, so it knows where the next head starts. The time for a later head on a kept-alive
+    connection starts with its first byte; an idle kept-alive connection is uvicorn's to close
+    (`timeout_keep_alive`), and so is one whose next head takes longer than that to become whole.
     """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class Protocol(H11Protocol):
+    open_guards: set = set()  # the connections the server took
+
+    class Guarded(asyncio.Protocol):
+        def __init__(self, **uvicorn_arguments) -> None:
+            self.http = H11Protocol(**uvicorn_arguments)
+            self.transport = self.timer = None
+            self.parser = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_BYTES)
+            self.in_body = False  # past a whole head, until its body ended
+            self.head = bytearray()  # the bytes of a head not yet whole
+            self.taken = False
+
         def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._head_timer = None
-            if len(self.connections) > limits.max_connections:
+            self.transport = transport
+            if len(open_guards) >= limits.max_connections:
                 log.warning(
                     "vaeshard serve: closed a connection: %d are open already (--max-connections)",
                     limits.max_connections,
                 )
                 transport.abort()
                 return
+            open_guards.add(self)
+            self.taken = True
+            self.http.connection_made(transport)
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            if self._head_timer is not None and not self._waiting_for_head():
-                self._head_timer.cancel()
-                self._head_timer = None
+            if not self.taken or self.transport.is_closing():
+                return
+            if self.in_body:
+                self.parser.receive_data(data)
+                self._pass_body(data)
+            else:
+                self._take_head(data)
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing() and self._waiting_for_head():
-                self._arm()  # the next request on this connection gets the same time for its head
+        def eof_received(self):
+            return self.http.eof_received() if self.taken else None
 
         def connection_lost(self, exc) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            super().connection_lost(exc)
+            self._disarm()
+            if self.taken:
+                open_guards.discard(self)
+                self.http.connection_lost(exc)
 
-        def send_400_response(self, msg: str) -> None:
+        def pause_writing(self) -> None:
+            if self.taken:
+                self.http.pause_writing()
+
+        def resume_writing(self) -> None:
+            if self.taken:
+                self.http.resume_writing()
+
+        def _take_head(self, data: bytes) -> None:
+            """Hold a head back until it is whole; a bad one is answered here, a good one passed on with
+            whatever came after it."""
+            if not data:
+                return
+            if self.timer is None:
+                self._arm()  # a later head on this connection: its time starts with its first byte
+            self.head += data
+            self.parser.receive_data(data)
+            try:
+                event = self.parser.next_event()
+            except h11.RemoteProtocolError:
+                self._refuse()
+                return
+            if event is h11.NEED_DATA:
+                return
+            self._disarm()
+            received, self.head = bytes(self.head), bytearray()
+            self.in_body = True
+            self._pass_body(received)
+
+        def _pass_body(self, data: bytes) -> None:
+            """Pass `data` on up to the end of the request it belongs to; what follows is the next head."""
+            while True:
+                try:
+                    event = self.parser.next_event()
+                except h11.RemoteProtocolError:  # a bad body: uvicorn's protocol answers it
+                    break
+                if event is h11.NEED_DATA or event is h11.PAUSED:
+                    break
+                if isinstance(event, h11.EndOfMessage):
+                    rest = self.parser.trailing_data[0]
+                    self.http.data_received(data[: len(data) - len(rest)])
+                    self.parser = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_BYTES)
+                    self.in_body = False
+                    self._take_head(rest)
+                    return
+            self.http.data_received(data)
+
+        def _refuse(self) -> None:
+            self._disarm()
             body = json.dumps(
                 {"error": f"not a valid HTTP/1.1 request, or its line and headers are over {HEAD_BYTES} bytes"}
             ).encode()
-            headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
-            for event in (h11.Response(status_code=400, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
-                self.transport.write(self.conn.send(event))
+            self.transport.write(
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             self.transport.close()
 
-        def _waiting_for_head(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
-
         def _arm(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-            self._head_timer = self.loop.call_later(limits.header_timeout, self._head_expired)
+            self._disarm()
+            self.timer = asyncio.get_running_loop().call_later(limits.header_timeout, self._head_expired)
+
+        def _disarm(self) -> None:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
 
         def _head_expired(self) -> None:
-            self._head_timer = None
-            if self._waiting_for_head() and not self.transport.is_closing():
+            self.timer = None
+            if not self.in_body and not self.transport.is_closing():
                 log.warning(
                     "vaeshard serve: closed a connection that sent no whole request head in %g s (--header-timeout)",
                     limits.header_timeout,
                 )
                 self.transport.abort()
 
-    return Protocol
+    return Guarded
 
 
 class _Repeats(logging.Filter):

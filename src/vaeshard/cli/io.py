@@ -523,29 +523,6 @@ def to_uint8_frames(video_bcthw):
     return quantize(video_bcthw).cpu().numpy()
 
 
-def write_output(video_bcthw, path: str | os.PathLike, kind: str, fps: int = 16) -> list[str]:
-    """Write the decoded video (one chunk of a `writer.ChunkWriter`); returns the paths written. Nothing is
-    left at `path` on failure."""
-    from .writer import ChunkWriter
-
-    with ChunkWriter(path, kind, fps) as writer:
-        writer.write(video_bcthw)
-        return writer.close()
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-
-
 def with_article(noun: str) -> str:
     """`noun` after "a" or "an" as it is read aloud: an AutoencoderDC, an int, a UNet2DConditionModel (an
     initialism is read letter by letter: an SDXL, a UNet, an ndarray), an 8-D."""
@@ -587,5 +564,4 @@ __all__ = [
     "output_kind",
     "quantize",
     "to_uint8_frames",
-    "write_output",
 ]

@@ -13,7 +13,24 @@ does not spawn: this process is one of torchrun's ranks, the group comes from to
 and every rank gets every rank's value.
 
 This module owns the process group of a command-line run; the library itself (`runtime/comm.py`) only ever
-uses a group it is given.
+uses a group it is given. It is the one launcher: the command line's commands, the service (`run` with
+`signals="rank0"`: a SIGTERM drains through rank 0) and the tests' rank pools (tests/dist_harness.py, which
+keeps its ranks alive between tests but joins their group, ties them to the parent and stops them with
+`join_group`, `die_with_parent` and `stop_processes`).
+
+Why not torch's own launcher, `torch.distributed.launcher.api.elastic_launch(LaunchConfig(...), fn)`: it
+was tried (torch 2.13, two CPU ranks, start_method "spawn") and fails what the command line must do.
+It installs its own SIGTERM and SIGINT handlers and answers either by sending SIGTERM to every rank and
+raising `SignalException` (the service needs a SIGTERM passed to rank 0 alone, which drains while the
+others keep serving, and the command line needs `Interrupted` with the signal for exit 143 or 130 after
+its own cleanup); its ranks are not tied to the parent (no PR_SET_PDEATHSIG: a parent killed with
+SIGKILL leaves them running, and writing); a rank's exception reaches the parent only as a
+`ChildFailedError` whose text holds the traceback, so a ValueError (bad input, exit 2) cannot be told
+from a crash (exit 1) without parsing its error file; there is no hook to remove a killed rank's
+temporary output once every rank has ended; it rendezvouses over a TCP port (c10d) where a file store
+in a private folder cannot collide; and it creates no process group (each `fn` would init its own). It
+is not slower to start (two CPU ranks, measured one after the other: 12 s either way on loaded cores),
+so its speed was not the reason.
 """
 
 from __future__ import annotations
@@ -286,6 +303,7 @@ def run(
     group_timeout: float = DEFAULT_GROUP_TIMEOUT_S,
     failure_grace: float = 0.0,
     on_failure=None,
+    signals: str = "all",
 ) -> list:
     """Call `fn(ctx, *args)` on `nproc` ranks; return the values in rank order.
 
@@ -300,6 +318,10 @@ def run(
     on_failure:    called with no arguments in this process when the run fails, once every rank it
                    started has ended (under torchrun: once `fn` failed on this rank), before the error
                    is raised: it removes what a killed rank could not (a temporary output).
+    signals:       "all": a SIGTERM or SIGINT stops every rank (below), and a rank whose parent died
+                   gets SIGKILL. "rank0" (the service): a SIGTERM here is passed to rank 0 alone, which
+                   drains and then stops the group, a SIGINT is ignored here (Ctrl-C reaches rank 0
+                   through the terminal's process group), and a rank whose parent died gets SIGTERM.
     Raises WorkerFailed if a rank raises or dies, LaunchTimeout past the deadline, and Interrupted
     on SIGTERM or SIGINT (unless the caller set its own handler for it: `interruptible`).
     """
@@ -314,13 +336,26 @@ def run(
             raise
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
-    return _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure)
+    if signals not in ("all", "rank0"):
+        raise ValueError(f"signals must be 'all' or 'rank0', got {signals!r}")
+    death = signal.SIGKILL
+    if signals == "rank0":
+        death = signal.SIGTERM
+        signal.signal(signal.SIGTERM, _forward_to_rank0)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death)
+
+
+def _forward_to_rank0(signum, frame) -> None:
+    for child in mp.active_children():
+        if child.name == "vaeshard-rank0":
+            os.kill(child.pid, signum)
 
 
 # --- spawned workers -------------------------------------------------------------------------------
 
 
-def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0, on_failure=None) -> list:
+def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death) -> list:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
@@ -333,7 +368,7 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0, o
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, nproc, device, init_file, fn, args, results, group_timeout, threads, os.getpid()),
+                args=(rank, nproc, device, init_file, fn, args, results, group_timeout, threads, os.getpid(), death),
                 daemon=True,
                 name=f"vaeshard-rank{rank}",
             )
@@ -348,7 +383,7 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace=0.0, o
         finally:
             with stop.held():
                 # After success the ranks are only tearing down: let them exit on their own first.
-                _stop_all(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
+                stop_processes(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
                 results.close()
                 results.join_thread()
                 if (values is None or stop.signum is not None) and on_failure is not None:
@@ -396,7 +431,7 @@ def _collect(procs, results, nproc: int, timeout: float | None) -> list:
     return [values[r] for r in range(nproc)]
 
 
-def _stop_all(procs, wait: float) -> None:
+def stop_processes(procs, wait: float) -> None:
     """Let the ranks exit within `wait` seconds, then terminate, then kill whatever is left."""
     end = time.monotonic() + wait
     for p in procs:
@@ -415,43 +450,53 @@ def _stop_all(procs, wait: float) -> None:
             p.join(timeout=_KILL_GRACE_S)
 
 
-def _die_with_parent(parent: int) -> None:
-    """On Linux, have the kernel kill this rank when the process that started it ends, however it ends
-    (SIGKILL included): a rank must never run on, and write, after its command reported a failure.
-    SIGKILL, because nothing a rank runs can delay or ignore it; the parent cleans up after its ranks."""
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """On Linux, have the kernel send `signum` to this process when `parent`, the process that started it,
+    ends, however it ends (SIGKILL included): a rank must never run on, and write, after its command
+    reported a failure. SIGKILL by default, because nothing a rank runs can delay or ignore it; the parent
+    cleans up after its ranks. Exits at once if the parent already ended."""
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent ended before the request took effect
         os._exit(1)
 
 
-def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads, parent) -> None:
-    _die_with_parent(parent)
+def join_group(rank: int, world: int, init_file: str, group_timeout: float, device: str = "cpu") -> RankContext:
+    """Join a fresh process group of `world` ranks through the file store `init_file` (gloo on CPU; NCCL on
+    cuda, rank r on cuda:r); this rank's context."""
+    import torch
+    import torch.distributed as dist
+
+    backend, where, extra = "gloo", "cpu", {}
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        backend, where, extra = "nccl", f"cuda:{rank}", {"device_id": torch.device("cuda", rank)}
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=group_timeout),
+        **extra,
+    )
+    return RankContext(rank, world, rank, where, backend)
+
+
+def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads, parent, death) -> None:
+    die_with_parent(parent, death)
     import torch
     import torch.distributed as dist
 
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        backend, where, extra = "gloo", "cpu", {}
-        if device == "cuda":
-            torch.cuda.set_device(rank)
-            backend, where, extra = "nccl", f"cuda:{rank}", {"device_id": torch.device("cuda", rank)}
-        dist.init_process_group(
-            backend,
-            init_method=f"file://{init_file}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=group_timeout),
-            **extra,
-        )
-        ctx = RankContext(rank, world, rank, where, backend)
+        ctx = join_group(rank, world, init_file, group_timeout, device)
         value = fn(ctx, *args)
         results.put((rank, True, pickle.dumps(value)))
     except BaseException as exc:  # report everything, also KeyboardInterrupt and SystemExit
@@ -535,9 +580,12 @@ __all__ = [
     "WorkerFailed",
     "close_group",
     "cpu_threads_per_rank",
+    "die_with_parent",
     "inline_context",
     "interruptible",
+    "join_group",
     "run",
+    "stop_processes",
     "torchrun_env",
     "torchrun_world",
 ]

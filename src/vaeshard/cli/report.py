@@ -1,13 +1,38 @@
-"""How `vaeshard bench` shows what it measured: the table, the JSON record and the plot."""
+"""How `vaeshard bench` shows what it measured: the table, the JSON record, the plot and its log lines."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 from vaeshard import FastOptions
 
 from .bench import GIB, MIB, BenchResult
+from .placement import is_main_rank
+
+
+def bench_log(message: str) -> None:
+    if is_main_rank():
+        print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def bench_point(json_path, result) -> None:
+    """After each measured point: one line on stderr, and the JSON so far (a cut-short run keeps it)."""
+    if not is_main_rank():
+        return
+    if result.rows:
+        r = result.rows[-1]
+        bench_log(f"{r['mode']} x{r['nproc']}: {_timed_text(r)} ({r['strategy']})")
+    elif result.reference is not None:
+        bench_log(f"diffusers x1: {_timed_text(result.reference)}")
+    if json_path:
+        write_json(result, json_path)
+
+
+def _timed_text(point: dict) -> str:
+    reps = point.get("seconds_reps") or [point["seconds"]]
+    return f"{point['seconds']:.3f} s (min {min(reps):.3f}, max {max(reps):.3f})"
 
 
 def _memory_text(n: int | None, device: str) -> str:

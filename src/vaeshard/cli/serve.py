@@ -28,14 +28,12 @@ wait there while the file exists; with `"at": "input"`, where the rank takes a r
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import os
 import queue as queue_mod
 import signal
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,7 +69,7 @@ class _Stopped(Exception):
 
 @dataclass(frozen=True)
 class ServeJob:
-    """What `vaeshard serve` was asked for (checked by cli/__init__.py)."""
+    """What `vaeshard serve` was asked for (checked by cli/commands.py)."""
 
     model: object  # cli/io.py's ModelSource
     dtype: str
@@ -519,14 +517,13 @@ def _injected(rank: int, point: str) -> None:
         time.sleep(0.05)
 
 
-def serve_worker(ctx, job: ServeJob) -> dict:
-    """One rank of `vaeshard serve`: load, then serve (rank 0) or follow until the service stops.
+def serve_worker(ctx, job: ServeJob, front) -> dict:
+    """One rank of `vaeshard serve`: load, then serve (rank 0: `front(service, job)`, the HTTP front end
+    cli/http.py's `run`) or follow until the service stops.
     Raises GroupFailed when the group broke, so the process exits non-zero. Rank 0 returns
     {"drain_cut": whether a SIGTERM's drain outlasted --drain-timeout}."""
     from .launch import Control
 
-    if ctx.backend is not None and not ctx.torchrun:
-        _die_with_parent()
     if not ctx.is_main:
         logging.getLogger("vaeshard").setLevel(logging.ERROR)
     from .bench import torch_dtype
@@ -546,11 +543,9 @@ def serve_worker(ctx, job: ServeJob) -> dict:
         if answering is not None:
             answering.join(READY_STALE_S)  # rank 0 ended the heartbeats before it said stop
         return {}
-    from . import http
-
     service = Service(ctx, job, vae, control, vaeshard.supported_classes()[job.model.class_name].family, ranks)
     service.start()
-    http.run(service, job)  # returns after SIGTERM/SIGINT once drained, or once a failed service lingered
+    front(service, job)  # returns after SIGTERM/SIGINT once drained, or once a failed service lingered
     if service.status == STATUS_FAILED:
         raise GroupFailed(service.error or "the group failed")
     if not service.stop(STOP_AFTER_CUT_S if service.drain_cut else None):
@@ -559,88 +554,6 @@ def serve_worker(ctx, job: ServeJob) -> dict:
             f"stop within {STOP_AFTER_CUT_S:g} s more"
         )
     return {"drain_cut": service.drain_cut}
-
-
-def command(args) -> int:
-    """`vaeshard serve`: check what was asked, then serve on this process or on the ranks it starts."""
-    from . import _pick_device, _process_count, _tier_options, io, launch
-
-    missing = [m for m in ("starlette", "uvicorn", "prometheus_client") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise io.InputError(
-            f"vaeshard serve needs {', '.join(missing)}: in vaeshard's checkout, pip install -e '.[serve]'"
-        )
-    from . import httplimits
-
-    api_key = httplimits.api_key(args)  # first: a refused key stops the command before anything loads
-    nproc = _process_count(args.nproc)
-    device = _pick_device(args.device, nproc)
-    model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
-    job = ServeJob(
-        model=model,
-        dtype=args.dtype or ("bf16" if device == "cuda" else "fp32"),
-        mode=args.mode,
-        options=_tier_options(args),
-        timeout=args.timeout,
-        host=args.host,
-        port=args.port,
-        api_key=api_key,
-        max_queue=args.max_queue,
-        max_body=int(args.max_body_mb * 2**20),
-        fps=args.fps,
-        preset=args.preset,
-        ready_file=args.ready_file,
-        limits=httplimits.limits(args),
-        drain_timeout=args.drain_timeout,
-        max_request_timeout=args.max_request_timeout,
-    )
-    if nproc == 1 and not launch.torchrun_env():
-        return _exit_code(serve_worker(launch.inline_context(f"{device}:0" if device == "cuda" else "cpu"), job), job)
-
-    def forward(sig, frame):  # rank 0 drains and stops the group; the other ranks wait for it
-        import multiprocessing
-
-        for child in multiprocessing.active_children():
-            if child.name == "vaeshard-rank0":
-                os.kill(child.pid, sig)
-
-    if not launch.torchrun_env():
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0 itself (its process group)
-    values = launch.run(
-        serve_worker,
-        nproc,
-        job,
-        device=device,
-        group_timeout=args.timeout,
-        failure_grace=FAILED_LINGER_S + 10.0,
-    )
-    return _exit_code(values[0], job)
-
-
-def _exit_code(rank0: dict, job: ServeJob) -> int:
-    if not rank0.get("drain_cut"):
-        return 0
-    if os.environ.get("RANK", "0") == "0":
-        print(
-            f"vaeshard: error: stopped with a request unfinished: the drain outlasted --drain-timeout "
-            f"{job.drain_timeout:g} s (it was answered 503)",
-            file=sys.stderr,
-        )
-    return EXIT_DRAIN_CUT
-
-
-def _die_with_parent() -> None:
-    """On Linux, a rank that `vaeshard serve --nproc N` started ends with it (SIGTERM), instead of
-    serving on as an orphan if the parent is killed."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -657,6 +570,5 @@ __all__ = [
     "Request",
     "ServeJob",
     "Service",
-    "command",
     "serve_worker",
 ]

@@ -24,7 +24,6 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import io
 from .io import OUTPUT_KINDS, SAFETENSORS_OUTPUT_KEY, InputError, check_video, quantize
 
 MP4_CODEC = "libx264"
@@ -200,23 +199,23 @@ class Finished:
         returns the paths written."""
         path = Path(self.path)
         if self.frames is None:
-            os.chmod(self.tmp, 0o666 & ~io._umask())  # mkstemp makes the file private; give it the usual mode
+            os.chmod(self.tmp, 0o666 & ~umask())  # mkstemp makes the file private; give it the usual mode
             os.replace(self.tmp, path)
             return [str(path)]
         for name in self.frames:
-            os.chmod(os.path.join(self.tmp, name), 0o666 & ~io._umask())
+            os.chmod(os.path.join(self.tmp, name), 0o666 & ~umask())
         if path.is_dir():
             for name in self.frames:
                 os.replace(os.path.join(self.tmp, name), path / name)
             os.rmdir(self.tmp)
         else:
-            os.chmod(self.tmp, 0o777 & ~io._umask())
+            os.chmod(self.tmp, 0o777 & ~umask())
             os.replace(self.tmp, path)
         return [str(path / name) for name in self.frames]
 
     def discard(self) -> None:
         if self.frames is None:
-            io._remove(self.tmp)
+            _remove(self.tmp)
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -237,7 +236,7 @@ def remove_temporary(path: str | os.PathLike, tag: str) -> None:
         if os.path.isdir(name) and not os.path.islink(name):
             shutil.rmtree(name, ignore_errors=True)
         else:
-            io._remove(name)
+            _remove(name)
 
 
 def _temporary_prefix(path: Path, tag: str) -> str:
@@ -610,6 +609,29 @@ class _SafetensorsInto(_Tensor):
 
 _INTO: dict[str, type[_Sink]] = {"mp4": _Mp4Into, "zip": _ZipInto, "safetensors": _SafetensorsInto}
 
+
+def write_output(video_bcthw, path: str | os.PathLike, kind: str, fps: int = 16) -> list[str]:
+    """Write the decoded video in one chunk of a `ChunkWriter`; returns the paths written. Nothing is left at
+    `path` on failure."""
+    with ChunkWriter(path, kind, fps) as writer:
+        writer.write(video_bcthw)
+        return writer.close()
+
+
+def umask() -> int:
+    """The process's file-creation mask (read without changing it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
 __all__ = [
     "ChunkWriter",
     "Finished",
@@ -622,5 +644,7 @@ __all__ = [
     "STREAM_KINDS",
     "frame_name",
     "remove_temporary",
+    "umask",
+    "write_output",
     "write_stream",
 ]

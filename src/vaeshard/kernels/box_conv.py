@@ -58,7 +58,7 @@ from .box_gluon import gluon
 from .triton_support import frame_stride, launch, triton
 
 if gluon is not None:
-    from .box_gluon import GluonDescriptor, _box_conv_kernel, gl
+    from .box_gluon import GluonDescriptor, box_conv_kernel, gl
 
 
 class BoxPlan(NamedTuple):
@@ -211,7 +211,7 @@ def conv3d(
     norm_bias = None if norm is None else norm.bias
     pre_bias = None if norm is None else norm.pre_bias
     launch(
-        _box_conv_kernel,
+        box_conv_kernel,
         (programs,),
         xd,
         xd2,
@@ -309,7 +309,7 @@ def compile_for_hopper(
     def desc(block, layout):
         return f"tensordesc<bf16[{', '.join(map(str, block))}],{layout!r}>"
 
-    kernel = _box_conv_kernel
+    kernel = box_conv_kernel
     tma_out = how.tma_out and not norm
     bn2 = how.block_n2 or how.block_n
     constants = dict(

@@ -516,7 +516,7 @@ if gluon is not None:
         gl.store(at, acc.to(dt), mask=mask)
 
     @gluon.jit
-    def _box_conv_kernel(
+    def box_conv_kernel(
         xd,
         xd2,
         cd,

@@ -13,7 +13,7 @@ from ..kernels.norm import rms_norm
 from ..runtime import graphs
 
 
-def _buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
+def buffer_shape(new, rows, columns: int, tpad: int) -> tuple[int, ...]:
     """A causal convolution's input buffer's shape for `new` frames behind `tpad` ones, with the halo
     rows `rows` ((sharded dim or None, before, after)) and `columns` zero columns a side."""
     dim, before, after = rows
@@ -60,26 +60,26 @@ def _dense(t: torch.Tensor) -> bool:
 CACHE_T = 2  # frames of a causal convolution's input that diffusers keeps for the next chunk
 
 
-def _causal_conv_step(conv: nn.Module, x: torch.Tensor, feat_cache: list, feat_idx: list) -> torch.Tensor:
+def causal_conv_step(conv: nn.Module, x: torch.Tensor, feat_cache: list, feat_idx: list) -> torch.Tensor:
     """diffusers' step for a causal convolution with a feature cache: `conv(x, cache)`, then the
-    cache entry updated with x's last frames (`_store_cache`: in place where it can be)."""
+    cache entry updated with x's last frames (`store_cache`: in place where it can be)."""
     idx = feat_idx[0]
     feat_idx[0] += 1
     old = feat_cache[idx]
     y = conv(x, old)
-    _store_cache(feat_cache, idx, old, x)
+    store_cache(feat_cache, idx, old, x)
     return y
 
 
-def _norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None) -> _CausalInput:
+def norm_into_causal_conv(norm, pre_bias, conv, x, feat_cache, feat_idx, halo_rows=None) -> CausalInput:
     """silu(norm(x)) written into `conv`'s input buffer, with diffusers' feature-cache bookkeeping;
     `convolve()` on the result runs the convolution (`halo_rows`: see HaloCausalConv3d)."""
-    pending = _causal_input(conv, x, feat_cache, feat_idx, halo_rows)
+    pending = causal_input(conv, x, feat_cache, feat_idx, halo_rows)
     rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, pre_bias=pre_bias, out=pending.new)
     return pending
 
 
-def _causal_input(conv, like, feat_cache, feat_idx, halo_rows=None, shape=None) -> _CausalInput:
+def causal_input(conv, like, feat_cache, feat_idx, halo_rows=None, shape=None) -> CausalInput:
     """`conv`'s input buffer for new frames shaped like `like` (or `shape`, in `like`'s dtype and on
     its device), its cached frames in place, with diffusers' feature-cache bookkeeping: the caller
     writes the new frames into the result's `new`, then calls `convolve()`."""
@@ -95,10 +95,10 @@ def _causal_input(conv, like, feat_cache, feat_idx, halo_rows=None, shape=None) 
         # (or `front` holds them until the convolution has read them): the entry released first, so
         # the old and the new cache are never alive together past the convolution
         feat_cache[idx] = cache = None
-    return _CausalInput(conv, buf, new, frames, ready, halo_rows, feat_cache, idx, cache, front)
+    return CausalInput(conv, buf, new, frames, ready, halo_rows, feat_cache, idx, cache, front)
 
 
-class _CausalInput:
+class CausalInput:
     """A causal convolution's written input buffer whose cache update is still to come: diffusers'
     cache of the input's last frames is taken after the halo exchange, with the frames' halo rows
     (sharded), so the next call copies it into its buffer whole, one contiguous copy instead of a
@@ -130,7 +130,7 @@ class _CausalInput:
             self.buf, with_bias, self.halo_rows, self.ready, add_to, norm, out, self.width, self.front
         )
         if self.feat_cache is not None:  # (stream order: the convolution has read the old cache)
-            _store_cache(self.feat_cache, self.idx, self.old, self.frames, owned=True)
+            store_cache(self.feat_cache, self.idx, self.old, self.frames, owned=True)
         self.buf = self.new = self.frames = self.old = self.front = None
         return y
 
@@ -151,7 +151,7 @@ def _cache_in_place(cache, frames: torch.Tensor) -> bool:
     )
 
 
-def _store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor, owned: bool = False) -> None:
+def store_cache(feat_cache: list, idx: int, old, frames: torch.Tensor, owned: bool = False) -> None:
     """diffusers' cache update after a causal convolution's input `frames`, once the old entry `old`
     has been read: the last CACHE_T frames; with fewer, the old cache's last frame in front (zeros
     after an upsampler's "Rep" mark, nothing before the first call). Written into `old` where
@@ -199,7 +199,7 @@ def _whole_storage(t: torch.Tensor) -> bool:
     return t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
-def _upsample_into_buffer(conv, like, frames, b, t, c, h, w):
+def upsample_into_buffer(conv, like, frames, b, t, c, h, w):
     """`conv`'s input buffer holding the nearest 2x of `frames` ((b, t, c, h, w), or (b, t / 2, 2,
     c, h, w) after a time convolution), written in one strided copy (nearest-exact at an integer
     scale takes source row i // 2)."""

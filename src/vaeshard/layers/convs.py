@@ -17,7 +17,7 @@ from ..kernels import phases as upsample
 from ..kernels.conv3d import dense_channels_last
 from ..runtime.spatial import HEIGHT, WIDTH, current
 from . import tier as fast_tier
-from .buffers import _buffer_shape, copy_frames
+from .buffers import buffer_shape, copy_frames
 from .halo import HaloPaddedConv, extend_padding
 from .norms import bias_moved
 
@@ -95,10 +95,10 @@ class HaloCausalConv3d:
         )
         # the cache has the buffer's rows and columns (taken from an earlier buffer: halo rows; columns
         # are asked of the route, which reads the cache where it lies only for a buffer without them)
-        whole = cache_x is None or tuple(cache_x.shape[3:]) == _buffer_shape(new, rows, 0, 0)[3:]
+        whole = cache_x is None or tuple(cache_x.shape[3:]) == buffer_shape(new, rows, 0, 0)[3:]
         way = self._route(ctx, like, new, cache_x if whole else None, causal=whole)
         columns = way.zero_columns
-        whole = cache_x is None or tuple(cache_x.shape[3:]) == _buffer_shape(new, rows, columns, 0)[3:]
+        whole = cache_x is None or tuple(cache_x.shape[3:]) == buffer_shape(new, rows, columns, 0)[3:]
         reads = way.front
         buf, core = self._allocate(like, new, rows, columns, 0 if reads is not None else tpad)
         if reads is not None:
@@ -131,7 +131,7 @@ class HaloCausalConv3d:
         without them."""
         dim, before, _ = rows
         buf = torch.empty(
-            _buffer_shape(new, rows, columns, tpad),
+            buffer_shape(new, rows, columns, tpad),
             dtype=like.dtype,
             device=like.device,
             memory_format=fast_tier.channels_last_format(5),

@@ -17,13 +17,13 @@ from ...kernels import phases as upsample
 from ...kernels.norm import add_bias_and_residual_, add_duplicated_, fused_bias_add_available, rms_norm
 from ...layers import tier as fast
 from ...layers.buffers import (
-    _causal_conv_step,
-    _causal_input,
-    _CausalInput,
-    _norm_into_causal_conv,
-    _store_cache,
-    _upsample_into_buffer,
+    CausalInput,
+    causal_conv_step,
+    causal_input,
+    norm_into_causal_conv,
     same_layout,
+    store_cache,
+    upsample_into_buffer,
 )
 from ...layers.norms import bias_moved
 from ...runtime import spatial as shard
@@ -63,14 +63,14 @@ class FastResidualBlock:
     for the block. Without `max_layer_frames`, a block whose convolutions read their caches where
     they lie (box_conv) takes parts of two frames where its frames are large (FastPlan.layer_frames,
     tuning.PART_FRAMES): each part's buffer, two new frames, becomes the convolution's next cache
-    instead of being copied into the old one (`_store_cache`). Sharded, the parts (by default or by
+    instead of being copied into the old one (`store_cache`). Sharded, the parts (by default or by
     the setting) share one halo exchange: the neighbours' raw rows of the block's input that conv1
     needs, from which each part computes its own halo rows (`_edges`); a block that makes two
     exchanges (a shard of fewer than two rows) takes no default parts.
     The feature-cache bookkeeping is diffusers' own (`WanResidualBlock.forward`, unchanged from
     diffusers 0.36 to 0.42), except that a cache entry of its steady shape is overwritten in place
-    instead of replaced (`_store_cache`; the same values) and, sharded, is taken after the halo
-    exchange with the frames' halo rows (`_CausalInput`), so the next call neither exchanges those
+    instead of replaced (`store_cache`; the same values) and, sharded, is taken after the halo
+    exchange with the frames' halo rows (`CausalInput`), so the next call neither exchanges those
     frames again nor copies them strided. Otherwise (training, autograd, exact
     tier, or a forward hook on one of the block's layers, which this path would not call)
     diffusers' forward runs.
@@ -129,7 +129,7 @@ class FastResidualBlock:
         # block holds at most its input (the residual), one convolution input and one output (or,
         # where conv1 computes norm2 as it stores, the two convolutions' inputs)
         if edges is None:
-            pending = _norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
+            pending = norm_into_causal_conv(self.norm1, None, self.conv1, x, feat_cache, feat_idx, rows1)
         else:
             pending = _norm_with_edges_into_causal_conv(self.norm1, self.conv1, x, edges, feat_cache, feat_idx)
         fuse = fused_bias_add_available(x)  # conv2's bias and the residual in one pass (CUDA)
@@ -143,7 +143,7 @@ class FastResidualBlock:
             # frames more than conv1's input and output. A block in parts (max_layer_frames, the
             # setting for a low peak, or the default parts) keeps the order below, one convolution
             # input at a time.)
-            second = _causal_input(self.conv2, pending.buf, feat_cache, feat_idx, rows2, pending.output_shape())
+            second = causal_input(self.conv2, pending.buf, feat_cache, feat_idx, rows2, pending.output_shape())
             n2 = self.norm2
             pending.convolve(
                 norm=conv_kernel.NormEpilogue(n2.gamma, n2.bias, n2.scale, pre_bias=pre_bias), out=second.new
@@ -152,7 +152,7 @@ class FastResidualBlock:
             del second
         else:
             y = pending.convolve()
-            pending = _norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
+            pending = norm_into_causal_conv(self.norm2, pre_bias, self.conv2, y, feat_cache, feat_idx, rows2)
             del y
         # the sum goes into h where it has the convolution's output layout (on CUDA, channels-last
         # both): the block's output takes the storage of its input (or of the shortcut's output),
@@ -176,7 +176,7 @@ class FastCoderHead:
     block's norm and convolution are (`FastResidualBlock`).
 
     Fast tier, inference only, with diffusers' feature cache: the fused norm writes straight into
-    conv_out's input buffer (`_norm_into_causal_conv`), behind the cached frames or, where box_conv
+    conv_out's input buffer (`norm_into_causal_conv`), behind the cached frames or, where box_conv
     runs conv_out, with those read where they lie (the route's `front`), and the next call's cache is
     taken from that buffer after the convolution: sharded, with its halo rows, so the next call
     neither exchanges the cached frames again nor copies them strided. diffusers' forward clones
@@ -195,7 +195,7 @@ class FastCoderHead:
     def forward(self, x, feat_cache=None, feat_idx=[0], **kwargs):  # noqa: B006 - diffusers' signature
         if feat_cache is None or not _head_fast_path(self):
             return super().forward(x, feat_cache=feat_cache, feat_idx=feat_idx, **kwargs)
-        x = _causal_conv_step(self.conv_in, x, feat_cache, feat_idx)
+        x = causal_conv_step(self.conv_in, x, feat_cache, feat_idx)
         if hasattr(self, "up_blocks"):  # a decoder: middle, then upsamples (Wan's take `first_chunk`)
             x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
             for block in self.up_blocks:
@@ -206,8 +206,8 @@ class FastCoderHead:
             x = self.mid_block(x, feat_cache=feat_cache, feat_idx=feat_idx)
         limit = fast.max_layer_frames()
         if limit is not None and x.shape[2] > limit:  # conv_out in parts of the norm's output
-            return _causal_conv_step(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
-        pending = _norm_into_causal_conv(self.norm_out, None, self.conv_out, x, feat_cache, feat_idx)
+            return causal_conv_step(self.conv_out, self.nonlinearity(self.norm_out(x)), feat_cache, feat_idx)
+        pending = norm_into_causal_conv(self.norm_out, None, self.conv_out, x, feat_cache, feat_idx)
         del x  # (as diffusers' head drops the norm's input before its convolution)
         return pending.convolve()
 
@@ -270,7 +270,7 @@ class FastUpsample:
             else:
                 x_in = x
                 x = self.time_conv.convolve(x, None if isinstance(cached, str) else cached, limit)
-                _store_cache(feat_cache, idx, cached, x_in)  # once the time convolution has read the old cache
+                store_cache(feat_cache, idx, cached, x_in)  # once the time convolution has read the old cache
                 del x_in
                 # frame 2i + j is channel half j of the time convolution's frame i
                 frames = x.unflatten(1, (2, c)).permute(0, 3, 1, 2, 4, 5)  # (b, t, 2, c, h, w)
@@ -285,14 +285,14 @@ class FastUpsample:
             if y is not None:
                 return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4), addend is not None
         if limit is None or t <= limit:
-            buf = _upsample_into_buffer(conv, x, frames, b, t, c, h, w)
+            buf = upsample_into_buffer(conv, x, frames, b, t, c, h, w)
             del x, frames
             y = conv.forward_buffer(buf)
         else:  # in parts: one source frame at a time (frames are independent here: no cache)
             per = t // frames.shape[1]  # output frames per source frame (2 after the time convolution)
             y = None
             for a in range(frames.shape[1]):
-                yp = conv.forward_buffer(_upsample_into_buffer(conv, x, frames[:, a : a + 1], b, per, c, h, w))
+                yp = conv.forward_buffer(upsample_into_buffer(conv, x, frames[:, a : a + 1], b, per, c, h, w))
                 if y is None:
                     y = torch.empty(
                         (b * t, *yp.shape[1:]), dtype=yp.dtype, device=yp.device, memory_format=torch.channels_last
@@ -467,8 +467,8 @@ def _edges(block: nn.Module, x: torch.Tensor):
     return ctx.neighbour_rows(x, ctx.dim(x), CONV1_ROWS, CONV1_ROWS)
 
 
-def _norm_with_edges_into_causal_conv(norm, conv, x, edges, feat_cache, feat_idx) -> _CausalInput:
-    """`_norm_into_causal_conv` for a part of a sharded block's frames (`_forward_in_parts`) with
+def _norm_with_edges_into_causal_conv(norm, conv, x, edges, feat_cache, feat_idx) -> CausalInput:
+    """`norm_into_causal_conv` for a part of a sharded block's frames (`_forward_in_parts`) with
     conv1's two halo rows a side computed here: silu(norm(x)) between silu(norm(.)) of the part's
     rows of `edges` (`_edges`), zeros beyond a global edge, all written into conv1's input buffer,
     which then exchanges nothing (halo rows (0, 0): the buffer holds them)."""
@@ -476,7 +476,7 @@ def _norm_with_edges_into_causal_conv(norm, conv, x, edges, feat_cache, feat_idx
     dim, extent = ctx.dim(x), x.shape[ctx.dim(x)]
     shape = list(x.shape)
     shape[dim] += 2 * CONV1_ROWS
-    pending = _causal_input(conv, x, feat_cache, feat_idx, (0, 0), tuple(shape))
+    pending = causal_input(conv, x, feat_cache, feat_idx, (0, 0), tuple(shape))
     rms_norm(x, norm.gamma, norm.bias, norm.scale, silu=True, out=pending.new.narrow(dim, CONV1_ROWS, extent))
     for rows, at in zip(edges, (0, extent + CONV1_ROWS)):
         target = pending.new.narrow(dim, at, CONV1_ROWS)
