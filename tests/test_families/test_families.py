@@ -13,6 +13,7 @@ import vaeshard
 from vaeshard import families
 from vaeshard.runtime import swap
 
+from ..family_parity import RealConfigsOnMeta
 from ..models import BUILDERS, build, latent
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -23,7 +24,6 @@ FAMILY_MODELS: dict[str, str] = {}
 for _name, (_cls_name, _) in families.tiny_configs().items():
     FAMILY_MODELS.setdefault(_cls_name, _name)
 TINY = sorted(FAMILY_MODELS.values())  # (the "_layout" configs: their real configs' check below)
-REAL = list(families.named_configs())
 
 
 def _tiny_autoencoder():
@@ -144,23 +144,7 @@ def test_shape_facts_of_a_tiny_config_are_its_decode(name):
         assert tuple(out.shape) == expected + (2 * facts.spatial_factor, 3 * facts.spatial_factor), (name, frames)
 
 
-@pytest.mark.parametrize("name", REAL)
-def test_shape_facts_of_a_real_config_are_its_decoders(name):
-    """The real configs' facts against the model built on the meta device (shapes only): the family's
-    own reading of the model, and its decoder's output for two latent frames."""
-    import diffusers
+class TestEveryRealConfig(RealConfigsOnMeta):
+    """Every family's real configs on the meta device (tests/family_parity.py)."""
 
-    cls_name, config = families.named_configs()[name]
-    facts = vaeshard.shape_facts(cls_name, config)
-    with torch.device("meta"):
-        vae = getattr(diffusers, cls_name)(**config).eval()
-    family = families.family_for(vae)
-    assert (facts.latent_ndim, facts.latent_channels) == (family.latent_ndim, family.latent_channels(vae))
-    assert facts.spatial_factor == family.spatial_ratio(vae)
-    if facts.latent_ndim == 4 or facts.temporal_factor == 1:
-        return  # (the tiny configs check the decode of these layouts)
-    z = torch.empty((1, facts.latent_channels, 2, 2, 2), device="meta")  # (LTX-2 reflects: 2 rows at least)
-    with torch.no_grad():
-        out = vae.decode(z).sample
-    expected = (1, facts.sample_channels, facts.frames_out(2), 2 * facts.spatial_factor, 2 * facts.spatial_factor)
-    assert tuple(out.shape) == expected, name
+    CONFIGS = list(families.named_configs())
