@@ -82,10 +82,10 @@ def tiny_configs() -> dict[str, tuple[str, dict]]:
     """The tiny configs the tests build, name -> (diffusers class name, constructor arguments)."""
     out = {}
     for family in _families_once():
-        for name, entry in family.test_configs.items():
+        for name, (cls, kwargs) in family.test_configs.items():
             if name in out:
                 raise ValueError(f"two families declare the test config {name!r}")
-            out[name] = entry
+            out[name] = (cls, dict(kwargs))
     return out
 
 
