@@ -72,10 +72,20 @@ def _families_once() -> list[Family]:
     return out
 
 
+# The order the command line lists the named configs in (its choices are frozen: tests/test_cli); a
+# config a family adds comes after these, in the registry's order.
+_LISTED = (
+    "wan21", "wan22", "qwenimage", "sd15", "sdxl", "flux1", "flux2", "hunyuanvideo15", "qwenimage21", "ltx", "ltx2",
+    "hunyuanvideo", "cogvideox", "mochi",
+)  # fmt: skip
+
+
 def named_configs() -> dict[str, tuple[str, dict]]:
     """The real configs of every family: name -> (diffusers class name, constructor arguments), the
     VAE those arguments build being the real model's (with random weights until loaded)."""
-    return {name: (cls, dict(kwargs)) for family in _families_once() for name, (cls, kwargs) in family.configs.items()}
+    found = [(name, (cls, dict(kwargs))) for f in _families_once() for name, (cls, kwargs) in f.configs.items()]
+    rank = {name: i for i, name in enumerate(_LISTED)}
+    return dict(sorted(found, key=lambda item: rank.get(item[0], len(_LISTED))))
 
 
 def tiny_configs() -> dict[str, tuple[str, dict]]:
