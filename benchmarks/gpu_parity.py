@@ -52,6 +52,7 @@ import torch.distributed as dist
 
 import vaeshard
 from vaeshard.cli.io import NAMED_CONFIGS
+from vaeshard.families import tiny_configs
 from vaeshard.runtime.graphs import CAPTURED
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -93,31 +94,10 @@ TILES_FOR = {"ltx2": (256, 192)}
 # ones when the first tile row needs them) while the other ranks wait for it in their next request
 AGREEMENT_TIMEOUT_S = 900.0
 
-# --small: tiny configs of the same classes (a CPU smoke run of the script), tiles small enough to tile
-_SMALL_WAN = {
-    "base_dim": 8,
-    "z_dim": 4,
-    "dim_mult": [1, 2, 4, 4],
-    "num_res_blocks": 1,
-    "latents_mean": [0.0] * 4,
-    "latents_std": [1.0] * 4,
-}
+# --small: tiny configs of the same classes (a CPU smoke run of the script), tiles small enough to tile:
+# the families' own test configs, and FLUX.2's layout at the class's default sample size
 SMALL_CONFIGS = {
-    "wan21": ("AutoencoderKLWan", _SMALL_WAN),
-    "wan22": (
-        "AutoencoderKLWan",
-        {
-            **_SMALL_WAN,
-            "decoder_base_dim": 16,
-            "temperal_downsample": [False, True, True],
-            "is_residual": True,
-            "in_channels": 12,
-            "out_channels": 12,
-            "patch_size": 2,
-            "scale_factor_spatial": 16,
-        },
-    ),
-    "qwenimage": ("AutoencoderKLQwenImage", _SMALL_WAN),
+    **{name: tiny_configs()[name] for name in ("wan21", "wan22", "qwenimage")},
     "flux2": (
         "AutoencoderKLFlux2",
         {

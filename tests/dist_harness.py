@@ -33,25 +33,16 @@ from vaeshard.cli import launch
 
 GROUP_TIMEOUT_S = 60
 _STOP = "stop"
-# what the forkserver imports before it forks any rank: what every rank function needs
-_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "diffusers.models.autoencoders.autoencoder_kl",
-    "diffusers.models.autoencoders.autoencoder_kl_qwenimage",
-    "diffusers.models.autoencoders.autoencoder_kl_wan",
-    "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video",
-    "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15",
-    "diffusers.models.autoencoders.autoencoder_kl_ltx",
-    "diffusers.models.autoencoders.autoencoder_kl_ltx2",
-    "diffusers.models.autoencoders.autoencoder_kl_cogvideox",
-    "diffusers.models.autoencoders.autoencoder_kl_mochi",
-    "diffusers.models.autoencoders.autoencoder_kl_minimax_h3",
-    "diffusers.models.autoencoders.autoencoder_dc",
-    "tests.models",
-    "vaeshard",
-    "vaeshard.cli",  # (this module's ranks use its launcher)
-]
+
+
+def _preload() -> list[str]:
+    """What the forkserver imports before it forks any rank: what every rank function needs (the
+    diffusers modules of every registered class, from the registry)."""
+    from vaeshard.families import diffusers_modules
+
+    return ["torch", "torch.distributed", *diffusers_modules(), "tests.models", "vaeshard", "vaeshard.cli"]
+
+
 _forkserver_env: dict | None = None  # the environment the forkserver was started with
 
 
@@ -66,7 +57,7 @@ def _context():
     if _forkserver_env is None:
         _forkserver_env = _environment()
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
+        ctx.set_forkserver_preload(_preload())
         return ctx
     return mp.get_context("forkserver" if _environment() == _forkserver_env else "spawn")
 

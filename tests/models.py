@@ -1,8 +1,12 @@
-"""Seeded VAEs for tests: small configs for most checks, the real Wan 2.1 config for a few."""
+"""Seeded VAEs for tests: each family's tiny test configs (its `test_configs`, read through the
+registry) for most checks, its real configs for a few. What is set here is the tests' own: seeded
+weights where diffusers starts them at a constant, and tile sizes that make small latents tile."""
 
 from __future__ import annotations
 
 import torch
+
+from vaeshard.families import named_configs, tiny_configs
 
 
 def _seeded(build):
@@ -10,52 +14,36 @@ def _seeded(build):
     return build().eval()
 
 
-def wan21_small():
-    from diffusers import AutoencoderKLWan
+def _tiny(name: str, **overrides):
+    """The family's tiny config `name`, with `overrides`, seeded."""
+    import diffusers
 
-    return _seeded(
-        lambda: AutoencoderKLWan(
-            base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1, latents_mean=[0.0] * 4, latents_std=[1.0] * 4
-        )
-    )
+    class_name, config = tiny_configs()[name]
+    return _seeded(lambda: getattr(diffusers, class_name)(**{**config, **overrides}))
+
+
+def _real(name: str):
+    """The family's real config `name` (random weights, seeded)."""
+    import diffusers
+
+    class_name, config = named_configs()[name]
+    return _seeded(lambda: getattr(diffusers, class_name)(**config))
+
+
+def wan21_small():
+    return _tiny("wan21")
 
 
 def wan21_real():
-    from diffusers import AutoencoderKLWan
-
-    return _seeded(lambda: AutoencoderKLWan())
+    return _real("wan21")
 
 
 def wan22_small():
-    from diffusers import AutoencoderKLWan
-
-    return _seeded(
-        lambda: AutoencoderKLWan(
-            base_dim=8,
-            decoder_base_dim=16,
-            z_dim=4,
-            dim_mult=[1, 2, 4, 4],
-            num_res_blocks=1,
-            temperal_downsample=[False, True, True],
-            is_residual=True,
-            in_channels=12,
-            out_channels=12,
-            patch_size=2,
-            scale_factor_spatial=16,
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-        )
-    )
+    return _tiny("wan22")
 
 
 def qwenimage_small():
-    from diffusers import AutoencoderKLQwenImage
-
-    return _seeded(
-        lambda: AutoencoderKLQwenImage(
-            base_dim=8, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1, latents_mean=[0.0] * 4, latents_std=[1.0] * 4
-        )
-    )
+    return _tiny("qwenimage")
 
 
 BUILDERS = {"wan21": wan21_small, "wan22": wan22_small, "qwenimage": qwenimage_small, "wan21_real": wan21_real}
@@ -78,53 +66,22 @@ def latent(shape, seed: int = 1) -> torch.Tensor:
 
 def autoencoder_kl_small(**overrides):
     """A seeded image AutoencoderKL (SD-style by default); `overrides` change the config."""
-    from diffusers import AutoencoderKL
-
-    config = dict(
-        block_out_channels=(8, 16),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        layers_per_block=1,
-        norm_num_groups=4,
-        latent_channels=4,
-        sample_size=32,
-    )
-    config.update(overrides)
-    n = len(config["block_out_channels"])
-    config["down_block_types"] = config["down_block_types"][:1] * n
-    config["up_block_types"] = config["up_block_types"][:1] * n
-    return _seeded(lambda: AutoencoderKL(**config))
+    return _tiny("autoencoder_kl", **overrides)
 
 
 BUILDERS["autoencoder_kl"] = autoencoder_kl_small
 # SD3 / FLUX.1 layout: 16 latent channels, no (post_)quant_conv; three levels (two upsamplers)
-BUILDERS["autoencoder_kl_flux"] = lambda: autoencoder_kl_small(
-    block_out_channels=(8, 8, 16), latent_channels=16, use_quant_conv=False, use_post_quant_conv=False
-)
+BUILDERS["autoencoder_kl_flux"] = lambda: _tiny("autoencoder_kl_flux")
 
 
 def flux2_small():
     """A seeded AutoencoderKLFlux2: FLUX.2's layout (32 latent channels in the real model; quant convs,
     mid-block attention) at tiny widths."""
-    from diffusers import AutoencoderKLFlux2
-
-    return _seeded(
-        lambda: AutoencoderKLFlux2(
-            block_out_channels=(8, 16),
-            down_block_types=("DownEncoderBlock2D",) * 2,
-            up_block_types=("UpDecoderBlock2D",) * 2,
-            layers_per_block=1,
-            norm_num_groups=4,
-            latent_channels=8,
-            sample_size=32,
-        )
-    )
+    return _tiny("flux2")
 
 
 def flux2_real():
-    from diffusers import AutoencoderKLFlux2
-
-    return _seeded(lambda: AutoencoderKLFlux2())  # its defaults are the FLUX.2 VAE's config
+    return _real("flux2")
 
 
 BUILDERS["flux2"] = flux2_small
@@ -132,24 +89,9 @@ BUILDERS["flux2_real"] = flux2_real
 
 
 def qwenimage21_small():
-    """A seeded AutoencoderKLQwenImage21 with every kind of layer the real one has: residual up and
-    down blocks with pixel (un)shuffle shortcuts, a temporal and a spatial-only resample each way, a
-    decoder wider than the encoder, the mid-block attention; 4x spatial, z=4, RGBA."""
-    from diffusers import AutoencoderKLQwenImage21
-
-    vae = _seeded(
-        lambda: AutoencoderKLQwenImage21(
-            base_dim=8,
-            decoder_base_dim=12,
-            z_dim=4,
-            dim_mult=[1, 2, 2],
-            num_res_blocks=1,
-            temperal_downsample=[False, True],
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-            scale_factor_spatial=4,
-        )
-    )
+    """A seeded AutoencoderKLQwenImage21 with every kind of layer the real one has (the family's
+    test config); 4x spatial, z=4, RGBA."""
+    vae = _tiny("qwenimage21")
     # diffusers' 256-pixel tiles are 64 latent rows at this model's 4x (16x for the real one): half that
     vae.tile_sample_min_height = vae.tile_sample_min_width = 128
     vae.tile_sample_stride_height = vae.tile_sample_stride_width = 96
@@ -159,95 +101,36 @@ def qwenimage21_small():
 BUILDERS["qwenimage21"] = qwenimage21_small
 
 
-def hunyuanvideo15_small(**overrides):
-    """A seeded AutoencoderKLHunyuanVideo15 keeping every kind of layer of the real one: up/down blocks
-    that resample space and time, space only, and neither; causal replicate-padded convs, RMS norms,
-    1x1x1 shortcuts, the frame-causal mid-block attention. 4x spatial, 2x temporal by default."""
-    from diffusers import AutoencoderKLHunyuanVideo15
-
-    config = dict(
-        latent_channels=4,
-        block_out_channels=(8, 8, 16),
-        layers_per_block=1,
-        spatial_compression_ratio=4,
-        temporal_compression_ratio=2,
-    )
-    config.update(overrides)
-    vae = _seeded(lambda: AutoencoderKLHunyuanVideo15(**config))
+def hunyuanvideo15_small(name: str = "hunyuanvideo15", **overrides):
+    """A seeded AutoencoderKLHunyuanVideo15 keeping every kind of layer of the real one (the family's
+    test config): 4x spatial, 2x temporal by default."""
+    vae = _tiny(name, **overrides)
     # diffusers' tiles are 256 sample pixels; a tiny model's are 64, so small latents tile
     vae.tile_sample_min_height = vae.tile_sample_min_width = 64
-    vae.tile_latent_min_height = vae.tile_latent_min_width = 64 // config["spatial_compression_ratio"]
+    vae.tile_latent_min_height = vae.tile_latent_min_width = 64 // vae.config.spatial_compression_ratio
     return vae
 
 
 BUILDERS["hunyuanvideo15"] = hunyuanvideo15_small
-# the real config's layout (five levels, 16x spatial, 4x temporal, 32 latent channels, two layers per
-# block) with every width a sixteenth of the real one, for numerical checks at 16x
-BUILDERS["hunyuanvideo15_layout"] = lambda: hunyuanvideo15_small(
-    latent_channels=32,
-    block_out_channels=(8, 16, 32, 64, 64),
-    layers_per_block=2,
-    spatial_compression_ratio=16,
-    temporal_compression_ratio=4,
-)
+# the real config's layout at a sixteenth of its widths, for numerical checks at 16x
+BUILDERS["hunyuanvideo15_layout"] = lambda: hunyuanvideo15_small("hunyuanvideo15_layout")
 
 
 def qwenimage21_real():
-    from diffusers import AutoencoderKLQwenImage21
-
-    return _seeded(lambda: AutoencoderKLQwenImage21())  # its defaults are the Qwen-Image 2.1 VAE's config
+    return _real("qwenimage21")
 
 
 BUILDERS["qwenimage21_real"] = qwenimage21_real
 
 
 def ltx_small(**overrides):
-    """A seeded LTX-Video 0.9.5-style VAE: timestep-conditioned decoder with noise injection, residual
-    pixel-shuffle upsamplers, and the 0.9.5 encoder's spatial / temporal / spatiotemporal pixel-unshuffle
-    downsamplers (32x spatial, 8x temporal)."""
-    from diffusers import AutoencoderKLLTXVideo
-
-    config = dict(
-        latent_channels=4,
-        block_out_channels=(8, 8, 16, 16, 16),
-        down_block_types=("LTXVideo095DownBlock3D",) * 4,
-        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
-        spatio_temporal_scaling=(True, True, True, True),
-        layers_per_block=(1, 1, 1, 1, 1),
-        decoder_block_out_channels=(8, 16, 32),
-        decoder_layers_per_block=(1, 1, 1, 1),
-        decoder_spatio_temporal_scaling=(True, True, True),
-        decoder_inject_noise=(True, True, True, False),
-        upsample_residual=(True, True, True),
-        upsample_factor=(2, 2, 2),
-        timestep_conditioning=True,
-        spatial_compression_ratio=32,
-        temporal_compression_ratio=8,
-    )
-    config.update(overrides)
-    return _with_noise_scales(_seeded(lambda: AutoencoderKLLTXVideo(**config)))
+    """A seeded LTX-Video 0.9.5-style VAE (the family's test config: 32x spatial, 8x temporal)."""
+    return _with_noise_scales(_tiny("ltx", **overrides))
 
 
 def ltx2_small(**overrides):
-    """A seeded LTX-2-style VAE: reflect-padded causal decoder with spatial-only and spatiotemporal
-    upsamplers, timestep conditioning and noise injection; encoder with LTX-2's downsamplers."""
-    from diffusers import AutoencoderKLLTX2Video
-
-    config = dict(
-        latent_channels=4,
-        block_out_channels=(8, 8, 16, 16),
-        layers_per_block=(1, 1, 1, 1, 1),
-        downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
-        decoder_block_out_channels=(8, 16, 32),
-        decoder_layers_per_block=(1, 1, 1, 1),
-        upsample_type=("spatial", "spatiotemporal", "spatiotemporal"),
-        decoder_inject_noise=(True, True, False, True),
-        timestep_conditioning=True,
-        spatial_compression_ratio=32,
-        temporal_compression_ratio=8,
-    )
-    config.update(overrides)
-    return _with_noise_scales(_seeded(lambda: AutoencoderKLLTX2Video(**config)))
+    """A seeded LTX-2-style VAE (the family's test config)."""
+    return _with_noise_scales(_tiny("ltx2", **overrides))
 
 
 def _with_noise_scales(vae):
@@ -274,18 +157,7 @@ def mochi_small(**overrides):
     it: the encoder's first and the decoder's last mid block are empty), widths of 32 and 64 (diffusers'
     GroupNorm has 32 groups and its attention heads are 32 wide). The GroupNorms' affine weights are
     seeded (diffusers starts them at one and zero)."""
-    from diffusers import AutoencoderKLMochi
-
-    config = dict(
-        encoder_block_out_channels=(32, 32, 32, 64),
-        decoder_block_out_channels=(32, 32, 32, 64),
-        latent_channels=4,
-        layers_per_block=(0, 1, 1, 1, 1),  # none at full resolution (the slowest level on CPU)
-        latents_mean=(0.0,) * 4,
-        latents_std=(1.0,) * 4,
-    )
-    config.update(overrides)
-    vae = _seeded(lambda: AutoencoderKLMochi(**config))
+    vae = _tiny("mochi", **overrides)
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for name, p in vae.named_parameters():
@@ -297,29 +169,8 @@ def mochi_small(**overrides):
 BUILDERS["mochi"] = mochi_small
 
 
-def cogvideox_small(**overrides):
-    """A seeded AutoencoderKLCogVideoX keeping every kind of layer of the real one (CogVideoX 1.0 and
-    1.5 share the layers; 1.5 changes only scaling_factor and invert_scale_latents): constant-mode
-    causal convs with conv caches over frame batches, GroupNorms in the encoder, SpatialNorm3D in the
-    decoder, 1x1x1 shortcuts, up/downsamplers that compress time and ones that do not. Three levels
-    (4x spatial, 2x temporal), one resnet per block; GroupNorm affine weights seeded (diffusers starts
-    them at one and zero). diffusers' tiles are half of sample_height / sample_width: 32 x 40 sample
-    pixels here, 8 x 10 latent rows."""
-    from diffusers import AutoencoderKLCogVideoX
-
-    config = dict(
-        block_out_channels=(8, 8, 16),
-        down_block_types=("CogVideoXDownBlock3D",) * 3,
-        up_block_types=("CogVideoXUpBlock3D",) * 3,
-        latent_channels=4,
-        layers_per_block=1,
-        norm_num_groups=4,
-        temporal_compression_ratio=2,
-        sample_height=64,
-        sample_width=80,
-    )
-    config.update(overrides)
-    vae = _seeded(lambda: AutoencoderKLCogVideoX(**config))
+def _seeded_group_norms(vae):
+    """GroupNorm affine weights seeded (diffusers starts them at one and zero)."""
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for module in vae.modules():
@@ -329,40 +180,30 @@ def cogvideox_small(**overrides):
     return vae
 
 
+def cogvideox_small(name: str = "cogvideox", **overrides):
+    """A seeded AutoencoderKLCogVideoX keeping every kind of layer of the real one (CogVideoX 1.0 and
+    1.5 share the layers; 1.5 changes only scaling_factor and invert_scale_latents): constant-mode
+    causal convs with conv caches over frame batches, GroupNorms in the encoder, SpatialNorm3D in the
+    decoder, 1x1x1 shortcuts, up/downsamplers that compress time and ones that do not. Three levels
+    (4x spatial, 2x temporal), one resnet per block; GroupNorm affine weights seeded. diffusers' tiles
+    are half of sample_height / sample_width: 32 x 40 sample pixels here, 8 x 10 latent rows."""
+    return _seeded_group_norms(_tiny(name, **overrides))
+
+
 BUILDERS["cogvideox"] = cogvideox_small
-# the real config's layout (four levels: 8x spatial, 4x temporal with two time-compressing resamplers
-# each way, 16 latent channels, three layers per block) with small widths, for numerical checks at 8x
-BUILDERS["cogvideox_layout"] = lambda: cogvideox_small(
-    block_out_channels=(8, 16, 16, 32),
-    down_block_types=("CogVideoXDownBlock3D",) * 4,
-    up_block_types=("CogVideoXUpBlock3D",) * 4,
-    latent_channels=16,
-    layers_per_block=3,
-    temporal_compression_ratio=4,
-    sample_height=128,
-    sample_width=160,
-)
+# the real config's layout (8x spatial, 4x temporal, 16 latent channels) with small widths
+BUILDERS["cogvideox_layout"] = lambda: cogvideox_small("cogvideox_layout")
 
 
 def hunyuanvideo_small(**overrides):
     """A seeded AutoencoderKLHunyuanVideo keeping every kind of layer of the real one: four levels
     (8x spatial, 4x temporal) whose up/downsamplers resample space and time, space only, and neither;
-    replicate-padded causal convs (stride 2 in the downsamplers), GroupNorms (affine weights seeded:
-    diffusers starts them at one and zero), 1x1x1 shortcuts where the width changes, the mid-block
-    attention with its causal frame mask and GroupNorm. diffusers' spatial tiles are 256 sample
-    pixels every 192; here 32 every 24 (4 latent rows every 3), so small latents tile; its temporal
-    tiles are diffusers' own (16 sample frames every 12: chunks of 5 latent frames every 3)."""
-    from diffusers import AutoencoderKLHunyuanVideo
-
-    config = dict(latent_channels=4, block_out_channels=(4, 8, 16, 16), layers_per_block=1, norm_num_groups=2)
-    config.update(overrides)
-    vae = _seeded(lambda: AutoencoderKLHunyuanVideo(**config))
-    g = torch.Generator().manual_seed(4)
-    with torch.no_grad():
-        for module in vae.modules():
-            if type(module) is torch.nn.GroupNorm:
-                module.weight.copy_(1.0 + 0.2 * torch.randn(module.weight.shape, generator=g))
-                module.bias.copy_(0.2 * torch.randn(module.bias.shape, generator=g))
+    replicate-padded causal convs (stride 2 in the downsamplers), GroupNorms (affine weights seeded),
+    1x1x1 shortcuts where the width changes, the mid-block attention with its causal frame mask and
+    GroupNorm. diffusers' spatial tiles are 256 sample pixels every 192; here 32 every 24 (4 latent
+    rows every 3), so small latents tile; its temporal tiles are diffusers' own (16 sample frames
+    every 12: chunks of 5 latent frames every 3)."""
+    vae = _seeded_group_norms(_tiny("hunyuanvideo", **overrides))
     vae.tile_sample_min_height = vae.tile_sample_min_width = 32
     vae.tile_sample_stride_height = vae.tile_sample_stride_width = 24
     return vae
@@ -378,31 +219,11 @@ def minimax_h3_small(**overrides):
     convolutions, per-frame GroupNorms (affine weights seeded), 1x1x1 shortcuts where the width
     changes; a ViT decoder of two blocks (RMS-normed Q/K, rotary positions over t, h, w, two register
     tokens and the zero token, SwiGLU feed-forward; the zero-initialised residual scales and registers
-    seeded). Clips of 7 sample frames (2 latent frames, 1 dropped): the decoder's clips overlap by one
+    seeded here). Clips of 7 sample frames (2 latent frames, 1 dropped): the decoder's clips overlap by one
     latent frame, cross-faded over 3 sample frames, and the encoder's last clip is padded. Tiles of 64
     sample pixels with at least 16 overlapping (the real 256 and 64: 8 and 2 latent pixels); the real
     clip geometry (17 frames, 3 dropped) is `clip_length=17, token_drop=3`."""
-    from diffusers import AutoencoderKLMiniMaxH3
-
-    config = dict(
-        latent_channels=4,
-        block_out_channels=(4, 8, 8, 8),
-        layers_per_block=1,
-        spatial_downsample_factors=(2, 2, 2, 1),
-        temporal_downsample_factors=(1, 2, 2, 1),
-        norm_num_groups=2,
-        decoder_num_layers=2,
-        decoder_num_attention_heads=2,
-        decoder_attention_head_dim=8,
-        decoder_num_register_tokens=2,
-        decoder_ffn_mult=2,
-        clip_length=7,
-        token_drop=1,
-        latents_mean=(0.0,) * 4,
-        latents_std=(1.0,) * 4,
-    )
-    config.update(overrides)
-    vae = _seeded(lambda: AutoencoderKLMiniMaxH3(**config))
+    vae = _tiny("minimax_h3", **overrides)
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for name, p in vae.named_parameters():
@@ -426,48 +247,10 @@ def minimax_h3_untiled():
 BUILDERS["minimax_h3_untiled"] = minimax_h3_untiled
 
 
-# Two tiny AutoencoderDC layouts that keep every kind of layer the real ones have. "sana": the f32c32
-# layout (stride-2 conv downsampling, nearest-interpolate upsampling), BatchNorm ResBlocks at the top
-# decoder level, multi-scale attention (3x3 and 5x5 depthwise) on the two lower levels. "shuffle": pixel
-# (un)shuffle resampling, the first level without layers (conv_in / conv_out are down / up blocks).
-DCAE_LAYOUTS = {
-    "sana": {
-        "encoder_block_types": ("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
-        "decoder_block_types": ("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
-        "encoder_qkv_multiscales": ((), (3,), (5,)),
-        "decoder_qkv_multiscales": ((), (3,), (5,)),
-        "downsample_block_type": "conv",
-        "upsample_block_type": "interpolate",
-        "decoder_norm_types": ("batch_norm", "rms_norm", "rms_norm"),
-        "decoder_act_fns": ("relu", "silu", "silu"),
-        "encoder_layers_per_block": (1, 1, 1),
-        "decoder_layers_per_block": (1, 1, 1),
-    },
-    "shuffle": {
-        "encoder_block_types": ("ResBlock", "ResBlock", "EfficientViTBlock"),
-        "decoder_block_types": ("ResBlock", "ResBlock", "EfficientViTBlock"),
-        "encoder_qkv_multiscales": ((), (), (5,)),
-        "decoder_qkv_multiscales": ((), (), (5,)),
-        "encoder_layers_per_block": (0, 1, 1),
-        "decoder_layers_per_block": (0, 1, 1),
-    },
-}
-
-
 def dcae_small(layout: str = "sana", tile: tuple[int, int] = (32, 24)):
-    """A seeded tiny AutoencoderDC (4x compression, 4 latent channels, head_dim 8) of a DCAE_LAYOUTS
-    layout, with diffusers' tile size and stride `tile` in sample pixels and its tiling off."""
-    from diffusers import AutoencoderDC
-
-    vae = _seeded(
-        lambda: AutoencoderDC(
-            latent_channels=4,
-            attention_head_dim=8,
-            encoder_block_out_channels=(8, 16, 16),
-            decoder_block_out_channels=(8, 16, 16),
-            **DCAE_LAYOUTS[layout],
-        )
-    )
+    """A seeded tiny AutoencoderDC of the family's test config `dcae` ("sana") or `dcae_shuffle`, with
+    diffusers' tile size and stride `tile` in sample pixels and its tiling off."""
+    vae = _tiny("dcae" if layout == "sana" else f"dcae_{layout}")
     with torch.no_grad():  # BatchNorm's running statistics start at 0 and 1: seeded ones, so they matter
         for module in vae.modules():
             if isinstance(module, torch.nn.BatchNorm2d):

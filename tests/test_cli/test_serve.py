@@ -534,3 +534,23 @@ def test_a_killed_rank_fails_the_requests_with_503_and_the_service_exits_non_zer
         )
     finally:
         server.kill()
+
+
+# -- the request check: the family's own shape factors (no server) -----------------------------------------
+
+
+def test_request_check_uses_the_family_shape_factors():
+    """A request's output is checked with the family's real factors (`vaeshard.shape_facts`), not Wan's:
+    Mochi's 6x in time, LTX-Video's 32x in space and its unpatchified 3 channels."""
+    from vaeshard.cli import http
+    from vaeshard.cli import io as cli_io
+
+    mochi = cli_io.named_model("mochi")
+    # Mochi 1's own clip: 28 latent frames of 60 x 106 decode to 163 frames of 480 x 848
+    assert (mochi.frames_out(28), mochi.spatial_ratio(), mochi.sample_channels()) == (163, 8, 3)
+    http._check(torch.empty((1, 12, 28, 60, 106), device="meta"), "decode", {"timestep": None, "format": "mp4"}, mochi)
+    ltx = cli_io.named_model("ltx")
+    assert (ltx.frames_out(2), ltx.spatial_ratio(), ltx.sample_channels()) == (9, 32, 3)
+    http._check(torch.empty((1, 128, 2, 3, 3), device="meta"), "decode", {"timestep": None, "format": "mp4"}, ltx)
+    with pytest.raises(http.HTTPError, match="at least 32x32"):
+        http._check(torch.empty((1, 3, 9, 16, 16), device="meta"), "encode", {}, ltx)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import vaeshard
 
 from ..dist_harness import run_ranks
+from ..family_parity import Refusals, SpatialParity, TileParity, setting
 from ..models import build, latent
 from ..parity import CPU_FP32 as TOL_CPU_FP32
 from ..parity import CPU_FP32_GROUPNORM, assert_close, assert_identical, max_diff, reference_from_rank0
@@ -99,35 +100,48 @@ def test_group_norm_matches_torch_group_norm_of_whole_tensor():
 # -- tile: bit-identical to diffusers --------------------------------------------------------------------
 
 
-def _tile_decode_parity(rank, world, model, tiles, shape):
-    vae = _build(model, tiles)
-    z = latent(shape)
-    with torch.no_grad():
-        reference = vae.tiled_decode(z).sample  # diffusers, this process, same weights
-    assert vaeshard.plan(vae, z.shape, world, "tile").strategy == "tile"
-    vaeshard.parallelize(vae, mode="tile")
-    out = vae.decode(z).sample
-    assert out.shape == reference.shape, (out.shape, reference.shape)
-    assert reference.std() > 0.01
-    assert torch.equal(out, reference), (out - reference).abs().max().item()
-    return out.shape
-
-
 TILE_CASES = [
-    # id, model, (tile_sample_min_size, tile_latent_min_size, tile_overlap_factor), latent shape, world
-    ("12-tiles-2", "autoencoder_kl", (16, 8, 0.25), (1, 4, 14, 20), 2),
-    ("uneven-3-stride-not-keep", "autoencoder_kl", (16, 8, 0.3), (2, 4, 13, 11), 3),
-    ("fewer-tiles-than-ranks-3", "autoencoder_kl", (16, 8, 0.25), (1, 4, 8, 12), 3),
-    ("flux-layout-2", "autoencoder_kl_flux", (32, 8, 0.25), (1, 16, 11, 14), 2),
-    ("flux2-3-uneven", "flux2", (16, 8, 0.25), (1, 8, 13, 10), 3),
+    # id, model, (tile_sample_min_size, tile_latent_min_size, tile_overlap_factor), latent shape, world, op
+    ("12-tiles-2", "autoencoder_kl", (16, 8, 0.25), (1, 4, 14, 20), 2, "decode"),
+    ("uneven-3-stride-not-keep", "autoencoder_kl", (16, 8, 0.3), (2, 4, 13, 11), 3, "decode"),
+    ("fewer-tiles-than-ranks-3", "autoencoder_kl", (16, 8, 0.25), (1, 4, 8, 12), 3, "decode"),
+    ("flux-layout-2", "autoencoder_kl_flux", (32, 8, 0.25), (1, 16, 11, 14), 2, "decode"),
+    ("flux2-3-uneven", "flux2", (16, 8, 0.25), (1, 8, 13, 10), 3, "decode"),
+]
+
+SPATIAL_CASES = [
+    # id, model, latent shape, world, mode, op
+    ("h-2-uneven", "autoencoder_kl", (1, 4, 7, 6), 2, "spatial_shard_height", "decode"),
+    ("w-2", "autoencoder_kl", (1, 4, 5, 8), 2, "spatial_shard_width", "decode"),
+    ("h-3-uneven", "autoencoder_kl", (1, 4, 8, 5), 3, "spatial_shard_height", "decode"),
+    ("w-3-uneven", "autoencoder_kl", (1, 4, 5, 7), 3, "spatial_shard_width", "decode"),
+    ("h-4-9rows", "autoencoder_kl", (1, 4, 9, 4), 4, "spatial_shard_height", "decode"),
+    ("w-4-one-column-each", "autoencoder_kl", (1, 4, 3, 4), 4, "spatial_shard_width", "decode"),
+    ("flux-h-3-batch2", "autoencoder_kl_flux", (2, 16, 7, 5), 3, "spatial_shard_height", "decode"),
+    ("flux-auto-4", "autoencoder_kl_flux", (1, 16, 5, 9), 4, "auto", "decode"),
+    ("flux2-h-3-uneven", "flux2", (1, 8, 8, 5), 3, "spatial_shard_height", "decode"),
+    ("flux2-w-2-batch2", "flux2", (2, 8, 5, 7), 2, "spatial_shard_width", "decode"),
+    ("flux2-auto-4", "flux2", (1, 8, 5, 9), 4, "auto", "decode"),
 ]
 
 
-@pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
-def test_tile_decode_bit_identical(case):
-    _, model, tiles, shape, world = case
-    shapes = run_ranks(_tile_decode_parity, world, model, tiles, shape)
-    assert len(set(shapes)) == 1
+class TestAutoencoderKL(TileParity, SpatialParity, Refusals):
+    """tile decode bit-identical to diffusers' `tiled_decode`, the spatial-shard decode within 1e-5 of
+    the untiled one, an unknown decoder layer refused: the shared checks (tests/family_parity.py) with
+    this family's cases."""
+
+    TILE_CASES = TILE_CASES
+    SPATIAL_CASES = SPATIAL_CASES
+    REFUSALS = [
+        ("unknown-layer", "autoencoder_kl", setting("decoder.conv_act", lambda: torch.nn.Upsample(scale_factor=1.0)),
+         "decoder.conv_act"),
+    ]  # fmt: skip
+    SPATIAL_TOL = TOL_CPU_FP32
+    MIN_STD = 0.01
+
+    @staticmethod
+    def set_tiles(vae, tiles):
+        vae.tile_sample_min_size, vae.tile_latent_min_size, vae.tile_overlap_factor = tiles
 
 
 def _tile_encode_parity(rank, world, model, tiles, shape):
@@ -216,30 +230,6 @@ def _spatial_parity(rank, world, model, shape, mode, default_processor, tol=TOL_
     return strategy
 
 
-SPATIAL_CASES = [
-    # id, model, latent shape, world, mode
-    ("h-2-uneven", "autoencoder_kl", (1, 4, 7, 6), 2, "spatial_shard_height"),
-    ("w-2", "autoencoder_kl", (1, 4, 5, 8), 2, "spatial_shard_width"),
-    ("h-3-uneven", "autoencoder_kl", (1, 4, 8, 5), 3, "spatial_shard_height"),
-    ("w-3-uneven", "autoencoder_kl", (1, 4, 5, 7), 3, "spatial_shard_width"),
-    ("h-4-9rows", "autoencoder_kl", (1, 4, 9, 4), 4, "spatial_shard_height"),
-    ("w-4-one-column-each", "autoencoder_kl", (1, 4, 3, 4), 4, "spatial_shard_width"),
-    ("flux-h-3-batch2", "autoencoder_kl_flux", (2, 16, 7, 5), 3, "spatial_shard_height"),
-    ("flux-auto-4", "autoencoder_kl_flux", (1, 16, 5, 9), 4, "auto"),
-    ("flux2-h-3-uneven", "flux2", (1, 8, 8, 5), 3, "spatial_shard_height"),
-    ("flux2-w-2-batch2", "flux2", (2, 8, 5, 7), 2, "spatial_shard_width"),
-    ("flux2-auto-4", "flux2", (1, 8, 5, 9), 4, "auto"),
-]
-
-
-@pytest.mark.parametrize("case", SPATIAL_CASES, ids=[c[0] for c in SPATIAL_CASES])
-def test_spatial_decode_matches_untiled(case):
-    _, model, shape, world, mode = case
-    strategies = run_ranks(_spatial_parity, world, model, shape, mode, False)
-    if mode == "auto":
-        assert strategies[0] == "spatial_shard_width"
-
-
 def test_spatial_decode_with_classic_attention_processor():
     run_ranks(_spatial_parity, 2, "autoencoder_kl", (1, 4, 6, 5), "spatial_shard_height", True)
 
@@ -303,16 +293,6 @@ def test_install_swaps_decoder_only_and_keeps_state_dict():
     vae.load_state_dict(before, strict=True)
     vaeshard.unparallelize(vae)
     assert {n: type(m) for n, m in vae.named_modules()} == classes
-
-
-def test_install_refuses_an_unknown_decoder_layer_before_swapping():
-    from vaeshard.families.autoencoder_kl import FAMILY
-
-    vae = _build("autoencoder_kl")
-    vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
-    with pytest.raises(ValueError, match="decoder.conv_act"):
-        FAMILY.install_layers(vae)
-    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())
 
 
 def test_real_flux2_config_spatial_decode():

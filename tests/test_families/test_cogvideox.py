@@ -22,6 +22,7 @@ import torch.nn.functional as F
 import vaeshard
 
 from ..dist_harness import run_ranks
+from ..family_parity import Refusals, setting
 from ..models import build, latent
 from ..parity import CPU_FP32_GROUPNORM, assert_close, assert_identical, reference_from_rank0
 
@@ -279,19 +280,15 @@ def test_real_config_layers_tile_grid_and_plan():
     assert "4-D" in vaeshard.plan(vae, (1, 16, 8, 8), 2, "spatial_shard_width").reason
 
 
-def test_install_refuses_an_unknown_layer_before_swapping():
-    from vaeshard.families.cogvideox import FAMILY
+class TestCogVideoX(Refusals):
+    """A layer vaeshard cannot shard is refused before any swap (tests/family_parity.py); the parity
+    checks above run a world size's cases in one launch."""
 
-    vae = _build("cogvideox")
-    vae.encoder.down_blocks[0].resnets[0].conv1.pad_mode = "replicate"
-    with pytest.raises(ValueError, match="encoder.down_blocks.0.resnets.0.conv1"):
-        FAMILY.install_layers(vae)
-    vae = _build("cogvideox")
-    vae.decoder.up_blocks[0].upsamplers[0].conv.padding = (0, 0)
-    with pytest.raises(ValueError, match="decoder.up_blocks.0.upsamplers.0.conv"):
-        FAMILY.install_layers(vae)
-    vae = _build("cogvideox")
-    vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
-    with pytest.raises(ValueError, match="decoder.conv_act"):
-        FAMILY.install_layers(vae)
-    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())
+    REFUSALS = [
+        ("replicate-pad", "cogvideox", setting("encoder.down_blocks.0.resnets.0.conv1.pad_mode", "replicate"),
+         "encoder.down_blocks.0.resnets.0.conv1"),
+        ("unpadded-upsampler", "cogvideox", setting("decoder.up_blocks.0.upsamplers.0.conv.padding", (0, 0)),
+         "decoder.up_blocks.0.upsamplers.0.conv"),
+        ("unknown-layer", "cogvideox", setting("decoder.conv_act", lambda: torch.nn.Upsample(scale_factor=1.0)),
+         "decoder.conv_act"),
+    ]  # fmt: skip

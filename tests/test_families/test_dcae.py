@@ -209,13 +209,6 @@ def test_batch_norm_in_training_mode_is_refused_when_sharded():
 # -- the real config (Sana's dc-ae-f32c32-sana-1.0), on the meta device -------------------------------------
 
 
-def test_command_line_names_the_family_configs():
-    from vaeshard.cli.io import NAMED_CONFIGS
-    from vaeshard.families.dcae import CONFIGS
-
-    assert all(NAMED_CONFIGS[name] == config for name, config in CONFIGS.items())
-
-
 def test_real_sana_config_installs_and_plans_on_meta():
     from diffusers import AutoencoderDC
 

@@ -1,5 +1,6 @@
-"""The family registry: refusal of unsupported classes, declarations every family keeps, and the
-support table in docs/families.md, which must be exactly what the registry generates."""
+"""The family registry: refusal of unsupported classes, declarations every family keeps, the shape
+facts each family reads off a config (against the built model's decode), and the support table in
+docs/families.md, which must be exactly what the registry generates."""
 
 from __future__ import annotations
 
@@ -12,20 +13,17 @@ import vaeshard
 from vaeshard import families
 from vaeshard.runtime import swap
 
-from ..models import build
+from ..family_parity import RealConfigsOnMeta
+from ..models import BUILDERS, build, latent
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
-# One small config per registered class: a new family adds its builder here and gets these checks.
-FAMILY_MODELS = {"AutoencoderKLWan": "wan21", "AutoencoderKLQwenImage": "qwenimage", "AutoencoderKL": "autoencoder_kl"}
-FAMILY_MODELS["AutoencoderKLFlux2"] = "flux2"
-FAMILY_MODELS["AutoencoderKLQwenImage21"] = "qwenimage21"
-FAMILY_MODELS["AutoencoderKLHunyuanVideo15"] = "hunyuanvideo15"
-FAMILY_MODELS.update(AutoencoderKLHunyuanVideo="hunyuanvideo", AutoencoderKLCogVideoX="cogvideox")
-FAMILY_MODELS["AutoencoderKLMochi"] = "mochi"
-FAMILY_MODELS.update(AutoencoderKLLTXVideo="ltx", AutoencoderKLLTX2Video="ltx2")
-FAMILY_MODELS["AutoencoderKLMiniMaxH3"] = "minimax_h3"
-FAMILY_MODELS["AutoencoderDC"] = "dcae"
+# One tiny config per registered class (its family's first test config for it): a new family declares
+# its test configs and gets these checks.
+FAMILY_MODELS: dict[str, str] = {}
+for _name, (_cls_name, _) in families.tiny_configs().items():
+    FAMILY_MODELS.setdefault(_cls_name, _name)
+TINY = sorted(FAMILY_MODELS.values())  # (the "_layout" configs: their real configs' check below)
 
 
 def _tiny_autoencoder():
@@ -119,3 +117,34 @@ def test_docs_support_table_is_generated_from_the_registry():
     doc = (DOCS / "families.md").read_text()
     assert table in doc, "docs/families.md is stale: paste vaeshard.families.support_table() into it"
     assert doc.count("| diffusers class |") == 1
+
+
+def _decode(vae, z):
+    # LTX's decoders take the timestep their tiny configs are conditioned on
+    inputs = {"temb": torch.tensor([0.05])} if getattr(vae.config, "timestep_conditioning", False) else {}
+    with torch.no_grad():
+        return vae.decode(z, **inputs).sample
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_shape_facts_of_a_tiny_config_are_its_decode(name):
+    """The facts read off the config alone are what diffusers' decode of the built model gives."""
+    cls_name, config = families.tiny_configs()[name]
+    facts = vaeshard.shape_facts(cls_name, config)
+    vae = BUILDERS[name]()
+    family = families.family_for(vae)
+    assert (facts.latent_ndim, facts.latent_channels) == (family.latent_ndim, family.latent_channels(vae))
+    assert facts.spatial_factor == family.spatial_ratio(vae)
+    # two frames; CogVideoX an odd count too (it decodes them differently); Qwen-Image 2.1: one frame
+    counts = [None] if facts.latent_ndim == 4 else [1] if facts.temporal_factor == 1 else [2]
+    for frames in counts + ([3] if facts.paired_frames else []):
+        lead = (1, facts.latent_channels) + (() if frames is None else (frames,))
+        out = _decode(vae, latent(lead + (2, 3)))
+        expected = (1, facts.sample_channels) + (() if frames is None else (facts.frames_out(frames),))
+        assert tuple(out.shape) == expected + (2 * facts.spatial_factor, 3 * facts.spatial_factor), (name, frames)
+
+
+class TestEveryRealConfig(RealConfigsOnMeta):
+    """Every family's real configs on the meta device (tests/family_parity.py)."""
+
+    CONFIGS = list(families.named_configs())

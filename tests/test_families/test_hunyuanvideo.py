@@ -22,6 +22,7 @@ import vaeshard
 from vaeshard.families import family_for
 
 from ..dist_harness import run_ranks
+from ..family_parity import Refusals, setting
 from ..models import build, latent
 from ..parity import CPU_FP32, CPU_FP32_GROUPNORM, assert_close, assert_identical, reference_from_rank0
 
@@ -278,19 +279,18 @@ def test_real_config_layers_tile_grids_and_plan():
     assert vaeshard.plan(vae, (1, 16, 9, 32, 32), 4, "tile").strategy == "tile"  # chunks in time
 
 
-def test_install_refuses_an_unknown_layer_before_swapping():
-    from vaeshard.families.hunyuanvideo import FAMILY
-
-    vae = build(MODEL)
-    vae.encoder.down_blocks[0].resnets[0].conv1.pad_mode = "reflect"
-    with pytest.raises(ValueError, match="encoder.down_blocks.0.resnets.0.conv1"):
-        FAMILY.install_layers(vae)
-    vae = build(MODEL)
+def _other_processor(vae):
     vae.decoder.mid_block.attentions[0].set_processor(type("Other", (), {"__call__": lambda *a, **k: None})())
-    with pytest.raises(ValueError, match="decoder.mid_block.attentions.0"):
-        FAMILY.install_layers(vae)
-    vae = build(MODEL)
-    vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
-    with pytest.raises(ValueError, match="decoder.conv_act"):
-        FAMILY.install_layers(vae)
-    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())
+
+
+class TestHunyuanVideo(Refusals):
+    """A layer vaeshard cannot shard is refused before any swap (tests/family_parity.py); the parity
+    checks above run a world size's cases in one launch."""
+
+    REFUSALS = [
+        ("reflect-pad", MODEL, setting("encoder.down_blocks.0.resnets.0.conv1.pad_mode", "reflect"),
+         "encoder.down_blocks.0.resnets.0.conv1"),
+        ("other-processor", MODEL, _other_processor, "decoder.mid_block.attentions.0"),
+        ("unknown-layer", MODEL, setting("decoder.conv_act", lambda: torch.nn.Upsample(scale_factor=1.0)),
+         "decoder.conv_act"),
+    ]  # fmt: skip

@@ -15,26 +15,9 @@ import torch
 import vaeshard
 
 from ..dist_harness import run_ranks
+from ..family_parity import FrameLoopParity, Refusals, SpatialParity, TileParity, fast, setting, streamed
 from ..models import build, latent
-from ..parity import CPU_FP32, assert_close, assert_identical, reference_from_rank0
-
-
-def _build(model: str, tiles=None):
-    """`tiles=(sample_h, sample_w, latent_h, latent_w, overlap)` sets diffusers' tile settings."""
-    vae = build(model)
-    if tiles is not None:
-        (
-            vae.tile_sample_min_height,
-            vae.tile_sample_min_width,
-            vae.tile_latent_min_height,
-            vae.tile_latent_min_width,
-            vae.tile_overlap_factor,
-        ) = tiles
-    return vae
-
-
-def _sample(shape, seed: int = 3):
-    return latent(shape, seed=seed).clamp(-1, 1)
+from ..parity import CPU_FP32, assert_close, reference_from_rank0
 
 
 class _NoMask:
@@ -114,26 +97,7 @@ def test_sharded_frame_causal_attention_matches_the_masked_form():
     run_ranks(_sharded_attention, 3)
 
 
-# -- tile: bit-identical to diffusers ----------------------------------------------------------------
-
-
-def _tile_parity(rank, world, model, tiles, shape, op):
-    vae = _build(model, tiles)
-    x = latent(shape) if op == "decode" else _sample(shape)
-
-    def diffusers_tiled():
-        with torch.no_grad():
-            return vae.tiled_decode(x) if op == "decode" else vae.tiled_encode(x)
-
-    reference = reference_from_rank0(rank, diffusers_tiled)
-    assert vaeshard.plan(vae, x.shape, world, "tile", op=op).strategy == "tile"
-    vaeshard.parallelize(vae, mode="tile")
-    if op == "decode":
-        out = vae.decode(x).sample
-    else:
-        out = vae.encode(x).latent_dist.parameters
-    assert_identical(out, reference, f"tile {op}")
-    return tuple(out.shape)
+# -- tile (bit-identical to diffusers), spatial shard, frame loop, refusals: the shared checks ------------
 
 
 TILE_CASES = [
@@ -146,36 +110,7 @@ TILE_CASES = [
     ("layout-16x-decode-2", "hunyuanvideo15_layout", (64, 64, 4, 4, 0.25), (1, 32, 2, 6, 5), 2, "decode"),
 ]
 
-
-@pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
-def test_tile_bit_identical(case):
-    _, model, tiles, shape, world, op = case
-    assert len(set(run_ranks(_tile_parity, world, model, tiles, shape, op))) == 1
-
-
-# -- spatial shard: the untiled decode and encode within 1e-5 ------------------------------------------
-
-
-def _spatial_parity(rank, world, model, shape, mode, op):
-    vae = _build(model)
-    x = latent(shape) if op == "decode" else _sample(shape)
-
-    def diffusers_untiled():
-        with torch.no_grad():
-            if op == "decode":
-                return _per_sample(lambda part: vae.decode(part).sample, x)
-            return _per_sample(lambda part: vae.encode(part).latent_dist.parameters, x)
-
-    reference = reference_from_rank0(rank, diffusers_untiled)
-    vaeshard.parallelize(vae, mode=mode)
-    strategy = vaeshard.plan(vae, x.shape, world, mode, op=op).strategy
-    assert strategy.startswith("spatial_shard"), strategy
-    with _NoMask():
-        out = vae.decode(x).sample if op == "decode" else vae.encode(x).latent_dist.parameters
-    assert_close(out, reference, CPU_FP32, f"{mode} {op}")
-    return strategy
-
-
+# spatial shard: the untiled decode and encode within 1e-5, the mid-block attention without the mask
 SPATIAL_CASES = [
     # id, model, shape, world, mode, op
     ("decode-h-2-uneven", "hunyuanvideo15", (1, 4, 2, 7, 5), 2, "spatial_shard_height", "decode"),
@@ -191,12 +126,50 @@ SPATIAL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", SPATIAL_CASES, ids=[c[0] for c in SPATIAL_CASES])
-def test_spatial_matches_untiled(case):
-    _, model, shape, world, mode, op = case
-    strategies = run_ranks(_spatial_parity, world, model, shape, mode, op)
-    if mode == "auto":
-        assert strategies[0] == "spatial_shard_width"
+class TestHunyuanVideo15(TileParity, SpatialParity, FrameLoopParity, Refusals):
+    """The shared checks (tests/family_parity.py) with HunyuanVideo 1.5's configs and cases."""
+
+    TILE_CASES = TILE_CASES
+    SPATIAL_CASES = SPATIAL_CASES
+    REFUSALS = [
+        ("reflect-pad", "hunyuanvideo15", setting("encoder.down_blocks.0.resnets.0.conv1.pad_mode", "reflect"),
+         "encoder.down_blocks.0.resnets.0.conv1"),
+        ("channel-last-norm", "hunyuanvideo15", setting("decoder.mid_block.resnets.0.norm1.channel_first", False),
+         "decoder.mid_block.resnets.0.norm1"),
+        ("unknown-layer", "hunyuanvideo15", setting("decoder.conv_act", lambda: torch.nn.Upsample(scale_factor=1.0)),
+         "decoder.conv_act"),
+    ]  # fmt: skip
+    # the frame loop: diffusers' untiled decode within 1e-5, the fast-tier encode too; memory per call
+    LOOP_MODEL = "hunyuanvideo15"
+    LOOP_LATENT = (4, 5, 6)
+    LOOP_FRAMES = (1, 2, 3, 4)
+    LOOP_EXPLAIN = ("frame loop:", "cuda_graphs: off", "layer frames: whole decoder")
+    LOOP_ENCODE = (1, 3, 5, 16, 12)  # encode in the fast tier: its mid-block attention without the mask
+    BOUND_FRAME_VALUES = 8 * 20 * 24  # the widest full-resolution layer's values per output frame (8 channels)
+    BOUND_DIFFUSERS = {2: 3, 6: 11}  # 1 + 2 (T - 1) output frames at once
+    BOUND_LOOP = {(2, 1): 2, (6, 1): 2, (2, 2): 2, (6, 2): 4}  # one latent frame: 2 output frames a call
+
+    @staticmethod
+    def set_tiles(vae, tiles):
+        (
+            vae.tile_sample_min_height,
+            vae.tile_sample_min_width,
+            vae.tile_latent_min_height,
+            vae.tile_latent_min_width,
+            vae.tile_overlap_factor,
+        ) = tiles
+
+    @classmethod
+    def diffusers_untiled(cls, vae, x, op):
+        return _per_sample(lambda part: cls.run(vae, part, op), x)
+
+    @staticmethod
+    def sharded():
+        return _NoMask()
+
+    @staticmethod
+    def looped_modules(decoder):
+        return [decoder.up_blocks, decoder.norm_out, decoder.conv_act, decoder.conv_out]
 
 
 # -- the real config (diffusers' defaults), plan, install ------------------------------------------------
@@ -245,119 +218,25 @@ def test_real_config_layers_tile_grid_and_plan():
     assert "4-D" in vaeshard.plan(vae, (1, 32, 8, 8), 2, "spatial_shard_width").reason
 
 
-def test_install_refuses_an_unknown_layer_before_swapping():
-    from vaeshard.families.hunyuanvideo15 import FAMILY
-
-    vae = _build("hunyuanvideo15")
-    vae.encoder.down_blocks[0].resnets[0].conv1.pad_mode = "reflect"
-    with pytest.raises(ValueError, match="encoder.down_blocks.0.resnets.0.conv1"):
-        FAMILY.install_layers(vae)
-    vae = _build("hunyuanvideo15")
-    vae.decoder.mid_block.resnets[0].norm1.channel_first = False
-    with pytest.raises(ValueError, match="decoder.mid_block.resnets.0.norm1"):
-        FAMILY.install_layers(vae)
-    vae = _build("hunyuanvideo15")
-    vae.decoder.conv_act = torch.nn.Upsample(scale_factor=1.0)
-    with pytest.raises(ValueError, match="decoder.conv_act"):
-        FAMILY.install_layers(vae)
-    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())
-
-
-# -- the fast tier's frame loop: diffusers' untiled decode within 1e-5, memory per call -------------------
-
-
-def _fast(vae, mode: str = "auto", frames_per_step: int = 1):
-    return vaeshard.parallelize(vae, mode, fast=vaeshard.FastOptions(frames_per_step=frames_per_step))
-
-
-def _streamed(vae, z) -> list[torch.Tensor]:
-    with vaeshard.stream_decode(vae, z) as chunks:
-        return list(chunks)
-
-
-def test_frame_loop_direct_and_streamed_match_diffusers():
-    from vaeshard.fast.frame_loop import num_steps
-
-    vae = _build("hunyuanvideo15")
-    latents = {frames: latent((1, 4, frames, 5, 6), seed=frames) for frames in (1, 2, 3, 4)}
-    x = _sample((1, 3, 5, 16, 12))  # encode in the fast tier: its mid-block attention without the mask
-    with torch.no_grad():
-        references = {frames: vae.decode(z).sample for frames, z in latents.items()}
-        moments = vae.encode(x).latent_dist.parameters
-    for frames, z in latents.items():
-        for per_step in (1, 2):
-            what = f"{frames} latent frames, {per_step} per step"
-            _fast(vae, frames_per_step=per_step)
-            plan = vaeshard.plan(vae, z.shape)
-            assert plan.strategy == "direct" and plan.fast.frames_per_step == per_step, what
-            text = plan.explain()
-            assert "frame loop:" in text and "cuda_graphs: off" in text and "layer frames: whole decoder" in text
-            out = vae.decode(z).sample
-            assert_close(out, references[frames], CPU_FP32, what)
-            chunks = _streamed(vae, z)
-            assert len(chunks) == num_steps(frames, per_step) and chunks[0].shape[2] == 1, what
-            assert torch.equal(torch.cat(chunks, dim=2), out), what
-    assert_close(vae.encode(x).latent_dist.parameters, moments, CPU_FP32, "fast-tier encode")
-    vaeshard.parallelize(vae, exact=True)  # the exact tier: diffusers' whole-clip decode, bit for bit, once
-    assert vaeshard.plan(vae, latents[3].shape).fast is None
-    assert_identical(vae.decode(latents[3]).sample, references[3], "exact")
-    assert_identical(vae.encode(x).latent_dist.parameters, moments, "exact encode")
-    chunks = _streamed(vae, latents[3])
-    assert len(chunks) == 1 and torch.equal(chunks[0], references[3])
-
-
-def test_frame_loop_bounds_the_largest_activation():
-    """The largest output of a layer after the mid block follows the frames per call, not the clip:
-    the same for 2 and 6 latent frames a call at a time, where diffusers' grows with the clip."""
-    vae = _build("hunyuanvideo15")
-    decoder = vae.decoder
-    largest = [0]
-
-    def record(module, inputs, output):
-        largest[0] = max(largest[0], output.numel())
-
-    looped = [decoder.up_blocks, decoder.norm_out, decoder.conv_act, decoder.conv_out]
-    hooks = [m.register_forward_hook(record) for part in looped for m in part.modules()]
-
-    def largest_of(frames: int, per_step: int | None) -> int:
-        z = latent((1, 4, frames, 5, 6), seed=frames)
-        if per_step is not None:
-            _fast(vae, frames_per_step=per_step)
-        largest[0] = 0
-        with torch.no_grad():
-            vae.decode(z)
-        if per_step is not None:
-            vaeshard.unparallelize(vae)
-        return largest[0]
-
-    try:
-        diffusers = {frames: largest_of(frames, None) for frames in (2, 6)}
-        loop = {(frames, k): largest_of(frames, k) for frames in (2, 6) for k in (1, 2)}
-    finally:
-        for hook in hooks:
-            hook.remove()
-    frame = 8 * 20 * 24  # the widest full-resolution layer's values per output frame (8 channels, 20 x 24)
-    assert diffusers[6] == 11 * frame and diffusers[2] == 3 * frame  # 1 + 2 (T - 1) output frames at once
-    assert loop[2, 1] == loop[6, 1] == 2 * frame, loop  # one latent frame: 2 output frames a call
-    assert loop[6, 2] == 4 * frame and loop[2, 2] == 2 * frame, loop
+# -- the fast tier's frame loop sharded (the direct one: TestHunyuanVideo15) --------------------------------
 
 
 def _sharded_loop(rank, world):
     from vaeshard.fast.frame_loop import num_steps
 
-    vae = _build("hunyuanvideo15")
+    vae = build("hunyuanvideo15")
     z = latent((1, 4, 4, 5, 7), seed=9)  # 5 rows and 7 columns: uneven over 2 and 3 ranks
     reference = reference_from_rank0(rank, lambda: _diffusers_decode(vae, z))
     seen = []
     for mode in ("spatial_shard_height", "spatial_shard_width"):
         for per_step in (1, 2):
             what = f"{mode}, {per_step} per step, {world} ranks"
-            _fast(vae, mode, per_step)
+            fast(vae, mode, per_step)
             plan = vaeshard.plan(vae, z.shape)
             assert plan.strategy == mode and plan.fast.frames_per_step == per_step, what
             with _NoMask():
                 out = vae.decode(z).sample
-                chunks = _streamed(vae, z)
+                chunks = streamed(vae, z)
             assert_close(out, reference, CPU_FP32, what)
             assert len(chunks) == num_steps(4, per_step) and torch.equal(torch.cat(chunks, dim=2), out), what
             seen.append(mode)

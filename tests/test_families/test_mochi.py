@@ -16,6 +16,7 @@ import vaeshard
 from vaeshard import families
 
 from ..dist_harness import run_ranks
+from ..family_parity import FrameLoopParity, Refusals, fast, setting, streamed
 from ..models import build, latent
 from ..parity import CPU_FP32, CPU_FP32_GROUPNORM, assert_close, assert_identical, reference_from_rank0
 
@@ -185,12 +186,12 @@ def _sharded_loop(vae, world, z, reference):
     from vaeshard.fast.frame_loop import num_steps
 
     for mode in ("spatial_shard_height", "spatial_shard_width"):
-        _fast(vae, mode, 2)
+        fast(vae, mode, 2)
         plan = vaeshard.plan(vae, z.shape)
         assert plan.strategy == mode and plan.fast.frames_per_step == 2, plan.explain()
         out = _decode(vae, z)
         assert_close(out, reference, CPU_FP32_GROUPNORM, f"frame loop {mode} over {world}")
-        chunks = _streamed(vae, z)
+        chunks = streamed(vae, z)
         assert len(chunks) == num_steps(4, 2) and torch.equal(torch.cat(chunks, dim=2), out), mode
 
 
@@ -246,18 +247,32 @@ def test_real_config_layers_tile_grid_and_plan():
     assert "4-D" in vaeshard.plan(vae, (1, 12, 8, 8), 2, "spatial_shard_width").reason
 
 
-def test_install_refuses_an_unknown_layer_or_frame_wise_decoding_before_swapping():
-    from vaeshard.families.mochi import FAMILY
+class TestMochi(FrameLoopParity, Refusals):
+    """The shared checks (tests/family_parity.py) with Mochi 1's configs; its tile and spatial cases run
+    all of a world size's checks in one launch (above)."""
 
-    vae = build("mochi")
-    vae.encoder.down_blocks[1].resnets[0].conv1.time_causal_padding = (0, 0, 1, 1, 2, 0)  # width unpadded
-    with pytest.raises(ValueError, match="encoder.down_blocks.1.resnets.0.conv1"):
-        FAMILY.install_layers(vae)
-    vae = build("mochi")
-    vae.decoder.block_in.resnets[0].nonlinearity = torch.nn.Upsample(scale_factor=1.0)
-    with pytest.raises(ValueError, match="decoder.block_in.resnets.0.nonlinearity"):
-        FAMILY.install_layers(vae)
-    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())
+    REFUSALS = [
+        ("unpadded-width", "mochi",
+         setting("encoder.down_blocks.1.resnets.0.conv1.time_causal_padding", (0, 0, 1, 1, 2, 0)),
+         "encoder.down_blocks.1.resnets.0.conv1"),
+        ("unknown-layer", "mochi", setting("decoder.block_in.resnets.0.nonlinearity",
+                                        lambda: torch.nn.Upsample(scale_factor=1.0)),
+         "decoder.block_in.resnets.0.nonlinearity"),
+    ]  # fmt: skip
+    # the frame loop: diffusers' one-shot decode within 1e-5; memory per call
+    LOOP_MODEL = "mochi"
+    LOOP_LATENT = (4, 3, 4)
+    LOOP_FRAMES = (1, 2, 3)  # the first call's 6 frames less the 5 diffusers drops, then 6 per latent frame
+    BOUND_FRAME_VALUES = 32 * 24 * 32  # the widest full-resolution layer's values per output frame (32 channels)
+    BOUND_DIFFUSERS = {2: 12, 4: 24}  # 6 output frames per latent frame at once
+    BOUND_LOOP = {(2, 1): 6, (4, 1): 6, (4, 2): 12}
+
+    @staticmethod
+    def looped_modules(decoder):
+        return [decoder.up_blocks, decoder.block_out, decoder.proj_out]
+
+
+def test_frame_wise_decoding_is_refused_before_swapping():
     vae = build("mochi")
     vae._enable_framewise_decoding()  # diffusers 0.42's frame-wise decode fails on this VAE itself
     with pytest.raises(RuntimeError):
@@ -265,82 +280,3 @@ def test_install_refuses_an_unknown_layer_or_frame_wise_decoding_before_swapping
     with pytest.raises(ValueError, match="frame-wise"):
         vaeshard.parallelize(vae, mode="tile")
     assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules()) and "decode" not in vae.__dict__
-
-
-# -- the fast tier's frame loop: diffusers' one-shot decode within 1e-5, memory per call -------------------
-
-
-def _diffusers_decode(vae, z):
-    with torch.no_grad():
-        return _decode(vae, z)
-
-
-def _fast(vae, mode: str = "auto", frames_per_step: int = 1):
-    return vaeshard.parallelize(vae, mode, fast=vaeshard.FastOptions(frames_per_step=frames_per_step))
-
-
-def _streamed(vae, z) -> list[torch.Tensor]:
-    with vaeshard.stream_decode(vae, z) as chunks:
-        return list(chunks)
-
-
-def test_frame_loop_direct_and_streamed_match_diffusers():
-    from vaeshard.fast.frame_loop import num_steps
-
-    vae = build("mochi")
-    latents = {frames: latent((1, 4, frames, 3, 4), seed=frames) for frames in (1, 2, 3)}
-    references = {frames: _diffusers_decode(vae, z) for frames, z in latents.items()}
-    for frames, z in latents.items():
-        for per_step in (1, 2):
-            what = f"{frames} latent frames, {per_step} per step"
-            _fast(vae, frames_per_step=per_step)
-            plan = vaeshard.plan(vae, z.shape)
-            assert plan.strategy == "direct" and plan.fast.frames_per_step == per_step, what
-            assert "frame loop:" in plan.explain()
-            out = _decode(vae, z)
-            assert_close(out, references[frames], CPU_FP32, what)
-            chunks = _streamed(vae, z)
-            # the first call's 6 frames less the 5 diffusers drops, then 6 per latent frame
-            assert [c.shape[2] for c in chunks][:1] == [1] and len(chunks) == num_steps(frames, per_step), what
-            assert torch.equal(torch.cat(chunks, dim=2), out), what
-    vaeshard.parallelize(vae, exact=True)  # the exact tier: diffusers' one-shot decode, bit for bit, once
-    assert_identical(_decode(vae, latents[3]), references[3], "exact")
-    chunks = _streamed(vae, latents[3])
-    assert len(chunks) == 1 and torch.equal(chunks[0], references[3])
-
-
-def test_frame_loop_bounds_the_largest_activation():
-    """The largest output of a layer after block_in follows the frames per call, not the clip: the
-    same for 2 and 4 latent frames a call at a time, where diffusers' grows with the clip."""
-    vae = build("mochi")
-    decoder = vae.decoder
-    largest = [0]
-
-    def record(module, inputs, output):
-        output = output[0] if isinstance(output, tuple) else output
-        largest[0] = max(largest[0], output.numel())
-
-    looped = [decoder.up_blocks, decoder.block_out, decoder.proj_out]
-    hooks = [m.register_forward_hook(record) for part in looped for m in part.modules()]
-
-    def largest_of(frames: int, per_step: int | None) -> int:
-        z = latent((1, 4, frames, 3, 4), seed=frames)
-        if per_step is not None:
-            _fast(vae, frames_per_step=per_step)
-        largest[0] = 0
-        with torch.no_grad():
-            _decode(vae, z)
-        if per_step is not None:
-            vaeshard.unparallelize(vae)
-        return largest[0]
-
-    try:
-        diffusers = {frames: largest_of(frames, None) for frames in (2, 4)}
-        loop = {(frames, k): largest_of(frames, k) for frames in (2, 4) for k in (1, 2)}
-    finally:
-        for hook in hooks:
-            hook.remove()
-    frame = 32 * 24 * 32  # the widest full-resolution layer's values per output frame (32 channels, 24 x 32)
-    assert diffusers[2] == 12 * frame and diffusers[4] == 24 * frame  # 6 output frames per latent frame at once
-    assert loop[2, 1] == loop[4, 1] == 6 * frame, loop
-    assert loop[4, 2] == 12 * frame, loop

@@ -14,8 +14,9 @@ import torch
 import vaeshard
 
 from ..dist_harness import run_ranks
+from ..family_parity import Refusals, SpatialParity, TileParity, setting
 from ..models import build, latent
-from ..parity import CPU_FP32, CPU_FP32_REAL_SIZES, assert_close, assert_identical, reference_from_rank0
+from ..parity import CPU_FP32, CPU_FP32_REAL_SIZES, assert_close, reference_from_rank0
 
 MODEL = "qwenimage21"  # 4x spatial, z=4, RGBA
 TILES = (16, 12)  # sample pixels: latent tiles of 4 rows every 3
@@ -61,26 +62,7 @@ def test_halo_frame_conv_matches_the_whole_frame(axis, fast):
     run_ranks(_halo_frame_conv, 3, axis, fast)
 
 
-# -- tile: bit-identical to diffusers --------------------------------------------------------------
-
-
-def _tile_parity(rank, world, op, shape):
-    vae = build(MODEL, TILES)
-    if op == "decode":
-        x = latent(shape)
-        reference = reference_from_rank0(rank, lambda: _no_grad(lambda: vae.tiled_decode(x).sample))
-    else:
-        x = _sample(shape)
-        reference = reference_from_rank0(rank, lambda: _no_grad(lambda: vae.tiled_encode(x)))
-    assert vaeshard.plan(vae, x.shape, world, "tile", op=op).strategy == "tile"
-    vaeshard.parallelize(vae, mode="tile")
-    if op == "decode":
-        out = vae.decode(x).sample
-    else:
-        dist = vae.encode(x).latent_dist
-        out = torch.cat([dist.mean, dist.logvar], dim=1)
-    assert_identical(out, reference, f"tile {op} {shape} on {world} ranks")
-    return tuple(out.shape)
+# -- tile (bit-identical to diffusers), spatial shard, refusals: the shared checks -------------------------
 
 
 def _no_grad(fn):
@@ -89,20 +71,14 @@ def _no_grad(fn):
 
 
 TILE_CASES = [
-    # id, op, shape, world
-    ("decode-12-tiles-2", "decode", (1, 4, 1, 7, 10), 2),
-    ("decode-batch2-uneven-3", "decode", (2, 4, 1, 8, 7), 3),
-    ("decode-fewer-tiles-than-ranks-3", "decode", (1, 4, 1, 5, 3), 3),
-    ("encode-12-tiles-2", "encode", (1, 4, 1, 28, 40), 2),
-    ("encode-uneven-3", "encode", (1, 4, 1, 20, 36), 3),
-    ("encode-fewer-tiles-than-ranks-3", "encode", (1, 4, 1, 24, 12), 3),
+    # id, model, tiles (sample min, stride), shape, world, op
+    ("decode-12-tiles-2", MODEL, TILES, (1, 4, 1, 7, 10), 2, "decode"),
+    ("decode-batch2-uneven-3", MODEL, TILES, (2, 4, 1, 8, 7), 3, "decode"),
+    ("decode-fewer-tiles-than-ranks-3", MODEL, TILES, (1, 4, 1, 5, 3), 3, "decode"),
+    ("encode-12-tiles-2", MODEL, TILES, (1, 4, 1, 28, 40), 2, "encode"),
+    ("encode-uneven-3", MODEL, TILES, (1, 4, 1, 20, 36), 3, "encode"),
+    ("encode-fewer-tiles-than-ranks-3", MODEL, TILES, (1, 4, 1, 24, 12), 3, "encode"),
 ]
-
-
-@pytest.mark.parametrize("case", TILE_CASES, ids=[c[0] for c in TILE_CASES])
-def test_tile_bit_identical(case):
-    _, op, shape, world = case
-    assert len(set(run_ranks(_tile_parity, world, op, shape))) == 1
 
 
 # -- spatial shard: diffusers' untiled decode and encode within 1e-5 ---------------------------------
@@ -133,23 +109,51 @@ def _check_spatial(rank, world, vae, op, shape, mode, exact, tol):
 
 
 SPATIAL_CASES = [
-    # id, op, shape, world, mode, exact
-    ("decode-h-2-uneven", "decode", (1, 4, 1, 7, 5), 2, "spatial_shard_height", False),
-    ("decode-w-2-exact", "decode", (1, 4, 1, 5, 6), 2, "spatial_shard_width", True),
-    ("decode-h-3-uneven-batch2", "decode", (2, 4, 1, 8, 5), 3, "spatial_shard_height", False),
-    ("decode-w-3-uneven", "decode", (1, 4, 1, 5, 7), 3, "spatial_shard_width", False),
-    ("decode-h-4-9rows", "decode", (1, 4, 1, 9, 4), 4, "spatial_shard_height", False),
-    ("decode-w-4-one-column-each", "decode", (1, 4, 1, 3, 4), 4, "spatial_shard_width", True),
-    ("encode-h-2-uneven", "encode", (1, 4, 1, 28, 20), 2, "spatial_shard_height", False),
-    ("encode-w-3-uneven", "encode", (1, 4, 1, 16, 44), 3, "spatial_shard_width", False),
-    ("encode-h-4-9rows-exact", "encode", (1, 4, 1, 36, 12), 4, "spatial_shard_height", True),
+    # id, model, shape, world, mode, op, exact
+    ("decode-h-2-uneven", MODEL, (1, 4, 1, 7, 5), 2, "spatial_shard_height", "decode", False),
+    ("decode-w-2-exact", MODEL, (1, 4, 1, 5, 6), 2, "spatial_shard_width", "decode", True),
+    ("decode-h-3-uneven-batch2", MODEL, (2, 4, 1, 8, 5), 3, "spatial_shard_height", "decode", False),
+    ("decode-w-3-uneven", MODEL, (1, 4, 1, 5, 7), 3, "spatial_shard_width", "decode", False),
+    ("decode-h-4-9rows", MODEL, (1, 4, 1, 9, 4), 4, "spatial_shard_height", "decode", False),
+    ("decode-w-4-one-column-each", MODEL, (1, 4, 1, 3, 4), 4, "spatial_shard_width", "decode", True),
+    ("encode-h-2-uneven", MODEL, (1, 4, 1, 28, 20), 2, "spatial_shard_height", "encode", False),
+    ("encode-w-3-uneven", MODEL, (1, 4, 1, 16, 44), 3, "spatial_shard_width", "encode", False),
+    ("encode-h-4-9rows-exact", MODEL, (1, 4, 1, 36, 12), 4, "spatial_shard_height", "encode", True),
 ]
 
 
-@pytest.mark.parametrize("case", SPATIAL_CASES, ids=[c[0] for c in SPATIAL_CASES])
-def test_spatial_matches_untiled(case):
-    _, op, shape, world, mode, exact = case
-    run_ranks(_spatial_parity, world, op, shape, mode, exact)
+class TestQwenImage21(TileParity, SpatialParity, Refusals):
+    """tile bit-identical to diffusers' `tiled_decode` / `tiled_encode`, the spatial shards within 1e-5 of
+    the untiled decode / encode, an unknown layer refused: the shared checks (tests/family_parity.py)."""
+
+    TILE_CASES = TILE_CASES
+    SPATIAL_CASES = SPATIAL_CASES
+    REFUSALS = [
+        ("unknown-layer", MODEL,
+         setting("encoder.mid_block.resnets.0.dropout", lambda: torch.nn.AvgPool2d(3, stride=1, padding=1)),
+         r"encoder\.mid_block\.resnets\.0\.dropout"),
+    ]  # fmt: skip
+
+    @staticmethod
+    def set_tiles(vae, tiles):
+        size, stride = tiles
+        vae.tile_sample_min_height = vae.tile_sample_min_width = size
+        vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+
+    @staticmethod
+    def run(vae, x, op):
+        with torch.no_grad():
+            if op == "decode":
+                return vae.decode(x).sample
+            dist = vae.encode(x).latent_dist
+            return torch.cat([dist.mean, dist.logvar], dim=1)
+
+    @classmethod
+    def diffusers_untiled(cls, vae, x, op):
+        if op == "decode":
+            return cls.run(vae, x, op)
+        with torch.no_grad():
+            return vae._encode(x)
 
 
 @pytest.mark.parametrize(
@@ -215,13 +219,3 @@ def test_install_swaps_decoder_and_encoder_and_keeps_state_dict():
     vae.load_state_dict(state, strict=True)
     vaeshard.unparallelize(vae)
     assert {n: type(m) for n, m in vae.named_modules()} == classes
-
-
-def test_install_refuses_an_unknown_layer_before_swapping():
-    from vaeshard.families.qwenimage21 import FAMILY
-
-    vae = build(MODEL)
-    vae.encoder.mid_block.resnets[0].dropout = torch.nn.AvgPool2d(3, stride=1, padding=1)
-    with pytest.raises(ValueError, match=r"encoder\.mid_block\.resnets\.0\.dropout"):
-        FAMILY.install_layers(vae)
-    assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules())

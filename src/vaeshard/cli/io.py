@@ -27,85 +27,15 @@ class InputError(ValueError):
 
 # --- models ----------------------------------------------------------------------------------------
 
-# Wan 2.2 (TI2V-5B) VAE: the values of its diffusers vae/config.json that differ from
-# AutoencoderKLWan's defaults, including its 48-channel latent statistics.
-WAN22_CONFIG = {
-    "base_dim": 160,
-    "decoder_base_dim": 256,
-    "z_dim": 48,
-    "is_residual": True,
-    "in_channels": 12,
-    "out_channels": 12,
-    "patch_size": 2,
-    "scale_factor_spatial": 16,
-    "scale_factor_temporal": 4,
-    "latents_mean": [
-        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
-        -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
-        -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
-        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
-        -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
-        0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
-    ],
-    "latents_std": [
-        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
-        0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
-        0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
-        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
-        0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
-        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
-    ],
-}  # fmt: skip
 
-# The image VAE of Stable Diffusion 1.x/2.x, SDXL and FLUX.1 (diffusers AutoencoderKL): four levels of
-# 128-512 channels; their vae/config.json values that differ from the class's defaults.
-_SD_LAYOUT = {
-    "block_out_channels": [128, 256, 512, 512],
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "layers_per_block": 2,
-}
-SD15_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 512, "scaling_factor": 0.18215}
-SDXL_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
-FLUX1_CONFIG = {
-    **_SD_LAYOUT,
-    "latent_channels": 16,
-    "sample_size": 1024,
-    "scaling_factor": 0.3611,
-    "shift_factor": 0.1159,
-    "use_quant_conv": False,
-    "use_post_quant_conv": False,
-}
+def __getattr__(name: str):
+    # NAMED_CONFIGS: the families' real configs, name -> (diffusers class, constructor arguments), built
+    # with random weights; read when first asked for (it imports every family)
+    if name == "NAMED_CONFIGS":
+        import vaeshard
 
-# Sana's DC-AE f32c32: the arguments of diffusers' scripts/convert_dcae_to_diffusers.py that differ from
-# AutoencoderDC's defaults (the same as families/dcae.py's CONFIGS, which the command line cannot import).
-DCAE_SANA_CONFIG = {
-    "encoder_block_types": ["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
-    "decoder_block_types": ["ResBlock"] * 3 + ["EfficientViTBlock"] * 3,
-    "downsample_block_type": "conv",
-    "upsample_block_type": "interpolate",
-    "scaling_factor": 0.41407,
-}
-
-# name -> (diffusers class, constructor arguments): the real configs, built with random weights.
-NAMED_CONFIGS = {
-    "wan21": ("AutoencoderKLWan", {}),  # AutoencoderKLWan's defaults are the Wan 2.1 VAE
-    "wan22": ("AutoencoderKLWan", WAN22_CONFIG),
-    "qwenimage": ("AutoencoderKLQwenImage", {}),  # likewise the Qwen-Image VAE
-    "sd15": ("AutoencoderKL", SD15_CONFIG),
-    "sdxl": ("AutoencoderKL", SDXL_CONFIG),
-    "flux1": ("AutoencoderKL", FLUX1_CONFIG),
-    "flux2": ("AutoencoderKLFlux2", {}),  # AutoencoderKLFlux2's defaults are the FLUX.2 VAE
-    "hunyuanvideo15": ("AutoencoderKLHunyuanVideo15", {}),  # likewise the HunyuanVideo 1.5 VAE
-    "qwenimage21": ("AutoencoderKLQwenImage21", {}),  # likewise the Qwen-Image 2.1 VAE
-    "ltx": ("AutoencoderKLLTXVideo", {}),  # likewise the LTX-Video 0.9 VAE
-    "ltx2": ("AutoencoderKLLTX2Video", {}),  # likewise the LTX-2 VAE
-    "hunyuanvideo": ("AutoencoderKLHunyuanVideo", {}),  # likewise the HunyuanVideo VAE
-    "cogvideox": ("AutoencoderKLCogVideoX", {}),  # likewise CogVideoX's (1.0 and 1.5 share it)
-    "mochi": ("AutoencoderKLMochi", {}),  # likewise the Mochi 1 VAE
-    "minimax_h3": ("AutoencoderKLMiniMaxH3", {}),  # likewise the MiniMax-H3 VAE
-    "dc-ae-f32c32-sana-1.0": ("AutoencoderDC", DCAE_SANA_CONFIG),  # families/dcae.py CONFIGS says where from
-}
+        return vaeshard.named_configs()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -129,29 +59,28 @@ class ModelSource:
 
         return vaeshard.supported_classes()[self.class_name].latent_ndim
 
+    def shape_facts(self):
+        """The family's shapes for this config (`vaeshard.shape_facts`), without building the model."""
+        import vaeshard
+
+        return vaeshard.shape_facts(self.class_name, self.config)
+
     def z_dim(self) -> int:
         """Channels of a latent (C)."""
-        return int(self.config.get("z_dim", self.config.get("latent_channels", 16)))
+        return self.shape_facts().latent_channels
 
     def sample_channels(self) -> int:
         """Channels of a decoded sample, after unpatchify (3 for RGB)."""
-        channels = self.config.get("out_channels", self.config.get("input_channels", 3))
-        patch = self.config.get("patch_size") or 1
-        return int(channels) // (patch * patch)
+        return self.shape_facts().sample_channels
 
     def spatial_ratio(self) -> int:
         """Sample pixels per latent pixel along each axis."""
-        if self.latent_ndim() == 4:
-            return 2 ** (len(self.config.get("block_out_channels", [64])) - 1)
-        return int(self.config.get("scale_factor_spatial") or 8)
+        return self.shape_facts().spatial_factor
 
     def frames_out(self, latent_frames: int) -> int:
-        """Frames a latent of `latent_frames` frames decodes to: causal video VAEs decode the first to
-        one frame and each later one to the temporal factor; an image is one frame."""
-        if self.latent_ndim() == 4:
-            return 1
-        factor = 2 ** sum(bool(d) for d in self.config.get("temperal_downsample", [False, True, True]))
-        return 1 + (latent_frames - 1) * factor
+        """Frames a latent of `latent_frames` frames decodes to (the family's temporal factor); an image
+        is one frame."""
+        return self.shape_facts().frames_out(latent_frames)
 
     def load(self, dtype=None, device=None):
         """The VAE in eval mode (random weights seeded with 0 for a named config)."""
@@ -182,9 +111,12 @@ class ModelSource:
 
 
 def named_model(name: str) -> ModelSource:
-    if name not in NAMED_CONFIGS:
-        raise InputError(f"unknown config {name!r}: choose one of {', '.join(NAMED_CONFIGS)}")
-    class_name, kwargs = NAMED_CONFIGS[name]
+    import vaeshard
+
+    configs = vaeshard.named_configs()
+    if name not in configs:
+        raise InputError(f"unknown config {name!r}: choose one of {', '.join(configs)}")
+    class_name, kwargs = configs[name]
     import diffusers
 
     # the full config, so z_dim and channels are known without building the model
@@ -549,7 +481,6 @@ def _first_line(exc: BaseException) -> str:
 __all__ = [
     "InputError",
     "ModelSource",
-    "NAMED_CONFIGS",
     "named_model",
     "resolve_model",
     "LATENT_SUFFIXES",

@@ -1,12 +1,13 @@
 """The one registry of supported classes: diffusers VAE class name -> the vaeshard family module that
-supports it (imported lazily). The library, the command line and docs/families.md all read it."""
+supports it (imported lazily). The library, the command line, the tests and docs/families.md all read
+it, and through it each family's facts: its real configs, tiny test configs and shapes."""
 
 from __future__ import annotations
 
 import importlib
 from typing import NamedTuple
 
-from .base import Family
+from .base import Family, ShapeFacts
 
 
 class Support(NamedTuple):
@@ -62,6 +63,71 @@ def family_for(vae) -> Family:
 
 def all_families() -> list[Family]:
     return [getattr(importlib.import_module(m), a) for m, a in _REGISTRY.values()]
+
+
+def _families_once() -> list[Family]:
+    """Each family once, in the registry's order (a family may serve several classes)."""
+    out: list[Family] = []
+    for family in all_families():
+        if all(family is not seen for seen in out):
+            out.append(family)
+    return out
+
+
+# The order the command line lists the named configs in (its choices are frozen: tests/test_cli); a
+# config a family adds comes after these, in the registry's order.
+_LISTED = (
+    "wan21", "wan22", "qwenimage", "sd15", "sdxl", "flux1", "flux2", "hunyuanvideo15", "qwenimage21", "ltx", "ltx2",
+    "hunyuanvideo", "cogvideox", "mochi", "minimax_h3", "dc-ae-f32c32-sana-1.0", "kandinsky6_sr",
+)  # fmt: skip
+
+
+def named_configs() -> dict[str, tuple[str, dict]]:
+    """The real configs of every family: name -> (diffusers class name, constructor arguments), the
+    VAE those arguments build being the real model's (with random weights until loaded)."""
+    found = [(name, (cls, dict(kwargs))) for f in _families_once() for name, (cls, kwargs) in f.configs.items()]
+    rank = {name: i for i, name in enumerate(_LISTED)}
+    return dict(sorted(found, key=lambda item: rank.get(item[0], len(_LISTED))))
+
+
+def tiny_configs() -> dict[str, tuple[str, dict]]:
+    """The tiny configs the tests build, name -> (diffusers class name, constructor arguments)."""
+    out = {}
+    for family in _families_once():
+        for name, (cls, kwargs) in family.test_configs.items():
+            if name in out:
+                raise ValueError(f"two families declare the test config {name!r}")
+            out[name] = (cls, dict(kwargs))
+    return out
+
+
+def full_config(class_name: str, config: dict) -> dict:
+    """`config` (constructor arguments, or a config.json's values) over the class's defaults."""
+    import inspect
+
+    import diffusers
+
+    params = inspect.signature(getattr(diffusers, class_name).__init__).parameters
+    defaults = {k: v.default for k, v in params.items() if k != "self" and v.default is not inspect.Parameter.empty}
+    return {**defaults, **{k: v for k, v in config.items() if k in params}}
+
+
+def shape_facts(class_name: str, config: dict) -> ShapeFacts:
+    """The latent and sample shapes of a supported class built with `config` (constructor arguments or
+    config.json's values; the class's defaults fill the rest), from the config alone: no model is built."""
+    entry = _REGISTRY.get(class_name)
+    if entry is None:
+        raise ValueError(f"vaeshard does not support {class_name}: supported VAE classes are {', '.join(_REGISTRY)}")
+    family = getattr(importlib.import_module(entry[0]), entry[1])
+    return family.shape_facts(class_name, full_config(class_name, config))
+
+
+def diffusers_modules() -> list[str]:
+    """The diffusers modules that define the supported classes (what a process that builds any of
+    them may import ahead)."""
+    import diffusers
+
+    return sorted({getattr(diffusers, name).__module__ for name in _REGISTRY})
 
 
 def support_table() -> str:

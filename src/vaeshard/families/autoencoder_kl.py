@@ -31,6 +31,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     concatenated_tile_ops,
     local,
@@ -189,10 +190,69 @@ def release(vae) -> None:
 _KL = "diffusers.models.autoencoders.autoencoder_kl:"
 _FLUX2 = "diffusers.models.autoencoders.autoencoder_kl_flux2:"
 
+# The image VAE of Stable Diffusion 1.x/2.x, SDXL and FLUX.1 (diffusers AutoencoderKL): four levels of
+# 128-512 channels; their vae/config.json values that differ from the class's defaults.
+_SD_LAYOUT = {
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "layers_per_block": 2,
+}
+SD15_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 512, "scaling_factor": 0.18215}
+SDXL_CONFIG = {**_SD_LAYOUT, "latent_channels": 4, "sample_size": 1024, "scaling_factor": 0.13025, "force_upcast": True}
+FLUX1_CONFIG = {
+    **_SD_LAYOUT,
+    "latent_channels": 16,
+    "sample_size": 1024,
+    "scaling_factor": 0.3611,
+    "shift_factor": 0.1159,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
+
+# SD's layout at tiny widths (two levels); FLUX.1's (16 latent channels, no (post_)quant_conv, three
+# levels); FLUX.2's (quant convs, mid-block attention; 32 latent channels in the real model)
+_TINY = {
+    "block_out_channels": (8, 16),
+    "down_block_types": ("DownEncoderBlock2D",) * 2,
+    "up_block_types": ("UpDecoderBlock2D",) * 2,
+    "layers_per_block": 1,
+    "norm_num_groups": 4,
+    "latent_channels": 4,
+    "sample_size": 32,
+}
+_TINY_FLUX1 = {
+    **_TINY,
+    "block_out_channels": (8, 8, 16),
+    "down_block_types": ("DownEncoderBlock2D",) * 3,
+    "up_block_types": ("UpDecoderBlock2D",) * 3,
+    "latent_channels": 16,
+    "use_quant_conv": False,
+    "use_post_quant_conv": False,
+}
+
 
 class _AutoencoderKL(Family):
     name = "autoencoder_kl"
     classes = ("AutoencoderKL", "AutoencoderKLFlux2")
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {
+        "sd15": ("AutoencoderKL", SD15_CONFIG),
+        "sdxl": ("AutoencoderKL", SDXL_CONFIG),
+        "flux1": ("AutoencoderKL", FLUX1_CONFIG),
+        "flux2": ("AutoencoderKLFlux2", {}),  # AutoencoderKLFlux2's defaults are the FLUX.2 VAE
+    }
+    test_configs = {
+        "autoencoder_kl": ("AutoencoderKL", _TINY),
+        "autoencoder_kl_flux": ("AutoencoderKL", _TINY_FLUX1),
+        "flux2": ("AutoencoderKLFlux2", {**_TINY, "latent_channels": 8}),
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # a 2x upsampler after every up block but the last (FLUX.2's 2x2 patchify is its pipeline's)
+        blocks = config.get("decoder_block_out_channels") or config["block_out_channels"]
+        return ShapeFacts(4, config["latent_channels"], 2 ** (len(blocks) - 1), 1, config["out_channels"])
+
     mirrors = (
         Mirror(
             _KL + "AutoencoderKL.tiled_decode",

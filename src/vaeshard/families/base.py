@@ -44,6 +44,32 @@ class Mirror(NamedTuple):
     sha: str
 
 
+class ShapeFacts(NamedTuple):
+    """A config's latent and sample shapes, read from the config alone (no model is built):
+    `vaeshard.shape_facts`. tests/test_families checks each against the built model's decode."""
+
+    latent_ndim: int  # 5: (B, C, T, H, W); 4: (B, C, H, W)
+    latent_channels: int
+    spatial_factor: int  # sample pixels per latent pixel along each spatial axis
+    temporal_factor: int  # sample frames per latent frame after the first; 1 for an image VAE
+    sample_channels: int  # channels of a decoded sample (after any unpatchify): 3 for RGB
+    # diffusers decodes the latent frames in batches of two (CogVideoX): an even count then decodes
+    # every frame, the first too, to `temporal_factor` frames
+    paired_frames: bool = False
+    # latent frames -> sample frames where no factor says it (MiniMax-H3's overlapping clips)
+    frames: Callable[[int], int] | None = None
+
+    def frames_out(self, latent_frames: int) -> int:
+        """Frames a latent of `latent_frames` frames decodes to (1 for an image VAE's latent)."""
+        if self.latent_ndim == 4:
+            return 1
+        if self.frames is not None:
+            return self.frames(latent_frames)
+        if self.paired_frames and latent_frames % 2 == 0:
+            return latent_frames * self.temporal_factor
+        return frames_out(latent_frames, self.temporal_factor)
+
+
 def source_hash(qualified: str) -> str:
     """The first 16 hex digits of the SHA-256 of a function's source ("module:Qualified.name"),
     dedented, trailing spaces stripped: the same text hashes alike whatever its indentation."""
@@ -264,6 +290,18 @@ class Family(ABC):
     """
 
     shard_plan: ShardPlan | None = None
+    # -- facts: every fact about the family's classes and configs lives here, in the family --------
+    # name -> (diffusers class name, constructor arguments): the real configs (the command line's
+    # `--config` names, built with random weights)
+    configs: dict[str, tuple[str, dict]] = {}
+    # name -> (diffusers class name, constructor arguments): tiny configs with every kind of layer of
+    # the real ones, which the tests build (tests/models.py)
+    test_configs: dict[str, tuple[str, dict]] = {}
+
+    @abstractmethod
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        """The latent and sample shapes of `class_name` built with `config` (every constructor argument:
+        `vaeshard.shape_facts` fills in the class's defaults), read from the config alone."""
 
     mirrors: tuple[Mirror, ...] = ()
     # the arguments diffusers' decode / encode take between the tensor and `return_dict`, in order
@@ -569,6 +607,7 @@ __all__ = [
     "pointwise_problem",
     "same_conv_problem",
     "Mirror",
+    "ShapeFacts",
     "TileOps",
     "concat_extent",
     "concatenated_tile_ops",

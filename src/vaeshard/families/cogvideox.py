@@ -32,6 +32,8 @@ The VAE has no attention. Every other layer is refused before anything is swappe
 
 from __future__ import annotations
 
+import math
+
 from ..layers.convs import HaloConv2d
 from ..layers.halo import HaloInlinePadConv2d, HaloSafeConv3d
 from ..layers.norms import GlobalGroupNorm
@@ -45,6 +47,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     concatenated_tile_ops,
     local,
@@ -276,6 +279,53 @@ _COG = "diffusers.models.autoencoders.autoencoder_kl_cogvideox:"
 class _CogVideoX(Family):
     name = "cogvideox"
     classes = ("AutoencoderKLCogVideoX",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"cogvideox": ("AutoencoderKLCogVideoX", {})}  # its defaults are CogVideoX's (1.0 and 1.5 share it)
+    # every kind of layer of the real one (three levels: 4x spatial, 2x temporal; one resnet per
+    # block); "cogvideox_layout": the real config's layout (four levels: 8x spatial, 4x temporal with
+    # two time-compressing resamplers each way, 16 latent channels, three layers per block) at small
+    # widths, for numerical checks at 8x. diffusers' tiles are half of sample_height / sample_width.
+    test_configs = {
+        "cogvideox": (
+            "AutoencoderKLCogVideoX",
+            {
+                "block_out_channels": (8, 8, 16),
+                "down_block_types": ("CogVideoXDownBlock3D",) * 3,
+                "up_block_types": ("CogVideoXUpBlock3D",) * 3,
+                "latent_channels": 4,
+                "layers_per_block": 1,
+                "norm_num_groups": 4,
+                "temporal_compression_ratio": 2,
+                "sample_height": 64,
+                "sample_width": 80,
+            },
+        ),
+        "cogvideox_layout": (
+            "AutoencoderKLCogVideoX",
+            {
+                "block_out_channels": (8, 16, 16, 32),
+                "down_block_types": ("CogVideoXDownBlock3D",) * 4,
+                "up_block_types": ("CogVideoXUpBlock3D",) * 4,
+                "latent_channels": 16,
+                "layers_per_block": 3,
+                "norm_num_groups": 4,
+                "temporal_compression_ratio": 4,
+                "sample_height": 128,
+                "sample_width": 160,
+            },
+        ),
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # a 2x upsampler after every up block but the last, compressing time on the first
+        # log2(temporal ratio) of them; diffusers decodes the latent frames two at a time
+        levels = len(config["block_out_channels"])
+        time = int(math.log2(config["temporal_compression_ratio"]))
+        return ShapeFacts(
+            5, config["latent_channels"], 2 ** (levels - 1), 2 ** min(levels - 1, time), config["out_channels"],
+            paired_frames=True,
+        )  # fmt: skip
+
     mirrors = (
         Mirror(
             _COG + "AutoencoderKLCogVideoX.tiled_decode",

@@ -32,6 +32,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     local,
     pointwise_problem,
@@ -90,7 +91,43 @@ SANA_F32C32 = {
     "upsample_block_type": "interpolate",
     "scaling_factor": 0.41407,
 }
-CONFIGS = {"dc-ae-f32c32-sana-1.0": ("AutoencoderDC", SANA_F32C32)}
+
+
+# Two tiny layouts that keep every kind of layer the real ones have (4x compression, 4 latent channels,
+# head_dim 8). "dcae": the f32c32 layout (stride-2 conv downsampling, nearest-interpolate upsampling),
+# BatchNorm ResBlocks at the top decoder level, multi-scale attention (3x3 and 5x5 depthwise) on the two
+# lower levels. "dcae_shuffle": pixel (un)shuffle resampling, the first level without layers (conv_in /
+# conv_out are down / up blocks).
+_TINY = {
+    "latent_channels": 4,
+    "attention_head_dim": 8,
+    "encoder_block_out_channels": (8, 16, 16),
+    "decoder_block_out_channels": (8, 16, 16),
+}
+TEST_CONFIGS = {
+    "dcae": {
+        **_TINY,
+        "encoder_block_types": ("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
+        "decoder_block_types": ("ResBlock", "EfficientViTBlock", "EfficientViTBlock"),
+        "encoder_qkv_multiscales": ((), (3,), (5,)),
+        "decoder_qkv_multiscales": ((), (3,), (5,)),
+        "downsample_block_type": "conv",
+        "upsample_block_type": "interpolate",
+        "decoder_norm_types": ("batch_norm", "rms_norm", "rms_norm"),
+        "decoder_act_fns": ("relu", "silu", "silu"),
+        "encoder_layers_per_block": (1, 1, 1),
+        "decoder_layers_per_block": (1, 1, 1),
+    },
+    "dcae_shuffle": {
+        **_TINY,
+        "encoder_block_types": ("ResBlock", "ResBlock", "EfficientViTBlock"),
+        "decoder_block_types": ("ResBlock", "ResBlock", "EfficientViTBlock"),
+        "encoder_qkv_multiscales": ((), (), (5,)),
+        "decoder_qkv_multiscales": ((), (), (5,)),
+        "encoder_layers_per_block": (0, 1, 1),
+        "decoder_layers_per_block": (0, 1, 1),
+    },
+}
 
 
 def latent_channels(vae) -> int:
@@ -160,6 +197,15 @@ _SANA = "diffusers.models.attention_processor:"
 class _AutoencoderDC(Family):
     name = "dcae"
     classes = ("AutoencoderDC",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"dc-ae-f32c32-sana-1.0": ("AutoencoderDC", SANA_F32C32)}
+    test_configs = {name: ("AutoencoderDC", config) for name, config in TEST_CONFIGS.items()}
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # every encoder level but the last halves height and width
+        ratio = 2 ** (len(config["encoder_block_out_channels"]) - 1)
+        return ShapeFacts(4, config["latent_channels"], ratio, 1, config["in_channels"])
+
     mirrors = (
         Mirror(_DC + "tiled_decode", "families/dcae.py decode_tile_ops (base.strided_decode_grid)", "ff8b0e9e08b37327"),
         Mirror(

@@ -33,6 +33,8 @@ The encoder is made of the same kinds of layer, so encode shards too (sample ext
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
@@ -49,6 +51,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     frames_out,
     local,
@@ -278,6 +281,26 @@ _HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuan_video:"
 class _HunyuanVideo(Family):
     name = "hunyuanvideo"
     classes = ("AutoencoderKLHunyuanVideo",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"hunyuanvideo": ("AutoencoderKLHunyuanVideo", {})}  # its defaults are the HunyuanVideo VAE
+    # every kind of layer of the real one at small widths: four levels (8x spatial, 4x temporal)
+    test_configs = {
+        "hunyuanvideo": (
+            "AutoencoderKLHunyuanVideo",
+            {"latent_channels": 4, "block_out_channels": (4, 8, 16, 16), "layers_per_block": 1, "norm_num_groups": 2},
+        )
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # diffusers: a spatial upsampler on the first log2(spatial ratio) up blocks, a temporal one on
+        # the log2(temporal ratio) blocks before the last
+        levels = len(config["block_out_channels"])
+        space = int(math.log2(config["spatial_compression_ratio"]))
+        time = int(math.log2(config["temporal_compression_ratio"]))
+        return ShapeFacts(
+            5, config["latent_channels"], 2 ** min(levels, space), 2 ** min(levels - 1, time), config["out_channels"]
+        )
+
     mirrors = (
         Mirror(
             _HV + "AutoencoderKLHunyuanVideo._decode",

@@ -26,6 +26,8 @@ attention runs without diffusers' mask there too. The exact tier and `tile` run 
 
 from __future__ import annotations
 
+import math
+
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
 from ..layers import tier as fast
@@ -41,6 +43,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     concatenated_tile_ops,
     frames_out,
@@ -240,6 +243,47 @@ _HV = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15:"
 class _HunyuanVideo15(Family):
     name = "hunyuanvideo15"
     classes = ("AutoencoderKLHunyuanVideo15",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"hunyuanvideo15": ("AutoencoderKLHunyuanVideo15", {})}  # its defaults are the HunyuanVideo 1.5 VAE
+    # every kind of layer of the real one: up/down blocks that resample space and time, space only, and
+    # neither; causal replicate-padded convs, RMS norms, 1x1x1 shortcuts, the frame-causal mid-block
+    # attention. 4x spatial, 2x temporal; "hunyuanvideo15_layout": the real config's layout (five
+    # levels, 16x spatial, 4x temporal, 32 latent channels, two layers per block) at a sixteenth of its
+    # widths, for numerical checks at 16x
+    test_configs = {
+        "hunyuanvideo15": (
+            "AutoencoderKLHunyuanVideo15",
+            {
+                "latent_channels": 4,
+                "block_out_channels": (8, 8, 16),
+                "layers_per_block": 1,
+                "spatial_compression_ratio": 4,
+                "temporal_compression_ratio": 2,
+            },
+        ),
+        "hunyuanvideo15_layout": (
+            "AutoencoderKLHunyuanVideo15",
+            {
+                "latent_channels": 32,
+                "block_out_channels": (8, 16, 32, 64, 64),
+                "layers_per_block": 2,
+                "spatial_compression_ratio": 16,
+                "temporal_compression_ratio": 4,
+            },
+        ),
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # diffusers puts an upsampler on up block i where i < log2 of either ratio (temporal where
+        # i < log2 of the temporal one); each doubles height and width
+        levels = len(config["block_out_channels"])
+        space = math.ceil(math.log2(config["spatial_compression_ratio"]))
+        time = math.ceil(math.log2(config["temporal_compression_ratio"]))
+        return ShapeFacts(
+            5, config["latent_channels"], 2 ** min(levels, max(space, time)), 2 ** min(levels, time),
+            config["out_channels"],
+        )  # fmt: skip
+
     mirrors = (
         Mirror(
             _HV + "AutoencoderKLHunyuanVideo15._decode",

@@ -28,6 +28,7 @@ from .base import (
     Family,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     local,
     padded,
@@ -85,6 +86,20 @@ class LTXLike(Family):
     spatial_decode = True
     spatial_encode = True
     call_inputs = {"decode": ("temb",)}
+
+    # -- facts (the subclasses' configs; their upsamplers' strides) -------------------------------
+
+    @staticmethod
+    def upsample_strides(config: dict) -> list[tuple[int, int, int]]:
+        """(time, height, width) strides of the decoder's upsamplers: LTX-Video's resample all three."""
+        return [(2, 2, 2) for scaled in config["decoder_spatio_temporal_scaling"] if scaled]
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # the decoder's upsamplers, then its unpatchify (its own patch sizes, in space and in time)
+        space, time = config["patch_size"], config["patch_size_t"]
+        for t, h, _ in self.upsample_strides(config):
+            space, time = space * h, time * t
+        return ShapeFacts(5, config["latent_channels"], space, time, config["out_channels"])
 
     def latent_channels(self, vae) -> int:
         return vae.config.latent_channels
@@ -257,6 +272,33 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
 class _LTXVideo(LTXLike):
     name = "ltx"
     classes = ("AutoencoderKLLTXVideo",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"ltx": ("AutoencoderKLLTXVideo", {})}  # its defaults are the LTX-Video 0.9 VAE
+    # LTX-Video 0.9.5's layout: a timestep-conditioned decoder with noise injection, residual
+    # pixel-shuffle upsamplers, and the 0.9.5 encoder's spatial / temporal / spatiotemporal
+    # pixel-unshuffle downsamplers (32x spatial, 8x temporal)
+    test_configs = {
+        "ltx": (
+            "AutoencoderKLLTXVideo",
+            {
+                "latent_channels": 4,
+                "block_out_channels": (8, 8, 16, 16, 16),
+                "down_block_types": ("LTXVideo095DownBlock3D",) * 4,
+                "downsample_type": ("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+                "spatio_temporal_scaling": (True, True, True, True),
+                "layers_per_block": (1, 1, 1, 1, 1),
+                "decoder_block_out_channels": (8, 16, 32),
+                "decoder_layers_per_block": (1, 1, 1, 1),
+                "decoder_spatio_temporal_scaling": (True, True, True),
+                "decoder_inject_noise": (True, True, True, False),
+                "upsample_residual": (True, True, True),
+                "upsample_factor": (2, 2, 2),
+                "timestep_conditioning": True,
+                "spatial_compression_ratio": 32,
+                "temporal_compression_ratio": 8,
+            },
+        )
+    }
     mirrors = _mirrors(
         _LTX,
         "AutoencoderKLLTXVideo",
@@ -279,6 +321,38 @@ class _LTXVideo(LTXLike):
 class _LTX2Video(LTXLike):
     name = "ltx2"
     classes = ("AutoencoderKLLTX2Video",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"ltx2": ("AutoencoderKLLTX2Video", {})}  # its defaults are the LTX-2 VAE
+    # LTX-2's layout: a reflect-padded causal decoder with spatial-only and spatiotemporal upsamplers,
+    # timestep conditioning and noise injection; an encoder with LTX-2's downsamplers
+    test_configs = {
+        "ltx2": (
+            "AutoencoderKLLTX2Video",
+            {
+                "latent_channels": 4,
+                "block_out_channels": (8, 8, 16, 16),
+                "layers_per_block": (1, 1, 1, 1, 1),
+                "downsample_type": ("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+                "decoder_block_out_channels": (8, 16, 32),
+                "decoder_layers_per_block": (1, 1, 1, 1),
+                "upsample_type": ("spatial", "spatiotemporal", "spatiotemporal"),
+                "decoder_inject_noise": (True, True, False, True),
+                "timestep_conditioning": True,
+                "spatial_compression_ratio": 32,
+                "temporal_compression_ratio": 8,
+            },
+        )
+    }
+
+    @staticmethod
+    def upsample_strides(config: dict) -> list[tuple[int, int, int]]:
+        # diffusers reverses the scaling flags (not the types) and takes a bool for every block
+        scaling = config["decoder_spatio_temporal_scaling"]
+        if isinstance(scaling, bool):
+            scaling = (scaling,) * (len(config["decoder_layers_per_block"]) - 1)
+        strides = {"spatial": (1, 2, 2), "temporal": (2, 1, 1), "spatiotemporal": (2, 2, 2)}
+        return [strides[kind] for scaled, kind in zip(reversed(scaling), config["upsample_type"]) if scaled]
+
     call_inputs = {"decode": ("temb", "causal"), "encode": ("causal",)}
     mirrors = _mirrors(
         _LTX2,

@@ -32,14 +32,29 @@ swaps are its `SHARD_PLAN`). The encoder is not sharded: an untiled encode runs 
 
 from __future__ import annotations
 
+import functools
+import math
+from types import SimpleNamespace
+
 import torch
 
 from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder
 from ..runtime.tile import Tile, TileGrid, TileOps, TimeChunks
-from .base import CONTAINERS, LOCAL, WHOLE_MAP, Family, Layer, Mirror, Rule, ShardPlan, local, with_tiling_off
+from .base import (
+    CONTAINERS,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Layer,
+    Mirror,
+    Rule,
+    ShapeFacts,
+    ShardPlan,
+    local,
+    with_tiling_off,
+)
 
 # the released checkpoint's constructor arguments: diffusers' defaults are MiniMax-H3's VAE
-CONFIGS = {"minimax_h3": ("AutoencoderKLMiniMaxH3", {})}
 
 
 # The fast tier's batch of tiles holds at most this many tokens (whole tiles, at least one): a bound on
@@ -77,6 +92,28 @@ def _decode_clips(vae, frames: int) -> tuple[int, tuple[tuple[int, int], ...]]:
     num_chunks = (num_tokens + pad) // size - int(drop > 0)
     total = frames + pad
     return pad, tuple((i * size, min(i * size + size + vae.token_overlap, total)) for i in range(num_chunks))
+
+
+def _frames_of_config(config: dict, frames: int) -> int:
+    """Sample frames of a latent of `frames` frames, from the config alone: `_decode_clips` and
+    `_merge_decoded` run on shapes (meta tensors) with the clip geometry diffusers' constructor derives."""
+    ratio, clip, drop = math.prod(config["temporal_downsample_factors"]), config["clip_length"], config["token_drop"]
+    pre, size = (-clip) % ratio, math.ceil(clip / ratio)
+    overlap = (-drop) % size
+    geometry = SimpleNamespace(
+        tokens_chunk_size=size,
+        token_overlap=overlap,
+        frame_pre_padding=pre,
+        frame_overlap=max(overlap * ratio - pre, 0),
+        temporal_compression_ratio=ratio,
+        config=SimpleNamespace(token_drop=drop, clip_length=clip),
+        _blend=lambda a, b, n, dim: b,  # a cross-fade keeps the shape
+    )
+    pad, spans = _decode_clips(geometry, frames)
+    if not spans:
+        return 0
+    clips = [torch.empty(1, 1, (t1 - t0) * ratio, 1, 1, device="meta") for t0, t1 in spans]
+    return _merge_decoded(geometry, clips, pad, frames + pad).shape[2]
 
 
 def _check_frames(vae, frames: int) -> None:
@@ -275,6 +312,39 @@ _H3 = _MODULE + "AutoencoderKLMiniMaxH3."
 class _MiniMaxH3(Family):
     name = "minimax_h3"
     classes = ("AutoencoderKLMiniMaxH3",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"minimax_h3": ("AutoencoderKLMiniMaxH3", {})}  # diffusers' defaults are the released VAE
+    # every kind of layer of the real one (tests/models.py seeds what diffusers starts at a constant):
+    # four encoder levels resampling space, space and time (twice) and nothing; a two-block ViT decoder
+    # with registers; clips of 7 sample frames (2 latent frames, 1 dropped)
+    test_configs = {
+        "minimax_h3": (
+            "AutoencoderKLMiniMaxH3",
+            {
+                "latent_channels": 4,
+                "block_out_channels": (4, 8, 8, 8),
+                "layers_per_block": 1,
+                "spatial_downsample_factors": (2, 2, 2, 1),
+                "temporal_downsample_factors": (1, 2, 2, 1),
+                "norm_num_groups": 2,
+                "decoder_num_layers": 2,
+                "decoder_num_attention_heads": 2,
+                "decoder_attention_head_dim": 8,
+                "decoder_num_register_tokens": 2,
+                "decoder_ffn_mult": 2,
+                "clip_length": 7,
+                "token_drop": 1,
+                "latents_mean": (0.0,) * 4,
+                "latents_std": (1.0,) * 4,
+            },
+        )
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        space, time = math.prod(config["spatial_downsample_factors"]), math.prod(config["temporal_downsample_factors"])
+        frames = functools.partial(_frames_of_config, config)
+        return ShapeFacts(5, config["latent_channels"], space, time, config["out_channels"], frames=frames)
+
     mirrors = (
         Mirror(_H3 + "_decode", "families/minimax_h3.py _decode_clips, _merge_decoded", "8a9a2fb7dd63d332"),
         Mirror(

@@ -35,6 +35,8 @@ frames per call, not the clip's length. The exact tier and `tile` run diffusers'
 
 from __future__ import annotations
 
+import math
+
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCachedCausalConv3d, loop_problem
 from ..layers import tier as fast
@@ -50,6 +52,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     local,
     pointwise_problem,
@@ -300,6 +303,30 @@ _COG = "diffusers.models.autoencoders.autoencoder_kl_cogvideox:"
 class _Mochi(Family):
     name = "mochi"
     classes = ("AutoencoderKLMochi",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"mochi": ("AutoencoderKLMochi", {})}  # its defaults are the Mochi 1 VAE
+    # every kind of layer of the real one (tests/models.py says which) at widths of 32 and 64, one
+    # resnet per block below full resolution and none at it
+    test_configs = {
+        "mochi": (
+            "AutoencoderKLMochi",
+            {
+                "encoder_block_out_channels": (32, 32, 32, 64),
+                "decoder_block_out_channels": (32, 32, 32, 64),
+                "latent_channels": 4,
+                "layers_per_block": (0, 1, 1, 1, 1),
+                "latents_mean": (0.0,) * 4,
+                "latents_std": (1.0,) * 4,
+            },
+        )
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # each up block expands height and width by its spatial expansion and time by its temporal one;
+        # diffusers drops the frames the first latent frame expands to, but one
+        space, time = math.prod(config["spatial_expansions"]), math.prod(config["temporal_expansions"])
+        return ShapeFacts(5, config["latent_channels"], space, time, config["out_channels"])
+
     mirrors = (
         Mirror(
             _M + "AutoencoderKLMochi._decode",

@@ -16,6 +16,21 @@ _QWEN = "diffusers.models.autoencoders.autoencoder_kl_qwenimage:"
 class _QwenImage(WanLike):
     name = "qwenimage"
     classes = ("AutoencoderKLQwenImage",)
+    # -- facts (shape_facts: WanLike) -------------------------------------------------------------
+    configs = {"qwenimage": ("AutoencoderKLQwenImage", {})}  # its defaults are the Qwen-Image VAE
+    test_configs = {
+        "qwenimage": (
+            "AutoencoderKLQwenImage",
+            {
+                "base_dim": 8,
+                "z_dim": 4,
+                "dim_mult": [1, 2, 4, 4],
+                "num_res_blocks": 1,
+                "latents_mean": [0.0] * 4,
+                "latents_std": [1.0] * 4,
+            },
+        )
+    }
     mirrors = (
         Mirror(_QWEN + "AutoencoderKLQwenImage._decode", "families/wan/frames.py decode_in_steps", "aa21d785622137b6"),
         Mirror(

@@ -32,6 +32,7 @@ from .base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     local,
     padded,
@@ -96,6 +97,32 @@ def _diffusers():
 class _QwenImage21(WanLike):
     name = "qwenimage21"
     classes = ("AutoencoderKLQwenImage21",)
+    # -- facts ----------------------------------------------------------------------------------
+    configs = {"qwenimage21": ("AutoencoderKLQwenImage21", {})}  # its defaults are the Qwen-Image 2.1 VAE
+    # every kind of layer the real one has: residual up and down blocks with pixel (un)shuffle
+    # shortcuts, a temporal and a spatial-only resample each way, a decoder wider than the encoder,
+    # the mid-block attention; 4x spatial, z=4, RGBA
+    test_configs = {
+        "qwenimage21": (
+            "AutoencoderKLQwenImage21",
+            {
+                "base_dim": 8,
+                "decoder_base_dim": 12,
+                "z_dim": 4,
+                "dim_mult": [1, 2, 2],
+                "num_res_blocks": 1,
+                "temperal_downsample": [False, True],
+                "latents_mean": [0.0] * 4,
+                "latents_std": [1.0] * 4,
+                "scale_factor_spatial": 4,
+            },
+        )
+    }
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # Wan's shapes, but one frame: the decoder is 2-D, whatever temperal_downsample says
+        return super().shape_facts(class_name, config)._replace(temporal_factor=1)
+
     mirrors = (
         Mirror(
             _Q21 + "AutoencoderKLQwenImage21.tiled_decode",

@@ -30,6 +30,7 @@ from ..base import (
     Layer,
     Mirror,
     Rule,
+    ShapeFacts,
     ShardPlan,
     class_name,
     frames_out,
@@ -58,6 +59,17 @@ class WanLike(Family):
     class_prefix: str  # of the family's diffusers class names ("Wan": WanCausalConv3d, ...), for `wan_plan`
     decoder_takes_first_chunk = True  # Wan's decoder trims DupUp3D's first chunk; Qwen's has no such arg
     clamp_tiled_decode = True  # Wan clamps after tiled decode; Qwen-Image's tiled decode does not
+
+    # -- facts ----------------------------------------------------------------------------------
+
+    def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
+        # one 2x spatial upsampler per level below the top, each temporal where temperal_downsample
+        # (reversed) says so; Wan 2.2 unpatchifies its output
+        stages = len(config["dim_mult"]) - 1
+        patch = config.get("patch_size") or 1
+        ups = list(reversed(config["temperal_downsample"]))[:stages]
+        channels = config["out_channels"] if "out_channels" in config else config["input_channels"]
+        return ShapeFacts(5, config["z_dim"], 2**stages * patch, 2 ** sum(map(bool, ups)), channels // patch**2)
 
     # -- shapes ---------------------------------------------------------------------------------
 
@@ -302,10 +314,66 @@ def wan_plan(prefix: str) -> ShardPlan:
 
 _WAN = "diffusers.models.autoencoders.autoencoder_kl_wan:"
 
+# Wan 2.2 (TI2V-5B) VAE: the values of its diffusers vae/config.json that differ from
+# AutoencoderKLWan's defaults, including its 48-channel latent statistics.
+WAN22_CONFIG = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+    "latents_mean": [
+        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557,
+        -0.1382, 0.0542, 0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825,
+        -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108, -0.2158, 0.2502,
+        -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230,
+        -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+        0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+    ],
+    "latents_std": [
+        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013,
+        0.8158, 1.0344, 0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978,
+        0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+        0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093,
+        0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
+    ],
+}  # fmt: skip
+
+# tiny configs with every kind of layer of Wan 2.1's and Wan 2.2's (residual blocks, patchify)
+_TINY = {"base_dim": 8, "z_dim": 4, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 1}
+_TINY_STATS = {"latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}
+
 
 class _Wan(WanLike):
     name = "wan"
     classes = ("AutoencoderKLWan",)
+    # -- facts (shape_facts: WanLike) -------------------------------------------------------------
+    configs = {
+        "wan21": ("AutoencoderKLWan", {}),  # AutoencoderKLWan's defaults are the Wan 2.1 VAE
+        "wan22": ("AutoencoderKLWan", WAN22_CONFIG),
+    }
+    test_configs = {
+        "wan21": ("AutoencoderKLWan", {**_TINY, **_TINY_STATS}),
+        "wan22": (
+            "AutoencoderKLWan",
+            {
+                **_TINY,
+                "decoder_base_dim": 16,
+                "temperal_downsample": [False, True, True],
+                "is_residual": True,
+                "in_channels": 12,
+                "out_channels": 12,
+                "patch_size": 2,
+                "scale_factor_spatial": 16,
+                **_TINY_STATS,
+            },
+        ),
+    }
     mirrors = (
         Mirror(_WAN + "AutoencoderKLWan._decode", "families/wan/frames.py decode_in_steps", "72e9fe6159efaa0f"),
         Mirror(
