@@ -277,7 +277,7 @@ def _run(vae, op: str, x, inputs: dict):
     with recorded(vae, op, x) as record:
         request = admit(vae, op, x, inputs, record)
         x = request.x
-        if vae.use_slicing and x.shape[0] > 1:
+        if getattr(vae, "use_slicing", False) and x.shape[0] > 1:  # (a VAE without slicing: never)
             parts = [
                 _whole(replace(request, x=part, inputs=inputs_of_sample(request.inputs, k, x.shape[0])))
                 for k, part in enumerate(x.split(1))

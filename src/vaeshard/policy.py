@@ -238,6 +238,11 @@ def _strategy(request: Request, world_size: int, tile_ops) -> Plan:
         return Plan("tile", f"{why}; tiles are spread over {workers} ranks", forced)
 
     if mode == "tile":
+        if not has_tile:  # mode tile promises diffusers' tiled result, and there is none to give
+            raise ValueError(
+                f"mode 'tile': {type(vae).__name__} has no tiled {op} in diffusers, so there is no tiled result to "
+                "reproduce; use mode 'auto' or a spatial_shard mode (diffusers' untiled result)"
+            )
         return not_spatial("mode tile", False)
 
     spatial_ok = family.supports(op, "spatial_shard_height")

@@ -71,7 +71,7 @@ def stream_decode(vae, latents, **decode_kwargs) -> DecodeStream:
 
 
 def _chunks(vae, z, decode_kwargs: dict):
-    if vae.use_slicing and isinstance(z, torch.Tensor) and z.dim() and z.shape[0] > 1:
+    if getattr(vae, "use_slicing", False) and isinstance(z, torch.Tensor) and z.dim() and z.shape[0] > 1:
         yield vae.decode(z, **decode_kwargs).sample  # decoded one sample at a time: the whole batch, once
         return
     state = getattr(vae, STATE_ATTR)

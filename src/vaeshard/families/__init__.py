@@ -36,6 +36,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLMochi": ("vaeshard.families.mochi", "FAMILY"),
     "AutoencoderKLMiniMaxH3": ("vaeshard.families.minimax_h3", "FAMILY"),
     "AutoencoderDC": ("vaeshard.families.dcae", "FAMILY"),
+    "Kandinsky6SRVAE": ("vaeshard.families.kandinsky6_sr", "FAMILY"),
 }
 
 

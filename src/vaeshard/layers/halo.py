@@ -252,25 +252,44 @@ class HaloZeroPad2d:
 
 
 class HaloInlinePadConv2d:
-    """Mixin for an unpadded 3x3 stride-2 nn.Conv2d behind an inline (0, 1, 0, 1) zero pad by its
-    caller (CogVideoX's `CogVideoXDownsample3D`: `F.pad(x, (0, 1, 0, 1))`, then this convolution).
+    """Mixin for an unpadded convolution behind an inline zero pad by its caller of `inline_pad` =
+    (rows before, rows after) on the sharded axis (CogVideoX's `CogVideoXDownsample3D`:
+    `F.pad(x, (0, 1, 0, 1))`, then a 3x3 stride-2 Conv2d: (0, 1)).
 
-    Its input is the caller's padded map, which only the convolution reads, with one zero row after
-    the last on the sharded axis. Sharded, that row is the next rank's first row (the zero stays at
-    the global end); the other axis keeps its zero column. Output row i reads input rows 2 i .. 2 i + 2,
-    so with every shard starting on an even row (shards of whole latent rows: at each downsampling
-    level a shard's rows are a multiple of 2) each rank computes exactly its rows of the whole map's
-    output from its own rows and that one row."""
+    Its input is the caller's padded map, which only the convolution reads. Sharded, the pad rows at
+    an interior shard boundary are the neighbours' rows (the zeros stay at the global edges), written
+    in place; the other axes keep the caller's padding. With stride 2 (output row i reads input rows
+    2 i .. 2 i + 2) every shard must start on an even row, which shards of whole latent rows do at
+    each downsampling level: each rank then computes exactly its rows of the whole map's output."""
 
-    def forward(self, x):
+    inline_pad = (0, 1)
+
+    def forward(self, x, *args):
         ctx = current()
         if ctx is None:
-            return super().forward(x)
+            return super().forward(x, *args)
         dim = ctx.dim(x)
-        rows = x.shape[dim] - 1  # this rank's rows; the last row is the caller's zero pad
-        if rows % 2:
-            raise RuntimeError(f"a shard of {rows} rows before a stride-2 convolution: shards must start on even rows")
-        _, after = ctx.neighbour_rows(x.narrow(dim, 0, rows), dim, 0, 1)
-        if after is not None:  # not the last rank: the next rank's first row replaces the zero pad
-            x.narrow(dim, rows, 1).copy_(after)
-        return super().forward(x)
+        before, after = self.inline_pad
+        rows = x.shape[dim] - before - after  # this rank's rows, between the caller's pad rows
+        stride = self.stride[dim - x.dim()]
+        if rows % stride:
+            raise RuntimeError(
+                f"a shard of {rows} rows before a stride-{stride} convolution: shards must start on even rows"
+            )
+        prev, nxt = ctx.neighbour_rows(x.narrow(dim, before, rows), dim, before, after)
+        if prev is not None:  # not the first rank: the previous rank's last rows replace the zero pad
+            x.narrow(dim, 0, before).copy_(prev)
+        if nxt is not None:  # not the last rank: the next rank's first rows replace the zero pad
+            x.narrow(dim, before + rows, after).copy_(nxt)
+        return super().forward(x, *args)
+
+
+class HaloInlineSamePadConv(HaloInlinePadConv2d):
+    """`HaloInlinePadConv2d` for a stride-1 convolution whose caller zero-pads its input 'same' on the
+    sharded axis, (k - 1) / 2 rows each side (Kandinsky 6 SR's causal convolution: `F.pad` of height
+    and width, then its cached time frames, then this convolution)."""
+
+    @property
+    def inline_pad(self):
+        half = (self.kernel_size[-1] - 1) // 2  # odd and square in space, which the caller checks
+        return half, half
