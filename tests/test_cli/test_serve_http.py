@@ -561,3 +561,22 @@ def test_queued_requests_cost_their_body_and_freed_bodies_leave_rank0(server):
         )
     finally:
         server.kill()
+
+
+def test_an_encode_answer_holds_the_latent_where_the_vae_returns_one():
+    # DC-AE's encode returns the latent itself (no distribution): the service answers it as `latent`,
+    # and a distribution as `mean` and `logvar`; each equal to diffusers' own encode
+    from vaeshard.cli.serve import encode_tensors
+
+    from ..models import autoencoder_kl_small, build
+
+    x = torch.rand(1, 3, 16, 16) * 2 - 1
+    dcae = build("dcae")
+    with torch.no_grad():
+        answer, own = encode_tensors(dcae.encode(x)), dcae.encode(x).latent
+    assert set(answer) == {"latent"} and torch.equal(answer["latent"], own)
+    kl = autoencoder_kl_small()
+    with torch.no_grad():
+        answer, dist = encode_tensors(kl.encode(x)), kl.encode(x).latent_dist
+    assert set(answer) == {"mean", "logvar"}
+    assert torch.equal(answer["mean"], dist.mean) and torch.equal(answer["logvar"], dist.logvar)

@@ -63,6 +63,15 @@ class GroupFailed(RuntimeError):
     """A rank of the service failed or left: the group cannot serve any more."""
 
 
+
+def encode_tensors(encoded) -> dict:
+    """The tensors of an encode's answer (float32, on the CPU): `mean` and `logvar` of the latent
+    distribution, or `latent` where the VAE's encode returns the latent itself (DC-AE)."""
+    dist = getattr(encoded, "latent_dist", None)
+    if dist is None:
+        return {"latent": encoded.latent.float().contiguous().cpu()}
+    return {"mean": dist.mean.float().contiguous().cpu(), "logvar": dist.logvar.float().contiguous().cpu()}
+
 class _Stopped(Exception):
     """Rank 0 stops a request before its end (the reason: a key of STOPPED)."""
 
@@ -424,18 +433,11 @@ def _execute(vae, job: ServeJob, header: dict, tensor, ctx, request: Request | N
                                 raise _Stopped(request.reason)  # the stream's close ends it on every rank
                             writer.write(chunk if chunk.dim() == 5 else chunk.unsqueeze(2))
             else:
-                dist = vae.encode(x).latent_dist
+                encoded = vae.encode(x)
                 if request is not None:
                     from safetensors.torch import save
 
-                    request.out.write(
-                        save(
-                            {
-                                "mean": dist.mean.float().contiguous().cpu(),
-                                "logvar": dist.logvar.float().contiguous().cpu(),
-                            }
-                        )
-                    )
+                    request.out.write(save(encode_tensors(encoded)))
         ctx.synchronize()
     except vaeshard.StreamClosed:
         outcome["status"] = "closed"
