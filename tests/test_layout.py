@@ -7,6 +7,7 @@ tuning.py and metrics.py are leaves everyone above may read."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "vaeshard"
@@ -276,3 +277,16 @@ def test_the_cycle_and_privacy_checks_see_what_they_look_for():
     graph = _import_graph()
     assert "vaeshard.runtime.comm" in graph["vaeshard.runtime.tile"]  # real edges, relative imports resolved
     assert "vaeshard.families" in graph["vaeshard.policy"]  # (inside a function)
+
+
+def test_each_supported_class_is_named_by_its_family_and_the_registry_only():
+    """A diffusers class name appears under src/ only in its family's module (or package) and the
+    registry: every other part reads what it needs from them."""
+    from vaeshard import families
+
+    files = [p for p in SRC.rglob("*.py")]
+    for name, (module, _) in families._REGISTRY.items():
+        home = module.split(".")[2]  # vaeshard.families.<home>
+        named = {p.relative_to(SRC).as_posix() for p in files if re.search(rf"\b{name}\b", p.read_text())}
+        others = {f for f in named if f != "families/__init__.py" and not f.startswith(f"families/{home}")}
+        assert not others, f"{name} is named outside its family and the registry: {sorted(others)}"

@@ -98,7 +98,7 @@ def run_demo(
     world = launch.torchrun_world() or nproc
     backend = "nccl" if device == "cuda" else "gloo"
     out(
-        "vaeshard demo: Wan 2.1 VAE architecture (diffusers AutoencoderKLWan default config) with RANDOM weights "
+        "vaeshard demo: Wan 2.1 VAE architecture (diffusers' Wan VAE class, its default config) with RANDOM weights "
         "(torch.manual_seed(0)), so the video is noise; the point is that every mode matches diffusers."
     )
     out(f"latent {DEMO_SHAPE} (seeded torch.randn), {dtype} on {device}, {world} ranks ({backend})")

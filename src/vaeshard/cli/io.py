@@ -375,8 +375,8 @@ def check_denormalize(config: dict, channels: int) -> None:
 
 def denormalize(z, config: dict, dtype):
     """Undo the latent normalisation the way the diffusers pipelines do before decode: Wan's and
-    Qwen-Image's `z * latents_std + latents_mean`, per channel; AutoencoderKL's `z / scaling_factor +
-    shift_factor` (SD, SDXL, FLUX.1, SD3)."""
+    Qwen-Image's `z * latents_std + latents_mean`, per channel; Stable Diffusion's and FLUX's
+    `z / scaling_factor + shift_factor` (SD, SDXL, FLUX.1, SD3)."""
     import torch
 
     z = z.to(dtype)
@@ -456,7 +456,7 @@ def to_uint8_frames(video_bcthw):
 
 
 def with_article(noun: str) -> str:
-    """`noun` after "a" or "an" as it is read aloud: an AutoencoderDC, an int, a UNet2DConditionModel (an
+    """`noun` after "a" or "an" as it is read aloud: an Encoder, an int, a UNet2DConditionModel (an
     initialism is read letter by letter: an SDXL, a UNet, an ndarray), an 8-D."""
     if not noun:
         return "a"

@@ -148,7 +148,7 @@ def _add_decode(sub, parents) -> None:
         "--denormalize",
         action="store_true",
         help="undo the pipeline's latent normalisation first: latents_mean/latents_std (Wan, Qwen-Image) "
-        "or scaling_factor/shift_factor (AutoencoderKL), as the diffusers pipelines do",
+        "or scaling_factor/shift_factor (Stable Diffusion, FLUX), as the diffusers pipelines do",
     )
     dec.add_argument(
         "--decode-timestep",

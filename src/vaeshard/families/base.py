@@ -276,7 +276,7 @@ def padded(conv) -> bool:
 
 
 class Family(ABC):
-    """A family of diffusers VAE classes (e.g. Wan: AutoencoderKLWan).
+    """A family of diffusers VAE classes (e.g. Wan's, for Wan 2.1 and 2.2).
 
     Declared (class attributes): `name`, the diffusers `classes`, `latent_ndim` (5 for
     (B, C, T, H, W), 4 for (B, C, H, W)), which strategies each op supports, and `frame_loop`: the
@@ -494,7 +494,7 @@ def concat_extent(tiles_along, keep: int, scale_out) -> int:
 
 def concatenated_tile_ops(vae, x, tile, stride, blend, keep, scale_out, run, out_shape) -> TileOps:
     """diffusers' tiled loop of the VAEs that concatenate their blended tiles without a final crop
-    (AutoencoderKL, HunyuanVideo 1.5, CogVideoX): tiles of `tile` every `stride` over `x`'s last two
+    (the SD and FLUX image VAE, HunyuanVideo 1.5, CogVideoX): tiles of `tile` every `stride` over `x`'s last two
     axes, blended with the VAE's `blend_v` / `blend_h` over `blend` and cut to `keep` (each a (rows,
     cols) pair); `scale_out` maps an input extent to a finished tile's, `run` decodes (encodes) one."""
     height, width = x.shape[-2:]

@@ -2,7 +2,7 @@
 
 Fast tier: Wan's RMS norm fused with the SiLU after it (and the bias of the convolution before it);
 the SiLU module then passes its input on; Wan's nearest upsampler runs in the input dtype. Sharded:
-GroupNorm with the statistics of the whole, unsharded map (image VAEs such as AutoencoderKL).
+GroupNorm with the statistics of the whole, unsharded map (image VAEs such as Stable Diffusion's and FLUX's).
 """
 
 from __future__ import annotations
