@@ -103,9 +103,12 @@ def main(scenario: str) -> None:
         stall = float(os.environ["STALL_S"])
         calls = {"n": 0}
 
+        # at the decoder's first call, right after the request's agreement: a later call would leave a
+        # loaded machine time to deschedule rank 1 for longer than the bound before it stalls, and rank 0
+        # would raise before the stall the test is about
         def hook(module, args):
             calls["n"] += 1
-            if rank == 1 and calls["n"] == 2:
+            if rank == 1 and calls["n"] == 1:
                 events.append({"event": "stalled", "at": time.time()})
                 time.sleep(stall)
 
