@@ -34,8 +34,20 @@ from __future__ import annotations
 import math
 
 from ..layers.neighbourhood_attention import ShardedDiffusionDecoder, ShardedNeighbourhoodAttention, min_rows
-from .base import CONTAINERS, HALO, LOCAL, WHOLE_MAP, Family, Mirror, Rule, ShapeFacts, ShardPlan, local
-from .base import request_inputs, with_tiling_off
+from .base import (
+    CONTAINERS,
+    HALO,
+    LOCAL,
+    WHOLE_MAP,
+    Family,
+    Mirror,
+    Rule,
+    ShapeFacts,
+    ShardPlan,
+    local,
+    request_inputs,
+    with_tiling_off,
+)
 
 
 def _flex_processor(attention) -> str | None:

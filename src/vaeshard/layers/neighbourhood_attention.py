@@ -43,9 +43,7 @@ def _rotate(rope, x: torch.Tensor, offsets: tuple[int, int, int]) -> torch.Tenso
     dim_t, dim_h, _ = rope.rope_dim_split
     device = x.device
     inv_t, inv_h, inv_w = (rope._inv_freqs(dim, device) for dim in rope.rope_dim_split)
-    positions = [
-        torch.arange(o, o + n, dtype=torch.float32, device=device) for o, n in zip(offsets, x.shape[1:4])
-    ]
+    positions = [torch.arange(o, o + n, dtype=torch.float32, device=device) for o, n in zip(offsets, x.shape[1:4])]
     rotated_t = rope._rotate_axis(x[..., :dim_t], positions[0], inv_t, axis=1)
     rotated_h = rope._rotate_axis(x[..., dim_t : dim_t + dim_h], positions[1], inv_h, axis=2)
     rotated_w = rope._rotate_axis(x[..., dim_t + dim_h :], positions[2], inv_w, axis=3)
