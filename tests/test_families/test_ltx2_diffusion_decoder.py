@@ -1,6 +1,6 @@
 """LTX-2.5's diffusion decoder (LTX2VideoDiffusionDecoderModel): spatial-shard decode on gloo ranks
 within the CPU fp32 tolerance of diffusers' own untiled decode (FlexAttention's neighbourhood mask,
-which runs on the CPU in eager mode), uneven shards of 2 and 3 ranks along either axis, the stage-5
+which runs on the CPU in eager mode), uneven shards of 2 (`auto`) and 3 ranks along either axis, the stage-5
 noise from the global RNG and from a generator; `tile` refused with its reason; a NATTEN processor
 refused before anything is swapped."""
 
@@ -32,10 +32,11 @@ def _natten(vae):
 
 class TestLTX2DiffusionDecoder(SpatialParity, Refusals):
     SPATIAL_CASES = [
-        ("decode-h-2", MODEL, Z, 2, "spatial_shard_height", "decode"),
+        ("decode-auto-2", MODEL, Z, 2, "auto", "decode"),
         ("decode-h-3", MODEL, Z, 3, "spatial_shard_height", "decode"),
         ("decode-w-3", MODEL, (1, 4, 2, 3, 5), 3, "spatial_shard_width", "decode"),
     ]
+    AUTO_STRATEGY = "spatial_shard_height"  # the longer axis
     REFUSALS = [
         (
             "natten-processor",
