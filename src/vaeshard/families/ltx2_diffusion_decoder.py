@@ -182,8 +182,9 @@ class _LTX2DiffusionDecoder(Family):
         return True  # stage 5's pixel noise (from the global RNG where no generator is given)
 
     def replay_draws(self, vae, z) -> None:
-        """Stage 5's draw of rank 0's direct decode of `z` (one canvas; diffusers' tiled decode draws
-        per tile: those requests are `own`, which a direct request on rank 0 alone decodes)."""
+        """Stage 5's draw of rank 0's direct untiled decode of `z` (one canvas). Where diffusers' own
+        tiled decode runs (`own`), its draws (per tile in a one-step x0 decode) are not replayed: the
+        other ranks' RNG then differs from rank 0's, which the next request's agreement reports."""
         from diffusers.utils.torch_utils import randn_tensor
 
         if _tiles_in_diffusers(vae, z.shape):
