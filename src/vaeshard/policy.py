@@ -239,10 +239,10 @@ def _strategy(request: Request, world_size: int, tile_ops) -> Plan:
 
     if mode == "tile":
         if not has_tile:  # mode tile promises diffusers' tiled result, and there is none to give
-            raise ValueError(
-                f"mode 'tile': {type(vae).__name__} has no tiled {op} in diffusers, so there is no tiled result to "
-                "reproduce; use mode 'auto' or a spatial_shard mode (diffusers' untiled result)"
+            why = getattr(family, "no_tile_reason", None) or (
+                f"{type(vae).__name__} has no tiled {op} in diffusers, so there is no tiled result to reproduce"
             )
+            raise ValueError(f"mode 'tile': {why}; use mode 'auto' or a spatial_shard mode (diffusers' untiled result)")
         return not_spatial("mode tile", False)
 
     spatial_ok = family.supports(op, "spatial_shard_height")

@@ -147,7 +147,7 @@ def test_help_lists_the_modes(capsys):
 # command line users script against, so it must be made on purpose (update this list with it).
 CONFIGS = ("wan21", "wan22", "qwenimage", "sd15", "sdxl", "flux1", "flux2", "hunyuanvideo15", "qwenimage21", "ltx",
            "ltx2", "hunyuanvideo", "cogvideox", "mochi", "minimax_h3", "dc-ae-f32c32-sana-1.0",
-           "kandinsky6_sr")  # fmt: skip
+           "kandinsky6_sr", "ltx2_diffusion_decoder")  # fmt: skip
 X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow")
 TIER_FLAGS = [  # --exact and the FastOptions knobs, the same on decode, serve and bench
     ("--exact", None, False, False),

@@ -37,6 +37,7 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLMiniMaxH3": ("vaeshard.families.minimax_h3", "FAMILY"),
     "AutoencoderDC": ("vaeshard.families.dcae", "FAMILY"),
     "Kandinsky6SRVAE": ("vaeshard.families.kandinsky6_sr", "FAMILY"),
+    "LTX2VideoDiffusionDecoderModel": ("vaeshard.families.ltx2_diffusion_decoder", "FAMILY"),
 }
 
 

@@ -311,6 +311,8 @@ class Family(ABC):
     classes: tuple[str, ...]
     latent_ndim: int
     tile_decode: bool = True
+    # why `tile` is refused where diffusers has a tiled path vaeshard does not reproduce (None: it has none)
+    no_tile_reason: str | None = None
     tile_encode: bool = True
     spatial_decode: bool = False
     spatial_encode: bool = False

@@ -204,6 +204,8 @@ def inputs_digest(inputs: dict | None) -> int:
             t = value.detach().to("cpu").contiguous().reshape(-1)
             h.update(f"{t.dtype}{tuple(value.shape)}".encode())
             h.update(t.view(torch.uint8).numpy().tobytes())
+        elif isinstance(value, torch.Generator):  # a decoder's noise generator: its device and state
+            h.update(str(value.device).encode() + value.get_state().numpy().tobytes())
         else:
             h.update(repr(value).encode())
     return int.from_bytes(h.digest()[:4], "big") & 0x7FFFFFFF

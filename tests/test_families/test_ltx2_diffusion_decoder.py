@@ -1,0 +1,79 @@
+"""LTX-2.5's diffusion decoder (LTX2VideoDiffusionDecoderModel): spatial-shard decode on gloo ranks
+within the CPU fp32 tolerance of diffusers' own untiled decode (FlexAttention's neighbourhood mask,
+which runs on the CPU in eager mode), uneven shards of 2 (`auto`) and 3 ranks along either axis, the stage-5
+noise from the global RNG and from a generator; `tile` refused with its reason; a NATTEN processor
+refused before anything is swapped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vaeshard
+
+from ..dist_harness import run_ranks
+from ..family_parity import Refusals, SpatialParity
+from ..models import build, latent
+from ..parity import CPU_FP32, assert_close, reference_from_rank0
+
+MODEL = "ltx2_diffusion_decoder"
+SEED = 11
+# 5 latent rows: 3 + 2 over 2 ranks, 2 + 2 + 1 over 3 (1 latent row: 4 stage-5 rows, its 5-wide
+# window's 2 halo rows plus one); 2 latent frames, 4 columns
+Z = (1, 4, 2, 5, 4)
+
+
+def _natten(vae):
+    class LTX2VideoVaeNeighborhoodNattenProcessor:  # stands in for diffusers' (which fetches kernels)
+        _parallel_config = None
+
+    vae.decoder.diff_blocks[0].attn.processor = LTX2VideoVaeNeighborhoodNattenProcessor()
+
+
+class TestLTX2DiffusionDecoder(SpatialParity, Refusals):
+    SPATIAL_CASES = [
+        ("decode-auto-2", MODEL, Z, 2, "auto", "decode"),
+        ("decode-h-3", MODEL, Z, 3, "spatial_shard_height", "decode"),
+        ("decode-w-3", MODEL, (1, 4, 2, 3, 5), 3, "spatial_shard_width", "decode"),
+    ]
+    AUTO_STRATEGY = "spatial_shard_height"  # the longer axis
+    REFUSALS = [
+        (
+            "natten-processor",
+            MODEL,
+            _natten,
+            r"decoder\.diff_blocks\.0\.attn \(LTX2VideoVaeNeighborhoodAttention\) is an attention whose processor "
+            r"is LTX2VideoVaeNeighborhoodNattenProcessor",
+        )
+    ]
+
+    @staticmethod
+    def run(vae, x, op):
+        torch.manual_seed(SEED)  # stage 5's noise: the same global RNG state for diffusers and every rank
+        with torch.no_grad():
+            return vae.decode(x).sample
+
+
+def _generator_rank(rank, world):
+    vae = build(MODEL)
+    z = latent(Z)
+
+    def decode():
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            return vae.decode(z, generator=torch.Generator().manual_seed(5), num_inference_steps=2).sample
+
+    reference = reference_from_rank0(rank, decode)
+    vaeshard.parallelize(vae, mode="spatial_shard_height")
+    out = decode()
+    assert_close(out, reference, CPU_FP32, "generator, two steps")
+
+
+def test_generator_and_steps_pass_to_every_rank():
+    run_ranks(_generator_rank, 2)
+
+
+def test_tile_is_refused_with_its_reason():
+    vae = vaeshard.parallelize(build(MODEL), "tile")
+    with pytest.raises(ValueError, match="does not reproduce diffusers' tiled decode"):
+        vae.decode(latent(Z))
