@@ -44,16 +44,6 @@ from vaeshard.families.base import GLOBAL_NORM, HALO, WHOLE_MAP  # noqa: E402
 from vaeshard.runtime import tile as tile_mod  # noqa: E402
 from vaeshard.runtime.spatial import split_extents  # noqa: E402
 
-# Each family's common resolution (latent shape, bf16), as BENCHMARKS.md's presets decode it.
-PRESETS = {
-    "wan21": ("wan21", (1, 16, 21, 90, 160)),
-    "wan22": ("wan22", (1, 48, 21, 44, 80)),
-    "hunyuanvideo15": ("hunyuanvideo15", (1, 32, 31, 45, 80)),
-    "cogvideox": ("cogvideox", (1, 16, 13, 60, 90)),
-    "sdxl": ("sdxl", (1, 4, 128, 128)),
-    "flux1": ("flux1", (1, 16, 128, 128)),
-}
-
 
 def _halo_rows(module) -> tuple[int, int]:
     """(rows from the previous rank, rows from the next) a halo module takes on the height axis:
@@ -113,9 +103,10 @@ def _prod(xs) -> int:
     return n
 
 
-def spatial_bytes(vae, z, world: int, itemsize: int) -> list[dict[str, int]]:
-    """Each rank's payload bytes by kind for spatial_shard_height over `world` ranks."""
-    calls, out_shape = _calls(vae, z)
+def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[str, int]]:
+    """Each rank's payload bytes by kind for spatial_shard_height over `world` ranks (`traced`:
+    `_calls(vae, z)` when already taken; it does not depend on `world`)."""
+    calls, out_shape = traced if traced is not None else _calls(vae, z)
     latent_rows = z.shape[-2]
     extents = split_extents(latent_rows, world)
     ranks = [Counter() for _ in range(world)]
@@ -161,4 +152,122 @@ def tile_bytes(vae, z, world: int, itemsize: int) -> list[dict[str, int]]:
     return [{"tile_gather": count * _prod(common) * itemsize} for _ in range(world)]
 
 
-WEIGHTS_SHAPES_ONLY = "meta"
+# -- predicted time -------------------------------------------------------------------------------
+
+# H100 SXM's NVLink 4: 18 links of 25 GB/s each way, 450 GB/s per direction per GPU; the model takes
+# that as what one GPU can send (and receive) at once, and a latency per operation for NCCL's launch
+# and its first bytes on the link.
+LINK_BYTES_PER_S = 450e9
+LATENCY_S = 10e-6
+
+
+def link_bytes(kind: str, payload: int, world: int) -> float:
+    """Bytes one rank sends on its links for a `kind` payload, under NCCL's ring algorithms: an
+    all-gather (and the assembly's broadcasts, and tile mode's gather) passes every other rank's
+    slice on, (N-1) x; an all-reduce 2 (N-1) / N x; a halo exchange or a broadcast once."""
+    if world == 1:
+        return 0.0
+    if kind in ("all_gather", "assemble", "tile_gather"):
+        return (world - 1) * payload
+    if kind == "all_reduce":
+        return 2 * (world - 1) / world * payload
+    return float(payload)
+
+
+def operations(traced, world: int) -> int:
+    """Collective or point-to-point operations one rank waits on in a spatial decode (each a latency)."""
+    if world == 1:
+        return 0
+    calls, _ = traced
+    per_call = {HALO: 1, GLOBAL_NORM: 2}
+    count = sum(per_call.get(t, _maps_gathered(m)) for t, m, *_ in calls)
+    return count + world - 1  # the assembly: one broadcast per rank
+
+
+# Each family's common resolution, its latent (bf16) and its one-GPU decode on vaeshard where
+# BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only.
+PRESETS = {
+    "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 1.198, "Wan 2.1 720p, 1 GPU, H100"),
+    "wan22-720p": ("wan22", (1, 48, 31, 44, 80), 3.095, "Wan 2.2 720p, 1 GPU, H100"),
+    "hunyuanvideo15-480p": ("hunyuanvideo15", (1, 32, 16, 30, 53), 2.339, "HunyuanVideo 1.5 480p 61 frames, H200"),
+    "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 2.120, "CogVideoX 720 x 480 49 frames, H200"),
+    "flux2-1024": ("flux2", (1, 32, 128, 128), 0.086, "FLUX.2 1024^2, H200"),
+    "sdxl-1024": ("sdxl", (1, 4, 128, 128), None, ""),
+}
+
+
+def _meta_vae(config_name: str):
+    import diffusers
+
+    diffusers.utils.logging.set_verbosity_error()  # its note on keeping layers in float32 is about loading
+    cls, config = vaeshard.named_configs()[config_name]
+    with torch.device("meta"):
+        return getattr(diffusers, cls)(**config).to(torch.bfloat16)
+
+
+def predict(preset: str, ranks) -> dict:
+    """The model's figures for `preset` on each rank count: the busiest rank's payload and link bytes
+    by kind, its operations, and the predicted time (communication, and with the one-GPU decode
+    split N ways where BENCHMARKS.md has one)."""
+    config_name, shape, one_gpu_s, source = PRESETS[preset]
+    vae = _meta_vae(config_name)
+    z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    traced = _calls(vae, z)
+    rows = []
+    for world in ranks:
+        per_rank = spatial_bytes(vae, z, world, 2, traced) if world > 1 else [{}]
+        busiest = max(per_rank, key=lambda kinds: sum(kinds.values()))
+        link = max(sum(link_bytes(k, b, world) for k, b in kinds.items()) for kinds in per_rank)
+        comm_s = link / LINK_BYTES_PER_S + operations(traced, world) * LATENCY_S
+        rows.append(
+            {
+                "ranks": world,
+                "payload_bytes": busiest,
+                "payload_total": sum(busiest.values()),
+                "link_bytes": link,
+                "operations": operations(traced, world),
+                "comm_s": comm_s,
+                "time_s": None if one_gpu_s is None else one_gpu_s / world + comm_s,
+            }
+        )
+    return {
+        "preset": preset,
+        "config": config_name,
+        "latent": list(shape),
+        "dtype": "bfloat16",
+        "one_gpu_s": one_gpu_s,
+        "one_gpu_source": source,
+        "strategy": "spatial_shard_height",
+        "rows": rows,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", default=",".join(PRESETS), help="comma-separated; default: all")
+    parser.add_argument("--ranks", default="1,2,3,4,5,6,7,8", help="rank counts, comma-separated")
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    ranks = [int(r) for r in args.ranks.split(",")]
+    out = {
+        "model": "payload bytes from the shard plan and meta-device shapes; not a measurement",
+        "link_bytes_per_s": LINK_BYTES_PER_S,
+        "latency_s": LATENCY_S,
+        "presets": [],
+    }
+    for preset in args.presets.split(","):
+        result = predict(preset, ranks)
+        out["presets"].append(result)
+        print(f"{preset} {tuple(result['latent'])} bf16, spatial_shard_height (model, not measured)")
+        print(f"  {'ranks':>5} {'payload/rank':>13} {'link/rank':>10} {'ops':>5} {'comm':>9} {'time':>8}")
+        for row in result["rows"]:
+            time_s = "-" if row["time_s"] is None else f"{row['time_s']:.3f} s"
+            print(f"  {row['ranks']:>5} {row['payload_total'] / 2**20:>9.1f} MiB {row['link_bytes'] / 2**20:>6.1f} MiB "
+                  f"{row['operations']:>5} {row['comm_s'] * 1e3:>6.2f} ms {time_s:>8}")  # fmt: skip
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
