@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import traffic
-from .gloo import _gloo_backend, _own_timeout
+from .gloo import gloo_backend, own_timeout
 from .layout import exchange_order, inverse, memory_format, permuted, with_extent, zeros_like_rows
 
 
@@ -207,7 +207,7 @@ class Comm:
         if group is not None and dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         elif group is not None and timeout is None:
-            timeout = _own_timeout(group)
+            timeout = own_timeout(group)
         return cls(group=group, rank=rank, world=world, timeout=timeout, device=device)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ class Comm:
         gloo itself (the group's own timeout restored afterwards), so a collective that expires is ended,
         not left pending. On NCCL a watcher aborts the communicator when another rank posts a failure. An
         exception that leaves it is posted; where another rank's failure came first, it is CommTimeout."""
-        backend = _gloo_backend(self.group) if self.device is None and self.world > 1 else None
+        backend = gloo_backend(self.group) if self.device is None and self.world > 1 else None
         own = None if backend is None else backend.options._timeout
         bound = None if self.timeout is None else timedelta(seconds=self.timeout)
         retime = own is not None and bound is not None and bound != own

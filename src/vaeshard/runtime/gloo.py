@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 
-def _gloo_backend(group):
+def gloo_backend(group):
     """The gloo backend of `group`, or None (another backend, or a torch without this interface)."""
     try:
         backend = group._get_backend(torch.device("cpu"))
@@ -14,8 +14,8 @@ def _gloo_backend(group):
     return backend if hasattr(backend, "options") and hasattr(backend, "set_timeout") else None
 
 
-def _own_timeout(group) -> float | None:
+def own_timeout(group) -> float | None:
     """The group's own timeout in seconds (gloo), or None where it cannot be read."""
-    backend = _gloo_backend(group)
+    backend = gloo_backend(group)
     own = None if backend is None else getattr(backend.options, "_timeout", None)
     return None if own is None else own.total_seconds()
