@@ -63,10 +63,20 @@ def _halo_rows(module) -> tuple[int, int]:
     return pad[-2], pad[-2]  # (h, w) or (t, h, w)
 
 
+# Whole-map attention layers (vaeshard's layer names) and how many maps of their input's size each
+# call gathers: keys and values (two), or, for WholeImageAttention, the normed input (one). The
+# others (token, linear and mid-block attention: MiniMax-H3, DC-AE, HunyuanVideo) are not modelled.
+MAPS_GATHERED = {"WholeFrameAttention": 2, "FrameCausalAttention": 2, "WholeImageAttention": 1}
+
+
 def _maps_gathered(mixin: str) -> int:
-    """How many maps of its input's size a whole-map attention (vaeshard's layer `mixin`) gathers a
-    call: its keys and values (two), or, for WholeImageAttention, its normed input (one)."""
-    return 1 if mixin == "WholeImageAttention" else 2
+    if mixin not in MAPS_GATHERED:
+        raise ValueError(
+            f"benchmarks/comm_model.py does not model {mixin}'s exchanges (it models {', '.join(MAPS_GATHERED)}): "
+            "its bytes would be a guess; add its rule to MAPS_GATHERED and a case to "
+            "tests/test_runtime/test_comm_model.py"
+        )
+    return MAPS_GATHERED[mixin]
 
 
 def _calls(vae, z) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], tuple]:
@@ -78,6 +88,8 @@ def _calls(vae, z) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], 
     for swapped in report.swapped:
         if swapped.treatment not in (HALO, GLOBAL_NORM, WHOLE_MAP):
             continue
+        if swapped.treatment == WHOLE_MAP:
+            _maps_gathered(swapped.mixin)  # refuses a layer the model does not know before decoding
         module = modules[swapped.path]
 
         def hook(mod, args, kwargs, treatment=swapped.treatment, mixin=swapped.mixin):

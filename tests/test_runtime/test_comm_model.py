@@ -109,3 +109,11 @@ def test_counting_is_off_outside_the_context_and_nests():
     traffic.note("halo", torch.zeros(5))
     assert (outer.bytes, outer.messages) == ({"halo": 14}, {"halo": 2})
     assert (inner.bytes, inner.messages) == ({"all_reduce": 16}, {"all_reduce": 1})
+
+
+def test_model_refuses_an_attention_it_does_not_model():
+    # MiniMax-H3's token attention gathers differently: a guessed byte count would read as a prediction
+    with torch.device("meta"):
+        vae = build("minimax_h3")
+    with pytest.raises(ValueError, match="does not model Sharded"):
+        _model()._calls(vae, torch.empty(1, device="meta"))
