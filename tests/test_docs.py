@@ -141,7 +141,11 @@ def test_the_figures_are_drawn_by_their_scripts(tmp_path):
     from PIL import Image
 
     figures = ROOT / "docs" / "figures"
-    for script, picture in (("strategies.py", "strategies.png"), ("bench.py", "bench-wan21-720p.png")):
+    for script, picture in (
+        ("strategies.py", "strategies.png"),
+        ("bench.py", "bench-wan21-720p.png"),
+        ("comm.py", "comm-model.png"),
+    ):
         spec = importlib.util.spec_from_file_location(f"figure_{Path(script).stem}", figures / script)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

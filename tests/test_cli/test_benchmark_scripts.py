@@ -22,6 +22,7 @@ OPTIONAL = ("triton", "matplotlib")  # packages some scripts need that a minimal
 
 # Every entry point and its commands ("" the default, or a script without commands); the README lists them
 ENTRY_POINTS = {
+    "comm_model.py": [""],
     "compile_engine.py": [""],
     "conv_kernel.py": [""],
     "e2e.py": ["", "first-request"],

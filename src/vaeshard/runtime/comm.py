@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from . import traffic
+from .gloo import gloo_backend, own_timeout
 from .layout import exchange_order, inverse, memory_format, permuted, with_extent, zeros_like_rows
 
 
@@ -205,7 +207,7 @@ class Comm:
         if group is not None and dist.get_backend(group) == "nccl":
             device = torch.device("cuda", torch.cuda.current_device())
         elif group is not None and timeout is None:
-            timeout = _own_timeout(group)
+            timeout = own_timeout(group)
         return cls(group=group, rank=rank, world=world, timeout=timeout, device=device)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -216,7 +218,7 @@ class Comm:
         gloo itself (the group's own timeout restored afterwards), so a collective that expires is ended,
         not left pending. On NCCL a watcher aborts the communicator when another rank posts a failure. An
         exception that leaves it is posted; where another rank's failure came first, it is CommTimeout."""
-        backend = _gloo_backend(self.group) if self.device is None and self.world > 1 else None
+        backend = gloo_backend(self.group) if self.device is None and self.world > 1 else None
         own = None if backend is None else backend.options._timeout
         bound = None if self.timeout is None else timedelta(seconds=self.timeout)
         retime = own is not None and bound is not None and bound != own
@@ -465,12 +467,14 @@ class Comm:
         if self.world == 1:
             return [values]
         out = [torch.empty_like(mine) for _ in range(self.world)]
+        traffic.note("control", mine)
         self._wait(dist.all_gather(out, mine, group=self.group, async_op=True), what)
         return [t.tolist() for t in out]
 
     def all_reduce_max(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64, device=self._small_device())
         if self.world > 1:
+            traffic.note("control", t)
             self._wait(dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True), "all_reduce")
         return float(t.item())
 
@@ -553,6 +557,9 @@ class Comm:
             rows = x.narrow(dim, extent - before, before).permute(order).contiguous()
             ops.append(dist.P2POp(dist.isend, rows, self._global(self.rank + 1), self.group))
         if ops:
+            for op in ops:
+                if op.op is dist.isend:
+                    traffic.note("halo", op.tensor)
             for work in dist.batch_isend_irecv(ops):
                 self._wait(work, "halo exchange", p2p=True)
         back = inverse(order)
@@ -570,10 +577,14 @@ class Comm:
             head[0] = _SHARED_DTYPES.index(x.dtype)
             head[1] = x.dim()
             head[2 : 2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+        if self.rank == 0:
+            traffic.note("control", head)
         self._wait(dist.broadcast(head, self._global(0), group=self.group, async_op=True), "broadcast of the result")
         values = head.tolist()
         dtype, shape = _SHARED_DTYPES[values[0]], values[2 : 2 + values[1]]
         data = x.contiguous() if self.rank == 0 else torch.empty(shape, dtype=dtype, device=self._small_device())
+        if self.rank == 0:
+            traffic.note("broadcast", data)
         self._wait(dist.broadcast(data, self._global(0), group=self.group, async_op=True), "broadcast of the result")
         return x if self.rank == 0 else data
 
@@ -599,6 +610,7 @@ class Comm:
         mine = x.narrow(dim, 0, min(x.shape[dim], extents[self.rank]))
         if not to_all and self.rank != 0:
             if extents[self.rank]:
+                traffic.note("assemble", mine)
                 work = dist.isend(mine.contiguous(), self._global(0), group=self.group)
                 self._wait(work, "gather of results", p2p=True)
             return None
@@ -613,6 +625,7 @@ class Comm:
             offset += extent
             if r == self.rank:
                 if to_all:
+                    traffic.note("assemble", mine)
                     self._wait(
                         dist.broadcast(mine.contiguous(), self._global(r), group=self.group, async_op=True),
                         "gather of results",
@@ -640,6 +653,7 @@ class Comm:
             mine = torch.cat([mine, zeros_like_rows(mine, dim, pad)], dim=dim)
         mine = mine.contiguous()
         bufs = [torch.empty_like(mine) for _ in range(self.world)]
+        traffic.note("all_gather", mine)
         self._wait(dist.all_gather(bufs, mine, group=self.group, async_op=True), "all-gather")
         return [b.narrow(dim, 0, e) for b, e in zip(bufs, extents) if e > 0]
 
@@ -648,6 +662,7 @@ class Comm:
         if self.world == 1:
             return [stack]
         stack = stack.contiguous()
+        traffic.note("tile_gather", stack)
         if to_all:
             bufs = [torch.empty_like(stack) for _ in range(self.world)]
             self._wait(dist.all_gather(bufs, stack, group=self.group, async_op=True), "gather of tiles")
@@ -660,22 +675,6 @@ class Comm:
 _SHARED_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
-def _gloo_backend(group):
-    """The gloo backend of `group`, or None (another backend, or a torch without this interface)."""
-    try:
-        backend = group._get_backend(torch.device("cpu"))
-    except (AttributeError, RuntimeError):
-        return None
-    return backend if hasattr(backend, "options") and hasattr(backend, "set_timeout") else None
-
-
-def _own_timeout(group) -> float | None:
-    """The group's own timeout in seconds (gloo), or None where it cannot be read."""
-    backend = _gloo_backend(group)
-    own = None if backend is None else getattr(backend.options, "_timeout", None)
-    return None if own is None else own.total_seconds()
-
-
 __all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized", "post_abort"]
 
 
@@ -686,6 +685,7 @@ def all_reduce_sum(comm: Comm, tensor: torch.Tensor) -> torch.Tensor:
     the tensor must live where the backend works (CPU for gloo, the rank's GPU for NCCL).
     """
     if comm.world > 1:
+        traffic.note("all_reduce", tensor)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=comm.group, async_op=True)
         comm._wait(work, "all_reduce of statistics")
     return tensor

@@ -1,0 +1,285 @@
+#!/usr/bin/env python3
+"""What a sharded decode exchanges, per rank and kind of exchange, predicted without a GPU.
+
+    python3 benchmarks/comm_model.py --ranks 2,4,8 --json comm_model.json
+
+A model of the communication, not a run of it: the family's VAE (its real config) decodes once,
+unsharded, on PyTorch's meta device (shapes only), with hooks on the modules its shard plan treats
+(`Family.shard_report`); from each call's input shape and the plan's treatment, the bytes rank r
+of N hands the backend follow:
+
+- halo (a convolution's or pad's rows on the sharded axis): the rows its padding covers above the
+  slice go to the next rank, those below to the previous one (none past a global edge), each row
+  C x T x W values; a causal convolution's cached frames travel with the rows.
+- global_norm (GroupNorm with whole-map statistics): two all-reduces of float64 sums,
+  B x groups + 1 and 2 x B x groups values.
+- whole_map (attention): keys and values (or the normed map) all-gathered, each rank's slice
+  padded to the longest slice.
+- assemble: the decoded slice (`output="all"`: every rank broadcasts its own rows).
+- tile: one gather of every rank's tiles, padded to the largest tile and the largest per-rank
+  count (runtime/tile.py); a request of one tile is decoded by rank 0 and broadcast.
+
+tests/test_runtime/test_comm_model.py checks these against the bytes gloo ranks count
+(vaeshard.runtime.traffic) on the tiny test configs. The payload is what one rank hands the
+backend; on the wire NCCL's ring algorithms move (N-1) x the payload for an all-gather and
+2 (N-1) / N x it for an all-reduce, which `link_bytes` applies for the predicted time
+(docs/figures/comm.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import vaeshard  # noqa: E402
+from vaeshard.families import family_for  # noqa: E402
+from vaeshard.families.base import GLOBAL_NORM, HALO, WHOLE_MAP  # noqa: E402
+from vaeshard.runtime import tile as tile_mod  # noqa: E402
+from vaeshard.runtime.spatial import split_extents  # noqa: E402
+
+
+def _halo_rows(module) -> tuple[int, int]:
+    """(rows from the previous rank, rows from the next) a halo module takes on the height axis:
+    what its padding covers there."""
+    for name in ("_padding", "time_causal_padding"):  # causal convolutions: (w, w, h, h, t, 0) for F.pad
+        pad = getattr(module, name, None)
+        if pad is not None:
+            return pad[2], pad[3]
+    if hasattr(module, "height_pad"):
+        return module.height_pad, module.height_pad
+    if isinstance(module, torch.nn.ZeroPad2d):
+        return module.padding[2], module.padding[3]
+    conv = module.conv if hasattr(module, "conv") and isinstance(module.conv, torch.nn.Module) else module
+    pad = conv.padding
+    if isinstance(pad, str):
+        raise ValueError(f"{type(module).__name__}: string padding {pad!r} is not modelled")
+    return pad[-2], pad[-2]  # (h, w) or (t, h, w)
+
+
+# Whole-map attention layers (vaeshard's layer names) and how many maps of their input's size each
+# call gathers: keys and values (two), or, for WholeImageAttention, the normed input (one). The
+# others (token, linear and mid-block attention: MiniMax-H3, DC-AE, HunyuanVideo) are not modelled.
+MAPS_GATHERED = {"WholeFrameAttention": 2, "FrameCausalAttention": 2, "WholeImageAttention": 1}
+
+
+def _maps_gathered(mixin: str) -> int:
+    if mixin not in MAPS_GATHERED:
+        raise ValueError(
+            f"benchmarks/comm_model.py does not model {mixin}'s exchanges (it models {', '.join(MAPS_GATHERED)}): "
+            "its bytes would be a guess; add its rule to MAPS_GATHERED and a case to "
+            "tests/test_runtime/test_comm_model.py"
+        )
+    return MAPS_GATHERED[mixin]
+
+
+def _calls(vae, z) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], tuple]:
+    """(treatment, vaeshard layer, module, input shape, cached frames) of every call of a treated module in the
+    unsharded decode of `z` (meta device), and the decoded shape."""
+    report = family_for(vae).shard_report(vae)
+    modules = dict(vae.named_modules())
+    calls, handles = [], []
+    for swapped in report.swapped:
+        if swapped.treatment not in (HALO, GLOBAL_NORM, WHOLE_MAP):
+            continue
+        if swapped.treatment == WHOLE_MAP:
+            _maps_gathered(swapped.mixin)  # refuses a layer the model does not know before decoding
+        module = modules[swapped.path]
+
+        def hook(mod, args, kwargs, treatment=swapped.treatment, mixin=swapped.mixin):
+            x = args[0] if args else next(iter(kwargs.values()))
+            cache = args[1] if len(args) > 1 else kwargs.get("cache_x")
+            cached = cache.shape[2] if isinstance(cache, torch.Tensor) and cache.ndim == 5 else 0
+            calls.append((treatment, mixin, mod, tuple(x.shape), cached))
+
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            out = vae.decode(z).sample
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, tuple(out.shape)
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n
+
+
+def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[str, int]]:
+    """Each rank's payload bytes by kind for spatial_shard_height over `world` ranks (`traced`:
+    `_calls(vae, z)` when already taken; it does not depend on `world`)."""
+    calls, out_shape = traced if traced is not None else _calls(vae, z)
+    latent_rows = z.shape[-2]
+    extents = split_extents(latent_rows, world)
+    ranks = [Counter() for _ in range(world)]
+    for treatment, mixin, module, shape, cached in calls:
+        scale = shape[-2] // latent_rows
+        if treatment == HALO:
+            before, after = _halo_rows(module)
+            frames = (shape[2] + cached) if len(shape) == 5 else 1
+            row = _prod(shape[:2]) * frames * shape[-1] * itemsize
+            for r in range(world):
+                rows = (after if r > 0 else 0) + (before if r < world - 1 else 0)
+                ranks[r]["halo"] += rows * row
+        elif treatment == GLOBAL_NORM:
+            groups = shape[0] * module.num_groups
+            for r in range(world):
+                ranks[r]["all_reduce"] += 8 * (groups + 1) + 8 * 2 * groups
+        elif treatment == WHOLE_MAP:
+            row = _prod(shape) // shape[-2] * itemsize
+            gathers = _maps_gathered(mixin)
+            norms = getattr(module, "group_norm", None)
+            for r in range(world):
+                ranks[r]["all_gather"] += gathers * max(extents) * scale * row
+                if isinstance(norms, torch.nn.GroupNorm):  # an attention's own GroupNorm, whole-map statistics
+                    ranks[r]["all_reduce"] += 8 * (3 * shape[0] * norms.num_groups + 1)
+    row = _prod(out_shape) // out_shape[-2] * itemsize
+    scale = out_shape[-2] // latent_rows
+    for r in range(world):
+        ranks[r]["assemble"] += extents[r] * scale * row
+    return [dict(c) for c in ranks]
+
+
+def tile_bytes(vae, z, world: int, itemsize: int) -> list[dict[str, int]]:
+    """Each rank's payload bytes by kind for tile mode over `world` ranks."""
+    ops = family_for(vae).decode_tile_ops(vae, z)
+    tiles = ops.all_tiles() if ops is not None else ()
+    if len(tiles) <= 1:  # one tile: rank 0 decodes and broadcasts it (a header, then the values)
+        with torch.no_grad():
+            out = vae.decode(z).sample
+        return [{"control": 72, "broadcast": out.numel() * itemsize}] + [{} for _ in range(world - 1)]
+    shapes = [ops.out_shape(t.in_shape(z.shape)) for t in tiles]
+    common = [max(dims) for dims in zip(*shapes)]
+    count = max(len(a) for a in tile_mod.balance(tiles, world))
+    return [{"tile_gather": count * _prod(common) * itemsize} for _ in range(world)]
+
+
+# -- predicted time -------------------------------------------------------------------------------
+
+# H100 SXM's NVLink 4: 18 links of 25 GB/s each way, 450 GB/s per direction per GPU; the model takes
+# that as what one GPU can send (and receive) at once, and a latency per operation for NCCL's launch
+# and its first bytes on the link.
+LINK_BYTES_PER_S = 450e9
+LATENCY_S = 10e-6
+
+
+def link_bytes(kind: str, payload: int, world: int) -> float:
+    """Bytes one rank sends on its links for a `kind` payload, under NCCL's ring algorithms: an
+    all-gather (and the assembly's broadcasts, and tile mode's gather) passes every other rank's
+    slice on, (N-1) x; an all-reduce 2 (N-1) / N x; a halo exchange or a broadcast once."""
+    if world == 1:
+        return 0.0
+    if kind in ("all_gather", "assemble", "tile_gather"):
+        return (world - 1) * payload
+    if kind == "all_reduce":
+        return 2 * (world - 1) / world * payload
+    return float(payload)
+
+
+def operations(traced, world: int) -> int:
+    """Collective or point-to-point operations one rank waits on in a spatial decode (each a latency)."""
+    if world == 1:
+        return 0
+    calls, _ = traced
+    per_call = {HALO: 1, GLOBAL_NORM: 2}
+    count = sum(per_call.get(t, _maps_gathered(m)) for t, m, *_ in calls)
+    return count + world - 1  # the assembly: one broadcast per rank
+
+
+# Each family's common resolution, its latent (bf16) and its one-GPU decode on vaeshard where
+# BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only.
+PRESETS = {
+    "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 1.198, "Wan 2.1 720p, 1 GPU, H100"),
+    "wan22-720p": ("wan22", (1, 48, 31, 44, 80), 3.095, "Wan 2.2 720p, 1 GPU, H100"),
+    "hunyuanvideo15-480p": ("hunyuanvideo15", (1, 32, 16, 30, 53), 2.339, "HunyuanVideo 1.5 480p 61 frames, H200"),
+    "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 2.120, "CogVideoX 720 x 480 49 frames, H200"),
+    "flux2-1024": ("flux2", (1, 32, 128, 128), 0.086, "FLUX.2 1024^2, H200"),
+    "sdxl-1024": ("sdxl", (1, 4, 128, 128), None, ""),
+}
+
+
+def _meta_vae(config_name: str):
+    import diffusers
+
+    diffusers.utils.logging.set_verbosity_error()  # its note on keeping layers in float32 is about loading
+    cls, config = vaeshard.named_configs()[config_name]
+    with torch.device("meta"):
+        return getattr(diffusers, cls)(**config).to(torch.bfloat16)
+
+
+def predict(preset: str, ranks) -> dict:
+    """The model's figures for `preset` on each rank count: the busiest rank's payload and link bytes
+    by kind, its operations, and the predicted time (communication, and with the one-GPU decode
+    split N ways where BENCHMARKS.md has one)."""
+    config_name, shape, one_gpu_s, source = PRESETS[preset]
+    vae = _meta_vae(config_name)
+    z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+    traced = _calls(vae, z)
+    rows = []
+    for world in ranks:
+        per_rank = spatial_bytes(vae, z, world, 2, traced) if world > 1 else [{}]
+        busiest = max(per_rank, key=lambda kinds: sum(kinds.values()))
+        link = max(sum(link_bytes(k, b, world) for k, b in kinds.items()) for kinds in per_rank)
+        comm_s = link / LINK_BYTES_PER_S + operations(traced, world) * LATENCY_S
+        rows.append(
+            {
+                "ranks": world,
+                "payload_bytes": busiest,
+                "payload_total": sum(busiest.values()),
+                "link_bytes": link,
+                "operations": operations(traced, world),
+                "comm_s": comm_s,
+                "time_s": None if one_gpu_s is None else one_gpu_s / world + comm_s,
+            }
+        )
+    return {
+        "preset": preset,
+        "config": config_name,
+        "latent": list(shape),
+        "dtype": "bfloat16",
+        "one_gpu_s": one_gpu_s,
+        "one_gpu_source": source,
+        "strategy": "spatial_shard_height",
+        "rows": rows,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", default=",".join(PRESETS), help="comma-separated; default: all")
+    parser.add_argument("--ranks", default="1,2,3,4,5,6,7,8", help="rank counts, comma-separated")
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args(argv)
+    ranks = [int(r) for r in args.ranks.split(",")]
+    out = {
+        "model": "payload bytes from the shard plan and meta-device shapes; not a measurement",
+        "link_bytes_per_s": LINK_BYTES_PER_S,
+        "latency_s": LATENCY_S,
+        "presets": [],
+    }
+    for preset in args.presets.split(","):
+        result = predict(preset, ranks)
+        out["presets"].append(result)
+        print(f"{preset} {tuple(result['latent'])} bf16, spatial_shard_height (model, not measured)")
+        print(f"  {'ranks':>5} {'payload/rank':>13} {'link/rank':>10} {'ops':>5} {'comm':>9} {'time':>8}")
+        for row in result["rows"]:
+            time_s = "-" if row["time_s"] is None else f"{row['time_s']:.3f} s"
+            print(f"  {row['ranks']:>5} {row['payload_total'] / 2**20:>9.1f} MiB {row['link_bytes'] / 2**20:>6.1f} MiB "
+                  f"{row['operations']:>5} {row['comm_s'] * 1e3:>6.2f} ms {time_s:>8}")  # fmt: skip
+    if args.json is not None:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""benchmarks/comm_model.py's bytes per rank against the bytes gloo ranks count (runtime/traffic.py):
+spatial_shard_height and tile decodes of tiny configs on 2 and 3 ranks, every rank and kind of
+exchange exactly (the model predicts payloads from shapes, which have no rounding)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from vaeshard.runtime import traffic
+
+from ..dist_harness import run_ranks
+from ..models import build, latent
+
+MODEL = Path(__file__).resolve().parents[2] / "benchmarks" / "comm_model.py"
+
+# (family's tiny config, diffusers' tile settings that make the latent several tiles, latent shape)
+CASES = [
+    (
+        "autoencoder_kl",
+        {"tile_sample_min_size": 16, "tile_latent_min_size": 2, "tile_overlap_factor": 0.25},
+        (1, 4, 7, 10),
+    ),
+    (
+        "wan21",
+        {
+            "tile_sample_min_height": 32,
+            "tile_sample_min_width": 32,
+            "tile_sample_stride_height": 24,
+            "tile_sample_stride_width": 24,
+        },
+        (1, 4, 3, 10, 13),
+    ),
+    (
+        "hunyuanvideo15",
+        {
+            "tile_sample_min_height": 16,
+            "tile_sample_min_width": 16,
+            "tile_latent_min_height": 4,
+            "tile_latent_min_width": 4,
+            "tile_overlap_factor": 0.25,
+        },
+        (1, 4, 2, 7, 10),
+    ),
+    (
+        "cogvideox",
+        {
+            "tile_sample_min_height": 16,
+            "tile_sample_min_width": 16,
+            "tile_sample_stride_height": 8,
+            "tile_sample_stride_width": 8,
+        },
+        (1, 4, 3, 10, 12),
+    ),
+]
+
+
+def _model():
+    spec = importlib.util.spec_from_file_location("benchmark_comm_model", MODEL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _vae(name, tiles):
+    vae = build(name)
+    for key, value in tiles.items():
+        setattr(vae, key, value)
+    return vae
+
+
+def _counted_rank(rank, world, name, tiles, shape):
+    import vaeshard
+
+    counted = {}
+    for mode in ("spatial_shard_height", "tile"):
+        vae = _vae(name, tiles)
+        vaeshard.parallelize(vae, mode=mode, exact=True)
+        assert vaeshard.plan(vae, shape, world, mode).strategy == mode
+        with traffic.counting() as tally, torch.no_grad():
+            vae.decode(latent(shape))
+        counted[mode] = tally.bytes
+    return counted
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize(("name", "tiles", "shape"), CASES, ids=[c[0] for c in CASES])
+def test_model_predicts_the_counted_bytes(name, tiles, shape, world):
+    counted = run_ranks(_counted_rank, world, name, tiles, shape, timeout=180)
+    model = _model()
+    with torch.device("meta"):
+        vae = _vae(name, tiles)
+    z = torch.empty(shape, device="meta")
+    assert [c["spatial_shard_height"] for c in counted] == model.spatial_bytes(vae, z, world, 4)
+    assert [c["tile"] for c in counted] == model.tile_bytes(vae, z, world, 4)
+    assert all(c["tile"].get("tile_gather") for c in counted)  # several tiles: the gather ran
+
+
+def test_counting_is_off_outside_the_context_and_nests():
+    with traffic.counting() as outer:
+        traffic.note("halo", torch.zeros(3, dtype=torch.float32))
+        with traffic.counting() as inner:
+            traffic.note("all_reduce", torch.zeros(2, dtype=torch.float64))
+        traffic.note("halo", torch.zeros(1, dtype=torch.bfloat16))
+    traffic.note("halo", torch.zeros(5))
+    assert (outer.bytes, outer.messages) == ({"halo": 14}, {"halo": 2})
+    assert (inner.bytes, inner.messages) == ({"all_reduce": 16}, {"all_reduce": 1})
+
+
+def test_model_refuses_an_attention_it_does_not_model():
+    # MiniMax-H3's token attention gathers differently: a guessed byte count would read as a prediction
+    with torch.device("meta"):
+        vae = build("minimax_h3")
+    with pytest.raises(ValueError, match="does not model Sharded"):
+        _model()._calls(vae, torch.empty(1, device="meta"))
