@@ -47,10 +47,13 @@ def test_gloo_waits_are_bounded_and_report_the_timeout():
     # waited on in slices of ABORT_POLL_S (between them the group's abort key is checked), to the bound
     c = comm.Comm(group=None, rank=1, world=2, timeout=1.2, device=None)
     work = _PendingCollective()
+    started = time.monotonic()
     with pytest.raises(comm.CommTimeout, match="within 1.2 s"):
         c._wait(work, "halo exchange")
-    assert work.calls[0] == comm.ABORT_POLL_S and len(work.calls) == 3
-    assert sum(work.calls) == pytest.approx(1.2, abs=0.1)
+    # slices of at most ABORT_POLL_S, the last cut to the bound, and the wait lasted the bound (a loaded
+    # machine oversleeps a slice, which shortens the last one: no upper bound on time is asserted)
+    assert work.calls[0] == comm.ABORT_POLL_S and all(0 < t <= comm.ABORT_POLL_S for t in work.calls)
+    assert 2 <= len(work.calls) <= 3 and time.monotonic() - started >= 1.2 - 0.01
 
 
 def test_a_gloo_wait_that_ends_in_time_takes_one_call():
