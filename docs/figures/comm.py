@@ -2,7 +2,7 @@
 """docs/strategies.md's communication figure: what benchmarks/comm_model.py predicts a
 spatial_shard_height decode exchanges per rank, and its predicted time, on 1-8 GPUs, for each family
 at its common resolution. A model's prediction, not a measurement: it reads the model's committed
-output (benchmarks/results/comm-model/comm_model.json; rerun `python3 benchmarks/comm_model.py --json
+output (docs/figures/comm-model.json; rerun `python3 benchmarks/comm_model.py --json
 ...` to refresh it).
 
     python3 docs/figures/comm.py [OUT_DIR]      # default: docs/figures
@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORD = ROOT / "benchmarks" / "results" / "comm-model" / "comm_model.json"
+RECORD = ROOT / "docs" / "figures" / "comm-model.json"  # the model's output: a prediction, not a record
 
 
 def main(out_dir: Path) -> Path:
