@@ -37,6 +37,14 @@ def _part(module: str) -> str:
     return parts[1] if len(parts) > 1 else "(public)"
 
 
+def _import_target(node: ast.ImportFrom, package: str) -> str:
+    """The dotted module a `from ... import` names, its relative dots resolved against `package`."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(path: Path) -> list[tuple[int, str]]:
     """(line, dotted vaeshard module) of every import in the file, function-level ones included."""
     rel = path.relative_to(SRC.parent).with_suffix("")
@@ -50,11 +58,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "vaeshard"]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _import_target(node, package)
             if target.split(".")[0] != "vaeshard":
                 continue
             for a in node.names:  # a module it names (from . import tier), else the module it names them of
@@ -227,11 +231,7 @@ def _private_uses_in(source: str, module: str, package: str) -> list[str]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _import_target(node, package)
             if target.split(".")[0] != "vaeshard":
                 continue
             for a in node.names:
