@@ -21,18 +21,19 @@ class Support(NamedTuple):
     spatial_encode: bool
 
 
-# class name -> (module, family attribute)
+# class name -> (module, family attribute); in this order the command line lists the named configs
+# (its choices are frozen: tests/test_cli) and docs/families.md the classes
 _REGISTRY: dict[str, tuple[str, str]] = {
     "AutoencoderKLWan": ("vaeshard.families.wan", "FAMILY"),
     "AutoencoderKLQwenImage": ("vaeshard.families.qwenimage", "FAMILY"),
-    "AutoencoderKLQwenImage21": ("vaeshard.families.qwenimage21", "FAMILY"),
     "AutoencoderKL": ("vaeshard.families.autoencoder_kl", "FAMILY"),
     "AutoencoderKLFlux2": ("vaeshard.families.autoencoder_kl", "FAMILY"),
     "AutoencoderKLHunyuanVideo15": ("vaeshard.families.hunyuanvideo15", "FAMILY"),
-    "AutoencoderKLHunyuanVideo": ("vaeshard.families.hunyuanvideo", "FAMILY"),
-    "AutoencoderKLCogVideoX": ("vaeshard.families.cogvideox", "FAMILY"),
+    "AutoencoderKLQwenImage21": ("vaeshard.families.qwenimage21", "FAMILY"),
     "AutoencoderKLLTXVideo": ("vaeshard.families.ltx", "LTX_FAMILY"),
     "AutoencoderKLLTX2Video": ("vaeshard.families.ltx", "LTX2_FAMILY"),
+    "AutoencoderKLHunyuanVideo": ("vaeshard.families.hunyuanvideo", "FAMILY"),
+    "AutoencoderKLCogVideoX": ("vaeshard.families.cogvideox", "FAMILY"),
     "AutoencoderKLMochi": ("vaeshard.families.mochi", "FAMILY"),
     "AutoencoderKLMiniMaxH3": ("vaeshard.families.minimax_h3", "FAMILY"),
     "AutoencoderDC": ("vaeshard.families.dcae", "FAMILY"),
@@ -76,20 +77,10 @@ def _families_once() -> list[Family]:
     return out
 
 
-# The order the command line lists the named configs in (its choices are frozen: tests/test_cli); a
-# config a family adds comes after these, in the registry's order.
-_LISTED = (
-    "wan21", "wan22", "qwenimage", "sd15", "sdxl", "flux1", "flux2", "hunyuanvideo15", "qwenimage21", "ltx", "ltx2",
-    "hunyuanvideo", "cogvideox", "mochi", "minimax_h3", "dc-ae-f32c32-sana-1.0", "kandinsky6_sr",
-)  # fmt: skip
-
-
 def named_configs() -> dict[str, tuple[str, dict]]:
     """The real configs of every family: name -> (diffusers class name, constructor arguments), the
     VAE those arguments build being the real model's (with random weights until loaded)."""
-    found = [(name, (cls, dict(kwargs))) for f in _families_once() for name, (cls, kwargs) in f.configs.items()]
-    rank = {name: i for i, name in enumerate(_LISTED)}
-    return dict(sorted(found, key=lambda item: rank.get(item[0], len(_LISTED))))
+    return {name: (cls, dict(kwargs)) for f in _families_once() for name, (cls, kwargs) in f.configs.items()}
 
 
 def tiny_configs() -> dict[str, tuple[str, dict]]:
