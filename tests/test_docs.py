@@ -153,3 +153,12 @@ def test_the_figures_are_drawn_by_their_scripts(tmp_path):
         with Image.open(tmp_path / picture) as drawn, Image.open(figures / picture) as committed:
             assert drawn.format == committed.format == "PNG" and drawn.size == committed.size, picture
         assert (figures / picture).stat().st_size < 150_000, picture  # small enough to commit
+
+
+def test_the_family_guide_quotes_kandinskys_plan_as_it_is():
+    """docs/adding-a-family.md shows Kandinsky 6's shard plan: every line of it stands in the family."""
+    guide = (ROOT / "docs" / "adding-a-family.md").read_text()
+    block = guide.split("SHARD_PLAN = ShardPlan(", 1)[1].split("```", 1)[0]
+    source = (ROOT / "src" / "vaeshard" / "families" / "kandinsky6_sr.py").read_text()
+    missing = [line for line in block.splitlines() if line.strip() and line not in source]
+    assert not missing, missing
