@@ -216,6 +216,7 @@ def cuda_kernels(box: bool = True):
             _stand_in(saved, conv_kernel, name, value)
         _stand_in(saved, box_conv, "_on_hopper", lambda x: box)
         _stand_in(saved, box_conv, "available", lambda: box)
+        _stand_in(saved, box_conv, "ROUTED", box)
         # the fast tier's attention: its scores buffer and output as on CUDA (the product and the softmax
         # kernel allocate nothing; the CPU's fp32 upcasts of the operands are not made)
         _stand_in(saved, attention, "_scores", lambda q, kt, out: None)
@@ -379,7 +380,7 @@ def main() -> None:
             ranks,
             axis,
             frames_per_step=args.frames_per_step,
-            box=not args.no_box,
+            box=box_conv.ROUTED and not args.no_box,
             max_layer_frames=args.max_layer_frames,
         )
         print(
@@ -398,7 +399,7 @@ def main() -> None:
                 ranks,
                 axis,
                 frames_per_step=args.frames_per_step,
-                box=not args.no_box,
+                box=box_conv.ROUTED and not args.no_box,
                 max_layer_frames=args.max_layer_frames,
             )
             written = sum(b for _, b, _ in rows) / 1e9

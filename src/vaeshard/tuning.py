@@ -171,6 +171,15 @@ TABLE: tuple[Entry, ...] = (
         "set of descriptors; benchmarks/conv_kernel.py --front)",
     ),
     Entry(
+        "kernels/box_conv.py ROUTED",
+        "whether the fast tier's route hands Wan's 96- and 192-channel 3x3x3 convolutions and its head to the "
+        "Gluon kernel (off: the Triton kernel and cuDNN run them)",
+        "one H100, Triton 3.6, Wan 2.1 480p, four processes decoding at once: 11 of 12 decodes through it had "
+        "non-finite values in a stretch of frames, 0 of 12 with it left out, 0 of 16 with the route off; one "
+        "process alone: none either way (benchmarks/results/2026-12-06/gpu-checks/). Routed, it had taken the "
+        "Wan 2.1 720p decode from 1.376 to 1.324 s on one H200 (entry PLANS)",
+    ),
+    Entry(
         "kernels/box_conv.py PLANS",
         "the Gluon convolution's tilings by output channels (96: 16 x 16 voxels, 3 "
         "slots, TMA stores; 192: 8 x 16 with all 192 channels, registers; 3: the head)",

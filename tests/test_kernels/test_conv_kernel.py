@@ -670,6 +670,19 @@ def hopper(monkeypatch):
     monkeypatch.setattr(conv_kernel, "runs_on", lambda x: True)
     monkeypatch.setattr(box_conv, "_on_hopper", lambda x: True)
     monkeypatch.setattr(box_conv, "available", lambda: True)
+    monkeypatch.setattr(box_conv, "ROUTED", True)
+
+
+def test_the_route_leaves_the_box_kernel_out_while_it_is_not_routed(hopper, monkeypatch):
+    # box_conv.ROUTED off (its race under a second process on the GPU): on Hopper with a Gluon that
+    # compiles it, Wan's 96- and 192-channel convolutions and its head go to the Triton kernel or cuDNN
+    monkeypatch.setattr(box_conv, "ROUTED", False)
+    for cout, cin in ((96, 96), (192, 192), (3, 96)):
+        assert not box_conv.runs(_shape_x((1, cin, 6, 720, 1280)), _shape_w(cout, cin))
+    how = conv_kernel.plan(_shape_x((1, 96, 6, 720, 1280)), _shape_w(96, 96), 1, (0, 1, 1), 1, 1)
+    assert how is not None and not how.box
+    assert conv_kernel.plan(_shape_x((1, 96, 6, 720, 1280)), _shape_w(3, 96), 1, (0, 1, 1), 1, 1) is None
+    assert conv_kernel.wants_zero_columns(_shape_x((1, 96, 6, 4, 832)), _shape_w(96, 96), 832)
 
 
 @pytest.mark.parametrize(

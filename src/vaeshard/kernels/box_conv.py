@@ -105,13 +105,22 @@ def available() -> bool:
     return _compiles()
 
 
+# Whether the fast tier's route hands convolutions to this kernel. Off: with another process
+# decoding on the same GPU, decodes through it gave non-finite values in a stretch of frames (8 of 12
+# decodes of Wan 2.1 480p, H100, Triton 3.6), the same decodes with the Triton kernel none (0 of 12);
+# alone it gave none (docs/tuning.md, entry `kernels/box_conv.py ROUTED`). The kernel stays for its
+# benchmark (benchmarks/conv_kernel.py --box-sweep) and its tests until the race is found.
+ROUTED = False
+
+
 def runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `conv3d` runs for this input and weight: output channels in PLANS (96, 192, 3), input
-    channels a multiple of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0,
+    """Whether `conv3d` runs for this input and weight: `ROUTED`, output channels in PLANS (96, 192, 3),
+    input channels a multiple of the channel step, bf16 or fp16, a CUDA device of compute capability 9.0,
     and `available()`."""
     how = PLANS.get(weight.shape[0])
     return (
-        how is not None
+        ROUTED
+        and how is not None
         and weight.shape[1] % how.block_k == 0
         and x.dtype in (torch.bfloat16, torch.float16)
         and _on_hopper(x)
