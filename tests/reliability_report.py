@@ -3,7 +3,7 @@ tests/test_cli/test_serve.py, tests/test_cli/test_serve_http.py and tests/test_c
 rendered here.
 
     python -m tests.reliability_report                      # run the reliability tests, rewrite the tables
-    VAESHARD_SOAK=240 VAESHARD_SERVE_LOAD=200 python -m tests.reliability_report  # full soak and service load
+    VAESHARD_SOAK=240 VAESHARD_SERVE_LOAD=300 python -m tests.reliability_report  # full soak and service load
     python -m tests.reliability_report --rows DIR           # only render rows recorded earlier in DIR
 
 While VAESHARD_REPORT_DIR names a directory, each reliability test appends its rows (one JSON object

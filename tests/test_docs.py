@@ -162,3 +162,12 @@ def test_the_family_guide_quotes_kandinskys_plan_as_it_is():
     source = (ROOT / "src" / "vaeshard" / "families" / "kandinsky6_sr.py").read_text()
     missing = [line for line in block.splitlines() if line.strip() and line not in source]
     assert not missing, missing
+
+
+def test_the_multi_node_guide_says_the_groups_ports_take_no_key():
+    """docs/serving.md's multi-node section says what the API key does not guard (torch.distributed's
+    ports) and that they stay on a private network; its example keeps the key out of the process list."""
+    serving = (ROOT / "docs" / "serving.md").read_text()
+    section = serving.split("**One group over several machines**", 1)[1].split("\n## ", 1)[0]
+    assert "torch.distributed's ports" in section and "take no key" in section and "private network" in section
+    assert "--api-key " not in section.split("```bash", 1)[1].split("```", 1)[0]

@@ -146,6 +146,44 @@ def test_sigterm_stops_every_rank_and_leaves_no_output(assets, tmp_path, command
         _kill_leftovers(proc, ranks)
 
 
+def _writer_of(ranks: list[int], folder: Path) -> int | None:
+    """The rank that has a file in `folder` open: rank 0, which writes the output."""
+    for pid in ranks:
+        try:
+            fds = list(Path(f"/proc/{pid}/fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd).startswith(str(folder)):
+                    return pid
+            except OSError:
+                continue
+    return None
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_writer_rank_leaves_no_output(assets, tmp_path):
+    """SIGKILL to the rank writing the output mid-decode (it can clean up nothing itself): the command
+    fails, the other rank ends, and the process that started them removes the temporary output."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    args = ["decode", assets / "long.safetensors", "--model", assets / "wan21", "--out", out_dir / "video.mp4"]
+    proc = _start(tmp_path, *args, "--nproc", 2, "--device", "cpu")
+    ranks: list[int] = []
+    try:
+        _wait_for(lambda: _hidden(out_dir), DEADLINE_S, "temporary output", proc, tmp_path)
+        ranks = _ranks_of(proc.pid)
+        writer = _wait_for(lambda: _writer_of(ranks, out_dir), 10, "the rank writing the output", proc, tmp_path)
+        os.kill(writer, signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        _wait_for(lambda: not any(_alive(pid) for pid in ranks), GONE_S, "end of every rank")
+        assert code not in (0, 128 + signal.SIGTERM), _log(tmp_path)
+        assert list(out_dir.iterdir()) == []  # the temporary output the killed rank left is gone
+    finally:
+        _kill_leftovers(proc, ranks)
+
+
 @pytest.mark.timeout(120)
 def test_ranks_end_when_their_command_is_killed(tmp_path):
     script = tmp_path / "run_ranks.py"

@@ -37,7 +37,7 @@ KEY = "test-key"
 SHAPES = [(1, 4, 3, 6, 8), (1, 4, 2, 8, 8), (2, 4, 1, 6, 6)]  # different sizes, frames and batch
 MODES = ["auto", "spatial_shard_height", "spatial_shard_width", "tile"]
 REPORT_IDS = ["service-load", "service-rank-killed"]  # the rows these tests write into docs/reliability.md
-# the load test's requests: CI runs 40; docs/reliability.md records VAESHARD_SERVE_LOAD=200
+# the load test's requests: CI runs 40; docs/reliability.md records VAESHARD_SERVE_LOAD=300
 LOAD = int(os.environ.get("VAESHARD_SERVE_LOAD", "40"))
 CLIENTS = 7  # the load test's concurrent clients: the server fixture's --max-queue
 
