@@ -292,3 +292,40 @@ class TestCogVideoX(Refusals):
         ("unknown-layer", "cogvideox", setting("decoder.conv_act", lambda: torch.nn.Upsample(scale_factor=1.0)),
          "decoder.conv_act"),
     ]  # fmt: skip
+
+
+# -- one-frame causal convolutions keep no cache -------------------------------------------------------
+
+
+def test_one_frame_convolutions_keep_no_cache_and_the_decode_stays_diffusers():
+    """diffusers' CogVideoXCausalConv3d returns `inputs[:, :, -k + 1:].clone()` as its cache: for a time
+    kernel of one frame (the SpatialNorm3D's 1x1x1 convolutions) a clone of its whole input, which
+    nothing reads. Parallelized, they return none, in both tiers; the decode (two frame batches, the
+    first odd) stays diffusers' bit for bit."""
+    from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
+
+    vae = build("cogvideox")
+    z = latent((1, 4, 5, 6, 8))
+    one_frame = [m for m in vae.decoder.modules() if isinstance(m, CogVideoXCausalConv3d) and m.time_kernel_size == 1]
+    assert one_frame, "the test config has no one-frame causal convolution"
+    caches = []
+
+    def record(module, args, output):
+        caches.append((args[0].shape, None if output[1] is None else output[1].shape))
+
+    handles = [m.register_forward_hook(record) for m in one_frame]
+    try:
+        with torch.no_grad():
+            want = vae.decode(z).sample
+        assert caches and all(kept == shape for shape, kept in caches), caches  # diffusers: whole clones
+        for exact in (False, True):
+            caches.clear()
+            vaeshard.parallelize(vae, exact=exact)
+            with torch.no_grad():
+                got = vae.decode(z).sample
+            assert_identical(got, want, f"exact={exact}")
+            assert caches and all(kept is None for _, kept in caches), caches
+            vaeshard.unparallelize(vae)
+    finally:
+        for h in handles:
+            h.remove()

@@ -12,7 +12,8 @@ rows:
 
 - `CogVideoXCausalConv3d` (constant mode: time padded from the cache or the first frame, per pixel):
   left as it is; its child `CogVideoXSafeConv3d` takes halo rows in place of its spatial zero padding
-  and keeps diffusers' time chunks (layers/halo.py HaloSafeConv3d);
+  and keeps diffusers' time chunks (layers/halo.py HaloSafeConv3d). One with a one-frame time kernel
+  keeps no cache (`UncachedOneFrameCausalConv3d`, in every mode and tier: bit for bit the same);
 - every `nn.GroupNorm` (the encoder's resnets and `norm_out`; the decoder's `CogVideoXSpatialNorm3D`,
   whose statistics span a frame batch) -> whole-map statistics (layers/norms.py);
 - `CogVideoXSpatialNorm3D`'s conditioning: nearest interpolation of the decoder's input latent to the
@@ -249,6 +250,24 @@ def _conv3x3(stride: int, padding: int):
     return problem
 
 
+class UncachedOneFrameCausalConv3d:
+    """Mixin for `CogVideoXCausalConv3d` in its constant mode with a time kernel of one frame (the 1x1x1
+    convolutions of CogVideoX's SpatialNorm3D). diffusers returns `inputs[:, :, -time_kernel_size + 1:]
+    .clone()` as the next call's cache: for one frame that slice is the whole input, cloned, and a
+    one-frame kernel never reads a cache. This returns no cache instead, in either tier: the same
+    outputs bit for bit, without a copy of each such input kept alive until the next frame batch."""
+
+    def forward(self, inputs, conv_cache=None):
+        if self.time_kernel_size == 1 and self.pad_mode != "replicate":
+            return self.conv(inputs), None
+        return super().forward(inputs, conv_cache)
+
+
+def _one_frame_in_time(module) -> bool:
+    """Whether a `CogVideoXCausalConv3d` has a time kernel of one frame and pads with zeros."""
+    return module.time_kernel_size == 1 and module.pad_mode != "replicate"
+
+
 # Encoder, decoder and the quant convs (the module docstring says why each is exact).
 # CogVideoXCausalConv3d (constant mode) -> local (time padded from its cache, per pixel), its
 # CogVideoXSafeConv3d child takes halo rows; nn.GroupNorm -> whole-map statistics;
@@ -258,6 +277,14 @@ def _conv3x3(stride: int, padding: int):
 SHARD_PLAN = ShardPlan(
     roots=("encoder", "decoder", "quant_conv", "post_quant_conv"),
     rules=(
+        Rule(
+            "CogVideoXCausalConv3d",
+            LOCAL,
+            UncachedOneFrameCausalConv3d,
+            when=_one_frame_in_time,
+            check=_causal_conv_problem,
+            layer=Layer(padding="zeros"),
+        ),
         Rule("CogVideoXCausalConv3d", LOCAL, check=_causal_conv_problem, layer=Layer(padding="zeros", cache=True)),
         Rule("CogVideoXSafeConv3d", HALO, HaloSafeConv3d, parent="CogVideoXCausalConv3d", when=padded),
         Rule("CogVideoXSafeConv3d", LOCAL, parent="CogVideoXCausalConv3d"),  # unpadded in space: per pixel
