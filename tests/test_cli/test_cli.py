@@ -733,3 +733,62 @@ def test_decode_passes_the_timestep_and_seed_of_a_noisy_ltx_decoder(tmp_path, ca
     assert in_process(*common, "--out", tmp_path / "other.safetensors") == 2
     assert "--decode-timestep" in capfd.readouterr().err
     assert not (tmp_path / "other.safetensors").exists()
+
+
+@pytest.mark.timeout(120)
+def test_decode_writes_minimax_h3_frames_in_its_imagenet_pixel_convention(tmp_path, monkeypatch):
+    # MiniMax-H3 decodes ImageNet-normalised RGB over a [0, 1] base (diffusers' class text: a pipeline
+    # applies sample * std + mean, then clamps to [0, 1]); its PNG frames are that, not [-1, 1] samples.
+    # `--config minimax_h3` builds the tiny test config here (the real one has 2.4B parameters).
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    import vaeshard
+    from vaeshard.families import tiny_configs
+
+    tiny = tiny_configs()["minimax_h3"]
+    monkeypatch.setattr(vaeshard, "named_configs", lambda: {"minimax_h3": tiny})
+    z = latent((1, 4, 2, 4, 6))
+    save_file({"latents": z}, tmp_path / "z.safetensors")
+    out = tmp_path / "frames"
+    code = in_process(
+        "decode", tmp_path / "z.safetensors", "--config", "minimax_h3", "--device", "cpu", "--exact",
+        "--out", out, "--quiet",
+    )  # fmt: skip
+    assert code == 0
+    torch.manual_seed(0)  # as the command builds a named config
+    vae = getattr(__import__("diffusers"), tiny[0])(**tiny[1]).eval()
+    with torch.no_grad():
+        sample = vae.decode(z).sample[0].numpy()  # (C, T, H, W), tiled as the VAE is configured
+    mean = np.array([0.485, 0.456, 0.406]).reshape(3, 1, 1, 1)
+    std = np.array([0.229, 0.224, 0.225]).reshape(3, 1, 1, 1)
+    want = np.round(np.clip(sample * std + mean, 0, 1) * 255).astype(np.uint8).transpose(1, 2, 3, 0)
+    names = sorted(p.name for p in out.iterdir())
+    assert len(names) == want.shape[0]
+    for t, name in enumerate(names):
+        got = np.array(Image.open(out / name).convert("RGB")).astype(int)
+        assert np.abs(got - want[t].astype(int)).max() <= 1, name  # fp64 here, fp32 in the writer: one step at most
+    plain = np.round(np.clip(sample / 2 + 0.5, 0, 1) * 255).astype(int).transpose(1, 2, 3, 0)
+    assert np.abs(plain - want.astype(int)).max() > 8  # the two conventions differ visibly on this latent
+
+
+def test_decode_of_a_minimax_h3_folder_without_accelerate_says_what_to_install(tmp_path, monkeypatch, capfd):
+    # diffusers loads a class that keeps modules in fp32 only through accelerate; without it the command
+    # says so (its own error named low_cpu_mem_usage, which the user never set)
+    import importlib.util
+
+    from safetensors.torch import save_file
+
+    build("minimax_h3").save_pretrained(tmp_path / "h3")
+    save_file({"latents": latent((1, 4, 2, 4, 6))}, tmp_path / "z.safetensors")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else find_spec(name, *a)
+    )
+    code = in_process(
+        "decode", tmp_path / "z.safetensors", "--model", tmp_path / "h3", "--device", "cpu", "--out", tmp_path / "o.pt"
+    )
+    assert code == 2
+    err = capfd.readouterr().err
+    assert "pip install accelerate" in err and "AutoencoderKLMiniMaxH3" in err, err
+    assert not (tmp_path / "o.pt").exists()

@@ -120,7 +120,9 @@ def decode_worker(ctx, job: DecodeJob) -> dict:
             torch.manual_seed(job.seed)  # every rank alike: a decoder's noise is drawn from it
             writer = None
             if ctx.is_main:
-                writer = ChunkWriter(job.out, job.out_kind, job.fps, preset=job.preset, tag=job.tag)
+                writer = ChunkWriter(
+                    job.out, job.out_kind, job.fps, preset=job.preset, tag=job.tag, pixels=job.model.pixels()
+                )
             with writer or contextlib.nullcontext():
                 frames, shape = write_stream(vae, z, writer, **temb)
                 ctx.synchronize()

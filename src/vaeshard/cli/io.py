@@ -65,6 +65,11 @@ class ModelSource:
 
         return vaeshard.shape_facts(self.class_name, self.config)
 
+    def pixels(self) -> tuple:
+        """The decoded samples' pixel convention (scale, offset) for `quantize`: the family's."""
+        facts = self.shape_facts()
+        return facts.pixel_scale, facts.pixel_offset
+
     def z_dim(self) -> int:
         """Channels of a latent (C)."""
         return self.shape_facts().latent_channels
@@ -102,8 +107,14 @@ class ModelSource:
                 finally:
                     diffusers_logging.set_verbosity(previous)
         else:
-            # without accelerate, diffusers would fall back to a full load anyway, with a warning
+            # without accelerate, diffusers falls back to a full load with a warning; a class that keeps
+            # modules in fp32 (MiniMax-H3's) it loads only through accelerate
             low_memory = importlib.util.find_spec("accelerate") is not None
+            if not low_memory and getattr(cls, "_keep_in_fp32_modules", None):
+                raise InputError(
+                    f"diffusers loads {self.class_name} from a folder only with accelerate installed (it keeps "
+                    "some of its modules in fp32): pip install accelerate"
+                )
             vae = cls.from_pretrained(self.path, local_files_only=True, torch_dtype=dtype, low_cpu_mem_usage=low_memory)
         if device is not None:
             vae = vae.to(device)
@@ -441,18 +452,22 @@ def check_video(kind: str, batch: int, frames: int, channels: int, size: tuple[i
         raise InputError(f"H.264 needs an even frame size, got {width}x{height}: write PNG frames or a tensor instead")
 
 
-def quantize(video_bcthw):
-    """[-1, 1] samples (B, C, T, H, W) -> contiguous uint8 (B, T, H, W, C) on the same device, rounded the
-    way diffusers' image processor does."""
+def quantize(video_bcthw, pixels: tuple = ((0.5,), (0.5,))):
+    """Samples (B, C, T, H, W) -> contiguous uint8 (B, T, H, W, C) on the same device, rounded the way
+    diffusers' image processor does. `pixels`: (scale, offset), per channel or one value for all, with
+    `sample * scale + offset` the pixel in [0, 1] (the VAE's `ShapeFacts.pixel_scale` / `pixel_offset`;
+    the default is [-1, 1] samples)."""
     import torch
 
-    x = (video_bcthw.detach().to(torch.float32) / 2 + 0.5).clamp(0, 1)
+    scale, offset = (torch.tensor(v, dtype=torch.float32, device=video_bcthw.device) for v in pixels)
+    shape = (1, -1, 1, 1, 1)
+    x = (video_bcthw.detach().to(torch.float32) * scale.view(shape) + offset.view(shape)).clamp(0, 1)
     return (x.permute(0, 2, 3, 4, 1) * 255).round().to(torch.uint8).contiguous()
 
 
-def to_uint8_frames(video_bcthw):
-    """[-1, 1] samples -> uint8 numpy (B, T, H, W, C) on the host (`quantize`)."""
-    return quantize(video_bcthw).cpu().numpy()
+def to_uint8_frames(video_bcthw, pixels: tuple = ((0.5,), (0.5,))):
+    """Samples -> uint8 numpy (B, T, H, W, C) on the host (`quantize`)."""
+    return quantize(video_bcthw, pixels).cpu().numpy()
 
 
 def with_article(noun: str) -> str:

@@ -423,7 +423,14 @@ def _execute(vae, job: ServeJob, header: dict, tensor, ctx, request: Request | N
                     kwargs["temb"] = torch.full((x.shape[0],), header["timestep"], device=x.device)
                 writer = None
                 if request is not None:
-                    writer = ChunkWriter("response", request.format, request.fps, preset=job.preset, into=request.out)
+                    writer = ChunkWriter(
+                        "response",
+                        request.format,
+                        request.fps,
+                        preset=job.preset,
+                        into=request.out,
+                        pixels=job.model.pixels(),
+                    )
                 with writer or contextlib.nullcontext():
                     with vaeshard.stream_decode(vae, x, **kwargs) as chunks:
                         for chunk in chunks:

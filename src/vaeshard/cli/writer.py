@@ -62,7 +62,10 @@ class ChunkWriter:
     tag: a word in the temporary output's name, `.NAME.TAG.XXXXXXXX.tmp`, for `remove_temporary`.
 
     into: a binary stream (an object with `write`) that receives the output as it is encoded instead of
-    a file (`path` then only names it in messages; close returns no paths); kind one of STREAM_KINDS."""
+    a file (`path` then only names it in messages; close returns no paths); kind one of STREAM_KINDS.
+
+    pixels: the samples' pixel convention for image and video kinds, (scale, offset) with `sample *
+    scale + offset` the pixel in [0, 1] (`ShapeFacts.pixel_scale`, `pixel_offset`; io.quantize)."""
 
     def __init__(
         self,
@@ -74,6 +77,7 @@ class ChunkWriter:
         preset: str = MP4_PRESET,
         into=None,
         tag: str = "",
+        pixels: tuple = ((0.5,), (0.5,)),
     ) -> None:
         kinds = OUTPUT_KINDS if into is None else STREAM_KINDS
         if kind not in kinds:
@@ -84,7 +88,7 @@ class ChunkWriter:
         if preset not in MP4_PRESETS:
             raise ValueError(f"unknown x264 preset {preset!r}: expected one of {', '.join(MP4_PRESETS)}")
         self._sink = _SINKS[kind](self.path, fps, preset, tag) if into is None else _INTO[kind](into, fps, preset)
-        self._worker = _Worker(self._sink, depth) if kind in IMAGE_KINDS else None
+        self._worker = _Worker(self._sink, depth, pixels) if kind in IMAGE_KINDS else None
         self._finalizer = weakref.finalize(self, _abandon, self._sink, self._worker)
         self._shape: tuple[int, int, int, int] | None = None  # (B, C, H, W) of the first chunk
         self._frames = 0
@@ -265,7 +269,8 @@ def write_stream(vae, z, writer: ChunkWriter | None, **decode_kwargs) -> tuple[i
 class _Slot:
     """One of `depth` pending chunks: its reusable pinned buffer, and while copying, the GPU tensor and event."""
 
-    def __init__(self) -> None:
+    def __init__(self, pixels: tuple) -> None:
+        self.pixels = pixels  # (scale, offset): io.quantize
         self.buffer = None  # pinned uint8, grown to the largest chunk seen
         self.source = None  # the quantised GPU chunk, alive until its copy is done
         self.copied = None  # CUDA event recorded after the copy
@@ -274,7 +279,7 @@ class _Slot:
         """The chunk quantised, on the host (for a CUDA chunk: a copy started into the pinned buffer)."""
         import torch
 
-        frames = quantize(chunk)
+        frames = quantize(chunk, self.pixels)
         if not frames.is_cuda:
             return frames
         n = frames.numel()
@@ -317,11 +322,11 @@ class _Worker:
     """The encoding thread: takes (slot, frames, start) in order, waits for each copy, hands the frames to
     the sink, then gives the slot back. It holds no reference to the ChunkWriter."""
 
-    def __init__(self, sink: _Sink, depth: int) -> None:
+    def __init__(self, sink: _Sink, depth: int, pixels: tuple) -> None:
         self.sink = sink
         self.free: queue.Queue[_Slot] = queue.Queue()
         for _ in range(depth):
-            self.free.put(_Slot())
+            self.free.put(_Slot(pixels))
         self.pending: queue.Queue = queue.Queue()  # at most `depth` items: one per slot, then _DONE or _STOP
         self.error: BaseException | None = None
         self.stopping = threading.Event()

@@ -58,6 +58,10 @@ class ShapeFacts(NamedTuple):
     paired_frames: bool = False
     # latent frames -> sample frames where no factor says it (MiniMax-H3's overlapping clips)
     frames: Callable[[int], int] | None = None
+    # a decoded sample's pixel convention: `sample * pixel_scale + pixel_offset` (per channel, or one
+    # value for all) is the pixel in [0, 1]; the default is diffusers' usual [-1, 1]
+    pixel_scale: tuple[float, ...] = (0.5,)
+    pixel_offset: tuple[float, ...] = (0.5,)
 
     def frames_out(self, latent_frames: int) -> int:
         """Frames a latent of `latent_frames` frames decodes to (1 for an image VAE's latent)."""

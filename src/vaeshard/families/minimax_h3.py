@@ -63,6 +63,12 @@ from .base import (
 BATCH_TOKENS = 2**16
 
 
+# its pixel convention (diffusers' class text): `decode` returns ImageNet-normalised RGB over a [0, 1]
+# base, so the pixel is `sample * IMAGENET_STD + IMAGENET_MEAN` (ShapeFacts.pixel_scale / pixel_offset)
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
 def latent_channels(vae) -> int:
     return vae.config.latent_channels
 
@@ -343,7 +349,16 @@ class _MiniMaxH3(Family):
     def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
         space, time = math.prod(config["spatial_downsample_factors"]), math.prod(config["temporal_downsample_factors"])
         frames = functools.partial(_frames_of_config, config)
-        return ShapeFacts(5, config["latent_channels"], space, time, config["out_channels"], frames=frames)
+        return ShapeFacts(
+            5,
+            config["latent_channels"],
+            space,
+            time,
+            config["out_channels"],
+            frames=frames,
+            pixel_scale=IMAGENET_STD,
+            pixel_offset=IMAGENET_MEAN,
+        )
 
     mirrors = (
         Mirror(_H3 + "_decode", "families/minimax_h3.py _decode_clips, _merge_decoded", "8a9a2fb7dd63d332"),
