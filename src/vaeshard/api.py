@@ -428,9 +428,23 @@ def _result(request: Request, local, dim: int | None):
         run = family.untiled_decode if op == "decode" else family.untiled_encode
         return _place(request, run(vae, local), dim)
     out = direct(vae, family, op, request.x) if comm.rank == 0 else None
-    if comm.rank != 0 and op == "decode":
-        family.replay_draws(vae, request.x)  # the RNG draws rank 0's decode made (LTX's noise)
+    if op == "decode" and comm.world > 1 and family.draws_noise(vae):
+        _follow_rank0_rng(request)
     return _place(request, out, dim)
+
+
+def _follow_rank0_rng(request: Request) -> None:
+    """After rank 0 alone ran a decode that draws noise: every rank's RNGs as rank 0's decode left them
+    (the request's generators, in the order of their names, then the global RNG of the latent's
+    device), so the ranks stay in step for the next request, whatever draws the decode made (diffusers'
+    own tiled path included). The request agreement checked they were alike before."""
+    comm, x = request.comm, request.x
+    for _, generator in sorted((k, v) for k, v in request.inputs.items() if isinstance(v, torch.Generator)):
+        generator.set_state(comm.share_state_from_rank0(generator.get_state()))
+    if x.is_cuda:
+        torch.cuda.set_rng_state(comm.share_state_from_rank0(torch.cuda.get_rng_state(x.device)), x.device)
+    else:
+        torch.set_rng_state(comm.share_state_from_rank0(torch.get_rng_state()))
 
 
 def _place(request: Request, out, dim: int | None):
@@ -460,11 +474,7 @@ def _planned(request: Request) -> Request:
     state: _State = getattr(request.vae, STATE_ATTR)
     if chosen.strategy == "direct" and config.mode == "auto" and request.comm.world > 1 and not state.own_noted:
         if request.own == "own":  # neither tiles nor shards give its result
-            log.warning(
-                "vaeshard: %s. Set vae.use_framewise_decoding = vae.use_framewise_encoding = False for spatial "
-                "shards (diffusers' untiled result), or vae.enable_tiling() for tiles (diffusers' tiled result)",
-                chosen.reason,
-            )
+            log.warning("vaeshard: %s. %s", chosen.reason, request.family.own_reason(request.vae, request.op)[1])
             state.own_noted = True
     return request
 

@@ -284,7 +284,7 @@ def _strategy(request: Request, world_size: int, tile_ops) -> Plan:
         return Plan("direct", f"{why}; group rank 0 runs it directly and shares the result, as {but}")
 
     if own == "own":
-        why = f"auto: this VAE's own {op} as configured is frame-wise (tiled in time)"
+        why = f"auto: this VAE's own {op} as configured is {family.own_reason(vae, op)[0]}"
         return shared_direct(why, "neither tiles nor shards give it")
     if reasons:
         return shared_direct(", ".join(reasons))

@@ -77,3 +77,37 @@ def test_tile_is_refused_with_its_reason():
     vae = vaeshard.parallelize(build(MODEL), "tile")
     with pytest.raises(ValueError, match="does not reproduce diffusers' tiled decode"):
         vae.decode(latent(Z))
+
+
+def _tiled_own_decode_twice(rank, world):
+    # with diffusers' tiling on and a latent it tiles, `auto` is that tiled decode, run by rank 0 alone;
+    # its draws of stage 5's noise must leave every rank's RNG where rank 0's is, or the next request's
+    # noise differs between ranks (which its agreement refuses)
+    vae = build(MODEL)
+    vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16)
+    big, small = latent(Z, seed=2), latent((1, 4, 2, 2, 2), seed=3)
+
+    def decodes(gen):
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            first = vae.decode(big, generator=gen()).sample
+            second = vae.decode(small, generator=gen()).sample
+            third = vae.decode(small).sample  # global RNG
+        return first, second, third
+
+    def shared_generator():
+        g = torch.Generator().manual_seed(5)
+        return lambda: g
+
+    want = reference_from_rank0(rank, lambda: decodes(shared_generator()))
+    vaeshard.parallelize(vae)  # auto
+    plan = vaeshard.plan(vae, big.shape, world)
+    assert plan.strategy == "direct" and "tiled decode (enable_tiling)" in plan.explain(), plan.explain()
+    got = decodes(shared_generator())
+    if rank == 0:
+        for g, w, what in zip(got, want, ("tiled, generator", "after it, same generator", "global RNG")):
+            assert_close(g, w, CPU_FP32, what)
+
+
+def test_a_decode_rank0_runs_alone_keeps_every_rank_s_rng_in_step():
+    run_ranks(_tiled_own_decode_twice, 2)

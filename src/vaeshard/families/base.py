@@ -359,6 +359,15 @@ class Family(ABC):
         """`x` in encoder coordinates (e.g. patchified); most families take it as it is."""
         return x
 
+    def own_reason(self, vae, op: str) -> tuple[str, str]:
+        """Where `own_result` is "own": what the VAE's own `op` is, and what to set for a result vaeshard
+        spreads over ranks (`auto`'s plan and its warning say both)."""
+        return (
+            "frame-wise (tiled in time)",
+            "Set vae.use_framewise_decoding = vae.use_framewise_encoding = False for spatial shards (diffusers' "
+            "untiled result), or vae.enable_tiling() for tiles (diffusers' tiled result)",
+        )
+
     def own_result(self, vae, op: str, shape) -> str:
         """What the VAE's own `op` (its `decode` / `encode` as configured) computes for an input of
         `shape` (the family's layout): "untiled" (its untiled result, which the spatial modes give),
@@ -415,13 +424,10 @@ class Family(ABC):
         return {k: v for k, v in given.items() if v is not None}, return_dict
 
     def draws_noise(self, vae) -> bool:
-        """Whether this VAE's decode draws from the global RNG (LTX's decoder noise): every rank must
-        then hold the same RNG state, which the request agreement checks."""
+        """Whether this VAE's decode draws from the global RNG or a generator (LTX's decoder noise):
+        every rank must then hold the same RNG state, which the request agreement checks; after a
+        decode only rank 0 ran, every rank takes rank 0's RNG states (api.py)."""
         return False
-
-    def replay_draws(self, vae, z) -> None:
-        """The global-RNG draws one rank's whole decode of `z` makes, without decoding: what a rank
-        that does not decode a `direct` request does, so its RNG stays in step with rank 0's."""
 
     def install_layers(self, vae) -> ShardReport | None:
         """Swap in request-aware layers (halo, fast tier) by the family's `shard_plan`; idempotent.

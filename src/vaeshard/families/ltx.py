@@ -176,15 +176,6 @@ class LTXLike(Family):
     def draws_noise(self, vae) -> bool:
         return bool(self._noise_blocks(vae))
 
-    def replay_draws(self, vae, z) -> None:
-        if not self._noise_blocks(vae):
-            return
-        ops = self.decode_tile_ops(vae, z) if vae.use_tiling else None  # diffusers' own decode tiles then
-        for t in ops.grid.tiles if ops is not None else ():
-            self._replay_noise(vae, z[..., t.h0 : t.h1, t.w0 : t.w1])
-        if ops is None:
-            self._replay_noise(vae, z)
-
     @staticmethod
     def _noise_blocks(vae):
         return [m for m in vae.decoder.modules() if getattr(m, "per_channel_scale1", None) is not None]

@@ -166,6 +166,12 @@ class _LTX2DiffusionDecoder(Family):
     def encode_tile_ops(self, vae, x):
         return None
 
+    def own_reason(self, vae, op: str) -> tuple[str, str]:
+        return (
+            "diffusers' tiled decode (enable_tiling), which vaeshard does not reproduce",
+            "Call vae.disable_tiling() for spatial shards (diffusers' untiled result)",
+        )
+
     def own_result(self, vae, op: str, shape) -> str:
         return "own" if _tiles_in_diffusers(vae, shape) else "untiled"
 
@@ -180,20 +186,6 @@ class _LTX2DiffusionDecoder(Family):
 
     def draws_noise(self, vae) -> bool:
         return True  # stage 5's pixel noise (from the global RNG where no generator is given)
-
-    def replay_draws(self, vae, z) -> None:
-        """Stage 5's draw of rank 0's direct untiled decode of `z` (one canvas). Where diffusers' own
-        tiled decode runs (`own`), its draws (per tile in a one-step x0 decode) are not replayed: the
-        other ranks' RNG then differs from rank 0's, which the next request's agreement reports."""
-        from diffusers.utils.torch_utils import randn_tensor
-
-        if _tiles_in_diffusers(vae, z.shape):
-            return
-        generator = request_inputs().get("generator")
-        frames = 1 + (z.shape[2] - 1) * vae.config.temporal_compression_ratio
-        ratio = vae.config.spatial_compression_ratio
-        shape = (z.shape[0], vae.config.out_channels, frames, z.shape[3] * ratio, z.shape[4] * ratio)
-        randn_tensor(shape, generator=generator, device=z.device, dtype=z.dtype)
 
     def min_shard_rows(self, vae) -> int:
         """Latent rows per rank so every neighbourhood attention's rank holds `min_rows` rows of its

@@ -588,6 +588,14 @@ class Comm:
         self._wait(dist.broadcast(data, self._global(0), group=self.group, async_op=True), "broadcast of the result")
         return x if self.rank == 0 else data
 
+    def share_state_from_rank0(self, state: torch.Tensor) -> torch.Tensor:
+        """Group rank 0's `state` (a CPU byte tensor: an RNG's state) on every rank, as a CPU tensor; each
+        rank passes its own, of the same kind."""
+        if self.world == 1:
+            return state
+        shared = self.share_from_rank0(state.to(self._small_device()) if self.rank == 0 else None)
+        return shared.cpu() if self.rank != 0 else state
+
     def all_gather_along(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor:
         """Concatenate every rank's slice along `dim`; rank r holds `extents[r]` rows (uneven allowed).
 
@@ -672,7 +680,7 @@ class Comm:
         return bufs
 
 
-_SHARED_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+_SHARED_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.uint8]
 
 
 __all__ = ["Comm", "CommTimeout", "default_group_if_any", "group_rank", "group_size", "is_initialized", "post_abort"]
