@@ -29,6 +29,12 @@ untiled decode on its whole latent rows (or columns) of every frame, with leaf l
   shortcuts), the attention's projections (per token) and the nearest upsampling (whole latent rows).
 
 The encoder is made of the same kinds of layer, so encode shards too (sample extents a multiple of 8).
+
+Fast tier: the mid-block attention runs as on a shard, without the mask, also where one rank decodes
+(directly, or a tile, or a chunk of diffusers' default decode in time): for each query frame one
+scaled-dot-product attention against the frames it may see. diffusers builds the (T*H*W)^2 mask in
+float32 and then bf16, the largest tensors of its default decode at 720p. The other layers are
+diffusers' own.
 """
 
 from __future__ import annotations
@@ -356,6 +362,8 @@ class _HunyuanVideo(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
+    fast_tier = True  # the mid-block attention without the mask (layers/frame_causal_attention.py)
+    layer_parts = False  # diffusers' layers, a whole call's frames at once
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)

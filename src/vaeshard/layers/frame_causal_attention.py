@@ -13,6 +13,7 @@ the running sums and the output stay on their rank.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..runtime.spatial import current
 from . import tier as fast_tier
@@ -43,13 +44,13 @@ class FrameCausalAttention:
 
 class FrameCausalMidBlock:
     """Mixin for HunyuanVideo's mid-block: `resnets[0]`, then pairs of a diffusers `Attention` (or
-    None) and a resnet, the attention over the frames' tokens with a causal frame mask. Sharded, each
-    attention is `attention_causal_by_frame` (no mask built); the resnets' layers are swapped
-    themselves. Outside a sharded request the original forward runs."""
+    None) and a resnet, the attention over the frames' tokens with a causal frame mask. Sharded, and
+    unsharded in the fast tier, each attention is `attention_causal_by_frame` (no mask built); the
+    resnets' layers are swapped themselves. Otherwise the original forward runs."""
 
     def forward(self, hidden_states):
         ctx = current()
-        if ctx is None:
+        if ctx is None and not fast_tier.enabled():
             return super().forward(hidden_states)
         hidden_states = self.resnets[0](hidden_states)
         for attn, resnet in zip(self.attentions, self.resnets[1:]):
@@ -116,8 +117,11 @@ def frame_causal_attention(query, key, value, gather=None, heads: int = 1, score
     keys and values of one frame to the whole frame's (None: they are whole already).
 
     Key frames are taken one at a time (one frame's keys and values held at once) and folded into
-    each query's running softmax, computed in float32 (or the inputs' dtype if wider).
+    each query's running softmax, computed in float32 (or the inputs' dtype if wider). Where the keys
+    and values are whole (`gather` None), `frame_causal_sdpa` computes the same instead.
     Returns (B, C, T, h, w) in the queries' dtype."""
+    if gather is None:
+        return frame_causal_sdpa(query, key, value, heads)
     b, c, t, h, w = query.shape
     d = c // heads
     hw = h * w
@@ -155,3 +159,23 @@ def frame_causal_attention(query, key, value, gather=None, heads: int = 1, score
     # (B, heads, T*h*w, d) -> (B, C, T, h, w)
     out = acc.transpose(1, 2).reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)
     return out.to(query.dtype)
+
+
+def frame_causal_sdpa(query, key, value, heads: int = 1):
+    """`frame_causal_attention` of whole (B, C, T, h, w) queries, keys and values: for each query frame
+    i, one scaled-dot-product attention (PyTorch's kernels, in the inputs' dtype) against the keys and
+    values of frames 0..i, with no mask. The same softmax as diffusers' masked one (its masked keys add
+    exactly zero) up to rounding; about half of its products (no masked block is computed), and no
+    (T*h*w)^2 mask. Returns (B, C, T, h, w)."""
+    b, c, t, h, w = query.shape
+    d, hw = c // heads, h * w
+
+    def per_head(m_bcthw):  # (B, C, T, h, w) -> (B, heads, T*h*w, d), contiguous
+        return m_bcthw.permute(0, 2, 3, 4, 1).reshape(b, t * hw, heads, d).transpose(1, 2).contiguous()
+
+    q, k, v = per_head(query), per_head(key), per_head(value)
+    out = torch.empty_like(q)
+    for i in range(t):
+        rows, seen = slice(i * hw, (i + 1) * hw), slice(0, (i + 1) * hw)
+        out[:, :, rows] = F.scaled_dot_product_attention(q[:, :, rows], k[:, :, seen], v[:, :, seen])
+    return out.transpose(1, 2).reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)

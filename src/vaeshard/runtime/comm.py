@@ -591,10 +591,8 @@ class Comm:
     def share_state_from_rank0(self, state: torch.Tensor) -> torch.Tensor:
         """Group rank 0's `state` (a CPU byte tensor: an RNG's state) on every rank, as a CPU tensor; each
         rank passes its own, of the same kind."""
-        if self.world == 1:
-            return state
         shared = self.share_from_rank0(state.to(self._small_device()) if self.rank == 0 else None)
-        return shared.cpu() if self.rank != 0 else state
+        return state if self.rank == 0 else shared.cpu()
 
     def all_gather_along(self, x: torch.Tensor, dim: int, extents: list[int]) -> torch.Tensor:
         """Concatenate every rank's slice along `dim`; rank r holds `extents[r]` rows (uneven allowed).
