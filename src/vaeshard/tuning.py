@@ -171,6 +171,13 @@ TABLE: tuple[Entry, ...] = (
         "set of descriptors; benchmarks/conv_kernel.py --front)",
     ),
     Entry(
+        "fast/norm_parts.py PART_BYTES",
+        "the float32 temporaries of one part of an LTX-Video or LTX-2 RMS norm in the fast tier (parts of whole "
+        "frames; a norm of fewer frames runs whole)",
+        "not measured: a bound on the norm's memory (diffusers' whole-map norms hold 6.2 GiB of temporaries "
+        "at LTX-Video 704 x 1216 121 frames, by a meta-device count of its decode)",
+    ),
+    Entry(
         "kernels/box_conv.py ROUTED",
         "whether the fast tier's route hands Wan's 96- and 192-channel 3x3x3 convolutions and its head to the "
         "Gluon kernel (off: the Triton kernel and cuDNN run them)",

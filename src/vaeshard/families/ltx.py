@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import torch
 
+from ..fast.norm_parts import FramePartsChannelsFirstNorm, FramePartsChannelsLastNorm
 from ..layers.halo import PADDING_MODES, HaloPaddedConv
 from ..layers.noise_slice import NoiseSliceResnet
 from ..runtime.tile import TileOps
 from .base import (
     CONTAINERS,
+    FAST,
     HALO,
     LOCAL,
     WHOLE_MAP,
     Family,
+    Layer,
     Mirror,
     Rule,
     ShapeFacts,
@@ -73,7 +76,9 @@ SHARD_PLAN = ShardPlan(
         local("LTXVideoDownsampler3d", "LTXVideoUpsampler3d", "LTX2VideoEncoder3d", "LTX2VideoDecoder3d"),
         local("LTX2VideoDownBlock3D", "LTX2VideoMidBlock3d", "LTX2VideoUpBlock3d", "LTX2VideoResnetBlock3d"),
         local("LTX2VideoCausalConv3d", "LTX2VideoDownsampler3d", "LTX2VideoUpsampler3d"),
-        local("SiLU", "LayerNorm", "RMSNorm", "PerChannelRMSNorm"),
+        Rule("RMSNorm", FAST, FramePartsChannelsLastNorm, layer=Layer(norm="rms_channels")),
+        Rule("PerChannelRMSNorm", FAST, FramePartsChannelsFirstNorm, layer=Layer(norm="rms_channels")),
+        local("SiLU", "LayerNorm"),
         CONTAINERS,
     ),
 )
@@ -85,6 +90,8 @@ class LTXLike(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
+    fast_tier = True  # the RMS norms in parts of frames (fast/norm_parts.py)
+    layer_parts = False  # (FastPlan's layer parts: Wan's blocks)
     call_inputs = {"decode": ("temb",)}
 
     # -- facts (the subclasses' configs; their upsamplers' strides) -------------------------------
