@@ -101,6 +101,23 @@ def test_hunyuanvideo15_with_producers_matches_diffusers():
     assert not spy.took and spy.pads == sum(spy.missed.values())
 
 
+def test_a_hook_on_a_declared_layer_keeps_diffusers_path():
+    """A forward hook that replaces the norm's output would get an unmarked tensor through SiLU
+    twice: with one, that norm and its convolution run as diffusers does."""
+    vae = build("hunyuanvideo15")
+    z = latent((1, 4, 3, 5, 6), seed=3)
+    reference = _diffusers(vae, z, "decode")
+    _forced(vae, per_step=2)
+    handle = vae.decoder.norm_out.register_forward_hook(lambda module, args, out: out.clone())
+    try:
+        with _Spy() as spy, torch.no_grad():
+            out = vae.decode(z).sample
+    finally:
+        handle.remove()
+    assert_close(out, reference, CPU_FP32, "a hook on norm_out")
+    assert spy.took and spy.missed[id(vae.decoder.conv_out)] == 2  # (one call per chunk: frame 0, then 1-2)
+
+
 def test_plan_says_why_the_producers_do_not_run():
     vae = build("hunyuanvideo15")
     vaeshard.parallelize(vae)

@@ -42,7 +42,10 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
     padding filled in place."""
 
     def producer_padding(self):
-        """(F.pad tuple, mode) of this convolution's input, for fast/producers.py."""
+        """(F.pad tuple, mode) of this convolution's input, for fast/producers.py; None where its child
+        is strided (a sharded strided child needs `HaloPadThenConv`'s check of the shard extents)."""
+        if any(s != 1 for s in self.conv.stride):
+            return None
         return tuple(self.time_causal_padding), "replicate"
 
     def forward(self, hidden_states):

@@ -72,7 +72,7 @@ def link(vae, pairs: tuple[NormIntoConv, ...]) -> int:
                 continue
             norm, silu, conv = (getattr(module, a, None) for a in (pair.norm, pair.silu, pair.conv))
             if isinstance(norm, RMSNormSiLUIntoConv) and isinstance(silu, SiLUAfterProducer) and _takes(conv):
-                norm.__dict__[_FEEDS] = conv
+                norm.__dict__[_FEEDS] = (silu, conv)
                 silu.__dict__[_AFTER] = True
                 linked += 1
     return linked
@@ -85,7 +85,19 @@ def unlink(module) -> None:
 
 def linked_conv(norm):
     """The convolution `norm` writes into where the protocol runs (None: not linked)."""
-    return norm.__dict__.get(_FEEDS)
+    linked = norm.__dict__.get(_FEEDS)
+    return None if linked is None else linked[1]
+
+
+def _plain(modules) -> bool:
+    """Inference without autograd and no hook that would see these modules' outputs: a hook could
+    read or replace the norm's output, which holds SiLU applied already (and a replaced output,
+    unmarked, would get SiLU a second time)."""
+    from torch.nn.modules import module as torch_module
+
+    if torch.is_grad_enabled() or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    return not any(m.training or m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def _class_name(module) -> str:
@@ -106,7 +118,7 @@ def runs() -> bool:
 # -- the buffer's geometry --------------------------------------------------------------------------
 
 
-def _geometry(x_shape, padding, ctx):
+def _geometry(x_shape, padding):
     """(the buffer's shape, the interior's start per dim) for an input of `x_shape` padded by the
     F.pad tuple `padding` (w_left, w_right, h_top, h_bottom, t_front, t_back); sharded, the sharded
     axis's padding is halo rows (the same rows, the neighbours' values)."""
@@ -126,13 +138,15 @@ def _interior_of(buf: torch.Tensor, x_shape, start) -> torch.Tensor:
 
 def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
     """The view of a new input buffer of `conv` that an input like `x` fills, marked as produced for
-    `conv` (None where the protocol does not take this input: not 5-D, a strided child)."""
-    padding, mode = conv.producer_padding()
-    if x.dim() != 5 or len(padding) != 6 or padding[5] != 0 or mode not in MODES:
+    `conv` (None where the protocol does not take this input: not 5-D, or the convolution offers
+    no padding it fills, `producer_padding()` None)."""
+    offered = conv.producer_padding()
+    if offered is None or x.dim() != 5:
         return None
-    if any(s != 1 for s in conv.conv.stride):
+    padding, mode = offered
+    if len(padding) != 6 or padding[5] != 0 or mode not in MODES:
         return None
-    shape, start = _geometry(x.shape, padding, current())
+    shape, start = _geometry(x.shape, padding)
     buf = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     view = _interior_of(buf, x.shape, start)
     setattr(view, _PRODUCED, conv)
@@ -148,7 +162,7 @@ def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
     buf = x._base
     padding, mode = conv.producer_padding()
     ctx = current()
-    shape, start = _geometry(x.shape, padding, ctx)
+    shape, start = _geometry(x.shape, padding)
     if buf is None or tuple(buf.shape) != shape or not buf.is_contiguous(memory_format=torch.channels_last_3d):
         return None
     expected = _interior_of(buf, x.shape, start)
@@ -218,9 +232,10 @@ class RMSNormSiLUIntoConv:
     norm's own forward."""
 
     def forward(self, x):
-        conv = linked_conv(self)
-        if conv is None or not runs():
+        linked = self.__dict__.get(_FEEDS)
+        if linked is None or not runs() or not _plain((self, *linked)):
             return super().forward(x)
+        conv = linked[1]
         view = interior(conv, x)
         if view is None:
             return super().forward(x)
