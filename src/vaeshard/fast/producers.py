@@ -6,7 +6,9 @@ A family declares, as data (`NormIntoConv`, the family's `norm_into_conv`), whic
 padding convolution through which SiLU module inside one diffusers block: diffusers' forward of
 that block must be `conv(silu(norm(x)))` with nothing else reading the norm's or the SiLU's output
 (the family mirrors that forward). `link` ties each declared triple together at install time; a
-request runs the protocol where its plan says so (`FastPlan.norm_into_conv`):
+request runs the protocol where its plan says so (`FastPlan.norm_into_conv`), in inference without
+autograd and with no forward hook on the three modules (a hook could read or replace the norm's
+output, which holds SiLU applied already):
 
 1. the norm asks the convolution for the interior of its input buffer (`interior`): a new
    channels-last tensor of the padded input's shape (time front frames, halo rows of a sharded
@@ -35,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.nn.modules import module as torch_module
 
 from ..kernels.norm import rms_norm
 from ..layers import tier
@@ -93,8 +96,6 @@ def _plain(modules) -> bool:
     """Inference without autograd and no hook that would see these modules' outputs: a hook could
     read or replace the norm's output, which holds SiLU applied already (and a replaced output,
     unmarked, would get SiLU a second time)."""
-    from torch.nn.modules import module as torch_module
-
     if torch.is_grad_enabled() or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return False
     return not any(m.training or m._forward_hooks or m._forward_pre_hooks for m in modules)
