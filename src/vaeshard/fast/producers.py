@@ -46,7 +46,7 @@ from . import frame_loop
 
 MODES = ("replicate", "zeros")
 
-_FEEDS = "_vaeshard_feeds"  # on the norm: the convolution it writes into
+_FEEDS = "_vaeshard_feeds"  # on the norm: (its SiLU module, the convolution it writes into)
 _AFTER = "_vaeshard_after_producer"  # on the SiLU module: it follows a producing norm
 _PRODUCED = "_vaeshard_produced_for"  # on a produced view: the convolution whose buffer it is
 
