@@ -97,7 +97,7 @@ AGREEMENT_TIMEOUT_S = 900.0
 # --small: tiny configs of the same classes (a CPU smoke run of the script), tiles small enough to tile:
 # the families' own test configs, and FLUX.2's layout at the class's default sample size
 SMALL_CONFIGS = {
-    **{name: tiny_configs()[name] for name in ("wan21", "wan22", "qwenimage")},
+    **{name: tiny_configs()[name] for name in ("wan21", "wan22", "qwenimage", "hunyuanvideo15")},
     "flux2": (
         "AutoencoderKLFlux2",
         {
@@ -115,6 +115,7 @@ SMALL_SHAPES = {
     "wan22": (1, 4, 2, 2, 3),
     "qwenimage": (1, 4, 2, 4, 6),
     "flux2": (1, 8, 20, 24),
+    "hunyuanvideo15": (1, 4, 3, 8, 12),
 }
 SMALL_TILES = (32, 16)
 
@@ -257,6 +258,12 @@ def _parse_args(argv):
         help="fast-tier frames_per_step values to check, e.g. auto,1,2 (default auto, the library's)",
     )
     ap.add_argument("--max-layer-frames", default="", help="fast-tier max_layer_frames values to check as well, e.g. 2")
+    ap.add_argument(
+        "--norm-into-conv",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="fast-tier norm_into_conv of every fast row (default auto, the library's)",
+    )
     ap.add_argument("--shapes", default=None, help="override, e.g. wan21=1,16,2,6,8;wan22=1,48,2,4,6")
     ap.add_argument(
         "--device",
@@ -455,12 +462,14 @@ def _check(
     ok_all = True
     seen: dict[tuple, dict | None] = {}  # plan -> its row (rank 0; None on the other ranks)
     for mode, exact_tier, (per_step, layer_frames) in runs:
-        fast = vaeshard.FastOptions(frames_per_step=per_step, max_layer_frames=layer_frames)
+        into_conv = {"auto": "auto", "on": True, "off": False}[args.norm_into_conv]
+        fast = vaeshard.FastOptions(frames_per_step=per_step, max_layer_frames=layer_frames, norm_into_conv=into_conv)
         vaeshard.parallelize(vae, mode=mode, exact=exact_tier, fast=fast, timeout=AGREEMENT_TIMEOUT_S)
         plan = vaeshard.plan(vae, z.shape, world, mode)
         label = mode + (" exact" if exact_tier else " fast")
         label += f" k={per_step}" if per_step not in (1, "auto") else ""
         label += f" m={layer_frames}" if layer_frames else ""
+        label += " into-conv" if plan.fast is not None and plan.fast.norm_into_conv else ""
         key = _plan_key(plan)
         if key in seen and not args.repeat_same_plans:  # (every rank alike: the plan is shared)
             if rank == 0:

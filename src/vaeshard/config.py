@@ -126,6 +126,14 @@ class FastOptions:
         "run the 3x3x3 convolutions where vaeshard's own Triton kernels measured faster than cuDNN (CUDA)",
         "--no-triton-convs",
     )
+    norm_into_conv: bool | str = _knob(
+        "auto",
+        "a norm and the SiLU after it write straight into the next convolution's padded input (families that "
+        "declare such pairs); auto: where measured faster (tuning.NORM_INTO_CONV_BUFFER_FAMILIES)",
+        "--norm-into-conv",
+        parse=_auto_on_off,
+        metavar="{auto,on,off}",
+    )
 
     def __post_init__(self) -> None:
         for name in ("cudnn_benchmark", "triton_convs", "keep_cuda_graphs"):
@@ -133,6 +141,8 @@ class FastOptions:
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not (isinstance(self.cuda_graphs, bool) or self.cuda_graphs == "auto"):
             raise TypeError(f"cuda_graphs must be True, False or 'auto', got {self.cuda_graphs!r}")
+        if not (isinstance(self.norm_into_conv, bool) or self.norm_into_conv == "auto"):
+            raise TypeError(f"norm_into_conv must be True, False or 'auto', got {self.norm_into_conv!r}")
         if self.keep_cuda_graphs and self.cuda_graphs is False:
             raise ValueError(
                 "keep_cuda_graphs=True keeps the CUDA graphs a request replays, and cuda_graphs=False "

@@ -407,6 +407,8 @@ def resolve_fast(
     missing = kernels_unavailable(device)
     if missing is not None:
         reasons.append(("kernels", f"PyTorch's layers throughout ({missing})"))
+    into_conv, why = _norm_into_conv(family, options)
+    reasons.append(("norm into conv", f"{'on' if into_conv else 'off'} ({why})"))
     return FastPlan(
         frames_per_step=steps,
         cuda_graphs=graphed,
@@ -417,5 +419,22 @@ def resolve_fast(
         frame_pixels=pixels,
         cudnn_benchmark=options.cudnn_benchmark,
         triton_convs=options.triton_convs,
+        norm_into_conv=into_conv,
         reasons=tuple(reasons),
+    )
+
+
+def _norm_into_conv(family, options: FastOptions) -> tuple[bool, str]:
+    """Whether a request's declared norms write into the next convolution's padded input
+    (fast/producers.py), and why."""
+    if not family.norm_into_conv:
+        return False, f"{family.name} declares no norm feeding a padding convolution"
+    if options.norm_into_conv != "auto":
+        pairs = f"{len(family.norm_into_conv)} declared norm -> convolution pairs"
+        return bool(options.norm_into_conv), f"set: {pairs}" + ("" if options.norm_into_conv else " run apart")
+    if family.name in tuning.NORM_INTO_CONV_BUFFER_FAMILIES:
+        return True, f"auto: {family.name} is in tuning.NORM_INTO_CONV_BUFFER_FAMILIES"
+    return False, (
+        f"auto: {family.name} is not in tuning.NORM_INTO_CONV_BUFFER_FAMILIES (not yet measured faster on a GPU); "
+        "norm_into_conv=True forces it"
     )

@@ -42,6 +42,9 @@ COPY_FRAMES_MAX = 32
 WAN_HEIGHT_RANKS = 2
 WAN_HEIGHT_BASE_DIM = 96
 
+# --- norms writing into the next convolution's input (norm_into_conv="auto") ---------------------------
+NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ()
+
 
 class Entry(NamedTuple):
     name: str  # the constant here, or "module.NAME" for a value defined with a kernel
@@ -128,6 +131,13 @@ TABLE: tuple[Entry, ...] = (
         "Wan family: the full-resolution channel count (Wan 2.1, Qwen-Image) for which height was measured faster",
         "2 H200s: Wan 2.1 720p 0.843 s by height against 0.888 s by width, 480p 0.580 against 0.602 s; Wan 2.2 "
         "(256 channels) within 1% either way, so it keeps the baseline rule",
+    ),
+    Entry(
+        "NORM_INTO_CONV_BUFFER_FAMILIES",
+        "the families whose declared norm + SiLU write into the next convolution's padded input buffer "
+        "(fast/producers.py) with norm_into_conv='auto'",
+        "not yet measured on a GPU: off for every family until an A/B (`vaeshard bench --norm-into-conv on` "
+        "against `off`) shows it faster",
     ),
     Entry(
         "kernels/conv3d.py TILES",

@@ -157,6 +157,7 @@ TIER_FLAGS = [  # --exact and the FastOptions knobs, the same on decode, serve a
     ("--frames-per-step", None, "auto", False),
     ("--max-layer-frames", None, None, False),
     ("--no-triton-convs", None, True, False),
+    ("--norm-into-conv", None, "auto", False),
 ]
 EXPECTED_FLAGS = {
     "demo": [

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..fast import producers
 from ..runtime import requests
 from ..runtime.swap import is_swapped, swap, unswap
 from ..runtime.tile import TileGrid, TileOps
@@ -288,7 +289,8 @@ class Family(ABC):
     `streams_steps`: `stream_decode` yields once per decoder step;
     `fast_tier`: the fast tier serves the family's layers (else requests run diffusers' layers);
     `frame_loop_graphs`: its frame loop may replay CUDA graphs (runtime/graphs.py); `layer_parts`:
-    its fast layers take a call's frames in parts.
+    its fast layers take a call's frames in parts. `norm_into_conv`: which norm + SiLU writes into
+    which padding convolution's input buffer in the fast tier (fast/producers.py `NormIntoConv`).
     `mirrors`: the diffusers functions the family's code (and the layers it installs) re-implements.
     `shard_plan`: each module's treatment when the feature maps are sharded (`ShardPlan`).
     """
@@ -333,6 +335,9 @@ class Family(ABC):
     # `auto`'s tiled decode in the fast tier runs a rank's tiles of one shape as one batch
     # (TileOps.run_many: MiniMax-H3's ViT); `tile` and `exact=True` run them one at a time, bit for bit
     fast_tiles: bool = False
+    # norms that write silu(norm(x)) into the next convolution's padded input (fast/producers.py), linked
+    # at install; a request runs them where its plan says (FastPlan.norm_into_conv)
+    norm_into_conv: tuple[producers.NormIntoConv, ...] = ()
 
     @abstractmethod
     def latent_channels(self, vae) -> int:
@@ -433,7 +438,12 @@ class Family(ABC):
         """Swap in request-aware layers (halo, fast tier) by the family's `shard_plan`; idempotent.
         Raises ValueError, before swapping anything, for a VAE with layers it cannot shard. Returns
         what it swapped (None: the family declares no plan and swaps nothing)."""
-        return None if self.shard_plan is None else apply_plan(self.shard_plan, vae)
+        if self.shard_plan is None:
+            return None
+        report = apply_plan(self.shard_plan, vae)
+        if self.norm_into_conv:
+            producers.link(vae, self.norm_into_conv)
+        return report
 
     def shard_report(self, vae) -> ShardReport | None:
         """What `install_layers` would swap and each module's treatment, swapping nothing; raises as
@@ -444,6 +454,7 @@ class Family(ABC):
         """Undo `install_layers`: by default every swapped module of the VAE gets its class back."""
         for module in vae.modules():
             unswap(module)
+            producers.unlink(module)
 
     def release(self, vae) -> None:
         """Drop request scratch the model keeps between calls (e.g. feature caches)."""

@@ -22,6 +22,13 @@ causal convolution caching the last two frames of its padded input (fast/causal_
 temporal upsampler upsampling the clip's first frame in space only in the first chunk alone
 (`ChunkedUpsample`). Peak memory then follows the frames per call, not the clip's length. The
 attention runs without diffusers' mask there too. The exact tier and `tile` run diffusers' decode.
+
+Norms into convolutions (`NORM_INTO_CONV`, fast/producers.py; where the plan's `norm_into_conv` says):
+each residual block's norm1 and norm2 and the decoder's and encoder's norm_out write silu(norm(x))
+straight into the padded input buffer of the causal convolution after them (conv1, conv2,
+conv_out), whose replicate padding and cached front frames are then filled in place; the SiLU
+module between passes that output on. The norm rounds as diffusers' does (normalized in fp32, then
+the dtype after each step; kernels/norm.py).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import math
 
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
+from ..fast.producers import NormIntoConv, RMSNormSiLUIntoConv, SiLUAfterProducer
 from ..layers import tier as fast
 from ..layers.frame_causal_attention import FrameCausalAttention
 from ..layers.halo import replicate_causal_problem
@@ -208,11 +216,23 @@ def _channel_norm_problem(norm) -> str | None:
     return None if norm.channel_first else "an RMS norm over the last axis rather than the channels"
 
 
+# Which norm writes into which causal convolution's padded input in the fast tier, through which SiLU
+# module (fast/producers.py): diffusers' forwards of these blocks (mirrored below) pass the norm's
+# output only through that SiLU to that convolution.
+NORM_INTO_CONV = (
+    NormIntoConv("HunyuanVideo15ResnetBlock", "norm1", "nonlinearity", "conv1"),
+    NormIntoConv("HunyuanVideo15ResnetBlock", "norm2", "nonlinearity", "conv2"),
+    NormIntoConv("HunyuanVideo15Decoder3D", "norm_out", "conv_act", "conv_out"),
+    NormIntoConv("HunyuanVideo15Encoder3D", "norm_out", "conv_act", "conv_out"),
+)
+
+
 # Encoder and decoder. HunyuanVideo15CausalConv3d -> halo rows in place of its replicate padding on the
 # sharded axis (its child Conv3d is then unpadded and local), and in the fast tier's frame loop its
 # cache; HunyuanVideo15Upsample -> the frame loop's first-frame rule (`ChunkedUpsample`);
 # HunyuanVideo15AttnBlock -> frame-causal attention against the whole frames' keys and values, one
-# frame at a time; an RMS norm over channels, a 1x1x1 Conv3d (shortcuts, the attention's
+# frame at a time; an RMS norm over channels (in the fast tier, where declared above, into the next
+# convolution's buffer), its SiLU (then a pass-through), a 1x1x1 Conv3d (shortcuts, the attention's
 # projections), the up/downsamplers' rearranges and channel shortcuts, the containers -> local.
 SHARD_PLAN = ShardPlan(
     roots=("encoder", "decoder"),
@@ -228,10 +248,17 @@ SHARD_PLAN = ShardPlan(
         Rule("Conv3d", LOCAL, check=pointwise_problem),
         Rule("HunyuanVideo15Upsample", FAST, ChunkedUpsample),
         Rule("HunyuanVideo15AttnBlock", WHOLE_MAP, FrameCausalAttention),
-        Rule("HunyuanVideo15RMS_norm", LOCAL, check=_channel_norm_problem, layer=Layer(norm="rms_channels")),
+        Rule(
+            "HunyuanVideo15RMS_norm",
+            LOCAL,
+            RMSNormSiLUIntoConv,
+            check=_channel_norm_problem,
+            layer=Layer(norm="rms_channels"),
+        ),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
         local("HunyuanVideo15Encoder3D", "HunyuanVideo15Decoder3D", "HunyuanVideo15DownBlock3D"),
         local("HunyuanVideo15UpBlock3D", "HunyuanVideo15MidBlock", "HunyuanVideo15ResnetBlock"),
-        local("HunyuanVideo15Downsample", "SiLU"),
+        local("HunyuanVideo15Downsample"),
         CONTAINERS,
     ),
 )
@@ -316,6 +343,21 @@ class _HunyuanVideo15(Family):
             "1f2d1bf4fb859046",
         ),
         Mirror(
+            _HV + "HunyuanVideo15ResnetBlock.forward",
+            "families/hunyuanvideo15.py NORM_INTO_CONV (norm1 -> nonlinearity -> conv1, norm2 -> conv2)",
+            "f497ee2b21603ff9",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15Encoder3D.forward",
+            "families/hunyuanvideo15.py NORM_INTO_CONV (norm_out -> conv_act -> conv_out)",
+            "2acf1aa09d6ccd21",
+        ),
+        Mirror(
+            _HV + "HunyuanVideo15RMS_norm.forward",
+            "fast/producers.py RMSNormSiLUIntoConv (kernels/norm.py rms_norm's steps and roundings)",
+            "727763e4a6e9ebea",
+        ),
+        Mirror(
             _HV + "HunyuanVideo15Upsample.forward",
             "families/hunyuanvideo15.py ChunkedUpsample.forward (the frames after the first)",
             "bf66976547324bb3",
@@ -347,6 +389,7 @@ class _HunyuanVideo15(Family):
     stream_decode = staticmethod(stream_decode)
     untiled_encode = staticmethod(untiled_encode)
     shard_plan = SHARD_PLAN
+    norm_into_conv = NORM_INTO_CONV
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** len(_ups(vae))

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..layers.halo import HaloPadThenCachedConv, HaloPadThenConv, extend_padding
 from ..runtime.spatial import current
-from . import frame_loop
+from . import frame_loop, producers
 
 
 def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
@@ -37,9 +37,21 @@ def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
 
 class CachedReplicateCausalConv3d(HaloPadThenConv):
     """Mixin for a replicate-padded causal convolution (`forward(x)`: HunyuanVideo 1.5's): cached in
-    a frame loop, halo rows when sharded (layers/halo.py HaloPadThenConv) outside one."""
+    a frame loop, halo rows when sharded (layers/halo.py HaloPadThenConv) outside one; given the
+    interior of its own padded input buffer (fast/producers.py: a norm wrote it), that buffer with its
+    padding filled in place."""
+
+    def producer_padding(self):
+        """(F.pad tuple, mode) of this convolution's input, for fast/producers.py; None where its child
+        is strided (a sharded strided child needs `HaloPadThenConv`'s check of the shard extents)."""
+        if any(s != 1 for s in self.conv.stride):
+            return None
+        return tuple(self.time_causal_padding), "replicate"
 
     def forward(self, hidden_states):
+        whole = producers.filled(self, hidden_states)
+        if whole is not None:
+            return self.conv(whole)
         if not frame_loop.active():
             return super().forward(hidden_states)
         return self.conv(padded_in_loop(self, hidden_states))

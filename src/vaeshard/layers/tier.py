@@ -36,6 +36,8 @@ class FastPlan:
                       `parts_from_pixels` pixels (on the largest rank) where parts suit it; None: none.
     frame_pixels:     the largest rank's output frame in pixels (decode), or input frame (encode).
     cudnn_benchmark:  cuDNN's benchmark mode for the request; triton_convs: vaeshard's convolutions.
+    norm_into_conv:   a family's declared norms + SiLU write into the next convolution's padded input
+                      buffer (fast/producers.py).
     """
 
     frames_per_step: int = 1
@@ -47,6 +49,7 @@ class FastPlan:
     frame_pixels: int = 0
     cudnn_benchmark: bool = True
     triton_convs: bool = True
+    norm_into_conv: bool = False
     reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (not a choice: the same plan)
 
     def layer_frames(self, pixels: int, suits=None) -> int | None:

@@ -1,0 +1,254 @@
+"""The fast tier's producers: a norm + SiLU that writes its output straight into the padded input
+buffer of the convolution after it, so the convolution makes no padded copy of its input and the
+SiLU no pass of its own.
+
+A family declares, as data (`NormIntoConv`, the family's `norm_into_conv`), which norm feeds which
+padding convolution through which SiLU module inside one diffusers block: diffusers' forward of
+that block must be `conv(silu(norm(x)))` with nothing else reading the norm's or the SiLU's output
+(the family mirrors that forward). `link` ties each declared triple together at install time; a
+request runs the protocol where its plan says so (`FastPlan.norm_into_conv`), in inference without
+autograd and with no forward hook on the three modules (a hook could read or replace the norm's
+output, which holds SiLU applied already):
+
+1. the norm asks the convolution for the interior of its input buffer (`interior`): a new
+   channels-last tensor of the padded input's shape (time front frames, halo rows of a sharded
+   request, the spatial padding), allocated per call from PyTorch's caching allocator, so no buffer
+   is shared between two live uses and a CUDA graph captures it as any other activation; the view of
+   its new frames and own rows and columns, marked as produced for that convolution;
+2. the norm writes silu(norm(x)) there (kernels/norm.py `rms_norm(..., silu=True, out=view)`);
+3. the SiLU module passes a marked tensor on as it is (`SiLUAfterProducer`), and applies SiLU to
+   anything else;
+4. the convolution, given exactly that view (`filled`: the mark, and the view's pointer, shape and
+   strides checked against the buffer it is part of, never guessed), fills the padding in place and
+   runs its unpadded child on the whole buffer. Anything else takes the convolution's own path.
+
+The padding filled, in the order that makes each step read filled values only, as F.pad pads the
+whole (sharded: the neighbours' rows first, as layers/halo.py `extend_padding`): the sharded axis's
+halo rows from the neighbours (the padding mode at the global edges), then the other spatial axes
+(replicate: the edge rows or columns copied; zeros: zeroed), then the time front frames: in a frame
+loop's later chunk from the convolution's cache, else the first frame repeated (replicate) or zeros.
+The cache is then updated exactly as `frame_loop.cached_front` does (a clone of the buffer's last
+front frames, never a view of the buffer). The same values as the convolution's own path: the
+padding only copies values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn.modules import module as torch_module
+
+from ..kernels.norm import rms_norm
+from ..layers import tier
+from ..runtime.spatial import HEIGHT, current
+from . import frame_loop
+
+MODES = ("replicate", "zeros")
+
+_FEEDS = "_vaeshard_feeds"  # on the norm: (its SiLU module, the convolution it writes into)
+_AFTER = "_vaeshard_after_producer"  # on the SiLU module: it follows a producing norm
+_PRODUCED = "_vaeshard_produced_for"  # on a produced view: the convolution whose buffer it is
+
+
+@dataclass(frozen=True)
+class NormIntoConv:
+    """One declaration: in each module of the diffusers class `block`, the RMS norm at attribute
+    `norm` is followed by the SiLU module at `silu` and then the padding convolution at `conv`, and
+    diffusers' forward of `block` passes the norm's output only through them."""
+
+    block: str
+    norm: str
+    silu: str
+    conv: str
+
+
+def link(vae, pairs: tuple[NormIntoConv, ...]) -> int:
+    """Tie each declared norm to its convolution and mark its SiLU module, in every module of `vae`
+    of a declared class whose three children carry the protocol's mixins (a swapped norm and SiLU,
+    and a convolution with `producer_padding`); stored outside nn.Module's registries. Returns how
+    many norms were linked."""
+    linked = 0
+    for module in vae.modules():
+        for pair in pairs:
+            if _class_name(module) != pair.block:
+                continue
+            norm, silu, conv = (getattr(module, a, None) for a in (pair.norm, pair.silu, pair.conv))
+            if isinstance(norm, RMSNormSiLUIntoConv) and isinstance(silu, SiLUAfterProducer) and _takes(conv):
+                norm.__dict__[_FEEDS] = (silu, conv)
+                silu.__dict__[_AFTER] = True
+                linked += 1
+    return linked
+
+
+def unlink(module) -> None:
+    module.__dict__.pop(_FEEDS, None)
+    module.__dict__.pop(_AFTER, None)
+
+
+def linked_conv(norm):
+    """The convolution `norm` writes into where the protocol runs (None: not linked)."""
+    linked = norm.__dict__.get(_FEEDS)
+    return None if linked is None else linked[1]
+
+
+def _plain(modules) -> bool:
+    """Inference without autograd and no hook that would see these modules' outputs: a hook could
+    read or replace the norm's output, which holds SiLU applied already (and a replaced output,
+    unmarked, would get SiLU a second time)."""
+    if torch.is_grad_enabled() or torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return False
+    return not any(m.training or m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def _class_name(module) -> str:
+    """The diffusers class name of a module, swapped or not (runtime/swap.py's `_vaeshard_base`)."""
+    return getattr(type(module), "_vaeshard_base", type(module)).__name__
+
+
+def _takes(conv) -> bool:
+    return conv is not None and callable(getattr(conv, "producer_padding", None))
+
+
+def runs() -> bool:
+    """Whether this request runs the protocol (its fast-tier plan's `norm_into_conv`)."""
+    plan = tier.current()
+    return plan is not None and plan.norm_into_conv
+
+
+# -- the buffer's geometry --------------------------------------------------------------------------
+
+
+def _geometry(x_shape, padding):
+    """(the buffer's shape, the interior's start per dim) for an input of `x_shape` padded by the
+    F.pad tuple `padding` (w_left, w_right, h_top, h_bottom, t_front, t_back); sharded, the sharded
+    axis's padding is halo rows (the same rows, the neighbours' values)."""
+    w_left, w_right, h_top, h_bottom, t_front, t_back = padding
+    n, c, t, h, w = x_shape
+    shape = (n, c, t + t_front + t_back, h + h_top + h_bottom, w + w_left + w_right)
+    return shape, (0, 0, t_front, h_top, w_left)
+
+
+def _interior_of(buf: torch.Tensor, x_shape, start) -> torch.Tensor:
+    view = buf
+    for dim, (begin, size) in enumerate(zip(start, x_shape)):
+        if begin or size != buf.shape[dim]:
+            view = view.narrow(dim, begin, size)
+    return view
+
+
+def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
+    """The view of a new input buffer of `conv` that an input like `x` fills, marked as produced for
+    `conv` (None where the protocol does not take this input: not 5-D, or the convolution offers
+    no padding it fills, `producer_padding()` None)."""
+    offered = conv.producer_padding()
+    if offered is None or x.dim() != 5:
+        return None
+    padding, mode = offered
+    if len(padding) != 6 or padding[5] != 0 or mode not in MODES:
+        return None
+    shape, start = _geometry(x.shape, padding)
+    buf = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    view = _interior_of(buf, x.shape, start)
+    setattr(view, _PRODUCED, conv)
+    return view
+
+
+def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
+    """`conv`'s whole padded input where `x` is the interior `interior(conv, ...)` gave (checked: the
+    mark, and the view's shape, strides and pointer within its buffer), its padding filled in place
+    and the causal cache updated (module docstring); None for any other input."""
+    if getattr(x, _PRODUCED, None) is not conv:
+        return None
+    buf = x._base
+    padding, mode = conv.producer_padding()
+    ctx = current()
+    shape, start = _geometry(x.shape, padding)
+    if buf is None or tuple(buf.shape) != shape or not buf.is_contiguous(memory_format=torch.channels_last_3d):
+        return None
+    expected = _interior_of(buf, x.shape, start)
+    if expected.data_ptr() != x.data_ptr() or expected.stride() != x.stride():
+        return None
+    w_left, w_right, h_top, h_bottom, front, _ = padding
+    t_new = slice(front, shape[2])
+    sharded_dim = None if ctx is None else (3 if ctx.axis == HEIGHT else 4)
+    pads = {3: (h_top, h_bottom), 4: (w_left, w_right)}
+    # the sharded axis first (its halo rows span the interior's other axes only), then the other
+    if sharded_dim is not None:
+        _halo_rows(ctx, buf, x, sharded_dim, *pads[sharded_dim], mode, start)
+    for dim in (3, 4):
+        if dim != sharded_dim:
+            _edges(buf[:, :, t_new], dim, *pads[dim], mode)
+    if front and frame_loop.first_chunk():  # (a later chunk's front comes from the cache below)
+        head = buf[:, :, :front]
+        if mode == "replicate":
+            head.copy_(buf[:, :, front : front + 1].expand_as(head))
+        else:
+            head.zero_()
+    frame_loop.cached_front(conv, buf, front)
+    return buf
+
+
+def _edges(part: torch.Tensor, dim: int, before: int, after: int, mode: str) -> None:
+    """Fill the first `before` and last `after` entries of `part` along `dim` (the padding around
+    what lies between): replicate copies the edge entry, zeros zeroes them."""
+    extent = part.shape[dim]
+    for begin, size, edge in ((0, before, before), (extent - after, after, extent - after - 1)):
+        if not size:
+            continue
+        target = part.narrow(dim, begin, size)
+        if mode == "replicate":
+            target.copy_(part.narrow(dim, edge, 1).expand_as(target))
+        else:
+            target.zero_()
+
+
+def _halo_rows(ctx, buf, x, dim: int, before: int, after: int, mode: str, start) -> None:
+    """The sharded axis's padding of the interior's frames and columns: the neighbours' rows (one
+    exchange), and at the global edges what `mode` pads the whole map with."""
+    other = 4 if dim == 3 else 3
+    # the buffer's new frames at the interior's columns (rows along `other`), all rows along `dim`
+    part = buf[:, :, start[2] :].narrow(other, start[other], x.shape[other])
+    prev, nxt = ctx.neighbour_rows(x, dim, before, after)
+    extent = x.shape[dim]
+    for rows, at, received, edge in ((before, 0, prev, before), (after, before + extent, nxt, before + extent - 1)):
+        if not rows:
+            continue
+        target = part.narrow(dim, at, rows)
+        if received is not None:
+            target.copy_(received)
+        elif mode == "replicate":
+            target.copy_(part.narrow(dim, edge, 1).expand_as(target))
+        else:
+            target.zero_()
+
+
+# -- the mixins -------------------------------------------------------------------------------------
+
+
+class RMSNormSiLUIntoConv:
+    """Mixin for an RMS norm over channels (`gamma`, `bias`, `scale` as diffusers' RMS norms keep
+    them) that a family declares followed by SiLU and a padding convolution: where the request runs
+    the protocol, silu(norm(x)) written into that convolution's buffer (`interior`); elsewhere the
+    norm's own forward."""
+
+    def forward(self, x):
+        linked = self.__dict__.get(_FEEDS)
+        if linked is None or not runs() or not _plain((self, *linked)):
+            return super().forward(x)
+        conv = linked[1]
+        view = interior(conv, x)
+        if view is None:
+            return super().forward(x)
+        rms_norm(x, self.gamma, self.bias, self.scale, silu=True, out=view)
+        return view
+
+
+class SiLUAfterProducer:
+    """Mixin for diffusers' SiLU module after a producing norm: a view that norm wrote (SiLU applied
+    already) passes on as it is; any other input gets SiLU as diffusers applies it."""
+
+    def forward(self, x):
+        if self.__dict__.get(_AFTER) and getattr(x, _PRODUCED, None) is not None:
+            return x
+        return super().forward(x)

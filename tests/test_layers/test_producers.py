@@ -1,0 +1,200 @@
+"""The fast tier's producers (fast/producers.py): a norm + SiLU writing into the next convolution's
+padded input buffer, the convolution filling its padding in place.
+
+HunyuanVideo 1.5's tiny config with the producers forced on against diffusers' own decode and encode
+(CPU fp32, within 1e-5), direct, streamed and on two gloo ranks, with the proof that the path ran:
+every declared convolution took its buffer and made no F.pad copy. The padding a buffer gets against
+F.pad of the same input, in both modes; the norm kernel writing into a buffer's interior in Triton's
+interpreter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vaeshard
+from vaeshard.fast import producers
+
+from .. import interpreter
+from ..dist_harness import run_ranks
+from ..family_parity import sample, streamed
+from ..models import build, latent
+from ..parity import CPU_FP32, assert_close, reference_from_rank0
+
+
+def _forced(vae, mode="auto", per_step=1, on=True):
+    options = vaeshard.FastOptions(frames_per_step=per_step, norm_into_conv=on)
+    return vaeshard.parallelize(vae, mode, fast=options)
+
+
+class _Spy:
+    """Counts, while active, the causal convolutions that took a produced buffer (`producers.filled`
+    gave one) and those that did not, and every F.pad call."""
+
+    def __init__(self):
+        self.took, self.missed, self.pads = Counter(), Counter(), 0
+
+    def __enter__(self):
+        filled, pad = producers.filled, F.pad
+
+        def spy_filled(conv, x):
+            whole = filled(conv, x)
+            (self.took if whole is not None else self.missed)[id(conv)] += 1
+            return whole
+
+        def spy_pad(*args, **kwargs):
+            self.pads += 1
+            return pad(*args, **kwargs)
+
+        self.saved = (filled, pad)
+        producers.filled, F.pad = spy_filled, spy_pad
+        return self
+
+    def __exit__(self, *exc):
+        producers.filled, F.pad = self.saved
+
+
+def _linked_convs(vae) -> set[int]:
+    return {id(producers.linked_conv(m)) for m in vae.modules() if producers.linked_conv(m) is not None}
+
+
+def _diffusers(vae, x, op):
+    with torch.no_grad():
+        return vae.decode(x).sample if op == "decode" else vae.encode(x).latent_dist.parameters
+
+
+def test_hunyuanvideo15_with_producers_matches_diffusers():
+    vae = build("hunyuanvideo15")
+    latents = {frames: latent((1, 4, frames, 5, 6), seed=frames) for frames in (1, 3, 4)}
+    references = {frames: _diffusers(vae, z, "decode") for frames, z in latents.items()}
+    x = sample((1, 3, 5, 16, 12))
+    moments = _diffusers(vae, x, "encode")
+    linked = None
+    for frames, z in latents.items():
+        for per_step in (1, 2):
+            what = f"{frames} latent frames, {per_step} per step"
+            _forced(vae, per_step=per_step)
+            linked = _linked_convs(vae)
+            blocks = sum(type(m).__name__ == "HunyuanVideo15ResnetBlock" for m in vae.modules())
+            assert len(linked) == 2 * blocks + 2, linked  # each residual block's two, both norm_outs
+            plan = vaeshard.plan(vae, z.shape)
+            assert plan.fast.norm_into_conv and "norm into conv: on (set" in plan.explain(), plan.explain()
+            with _Spy() as spy, torch.no_grad():
+                out = vae.decode(z).sample
+            assert_close(out, references[frames], CPU_FP32, what)
+            # every declared convolution took its buffer, and only the others padded a copy
+            assert spy.took and set(spy.took) <= linked and not (set(spy.missed) & linked), what
+            assert spy.pads == sum(spy.missed.values()), what
+            assert torch.equal(torch.cat(streamed(vae, z), dim=2), out), what
+    with _Spy() as spy, torch.no_grad():
+        encoded = vae.encode(x).latent_dist.parameters
+    assert_close(encoded, moments, CPU_FP32, "fast-tier encode")
+    assert spy.took and not (set(spy.missed) & linked)
+    _forced(vae, on=False)  # off: no buffer is produced, every convolution pads as before
+    assert not vaeshard.plan(vae, latents[3].shape).fast.norm_into_conv
+    with _Spy() as spy, torch.no_grad():
+        assert_close(vae.decode(latents[3]).sample, references[3], CPU_FP32, "producers off")
+    assert not spy.took and spy.pads == sum(spy.missed.values())
+
+
+def test_a_hook_on_a_declared_layer_keeps_diffusers_path():
+    """A forward hook that replaces the norm's output would get an unmarked tensor through SiLU
+    twice: with one, that norm and its convolution run as diffusers does."""
+    vae = build("hunyuanvideo15")
+    z = latent((1, 4, 3, 5, 6), seed=3)
+    reference = _diffusers(vae, z, "decode")
+    _forced(vae, per_step=2)
+    handle = vae.decoder.norm_out.register_forward_hook(lambda module, args, out: out.clone())
+    try:
+        with _Spy() as spy, torch.no_grad():
+            out = vae.decode(z).sample
+    finally:
+        handle.remove()
+    assert_close(out, reference, CPU_FP32, "a hook on norm_out")
+    assert spy.took and spy.missed[id(vae.decoder.conv_out)] == 2  # (one call per chunk: frame 0, then 1-2)
+
+
+def test_plan_says_why_the_producers_do_not_run():
+    vae = build("hunyuanvideo15")
+    vaeshard.parallelize(vae)
+    text = vaeshard.plan(vae, (1, 4, 3, 5, 6)).explain()
+    assert "norm into conv: off (auto: hunyuanvideo15 is not in tuning.NORM_INTO_CONV_BUFFER_FAMILIES" in text, text
+    vaeshard.parallelize(vae, exact=True)  # the exact tier never produces
+    assert vaeshard.plan(vae, (1, 4, 3, 5, 6), fast=vaeshard.FastOptions(norm_into_conv=True)).fast is None
+    with pytest.raises(TypeError, match="norm_into_conv"):
+        vaeshard.FastOptions(norm_into_conv="yes")
+
+
+class _PadConv(torch.nn.Module):
+    """A convolution that pads its input by an F.pad tuple in a mode, as the protocol asks."""
+
+    def __init__(self, padding, mode):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(2, 2, 1)
+        self.padding, self.mode = padding, mode
+
+    def producer_padding(self):
+        return self.padding, self.mode
+
+
+@pytest.mark.parametrize("mode", ["replicate", "zeros"])
+def test_a_produced_buffer_is_padded_as_f_pad_pads(mode):
+    x = latent((2, 3, 4, 5, 6), seed=1)
+    padding = (1, 2, 2, 1, 2, 0)
+    conv = _PadConv(padding, mode)
+    view = producers.interior(conv, x)
+    assert view.shape == x.shape and view._base.is_contiguous(memory_format=torch.channels_last_3d)
+    view.copy_(x)
+    expected = F.pad(x, padding, mode="replicate" if mode == "replicate" else "constant")
+    assert torch.equal(producers.filled(conv, view), expected)
+    # anything but that very view takes the convolution's own path
+    assert producers.filled(conv, x) is None and producers.filled(conv, view.clone()) is None
+    assert producers.filled(_PadConv(padding, mode), view) is None
+
+
+def _sharded(rank, world):
+    vae = build("hunyuanvideo15")
+    z = latent((1, 4, 4, 5, 7), seed=9)
+    reference = reference_from_rank0(rank, lambda: _diffusers(vae, z, "decode"))
+    for mode in ("spatial_shard_height", "spatial_shard_width"):
+        _forced(vae, mode, per_step=2)
+        linked = _linked_convs(vae)
+        with _Spy() as spy, torch.no_grad():
+            out = vae.decode(z).sample
+        assert_close(out, reference, CPU_FP32, mode)
+        assert spy.took and not (set(spy.missed) & linked), mode
+    return True
+
+
+def test_hunyuanvideo15_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_sharded, 2) == [True, True]
+
+
+INTERIOR = """
+import torch
+from vaeshard.kernels import norm, triton_support
+assert triton_support.interpreting()
+torch.manual_seed(0)
+x = torch.randn(1, 12, 3, 5, 6).contiguous(memory_format=torch.channels_last_3d)
+gamma, scale = torch.rand(12, 1, 1, 1) + 0.5, 12 ** 0.5
+buf = torch.full((1, 12, 5, 7, 8), 7.0).contiguous(memory_format=torch.channels_last_3d)
+interior = buf[:, :, 2:, 1:6, 1:7]
+assert norm._spatial_strides(interior) is not None  # the kernel, not the eager path, takes the view
+norm.rms_norm(x, gamma, 0.0, scale, silu=True, out=interior)
+expected = torch.nn.functional.silu(torch.nn.functional.normalize(x, dim=1) * scale * gamma)
+err = (interior - expected).abs().max().item()
+untouched = buf.clone()
+untouched[:, :, 2:, 1:6, 1:7] = 7.0
+assert err < 1e-5, err
+assert bool((untouched == 7.0).all()), "the kernel wrote outside the interior"
+print("ok", err)
+"""
+
+
+def test_norm_kernel_writes_into_a_buffers_interior_in_the_interpreter():
+    run = interpreter.run(INTERIOR, timeout=240)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
