@@ -863,6 +863,22 @@ def test_box_kernel_compiles_reading_the_causal_cache(cout):
     assert notes.returncode == 0 and "C7514" not in notes.stderr, notes.stderr[-500:]
 
 
+@pytest.mark.parametrize("cout", [96, 3])
+def test_box_kernel_fences_its_barriers_after_init_and_invalidates_them(cout):
+    # PTX's rules for mbarriers: the initialisation is made visible to the async proxy (the TMA
+    # copies that complete the barriers' transactions) by a proxy fence before the partitions start,
+    # and every barrier is invalidated before its shared memory serves anything else (the next
+    # program on the multiprocessor, of this kernel or another); in PLANS' tilings (3 and 4 slots)
+    pytest.importorskip("triton")
+    how = box_conv.PLANS[cout]
+    lines = box_conv.compile_for_hopper(how, _box_cin(cout), cout, add=cout != 3, causal=True).asm["ptx"].splitlines()
+    inits = [i for i, line in enumerate(lines) if "mbarrier.init" in line]
+    assert len(inits) == 2 * how.stages + 1  # ready and empty per slot, and the residual's
+    start = next(i for i in range(inits[-1], len(lines)) if re.search(r"\bbarrier\.sync\s+1;", lines[i]))
+    assert any("fence.proxy.async" in line for line in lines[inits[-1] : start])
+    assert sum("mbarrier.inval" in line for line in lines) == len(inits)
+
+
 def _sass(compiled) -> list[str]:
     """The kernel's SASS instructions, in order (Triton's own ptxas and cuobjdump; no GPU)."""
     from triton.backends.nvidia.compiler import get_ptxas

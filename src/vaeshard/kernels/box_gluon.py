@@ -580,6 +580,7 @@ if gluon is not None:
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=1)
         mbarrier.init(res_bar, count=1)
+        fence_async_shared()  # (the barriers' initialisation made visible to the TMA copies that complete them)
         if TMA_OUT:  # the output patch's staging buffers (the residual's too)
             o_buf = gl.allocate_shared_memory(od.dtype, [R * CW, BN], _flat(od.layout))
             if BN2 > 0:
@@ -678,3 +679,9 @@ if gluon is not None:
             [1],
             [PRODUCER_REGS],
         )
+        # quiescent now (every copy waited for): PTX wants a barrier invalidated before its shared
+        # memory serves anything else, as it does for the next program on this multiprocessor
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(ready.index(s))
+            mbarrier.invalidate(empty.index(s))
+        mbarrier.invalidate(res_bar)
