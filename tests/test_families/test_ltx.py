@@ -229,10 +229,10 @@ def test_decoder_noise_needs_one_seed_and_direct_keeps_ranks_in_step():
 
 @pytest.mark.parametrize("model", ["ltx", "ltx2"])
 def test_fast_tier_norms_run_in_parts_of_frames_with_diffusers_values(model, monkeypatch):
-    """With a part bound below one frame's temporaries, each RMS norm of the decoder runs diffusers' own
-    forward on one frame at a time into one output: the decode is within the CPU fp32 tolerance of
-    diffusers' (a norm reads only each voxel's channels; a part's sums may round otherwise in the last
-    bit), the parts really ran, and the exact tier is diffusers' bit for bit, whole maps."""
+    """With a part bound below one frame's temporaries, each RMS norm of the decoder runs on one frame
+    at a time into one output: the decode is within the CPU fp32 tolerance of diffusers' (a norm reads
+    only each voxel's channels; a part's sums may round otherwise in the last bit), every norm call of
+    the decode ran in parts, and the exact tier is diffusers' bit for bit, on whole maps."""
     from vaeshard.fast import norm_parts
 
     vae = build_model(model, decoder_inject_noise=(False,) * 4) if model == "ltx" else build_model(model)
@@ -240,21 +240,23 @@ def test_fast_tier_norms_run_in_parts_of_frames_with_diffusers_values(model, mon
     kwargs = {"temb": TEMB}
     with torch.no_grad():
         want = _seeded_call(lambda: vae.decode(z, **kwargs).sample)[0]  # (decoder noise: the same seed each time)
-    parts = []
+    mixin = norm_parts.FramePartsRMSNorm if model == "ltx" else norm_parts.FramePartsPerChannelRMSNorm
     norm_class = type(next(m for m in vae.decoder.modules() if type(m).__name__ in ("RMSNorm", "PerChannelRMSNorm")))
-    forward = norm_class.forward  # diffusers' own forward, which the mixin calls per part: record its inputs
+    parts, whole = [], []
+    part_into, forward = mixin.part_into, norm_class.forward
+    monkeypatch.setattr(mixin, "part_into", lambda self, x, out: parts.append(x.shape) or part_into(self, x, out))
     monkeypatch.setattr(
-        norm_class, "forward", lambda self, x, *a, **k: parts.append(x.shape) or forward(self, x, *a, **k)
+        norm_class, "forward", lambda self, x, *a, **k: whole.append(x.shape) or forward(self, x, *a, **k)
     )
     vaeshard.parallelize(vae)
     monkeypatch.setattr(norm_parts, "PART_BYTES", 1)  # one frame per part
     with torch.no_grad():
         got = _seeded_call(lambda: vae.decode(z, **kwargs).sample)[0]
     assert_close(got, want, CPU_FP32, f"{model} fast tier")
-    frame_dim = 1 if model == "ltx" else 2  # RMSNorm takes a channels-last view; PerChannelRMSNorm (B, C, T, H, W)
-    assert parts and max(s[frame_dim] for s in parts) == 1, parts  # every norm call on one frame
+    frame_dim = mixin.FRAME_DIM  # RMSNorm takes a channels-last view; PerChannelRMSNorm (B, C, T, H, W)
+    assert parts and whole == [] and max(s[frame_dim] for s in parts) == 1, (parts, whole)
     vaeshard.parallelize(vae, exact=True)
     parts.clear()
     with torch.no_grad():
         assert_identical(_seeded_call(lambda: vae.decode(z, **kwargs).sample)[0], want, f"{model} exact tier")
-    assert parts and max(s[frame_dim] for s in parts) > 1  # whole maps
+    assert parts == [] and max(s[frame_dim] for s in whole) > 1  # diffusers' forward on whole maps

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..fast.norm_parts import FramePartsChannelsFirstNorm, FramePartsChannelsLastNorm
+from ..fast.norm_parts import FramePartsPerChannelRMSNorm, FramePartsRMSNorm
 from ..layers.halo import PADDING_MODES, HaloPaddedConv
 from ..layers.noise_slice import NoiseSliceResnet
 from ..runtime.tile import TileOps
@@ -76,8 +76,8 @@ SHARD_PLAN = ShardPlan(
         local("LTXVideoDownsampler3d", "LTXVideoUpsampler3d", "LTX2VideoEncoder3d", "LTX2VideoDecoder3d"),
         local("LTX2VideoDownBlock3D", "LTX2VideoMidBlock3d", "LTX2VideoUpBlock3d", "LTX2VideoResnetBlock3d"),
         local("LTX2VideoCausalConv3d", "LTX2VideoDownsampler3d", "LTX2VideoUpsampler3d"),
-        Rule("RMSNorm", FAST, FramePartsChannelsLastNorm, layer=Layer(norm="rms_channels")),
-        Rule("PerChannelRMSNorm", FAST, FramePartsChannelsFirstNorm, layer=Layer(norm="rms_channels")),
+        Rule("RMSNorm", FAST, FramePartsRMSNorm, layer=Layer(norm="rms_channels")),
+        Rule("PerChannelRMSNorm", FAST, FramePartsPerChannelRMSNorm, layer=Layer(norm="rms_channels")),
         local("SiLU", "LayerNorm"),
         CONTAINERS,
     ),
@@ -264,7 +264,12 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
         f"{prefix}Encoder3d.forward": "families/ltx.py _encoded_shape (patchify, output channels)",
         f"{prefix}CausalConv3d.forward": "layers/halo.py HaloPaddedConv (pads time, leaves space to self.conv)",
     }
-    return tuple(Mirror(module + theirs, where, shas[theirs]) for theirs, where in ours.items())
+    norm = {
+        "LTXVideo": ("diffusers.models.normalization:", "RMSNorm.forward", "fast/norm_parts.py FramePartsRMSNorm"),
+        "LTX2Video": (module, "PerChannelRMSNorm.forward", "fast/norm_parts.py FramePartsPerChannelRMSNorm"),
+    }[prefix]
+    extra = (Mirror(norm[0] + norm[1], norm[2], shas[norm[1]]),)
+    return tuple(Mirror(module + theirs, where, shas[theirs]) for theirs, where in ours.items()) + extra
 
 
 class _LTXVideo(LTXLike):
@@ -312,6 +317,7 @@ class _LTXVideo(LTXLike):
             "LTXVideoDecoder3d.forward": "2be406b37a295abd",
             "LTXVideoEncoder3d.forward": "991b83d8cd14f556",
             "LTXVideoCausalConv3d.forward": "9c8e3f9c4707609b",
+            "RMSNorm.forward": "25f4c6d067d464a9",
         },
     )
 
@@ -367,6 +373,7 @@ class _LTX2Video(LTXLike):
             "LTX2VideoDecoder3d.forward": "9b636b882880eb5f",
             "LTX2VideoEncoder3d.forward": "26753daac3fdb3af",
             "LTX2VideoCausalConv3d.forward": "a36ffb016bcb1d81",
+            "PerChannelRMSNorm.forward": "8af7076a14ff8423",
         },
     )
 

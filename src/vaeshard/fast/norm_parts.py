@@ -4,10 +4,11 @@ diffusers' RMS norms of LTX-Video (`RMSNorm` on a channels-last view: `x.to(floa
 then `x * rsqrt(...)` in float32, then the input dtype) and LTX-2 (`PerChannelRMSNorm`: `x / sqrt(mean(x**2)
 + eps)`) make whole-map temporaries, two of them float32 for LTX-Video: at 704 x 1216, 121 frames, its
 128-channel layers' norms hold 6.2 GiB of temporaries, the largest tensors of the decode. Each voxel's
-norm reads only that voxel's channels, so the mixin runs diffusers' own forward on parts of frames
-and writes each part into one output: the same steps per voxel (a sum over channels may round
-differently in its last bit, as PyTorch vectorises a part's reduction otherwise), temporaries of
-one part (`PART_BYTES`). The exact tier, and grad mode, run diffusers' forward on the whole.
+norm reads only that voxel's channels, so the mixins compute the norm on parts of frames, each part's
+last step writing into its slice of one output: diffusers' steps per voxel (mirrored: `part_into`;
+a sum over channels may round differently in its last bit, as PyTorch vectorises a part's reduction
+otherwise), the temporaries of one part (`PART_BYTES`), and no more data written than diffusers'
+whole-map forward writes. The exact tier, and grad mode, run diffusers' forward on the whole.
 """
 
 from __future__ import annotations
@@ -23,39 +24,66 @@ PART_BYTES = 1 << 28
 
 class FramePartsNorm:
     """Mixin for a norm computed per voxel over its channels, on a 5-D input whose frames lie on
-    `FRAME_DIM` (a class attribute of the mixin)."""
+    `FRAME_DIM`; a subclass mirrors diffusers' forward in `part_into` and names its output dtype."""
 
     FRAME_DIM = 1
 
     def forward(self, x, *args, **kwargs):
-        if not tier.enabled() or x.dim() != 5 or torch.is_grad_enabled():
+        if not tier.enabled() or x.dim() != 5 or torch.is_grad_enabled() or args or kwargs:
             return super().forward(x, *args, **kwargs)
         dim = self.FRAME_DIM
         frames = x.shape[dim]
         per_frame = 8 * (x.numel() // max(1, frames))  # two float32 temporaries per voxel
         step = max(1, PART_BYTES // max(1, per_frame))
         if step >= frames:
-            return super().forward(x, *args, **kwargs)
-        first = super().forward(x.narrow(dim, 0, step), *args, **kwargs)
-        out = _empty_in_layout_of(x, first.dtype)
-        out.narrow(dim, 0, step).copy_(first)
-        del first
-        for start in range(step, frames, step):
+            return super().forward(x)
+        out = _empty_in_layout_of(x, self.output_dtype(x))
+        for start in range(0, frames, step):
             n = min(step, frames - start)
-            out.narrow(dim, start, n).copy_(super().forward(x.narrow(dim, start, n), *args, **kwargs))
+            self.part_into(x.narrow(dim, start, n), out.narrow(dim, start, n))
         return out
 
 
-class FramePartsChannelsLastNorm(FramePartsNorm):
-    """`FramePartsNorm` for a norm applied to a channels-last view (B, T, H, W, C): LTX-Video's."""
+class FramePartsRMSNorm(FramePartsNorm):
+    """For diffusers' `RMSNorm` applied to a channels-last view (B, T, H, W, C): LTX-Video's. Mirrors
+    its forward without the NPU branch (diffusers' models/normalization.py `RMSNorm.forward`)."""
 
     FRAME_DIM = 1
 
+    def output_dtype(self, x):
+        if self.weight is None:
+            return x.dtype
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            return self.weight.dtype
+        return torch.promote_types(torch.float32, self.weight.dtype)
 
-class FramePartsChannelsFirstNorm(FramePartsNorm):
-    """`FramePartsNorm` for a norm over dim 1 of (B, C, T, H, W): LTX-2's `PerChannelRMSNorm`."""
+    def part_into(self, x, out) -> None:
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        y = x * torch.rsqrt(variance + self.eps)
+        del variance
+        if self.weight is None:
+            out.copy_(y)  # diffusers' .to(input dtype): the same cast
+            return
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            y = y.to(self.weight.dtype)
+        if self.bias is None:
+            torch.mul(y, self.weight, out=out)
+        else:
+            torch.add(y * self.weight, self.bias, out=out)
+
+
+class FramePartsPerChannelRMSNorm(FramePartsNorm):
+    """For LTX-2's `PerChannelRMSNorm` over dim 1 of (B, C, T, H, W). Mirrors its forward
+    (diffusers' autoencoder_kl_ltx2.py `PerChannelRMSNorm.forward`)."""
 
     FRAME_DIM = 2
+
+    def output_dtype(self, x):
+        return x.dtype
+
+    def part_into(self, x, out) -> None:
+        mean_sq = torch.mean(x**2, dim=self.channel_dim, keepdim=True)
+        torch.div(x, torch.sqrt(mean_sq + self.eps), out=out)
 
 
 def _empty_in_layout_of(x: torch.Tensor, dtype) -> torch.Tensor:
