@@ -346,3 +346,34 @@ def test_frame_causal_sdpa_is_the_masked_attention(heads):
     want = want.transpose(1, 2).reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)
     got = frame_causal_sdpa(q, k, v, heads)
     assert got.shape == want.shape and (got - want).abs().max() < 1e-12
+
+
+def test_fast_tier_upsamples_straight_into_the_padded_convolution_input(monkeypatch):
+    """Each decoder upsampler in the fast tier (one rank) writes its nearest upsampling into its
+    causal convolution's replicate-padded input: the output is diffusers' bit for bit (on the same
+    input), and neither F.interpolate nor F.pad runs (diffusers makes the two pieces, their
+    concatenation and the padded copy)."""
+    import torch.nn.functional as F
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoUpsampleCausal3D
+
+    from vaeshard.layers import tier
+
+    vae = build(MODEL)
+    ups = [m for m in vae.decoder.modules() if isinstance(m, HunyuanVideoUpsampleCausal3D)]
+    assert {tuple(int(f) for f in m.upsample_factor)[0] for m in ups} == {1, 2}  # space only, and time too
+    inputs = [latent((1, m.conv.conv.in_channels, frames, 3, 5), seed=frames) for m in ups for frames in (1, 4)]
+    with torch.no_grad():
+        want = [m(x) for m, x in zip([m for m in ups for _ in (1, 4)], inputs)]
+    vaeshard.parallelize(vae)
+    calls = []
+    for name in ("interpolate", "pad"):
+        original = getattr(F, name)
+        monkeypatch.setattr(F, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    with torch.no_grad(), tier.active(tier.FastPlan()):
+        got = [m(x) for m, x in zip([m for m in ups for _ in (1, 4)], inputs)]
+    assert calls == []
+    for g, w in zip(got, want):
+        assert_identical(g, w, "upsampler")
+    with torch.no_grad():  # outside the fast tier: diffusers' forward
+        assert_identical(ups[0](inputs[0]), want[0], "exact tier")
+    assert calls

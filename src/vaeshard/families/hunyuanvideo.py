@@ -32,9 +32,9 @@ The encoder is made of the same kinds of layer, so encode shards too (sample ext
 
 Fast tier: the mid-block attention runs as on a shard, without the mask, also where one rank decodes
 (directly, or a tile, or a chunk of diffusers' default decode in time): for each query frame one
-scaled-dot-product attention against the frames it may see. diffusers builds the (T*H*W)^2 mask in
-float32 and then bf16, the largest tensors of its default decode at 720p. The other layers are
-diffusers' own.
+scaled-dot-product attention against the frames it may see (diffusers builds the (T*H*W)^2 mask in
+float32 and then bf16); and each upsampler writes its nearest upsampling straight into its causal
+convolution's padded input (`UpsampleIntoPadded`). The other layers are diffusers' own.
 """
 
 from __future__ import annotations
@@ -43,9 +43,11 @@ import math
 
 import torch
 
+from ..layers import tier as fast_tier
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
 from ..layers.halo import HaloPadThenConv, replicate_causal_problem
 from ..layers.norms import GlobalGroupNorm
+from ..runtime.spatial import current
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
 from .base import (
     CONTAINERS,
@@ -246,6 +248,63 @@ def _attention_problem(attn) -> str | None:
     return None if why is None else f"an attention vaeshard cannot shard: {why}"
 
 
+class UpsampleIntoPadded:
+    """Mixin for `HunyuanVideoUpsampleCausal3D` in the fast tier where one rank decodes: the nearest
+    upsampling (the first frame in space only, the later frames in time too) written straight into
+    the replicate-padded input of its causal convolution, whose padding is then filled in place.
+    diffusers holds the two interpolated pieces, their concatenation and the padded copy at once
+    before the convolution (four full-resolution tensors; at 720p the largest of the decode besides
+    the attention's mask); this holds the padded input alone. Nearest upsampling by integer factors
+    copies values, so the convolution reads the same input as diffusers'. A mirror of diffusers'
+    forward and of the convolution's padding (`mirrors`). Sharded, in the exact tier, under autograd
+    or with a hook on the convolution, diffusers' forward runs (with halo rows when sharded)."""
+
+    def forward(self, hidden_states):
+        conv = self.conv
+        if (
+            current() is not None
+            or not fast_tier.enabled()
+            or torch.is_grad_enabled()
+            or conv._forward_hooks
+            or conv._forward_pre_hooks
+            or conv.pad_mode != "replicate"
+        ):
+            return super().forward(hidden_states)
+        x = hidden_states
+        b, c, t, h, w = x.shape
+        ft, fh, fw = (int(f) for f in self.upsample_factor)
+        w_left, w_right, h_top, h_bottom, front, back = conv.time_causal_padding
+        frames = 1 + (t - 1) * ft
+        buf = x.new_empty((b, c, front + frames + back, h * fh + h_top + h_bottom, w * fw + w_left + w_right))
+        inner = buf[:, :, front : front + frames, h_top : h_top + h * fh, w_left : w_left + w * fw]
+        # nearest: output pixel (i, j) of a frame is source (i // fh, j // fw); later frames repeat ft times
+        inner[:, :, 0].unflatten(2, (h, fh)).unflatten(4, (w, fw)).copy_(
+            x[:, :, 0, :, None, :, None].expand(b, c, h, fh, w, fw)
+        )
+        if t > 1:
+            inner[:, :, 1:].unflatten(2, (t - 1, ft)).unflatten(4, (h, fh)).unflatten(6, (w, fw)).copy_(
+                x[:, :, 1:, None, :, None, :, None].expand(b, c, t - 1, ft, h, fh, w, fw)
+            )
+        del x, hidden_states
+        # replicate padding, as F.pad's: rows, then columns (corners included), then time
+        body = buf[:, :, front : front + frames]
+        for dim, before, after in ((3, h_top, h_bottom), (4, w_left, w_right)):
+            extent = body.shape[dim]
+            lo, hi = before, extent - after - 1
+            if before:
+                body.narrow(dim, 0, before).copy_(body.narrow(dim, lo, 1).expand_as(body.narrow(dim, 0, before)))
+            if after:
+                body.narrow(dim, hi + 1, after).copy_(
+                    body.narrow(dim, hi, 1).expand_as(body.narrow(dim, hi + 1, after))
+                )
+        if front:
+            buf[:, :, :front].copy_(buf[:, :, front : front + 1].expand_as(buf[:, :, :front]))
+        if back:
+            last = front + frames - 1
+            buf[:, :, last + 1 :].copy_(buf[:, :, last : last + 1].expand_as(buf[:, :, last + 1 :]))
+        return conv.conv(buf)
+
+
 def _upsampler_problem(up) -> str | None:
     factors = tuple(up.upsample_factor)
     if any(float(f) != int(f) or f < 1 for f in factors) or factors[1] != factors[2]:
@@ -273,7 +332,7 @@ SHARD_PLAN = ShardPlan(
         Rule("HunyuanVideoMidBlock3D", WHOLE_MAP, FrameCausalMidBlock),
         Rule("Attention", LOCAL, where="*.mid_block.attentions.*", check=_attention_problem),  # in the block's
         Rule("Linear", LOCAL, where="*.mid_block.attentions.*"),
-        Rule("HunyuanVideoUpsampleCausal3D", LOCAL, check=_upsampler_problem),
+        Rule("HunyuanVideoUpsampleCausal3D", LOCAL, UpsampleIntoPadded, check=_upsampler_problem),
         local("HunyuanVideoEncoder3D", "HunyuanVideoDecoder3D", "HunyuanVideoDownBlock3D", "HunyuanVideoUpBlock3D"),
         local("HunyuanVideoResnetBlockCausal3D", "HunyuanVideoDownsampleCausal3D", "SiLU", "Mish", "GELU"),
         CONTAINERS,
@@ -308,6 +367,16 @@ class _HunyuanVideo(Family):
         )
 
     mirrors = (
+        Mirror(
+            _HV + "HunyuanVideoUpsampleCausal3D.forward",
+            "families/hunyuanvideo.py UpsampleIntoPadded (nearest upsampling, first frame in space only)",
+            "f0e6052496952a41",
+        ),
+        Mirror(
+            _HV + "HunyuanVideoCausalConv3d.forward",
+            "families/hunyuanvideo.py UpsampleIntoPadded (replicate padding, then the child conv)",
+            "45611c78196e07d8",
+        ),
         Mirror(
             _HV + "AutoencoderKLHunyuanVideo._decode",
             "families/hunyuanvideo.py decode_tile_ops (when diffusers tiles in time and space)",
