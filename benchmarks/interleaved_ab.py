@@ -31,6 +31,11 @@ algorithms by heuristic, the same in every process, so equal code gives equal bi
 and `tile`. Prints one JSON line per decode with the SHA-256 of the output's bytes; two versions
 decoded the same way agree bit for bit where the hashes do. Runs on the version of vaeshard on the
 path (0.2 and later); `--device cpu` for a run without a GPU.
+
+`bits --concurrent N [--repeat M]`: the same decodes by one process alone, then by N processes at
+once on the same device (each M times): every decode's hash against the one made alone, and its count
+of non-finite values. Equal code decodes alike whether the device is shared or not, so a hash that
+differs under contention is a race (a kernel or a stream order that holds only on an idle device).
 """
 
 from __future__ import annotations
@@ -183,7 +188,13 @@ def bits(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--json", default=None, help="append the JSON lines to this file")
     parser.add_argument("--small", action="store_true", help="gpu_parity.py's tiny config of the class (a CPU check)")
+    parser.add_argument("--repeat", type=int, default=1, help="decodes of each mode per process")
+    parser.add_argument(
+        "--concurrent", type=int, default=1, help="N: one process alone, then N at once on the device (a race check)"
+    )
     args = parser.parse_args(argv)
+    if args.concurrent > 1:
+        return _concurrent(args, argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     if args.small:
@@ -203,30 +214,78 @@ def bits(argv: list[str] | None = None) -> None:
             vaeshard.parallelize(vae, mode, exact=exact, fast=vaeshard.FastOptions(cudnn_benchmark=False))
             with torch.no_grad():
                 vae.decode(z[:, :, :2])  # warm-up: compiles, first-call costs
-                _sync(args.device)
-                began = time.perf_counter()
-                out = vae.decode(z).sample
-                _sync(args.device)
-            digest = hashlib.sha256(out.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
-            row = {
-                "version": vaeshard.__version__,
-                "config": args.config,
-                "shape": list(shape),
-                "mode": mode,
-                "exact": exact,
-                "sha256": digest,
-                "seconds": round(time.perf_counter() - began, 3),
-                "mean": float(out.float().mean()),
-                "std": float(out.float().std()),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            del out
+            for _ in range(args.repeat):
+                with torch.no_grad():
+                    _sync(args.device)
+                    began = time.perf_counter()
+                    out = vae.decode(z).sample
+                    _sync(args.device)
+                digest = hashlib.sha256(out.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+                row = {
+                    "version": vaeshard.__version__,
+                    "config": args.config,
+                    "shape": list(shape),
+                    "mode": mode,
+                    "exact": exact,
+                    "sha256": digest,
+                    "seconds": round(time.perf_counter() - began, 3),
+                    "nonfinite": int((~torch.isfinite(out)).sum()),
+                    "mean": float(out.float().mean()),
+                    "std": float(out.float().std()),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                del out
             vaeshard.unparallelize(vae)
     if args.json:
         with open(args.json, "a") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")
+
+
+def _concurrent(args, argv: list[str]) -> None:
+    """`bits --concurrent N`: one child alone (the reference hashes), then N children at once; prints a
+    line per decode that differs from the reference or has non-finite values, then a summary line."""
+    import subprocess
+    import tempfile
+
+    child = [sys.executable, os.path.abspath(__file__), "bits"]
+    skip = {"--concurrent", "--json"}
+    it = iter(argv)
+    for a in it:
+        if a in skip:
+            next(it, None)
+        elif not any(a.startswith(f"{s}=") for s in skip):
+            child.append(a)
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def run(n: int, tag: str) -> list[dict]:
+            paths = [os.path.join(tmp, f"{tag}-{i}.jsonl") for i in range(n)]
+            procs = [subprocess.Popen([*child, "--json", p], stdout=subprocess.DEVNULL) for p in paths]
+            codes = [p.wait() for p in procs]
+            if any(codes):
+                raise SystemExit(f"bits --concurrent: a child process failed ({codes})")
+            return [json.loads(line) for p in paths for line in open(p)]
+
+        alone = run(1, "alone")
+        shared = run(args.concurrent, "shared")
+    reference = {(r["mode"], r["exact"]): r["sha256"] for r in alone}
+    bad = [r for r in shared if r["sha256"] != reference[(r["mode"], r["exact"])] or r["nonfinite"]]
+    for r in bad:
+        print(json.dumps({"differs": True, **r}), flush=True)
+    summary = {
+        "concurrent": args.concurrent,
+        "decodes": len(shared),
+        "differ_from_alone": len(bad),
+        "nonfinite_decodes": sum(1 for r in shared if r["nonfinite"]),
+        "alone_nonfinite": sum(1 for r in alone if r["nonfinite"]),
+    }
+    print(json.dumps(summary), flush=True)
+    if args.json:
+        with open(args.json, "a") as f:
+            for r in [*alone, *shared]:
+                f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(summary) + "\n")
 
 
 def _sync(device: str) -> None:

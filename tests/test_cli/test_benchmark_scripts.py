@@ -131,7 +131,12 @@ def driven(tmp_path_factory):
         ("halo", "ranks.py", ["halo", "--cpu", "--scale", "40", "--iters", "3"], rank),
         ("agreement", "ranks.py", ["agreement", "--rounds", "20"], rank),
         ("stream", "gpu_parity.py", ["stream", *tiny, "--out", str(out / "stream.jsonl")], {}),
-        ("bits", "interleaved_ab.py", ["bits", *tiny, "--modes", "tile", "--json", str(out / "bits.jsonl")], {}),
+        (
+            "bits",
+            "interleaved_ab.py",
+            ["bits", *tiny, "--modes", "tile", "--concurrent", "2", "--json", str(out / "bits.jsonl")],
+            {},
+        ),
         ("sass", "kernel_costs.py", ["sass", "--channels", "96"], {}),
     ]
     runs = [(f"run {key}", str(BENCH / name), args, env) for key, name, args, env in runs]
@@ -182,8 +187,10 @@ def test_the_cpu_commands_run_at_a_tiny_size(driven):
     rows = [json.loads(line) for line in (out / "stream.jsonl").read_text().splitlines()]
     assert [r["check"] for r in rows] == ["stream == decode", "cpu writer == CPU quantisation", "stream == decode"]
     assert all(r["ok"] for r in rows), rows
-    (bits,) = [json.loads(line) for line in (out / "bits.jsonl").read_text().splitlines()]
-    assert bits["mode"] == "tile" and len(bits["sha256"]) == 64
+    # one decode alone, then two processes at once: the same bits (no race on the CPU)
+    *decodes, summary = [json.loads(line) for line in (out / "bits.jsonl").read_text().splitlines()]
+    assert len(decodes) == 3 and all(b["mode"] == "tile" and len(b["sha256"]) == 64 for b in decodes), decodes
+    assert len({b["sha256"] for b in decodes}) == 1 and summary["differ_from_alone"] == 0, summary
     code, output = results["sass"]
     if reason := _skipped_for(code):
         pytest.skip(f"kernel_costs.py sass: {reason}")
