@@ -22,6 +22,13 @@ GPU measured. It counts what the decode allocates beyond the weights and the lat
 `--copies` also runs the decode once more and counts the bytes that data-movement operations
 (copies, clones, concatenations, zero fills) write, by source line: what the GPU profile's
 "cat / pad / copies" kernels move, and which part of the code moves it.
+
+    python3 benchmarks/memory_model.py --config hunyuanvideo --shape 1,16,9,90,160
+
+`--config NAME --shape B,C,T,H,W` (any named config): diffusers' own decode as the VAE is configured
+(tiling off) and one process's decode through vaeshard (its layers swapped in, the fast tier where
+the family has one), the same count for each; attention stands in as its output alone (as fused
+kernels allocate), and the Triton kernels are not modelled (their eager stand-ins run).
 """
 
 from __future__ import annotations
@@ -331,9 +338,50 @@ def decode_as_rank(vae, z, ranks: int, axis: str) -> torch.Tensor:
     return ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
 
 
+def family_peaks(name: str, shape: tuple, top: int) -> None:
+    """`--config`: the peak of diffusers' decode and of vaeshard's (one process, direct), each printed
+    with its largest allocation sites at the peak."""
+    import diffusers
+
+    import vaeshard
+    from vaeshard.families import family_for
+    from vaeshard.layers import tier
+
+    class_name, config = NAMED_CONFIGS[name]
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def output_only(q, k, v, *args, **kwargs):  # what a fused attention kernel allocates: its output
+        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+    torch.nn.functional.scaled_dot_product_attention = output_only
+    try:
+        for who in ("diffusers", "vaeshard"):
+            with torch.device("meta"):
+                vae = getattr(diffusers, class_name)(**config).to(torch.bfloat16).eval()
+            vae.use_tiling = False
+            z = torch.empty(shape, device="meta", dtype=torch.bfloat16)
+            conditioned = getattr(vae.config, "timestep_conditioning", False)
+            extra = {"temb": torch.full((1,), 0.05, device="meta")} if conditioned else {}
+            scope = contextlib.nullcontext()
+            if who == "vaeshard":  # its layers swapped in; diffusers' decode is then the direct path
+                vaeshard.parallelize(vae)
+                scope = tier.active(tier.FastPlan()) if family_for(vae).fast_tier else scope
+            with torch.no_grad(), scope, LiveBytes([*vae.parameters(), *vae.buffers(), z]) as live:
+                out = type(vae).decode(vae, z, **extra).sample
+                out_shape = tuple(out.shape)
+                del out
+            print(f"{name} latent {shape} -> {out_shape}, {who}: peak {live.peak / 2**30:.2f} GiB", flush=True)
+            for site, size in sorted(live.at_peak.items(), key=lambda kv: -kv[1])[:top]:
+                print(f"    {size / 2**30:6.2f} GiB  {site}")
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = attention
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
+    ap.add_argument("--config", default=None, choices=sorted(NAMED_CONFIGS), help="any named config (with --shape)")
+    ap.add_argument("--shape", default=None, help="with --config: the latent shape B,C,T,H,W")
     ap.add_argument("--ranks", default="1,2", help="rank counts to model (default 1,2)")
     ap.add_argument("--frames", type=int, default=None, help="latent frames (default: the preset's)")
     ap.add_argument("--top", type=int, default=8, help="allocation sites listed at the peak (default 8)")
@@ -357,6 +405,10 @@ def main() -> None:
         help="the sharded axis (default: the one `auto` picks on CUDA)",
     )
     args = ap.parse_args()
+    if args.config is not None:
+        if args.shape is None:
+            ap.error("--config needs --shape")
+        return family_peaks(args.config, tuple(int(s) for s in args.shape.split(",")), args.top)
     from diffusers import AutoencoderKLWan
 
     import vaeshard
