@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from ..fast.producers import fill_edges
 from ..layers import tier as fast_tier
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
 from ..layers.halo import HaloPadThenConv, replicate_causal_problem
@@ -287,21 +288,8 @@ class UpsampleIntoPadded:
             )
         del x, hidden_states
         # replicate padding, as F.pad's: rows, then columns (corners included), then time
-        body = buf[:, :, front : front + frames]
-        for dim, before, after in ((3, h_top, h_bottom), (4, w_left, w_right)):
-            extent = body.shape[dim]
-            lo, hi = before, extent - after - 1
-            if before:
-                body.narrow(dim, 0, before).copy_(body.narrow(dim, lo, 1).expand_as(body.narrow(dim, 0, before)))
-            if after:
-                body.narrow(dim, hi + 1, after).copy_(
-                    body.narrow(dim, hi, 1).expand_as(body.narrow(dim, hi + 1, after))
-                )
-        if front:
-            buf[:, :, :front].copy_(buf[:, :, front : front + 1].expand_as(buf[:, :, :front]))
-        if back:
-            last = front + frames - 1
-            buf[:, :, last + 1 :].copy_(buf[:, :, last : last + 1].expand_as(buf[:, :, last + 1 :]))
+        for dim, before, after in ((3, h_top, h_bottom), (4, w_left, w_right), (2, front, back)):
+            fill_edges(buf if dim == 2 else buf[:, :, front : front + frames], dim, before, after, "replicate")
         return conv.conv(buf)
 
 

@@ -178,7 +178,7 @@ def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
         _halo_rows(ctx, buf, x, sharded_dim, *pads[sharded_dim], mode, start)
     for dim in (3, 4):
         if dim != sharded_dim:
-            _edges(buf[:, :, t_new], dim, *pads[dim], mode)
+            fill_edges(buf[:, :, t_new], dim, *pads[dim], mode)
     if front and frame_loop.first_chunk():  # (a later chunk's front comes from the cache below)
         head = buf[:, :, :front]
         if mode == "replicate":
@@ -189,7 +189,7 @@ def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
     return buf
 
 
-def _edges(part: torch.Tensor, dim: int, before: int, after: int, mode: str) -> None:
+def fill_edges(part: torch.Tensor, dim: int, before: int, after: int, mode: str) -> None:
     """Fill the first `before` and last `after` entries of `part` along `dim` (the padding around
     what lies between): replicate copies the edge entry, zeros zeroes them."""
     extent = part.shape[dim]
