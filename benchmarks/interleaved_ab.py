@@ -192,6 +192,7 @@ def bits(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--concurrent", type=int, default=1, help="N: one process alone, then N at once on the device (a race check)"
     )
+    parser.add_argument("--child-timeout", type=float, default=600.0, help="seconds the --concurrent children may run")
     args = parser.parse_args(argv)
     if args.concurrent > 1:
         return _concurrent(args, argv)
@@ -262,7 +263,14 @@ def _concurrent(args, argv: list[str]) -> None:
         def run(n: int, tag: str) -> list[dict]:
             paths = [os.path.join(tmp, f"{tag}-{i}.jsonl") for i in range(n)]
             procs = [subprocess.Popen([*child, "--json", p], stdout=subprocess.DEVNULL) for p in paths]
-            codes = [p.wait() for p in procs]
+            deadline = time.monotonic() + args.child_timeout
+            try:
+                codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                why = f"bits --concurrent: a child ran past --child-timeout ({args.child_timeout} s)"
+                raise SystemExit(why) from None
             if any(codes):
                 raise SystemExit(f"bits --concurrent: a child process failed ({codes})")
             return [json.loads(line) for p in paths for line in open(p)]
