@@ -530,13 +530,39 @@ def _by_class(vae, z, device) -> dict[str, float]:
     return dict(out)
 
 
-def run_subject(spec: str, reps: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> dict:
+VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into")
+
+
+def _vaeshard(vae, label: str) -> None:
+    """Set `vae`'s vaeshard settings for a variant: its default fast tier, with (-into) the norms
+    written into the next convolution's padded input."""
+    import vaeshard
+
+    into = True if label == "vaeshard-into" else "auto"
+    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(norm_into_conv=into))
+
+
+def _model(name: str):
+    """A diffusers class with its default config, or one of the named configs, random weights."""
     import diffusers
 
+    torch.manual_seed(0)
+    if name in NAMED_CONFIGS:
+        cls, kwargs = NAMED_CONFIGS[name]
+        return getattr(diffusers, cls)(**kwargs)
+    return getattr(diffusers, name)()
+
+
+def run_subject(
+    spec: str,
+    reps: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    variants: tuple[str, ...] = VARIANTS[:2],
+) -> dict:
     name, shape_text = spec.split("=")
     shape = tuple(int(v) for v in shape_text.split(","))
-    torch.manual_seed(0)
-    vae = getattr(diffusers, name)().eval().to(device, dtype)
+    vae = _model(name).eval().to(device, dtype)
     for attr in ("use_tiling", "use_slicing", "use_framewise_decoding", "use_framewise_encoding"):
         if hasattr(vae, attr):
             setattr(vae, attr, False)
@@ -545,32 +571,52 @@ def run_subject(spec: str, reps: int, device: torch.device, dtype: torch.dtype =
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     try:
-        _decode(vae, z)  # warm-up; an out-of-memory here is recorded as the subject's result
+        reference = _decode(vae, z)  # warm-up; an out-of-memory here is recorded as the subject's result
     except torch.OutOfMemoryError as exc:
         row["error"] = f"diffusers' untiled decode ran out of memory: {str(exc).splitlines()[0]}"
         return row
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    layouts = {
-        "channels-first": (torch.contiguous_format, z),
-        "channels-last": (torch.channels_last_3d, z.contiguous(memory_format=torch.channels_last_3d)),
-    }
-    _layout(vae, torch.channels_last_3d)
-    _decode(vae, layouts["channels-last"][1])  # its own warm-up (cuDNN picks NDHWC algorithms)
+    reference = reference.float().cpu()
+    channels_last = z.contiguous(memory_format=torch.channels_last_3d) if z.ndim == 5 else z
+    inputs = {v: channels_last if v == "channels-last" else z for v in variants}
+
+    def enter(label: str) -> None:  # the same module, converted or parallelized in place between variants
+        _layout(vae, torch.channels_last_3d if label == "channels-last" else torch.contiguous_format)
+        if label.startswith("vaeshard"):
+            _vaeshard(vae, label)
+
+    def peak_of(label: str) -> tuple[float, int, float]:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+            base = torch.cuda.memory_allocated(device)
+        t = _timed(vae, inputs[label], device)
+        out = _decode(vae, inputs[label])
+        diff = (out.float().cpu() - reference).abs().max().item()
+        used = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
+        return t, used, diff
+
+    warm = {}
+    for label in variants:  # each variant's own warm-up (cuDNN picks its algorithms), its peak and diff
+        enter(label)
+        warm[label] = peak_of(label)
     times = defaultdict(list)
-    for _ in range(reps):  # A B A B, the same module converted in place between them
-        for label, (fmt, zz) in layouts.items():
-            _layout(vae, fmt)
-            times[label].append(_timed(vae, zz, device))
+    for _ in range(reps):  # A B A B
+        for label in variants:
+            enter(label)
+            times[label].append(_timed(vae, inputs[label], device))
             print(f"  {name} {label}: {times[label][-1]:.3f} s", file=sys.stderr, flush=True)
-    for label, (fmt, zz) in layouts.items():
-        _layout(vae, fmt)
+    for label in variants:
+        enter(label)
         row["variants"][label] = {
             "seconds": statistics.median(times[label]),
             "all": times[label],
-            "by_class": _by_class(vae, zz, device),
+            "peak_bytes": warm[label][1],
+            "max_abs_diff": warm[label][2],
+            "by_class": _by_class(vae, inputs[label], device),
         }
     row["diffusers_peak_bytes"] = peak
-    del vae, z
+    vae.to("meta")  # its memory back before the next subject (the closures above keep the module)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -581,33 +627,43 @@ def video(argv: list[str] | None = None) -> None:
         prog="profile_decode.py video",
         description="diffusers' untiled decode of video VAEs, channels-first and -last (see the module's --help)",
     )
-    ap.add_argument("--subject", action="append", required=True, help="Class=B,C,T,H,W")
+    ap.add_argument("--subject", action="append", required=True, help="Class=B,C,T,H,W or CONFIG=B,C,T,H,W")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json")
     ap.add_argument("--dtype", default="bfloat16", help="bfloat16 (default) or float32")
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS[:2]),
+        help=f"comma-separated, any of {', '.join(VARIANTS)} (default: the first two)",
+    )
     args = ap.parse_args(argv)
+    variants = tuple(args.variants.split(","))
+    if not set(variants) <= set(VARIANTS) or variants[0] != "channels-first":
+        ap.error(f"--variants: channels-first first, then any of {', '.join(VARIANTS[1:])}")
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
     rows = []
     for spec in args.subject:
-        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype))
+        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype), variants)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
-    print("subject | latent | channels-first s | channels-last s | ratio | top classes (channels-first, s)")
+    print("subject | latent | variant | s | vs channels-first | peak GiB | max|diff| | top classes (s)")
     for row in rows:
         if "error" in row:
             print(f"{row['subject']} | {row['latent']} | {row['error']}")
             continue
-        a, b = row["variants"]["channels-first"], row["variants"]["channels-last"]
-        top = sorted(a["by_class"].items(), key=lambda kv: -kv[1])[:4]
-        print(
-            f"{row['subject']} | {row['latent']} | {a['seconds']:.3f} | {b['seconds']:.3f} | "
-            f"{a['seconds'] / b['seconds']:.2f}x | " + ", ".join(f"{k} {v:.3f}" for k, v in top)
-        )
+        base = row["variants"]["channels-first"]["seconds"]
+        for label, v in row["variants"].items():
+            top = sorted(v["by_class"].items(), key=lambda kv: -kv[1])[:5]
+            print(
+                f"{row['subject']} | {row['latent']} | {label} | {v['seconds']:.3f} | {base / v['seconds']:.2f}x | "
+                f"{v['peak_bytes'] / 2**30:.2f} | {v['max_abs_diff']:.2e} | "
+                + ", ".join(f"{k} {t:.3f}" for k, t in top)
+            )
 
 
 # --- host ----------------------------------------------------------------------------------

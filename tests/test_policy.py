@@ -233,3 +233,21 @@ def test_a_request_looks_up_its_family_and_builds_its_tile_ops_once(monkeypatch)
     assert vaeshard.plan(vae, z.shape, 2, "tile").strategy == "tile"
     assert (lookups, built) == (["AutoencoderKLWan"], ["meta"])
     vaeshard.unparallelize(vae)
+
+
+def test_a_family_measured_slower_runs_diffusers_layers_on_cuda_and_says_why(monkeypatch):
+    """Never slower: a family in tuning.FAST_TIER_SLOWER_FAMILIES gets diffusers' layers on CUDA
+    although the fast tier was asked for (the plan's tier says why); elsewhere, and for the others,
+    the fast tier plans as before."""
+    from vaeshard import policy, tuning
+
+    vae = build("ltx2")
+    vaeshard.parallelize(vae)
+    shape = (1, 4, 2, 3, 4)
+    assert vaeshard.plan(vae, shape).fast is not None  # CPU: the gate is a GPU measurement's
+    monkeypatch.setattr(policy, "_device_of", lambda vae: torch.device("cuda"))
+    monkeypatch.setattr(policy, "kernels_unavailable", lambda device: None)
+    plan = vaeshard.plan(vae, shape)
+    assert plan.fast is None and "ltx2's fast tier measured slower than diffusers' decode on a GPU" in plan.explain()
+    monkeypatch.setattr(tuning, "FAST_TIER_SLOWER_FAMILIES", ())
+    assert vaeshard.plan(vae, shape).fast is not None

@@ -127,6 +127,12 @@ def plan_request(request: Request, world_size: int) -> Request:
         elif not family.fast_tier:
             why = f"{type(request.vae).__name__} has no fast-tier layers (docs/families.md)"
             chosen = chosen._replace(tier_reason=why)
+        elif family.name in tuning.FAST_TIER_SLOWER_FAMILIES and _device_of(request.vae).type == "cuda":
+            why = (
+                f"{family.name}'s fast tier measured slower than diffusers' decode on a GPU "
+                "(tuning.FAST_TIER_SLOWER_FAMILIES, docs/tuning.md)"
+            )
+            chosen = chosen._replace(tier_reason=why)
         else:
             fast = resolve_fast(
                 request.vae, request.x.shape, world_size, chosen.strategy, config.fast, op=request.op, family=family
@@ -354,6 +360,9 @@ def resolve_fast(
             why = "auto: 1 with max_layer_frames set (a setting for a low peak)"
         elif device.type not in tuning.AUTO_STEP_DEVICES:
             why = f"auto: 1 on {device.type} (tuning.AUTO_STEP_DEVICES)"
+        elif family.name in tuning.AUTO_STEP_ANY_FRAME_FAMILIES:
+            steps = tuning.AUTO_STEP_FRAMES
+            why = f"auto: {steps} at any frame size for {family.name} (tuning.AUTO_STEP_ANY_FRAME_FAMILIES)"
         elif pixels > tuning.AUTO_STEP_MAX_PIXELS:
             why = f"auto: 1, the frame exceeds tuning.AUTO_STEP_MAX_PIXELS ({tuning.AUTO_STEP_MAX_PIXELS:,})"
         else:

@@ -20,6 +20,7 @@ from typing import NamedTuple
 AUTO_STEP_FRAMES = 2
 AUTO_STEP_MAX_PIXELS = 1 << 18
 AUTO_STEP_DEVICES: tuple[str, ...] = ("cuda",)
+AUTO_STEP_ANY_FRAME_FAMILIES: tuple[str, ...] = ("mochi",)  # AUTO_STEP_FRAMES whatever the frame's size
 
 # --- layers in parts of frames (max_layer_frames=None) -----------------------------------------------
 PART_FRAMES: int | None = 2
@@ -43,7 +44,12 @@ WAN_HEIGHT_RANKS = 2
 WAN_HEIGHT_BASE_DIM = 96
 
 # --- norms writing into the next convolution's input (norm_into_conv="auto") ---------------------------
-NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ()
+NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15",)
+
+# --- never slower than diffusers ----------------------------------------------------------------------
+# families whose fast tier measured slower than diffusers' decode on one GPU: their CUDA requests run
+# diffusers' layers (the exact tier), and explain() says so
+FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("ltx2",)
 
 
 class Entry(NamedTuple):
@@ -133,11 +139,29 @@ TABLE: tuple[Entry, ...] = (
         "(256 channels) within 1% either way, so it keeps the baseline rule",
     ),
     Entry(
+        "AUTO_STEP_ANY_FRAME_FAMILIES",
+        "the families whose frame loop takes AUTO_STEP_FRAMES latent frames per call on CUDA whatever the frame's "
+        "size (frames_per_step='auto'; the others: only up to AUTO_STEP_MAX_PIXELS)",
+        "Mochi 848 x 480 79 frames (1, 12, 14, 60, 106), one H100, against diffusers' untiled decode in the same "
+        "call: 1 frame per call 2.308 s (0.98x diffusers' 2.253 s), peak 7.17 GiB; 2 frames per call: "
+        "BENCHMARKS.md's Mochi row (2026-12-06/families-h100/)",
+    ),
+    Entry(
+        "FAST_TIER_SLOWER_FAMILIES",
+        "the families whose CUDA requests run diffusers' layers although the fast tier was asked for, because "
+        "their fast tier measured slower than diffusers' decode on one GPU",
+        "LTX-2 1088 x 1920 121 frames (1, 128, 16, 34, 60), one H100, against diffusers' untiled decode in the "
+        "same call: its fast tier (the RMS norms in parts of frames) 1.328 s against 1.280 s (0.96x), the same "
+        "peak, 27.65 GiB (2026-12-06/families-h100/)",
+    ),
+    Entry(
         "NORM_INTO_CONV_BUFFER_FAMILIES",
         "the families whose declared norm + SiLU write into the next convolution's padded input buffer "
         "(fast/producers.py) with norm_into_conv='auto'",
-        "not yet measured on a GPU: off for every family until an A/B (`vaeshard bench --norm-into-conv on` "
-        "against `off`) shows it faster",
+        "HunyuanVideo 1.5 480p 61 frames (1, 32, 16, 30, 53), one H100, against diffusers' untiled decode in the "
+        "same call: `--norm-into-conv off` 2.582 s (1.05x), 5.93 GiB; `on`: BENCHMARKS.md's row "
+        "(2026-12-06/families-h100/). LTX-Video 704 x 1216 121 frames, `on`: two decodes of 0.214 s and 1.937 s "
+        "against diffusers' 0.400 s, not yet settled, so not listed. A family joins after such an A/B",
     ),
     Entry(
         "kernels/conv3d.py TILES",

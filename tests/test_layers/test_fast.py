@@ -787,6 +787,14 @@ def test_frames_per_step_auto_rule():
     from vaeshard.layers import tier
 
     assert tier.current() is None
+    # a family measured faster with more frames per call at any size (tuning.AUTO_STEP_ANY_FRAME_FAMILIES)
+    mochi = build("mochi")
+    assert "mochi" in tuning.AUTO_STEP_ANY_FRAME_FAMILIES
+    plan = policy.resolve_fast(mochi, (1, 4, 5, 64, 65), 1, "direct", vaeshard.FastOptions(), device=cuda)
+    assert plan.frames_per_step == tuning.AUTO_STEP_FRAMES, plan.reasons
+    assert "tuning.AUTO_STEP_ANY_FRAME_FAMILIES" in dict(plan.reasons)["frames_per_step"]
+    on_cpu = policy.resolve_fast(mochi, (1, 4, 5, 64, 65), 1, "direct", vaeshard.FastOptions(), device=cpu)
+    assert on_cpu.frames_per_step == 1
 
 
 def _auto_steps_sharded(rank, world):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 import vaeshard
 from vaeshard.fast import producers
 
-from .. import interpreter
+from .. import interpreter, models
 from ..dist_harness import run_ranks
 from ..family_parity import sample, streamed
 from ..models import build, latent
@@ -118,9 +118,14 @@ def test_a_hook_on_a_declared_layer_keeps_diffusers_path():
     assert spy.took and spy.missed[id(vae.decoder.conv_out)] == 2  # (one call per chunk: frame 0, then 1-2)
 
 
-def test_plan_says_why_the_producers_do_not_run():
+def test_plan_says_why_the_producers_run_or_not(monkeypatch):
     vae = build("hunyuanvideo15")
     vaeshard.parallelize(vae)
+    text = vaeshard.plan(vae, (1, 4, 3, 5, 6)).explain()
+    assert "norm into conv: on (auto: hunyuanvideo15 is in tuning.NORM_INTO_CONV_BUFFER_FAMILIES" in text, text
+    off = vaeshard.plan(vae, (1, 4, 3, 5, 6), fast=vaeshard.FastOptions(norm_into_conv=False)).explain()
+    assert "norm into conv: off (set: " in off, off
+    monkeypatch.setattr(vaeshard.tuning, "NORM_INTO_CONV_BUFFER_FAMILIES", ())
     text = vaeshard.plan(vae, (1, 4, 3, 5, 6)).explain()
     assert "norm into conv: off (auto: hunyuanvideo15 is not in tuning.NORM_INTO_CONV_BUFFER_FAMILIES" in text, text
     vaeshard.parallelize(vae, exact=True)  # the exact tier never produces
@@ -138,7 +143,7 @@ class _PadConv(torch.nn.Module):
         self.padding, self.mode = padding, mode
 
     def producer_padding(self):
-        return self.padding, self.mode
+        return self.padding, self.mode, self.mode
 
 
 @pytest.mark.parametrize("mode", ["replicate", "zeros"])
@@ -191,6 +196,15 @@ untouched = buf.clone()
 untouched[:, :, 2:, 1:6, 1:7] = 7.0
 assert err < 1e-5, err
 assert bool((untouched == 7.0).all()), "the kernel wrote outside the interior"
+# LTX-Video's weightless RMSNorm over channels (diffusers' RMSNorm on x.movedim(1, -1)) + SiLU
+buf.fill_(7.0)
+norm.mean_rms_norm(x, 1e-8, silu=True, out=interior)
+expected = torch.nn.functional.silu(x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-8))
+err = (interior - expected).abs().max().item()
+untouched = buf.clone()
+untouched[:, :, 2:, 1:6, 1:7] = 7.0
+assert err < 1e-5, err
+assert bool((untouched == 7.0).all()), "the mean kernel wrote outside the interior"
 print("ok", err)
 """
 
@@ -198,3 +212,73 @@ print("ok", err)
 def test_norm_kernel_writes_into_a_buffers_interior_in_the_interpreter():
     run = interpreter.run(INTERIOR, timeout=240)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+
+
+def _ltx():
+    """LTX-Video's tiny config (every kind of its layers) without the timestep's scale and shift, so
+    its norms feed their convolutions directly; one block still injects noise."""
+    return models._tiny("ltx", timestep_conditioning=False, decoder_inject_noise=(True, False, False, False))
+
+
+def test_ltx_with_producers_matches_diffusers():
+    vae = _ltx()
+    z = latent((1, 4, 2, 3, 4), seed=5)
+    torch.manual_seed(11)
+    reference = _diffusers(vae, z, "decode")
+    x = sample((1, 3, 9, 64, 64))
+    moments = _diffusers(vae, x, "encode")
+    _forced(vae)
+    linked = _linked_convs(vae)
+    resnets = sum(type(m).__name__ == "LTXVideoResnetBlock3d" for m in vae.modules())
+    assert len(linked) == 2 * resnets + 2, linked  # each residual block's two, both norm_outs
+    assert "norm into conv: on (set" in vaeshard.plan(vae, z.shape).explain()
+    torch.manual_seed(11)  # the injected noise's draws, as in diffusers' decode
+    with _Spy() as spy, torch.no_grad():
+        out = vae.decode(z).sample
+    assert_close(out, reference, CPU_FP32, "decode")
+    assert spy.took and set(spy.took) <= linked and not (set(spy.missed) & linked)
+    with _Spy() as spy, torch.no_grad():
+        encoded = vae.encode(x).latent_dist.parameters
+    assert_close(encoded, moments, CPU_FP32, "encode")
+    assert spy.took and not (set(spy.missed) & linked)
+
+
+def test_ltx_scaled_by_a_timestep_keeps_diffusers_path():
+    """Where a block scales and shifts the norm's output by the timestep, its norms are not linked
+    (NormIntoConv.unless) and the decode still matches."""
+    vae = build("ltx")
+    z = latent((1, 4, 2, 3, 4), seed=6)
+    temb = torch.tensor([0.05])
+    torch.manual_seed(12)
+    with torch.no_grad():
+        reference = vae.decode(z, temb).sample
+    _forced(vae)
+    decoder_links = {id(c) for c in (producers.linked_conv(m) for m in vae.decoder.modules()) if c is not None}
+    assert not decoder_links
+    torch.manual_seed(12)
+    with torch.no_grad():
+        assert_close(vae.decode(z, temb).sample, reference, CPU_FP32, "timestep-conditioned")
+
+
+def _ltx_sharded(rank, world):
+    vae = _ltx()
+    z = latent((1, 4, 2, 4, 5), seed=7)
+
+    def decode():
+        torch.manual_seed(13)
+        return _diffusers(vae, z, "decode")
+
+    reference = reference_from_rank0(rank, decode)
+    for mode in ("spatial_shard_height", "spatial_shard_width"):
+        _forced(vae, mode)
+        linked = _linked_convs(vae)
+        torch.manual_seed(13)
+        with _Spy() as spy, torch.no_grad():
+            out = vae.decode(z).sample
+        assert_close(out, reference, CPU_FP32, mode)
+        assert spy.took and not (set(spy.missed) & linked), mode
+    return True
+
+
+def test_ltx_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_ltx_sharded, 2) == [True, True]

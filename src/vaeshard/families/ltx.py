@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from ..fast.causal_conv import ProducedTimePaddedConv3d
 from ..fast.norm_parts import FramePartsPerChannelRMSNorm, FramePartsRMSNorm
+from ..fast.producers import ChannelsLastRMSNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer
 from ..layers.halo import PADDING_MODES, HaloPaddedConv
 from ..layers.noise_slice import NoiseSliceResnet
 from ..runtime.tile import TileOps
@@ -53,6 +55,23 @@ def _unpadded_problem(conv) -> str | None:
     return None if conv.kernel_size[1:] == (1, 1) else "an unpadded convolution wider than 1x1"
 
 
+class RMSNormIntoConvOrParts(ChannelsLastRMSNormSiLUIntoConv, FramePartsRMSNorm):
+    """LTX-Video's RMS norm in the fast tier: into the next convolution's buffer where declared
+    (NORM_INTO_CONV) and the request runs it, else in parts of frames."""
+
+
+# Which norm writes into which convolution's padded input in the fast tier (fast/producers.py), through
+# which SiLU module: diffusers' forwards of these blocks (mirrored below) pass the norm's output only
+# through that SiLU (and an eval-mode dropout) to that convolution, unless the block scales and
+# shifts it by a timestep in between.
+NORM_INTO_CONV = (
+    NormIntoConv("LTXVideoResnetBlock3d", "norm1", "nonlinearity", "conv1", unless=("scale_shift_table",)),
+    NormIntoConv("LTXVideoResnetBlock3d", "norm2", "nonlinearity", "conv2", unless=("scale_shift_table",)),
+    NormIntoConv("LTXVideoDecoder3d", "norm_out", "conv_act", "conv_out", unless=("time_embedder",)),
+    NormIntoConv("LTXVideoEncoder3d", "norm_out", "conv_act", "conv_out"),
+)
+
+
 # Decoder and encoder (either may be absent: a VAE kept for one direction). nn.Conv3d with spatial
 # padding (inside every causal conv) -> halo rows in place of that padding, in its own mode at the
 # global edges; an unpadded nn.Conv3d must be 1x1 spatially (LTX-2's shortcut); a residual block that
@@ -72,13 +91,15 @@ SHARD_PLAN = ShardPlan(
             when=lambda block: getattr(block, "per_channel_scale1", None) is not None,
         ),
         local("LTXVideoEncoder3d", "LTXVideoDecoder3d", "LTXVideoDownBlock3D", "LTXVideo095DownBlock3D"),
-        local("LTXVideoMidBlock3d", "LTXVideoUpBlock3d", "LTXVideoResnetBlock3d", "LTXVideoCausalConv3d"),
+        local("LTXVideoMidBlock3d", "LTXVideoUpBlock3d", "LTXVideoResnetBlock3d"),
+        Rule("LTXVideoCausalConv3d", LOCAL, ProducedTimePaddedConv3d),
         local("LTXVideoDownsampler3d", "LTXVideoUpsampler3d", "LTX2VideoEncoder3d", "LTX2VideoDecoder3d"),
         local("LTX2VideoDownBlock3D", "LTX2VideoMidBlock3d", "LTX2VideoUpBlock3d", "LTX2VideoResnetBlock3d"),
         local("LTX2VideoCausalConv3d", "LTX2VideoDownsampler3d", "LTX2VideoUpsampler3d"),
-        Rule("RMSNorm", FAST, FramePartsRMSNorm, layer=Layer(norm="rms_channels")),
+        Rule("RMSNorm", FAST, RMSNormIntoConvOrParts, layer=Layer(norm="rms_channels")),
         Rule("PerChannelRMSNorm", FAST, FramePartsPerChannelRMSNorm, layer=Layer(norm="rms_channels")),
-        local("SiLU", "LayerNorm"),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
+        local("LayerNorm"),
         CONTAINERS,
     ),
 )
@@ -90,7 +111,7 @@ class LTXLike(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
-    fast_tier = True  # the RMS norms in parts of frames (fast/norm_parts.py)
+    fast_tier = True  # the RMS norms in parts of frames (fast/norm_parts.py) or into the next conv
     layer_parts = False  # (FastPlan's layer parts: Wan's blocks)
     call_inputs = {"decode": ("temb",)}
 
@@ -255,17 +276,23 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
     ours = {
         f"{cls}.tiled_decode": "families/ltx.py decode_tile_ops",
         f"{cls}.tiled_encode": "families/ltx.py encode_tile_ops",
-        f"{prefix}ResnetBlock3d.forward": "layers/noise_slice.py NoiseSliceResnet; families/ltx.py _replay_noise",
+        f"{prefix}ResnetBlock3d.forward": "layers/noise_slice.py NoiseSliceResnet; families/ltx.py _replay_noise, "
+        "NORM_INTO_CONV",
         f"{prefix}MidBlock3d.forward": "families/ltx.py _replay_noise (order of the noise draws)",
         f"{prefix}UpBlock3d.forward": "families/ltx.py _replay_noise (order of the noise draws)",
         f"{prefix}Upsampler3d.forward": "families/ltx.py _decoded_shape, _replay_noise (extents)",
         f"{prefix}Downsampler3d.forward": "families/ltx.py _encoded_shape",
-        f"{prefix}Decoder3d.forward": "families/ltx.py _decoded_shape (unpatchify)",
-        f"{prefix}Encoder3d.forward": "families/ltx.py _encoded_shape (patchify, output channels)",
-        f"{prefix}CausalConv3d.forward": "layers/halo.py HaloPaddedConv (pads time, leaves space to self.conv)",
+        f"{prefix}Decoder3d.forward": "families/ltx.py _decoded_shape (unpatchify), NORM_INTO_CONV",
+        f"{prefix}Encoder3d.forward": "families/ltx.py _encoded_shape (patchify, output channels), NORM_INTO_CONV",
+        f"{prefix}CausalConv3d.forward": "layers/halo.py HaloPaddedConv (pads time, leaves space to self.conv); "
+        "fast/causal_conv.py ProducedTimePaddedConv3d",
     }
     norm = {
-        "LTXVideo": ("diffusers.models.normalization:", "RMSNorm.forward", "fast/norm_parts.py FramePartsRMSNorm"),
+        "LTXVideo": (
+            "diffusers.models.normalization:",
+            "RMSNorm.forward",
+            "fast/norm_parts.py FramePartsRMSNorm; kernels/norm.py mean_rms_norm",
+        ),
         "LTX2Video": (module, "PerChannelRMSNorm.forward", "fast/norm_parts.py FramePartsPerChannelRMSNorm"),
     }[prefix]
     extra = (Mirror(norm[0] + norm[1], norm[2], shas[norm[1]]),)
@@ -275,6 +302,7 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
 class _LTXVideo(LTXLike):
     name = "ltx"
     classes = ("AutoencoderKLLTXVideo",)
+    norm_into_conv = NORM_INTO_CONV
     # -- facts ----------------------------------------------------------------------------------
     configs = {"ltx": ("AutoencoderKLLTXVideo", {})}  # its defaults are the LTX-Video 0.9 VAE
     # LTX-Video 0.9.5's layout: a timestep-conditioned decoder with noise injection, residual

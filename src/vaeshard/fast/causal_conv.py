@@ -42,11 +42,12 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
     padding filled in place."""
 
     def producer_padding(self):
-        """(F.pad tuple, mode) of this convolution's input, for fast/producers.py; None where its child
-        is strided (a sharded strided child needs `HaloPadThenConv`'s check of the shard extents)."""
+        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py; None
+        where its child is strided (a sharded strided child needs `HaloPadThenConv`'s check of the
+        shard extents)."""
         if any(s != 1 for s in self.conv.stride):
             return None
-        return tuple(self.time_causal_padding), "replicate"
+        return tuple(self.time_causal_padding), "replicate", "replicate"
 
     def forward(self, hidden_states):
         whole = producers.filled(self, hidden_states)
@@ -55,6 +56,34 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
         if not frame_loop.active():
             return super().forward(hidden_states)
         return self.conv(padded_in_loop(self, hidden_states))
+
+
+class ProducedTimePaddedConv3d:
+    """Mixin for a convolution that pads time itself by repeating the clip's first frame in front
+    (causal) or its first and last frames on either side, and leaves the spatial zero padding to its
+    child nn.Conv3d `conv` (LTX-Video's `LTXVideoCausalConv3d`): given the interior of its own padded
+    input buffer (fast/producers.py: a norm wrote it), that buffer with its padding filled in place,
+    convolved unpadded; any other input takes the next forward in line."""
+
+    def producer_padding(self):
+        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py;
+        None where its child is strided or dilated, or pads other than with zeros."""
+        conv = self.conv
+        if any(s != 1 for s in conv.stride) or any(d != 1 for d in conv.dilation) or conv.padding_mode != "zeros":
+            return None
+        if isinstance(conv.padding, str) or conv.padding[0] != 0:
+            return None
+        k = self.kernel_size[0]
+        front, back = (k - 1, 0) if self.is_causal else ((k - 1) // 2, (k - 1) // 2)
+        h, w = conv.padding[1], conv.padding[2]
+        return (w, w, h, h, front, back), "replicate", "zeros"
+
+    def forward(self, hidden_states, *args, **kwargs):
+        whole = producers.filled(self, hidden_states) if not (args or kwargs) else None
+        if whole is None:
+            return super().forward(hidden_states, *args, **kwargs)
+        conv = self.conv
+        return F.conv3d(whole, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
 
 
 class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):

@@ -11,22 +11,29 @@ autograd and with no forward hook on the three modules (a hook could read or rep
 output, which holds SiLU applied already):
 
 1. the norm asks the convolution for the interior of its input buffer (`interior`): a new
-   channels-last tensor of the padded input's shape (time front frames, halo rows of a sharded
-   request, the spatial padding), allocated per call from PyTorch's caching allocator, so no buffer
-   is shared between two live uses and a CUDA graph captures it as any other activation; the view of
-   its new frames and own rows and columns, marked as produced for that convolution;
-2. the norm writes silu(norm(x)) there (kernels/norm.py `rms_norm(..., silu=True, out=view)`);
-3. the SiLU module passes a marked tensor on as it is (`SiLUAfterProducer`), and applies SiLU to
-   anything else;
-4. the convolution, given exactly that view (`filled`: the mark, and the view's pointer, shape and
-   strides checked against the buffer it is part of, never guessed), fills the padding in place and
-   runs its unpadded child on the whole buffer. Anything else takes the convolution's own path.
+   channels-last tensor of the padded input's shape (time front and back frames, halo rows of a
+   sharded request, the spatial padding), allocated per call from PyTorch's caching allocator, so no
+   buffer is shared between two live uses and a CUDA graph captures it as any other activation; the
+   view of its new frames and own rows and columns. The convolution, and the SiLU module, are told
+   what was produced: the view's pointer, shape, strides and dtype (a norm applied to a channels-last
+   view of the feature map, as LTX-Video's, returns that view permuted back, so diffusers' own
+   `movedim` then gives a new tensor object over the same memory: the record is of the memory, not
+   of the object);
+2. the norm writes silu(norm(x)) there (kernels/norm.py `rms_norm` / `mean_rms_norm`, `out=view`);
+3. the SiLU module passes on as it is the tensor it was told of, once, and applies SiLU to anything
+   else (`SiLUAfterProducer`);
+4. the convolution, given exactly that tensor (`filled`: the record, and the view checked against
+   the buffer it is part of, never guessed), fills the padding in place and runs its unpadded
+   convolution on the whole buffer. Anything else takes the convolution's own path. Each record is
+   used once: the next call of either module sees none.
 
 The padding filled, in the order that makes each step read filled values only, as F.pad pads the
 whole (sharded: the neighbours' rows first, as layers/halo.py `extend_padding`): the sharded axis's
-halo rows from the neighbours (the padding mode at the global edges), then the other spatial axes
-(replicate: the edge rows or columns copied; zeros: zeroed), then the time front frames: in a frame
-loop's later chunk from the convolution's cache, else the first frame repeated (replicate) or zeros.
+halo rows from the neighbours (the space mode at the global edges), then the other spatial axes
+(replicate: the edge rows or columns copied; zeros: zeroed), then the time frames in front (in a
+frame loop's later chunk from the convolution's cache, else the first frame repeated, replicate, or
+zeros) and behind (the last frame repeated, or zeros; never in a frame loop). A convolution offers
+`producer_padding()`: (the F.pad tuple, the time mode, the space mode).
 The cache is then updated exactly as `frame_loop.cached_front` does (a clone of the buffer's last
 front frames, never a view of the buffer). The same values as the convolution's own path: the
 padding only copies values.
@@ -39,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.modules import module as torch_module
 
-from ..kernels.norm import rms_norm
+from ..kernels.norm import mean_rms_norm, rms_norm
 from ..layers import tier
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
@@ -48,7 +55,7 @@ MODES = ("replicate", "zeros")
 
 _FEEDS = "_vaeshard_feeds"  # on the norm: (its SiLU module, the convolution it writes into)
 _AFTER = "_vaeshard_after_producer"  # on the SiLU module: it follows a producing norm
-_PRODUCED = "_vaeshard_produced_for"  # on a produced view: the convolution whose buffer it is
+_PENDING = "_vaeshard_produced"  # on the SiLU module and the convolution: the record of what was produced
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ class NormIntoConv:
     norm: str
     silu: str
     conv: str
+    # attributes of the block that must be None for its forward to be conv(silu(norm(x))) (a
+    # timestep's scale and shift between the norm and the SiLU, say)
+    unless: tuple[str, ...] = ()
 
 
 def link(vae, pairs: tuple[NormIntoConv, ...]) -> int:
@@ -71,10 +81,10 @@ def link(vae, pairs: tuple[NormIntoConv, ...]) -> int:
     linked = 0
     for module in vae.modules():
         for pair in pairs:
-            if _class_name(module) != pair.block:
+            if _class_name(module) != pair.block or any(getattr(module, a, None) is not None for a in pair.unless):
                 continue
             norm, silu, conv = (getattr(module, a, None) for a in (pair.norm, pair.silu, pair.conv))
-            if isinstance(norm, RMSNormSiLUIntoConv) and isinstance(silu, SiLUAfterProducer) and _takes(conv):
+            if isinstance(norm, ProducingNorm) and isinstance(silu, SiLUAfterProducer) and _takes(conv):
                 norm.__dict__[_FEEDS] = (silu, conv)
                 silu.__dict__[_AFTER] = True
                 linked += 1
@@ -84,6 +94,18 @@ def link(vae, pairs: tuple[NormIntoConv, ...]) -> int:
 def unlink(module) -> None:
     module.__dict__.pop(_FEEDS, None)
     module.__dict__.pop(_AFTER, None)
+    module.__dict__.pop(_PENDING, None)
+
+
+def _record(t: torch.Tensor) -> tuple:
+    """What identifies a produced tensor's memory: pointer, shape, strides, dtype."""
+    return t.data_ptr(), tuple(t.shape), t.stride(), t.dtype
+
+
+def _told(module, t: torch.Tensor) -> bool:
+    """Whether `module` was told `t` was produced for it, consuming the record either way."""
+    pending = module.__dict__.pop(_PENDING, None)
+    return pending is not None and pending == _record(t)
 
 
 def linked_conv(norm):
@@ -138,30 +160,32 @@ def _interior_of(buf: torch.Tensor, x_shape, start) -> torch.Tensor:
 
 
 def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
-    """The view of a new input buffer of `conv` that an input like `x` fills, marked as produced for
-    `conv` (None where the protocol does not take this input: not 5-D, or the convolution offers
-    no padding it fills, `producer_padding()` None)."""
+    """The view of a new input buffer of `conv` that an input like `x` fills, recorded as produced
+    for `conv` (None where the protocol does not take this input: not 5-D, the convolution offers no
+    padding it fills, `producer_padding()` None, or time padding behind the frames in a frame loop)."""
     offered = conv.producer_padding()
     if offered is None or x.dim() != 5:
         return None
-    padding, mode = offered
-    if len(padding) != 6 or padding[5] != 0 or mode not in MODES:
+    padding, time_mode, space_mode = offered
+    if len(padding) != 6 or time_mode not in MODES or space_mode not in MODES:
+        return None
+    if padding[5] and frame_loop.active():
         return None
     shape, start = _geometry(x.shape, padding)
     buf = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
     view = _interior_of(buf, x.shape, start)
-    setattr(view, _PRODUCED, conv)
+    conv.__dict__[_PENDING] = _record(view)
     return view
 
 
 def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
     """`conv`'s whole padded input where `x` is the interior `interior(conv, ...)` gave (checked: the
-    mark, and the view's shape, strides and pointer within its buffer), its padding filled in place
+    record, and the view's shape, strides and pointer within its buffer), its padding filled in place
     and the causal cache updated (module docstring); None for any other input."""
-    if getattr(x, _PRODUCED, None) is not conv:
+    if not _told(conv, x):
         return None
     buf = x._base
-    padding, mode = conv.producer_padding()
+    padding, mode, space_mode = conv.producer_padding()
     ctx = current()
     shape, start = _geometry(x.shape, padding)
     if buf is None or tuple(buf.shape) != shape or not buf.is_contiguous(memory_format=torch.channels_last_3d):
@@ -169,22 +193,18 @@ def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
     expected = _interior_of(buf, x.shape, start)
     if expected.data_ptr() != x.data_ptr() or expected.stride() != x.stride():
         return None
-    w_left, w_right, h_top, h_bottom, front, _ = padding
-    t_new = slice(front, shape[2])
+    w_left, w_right, h_top, h_bottom, front, back = padding
+    t_new = slice(front, front + x.shape[2])
     sharded_dim = None if ctx is None else (3 if ctx.axis == HEIGHT else 4)
     pads = {3: (h_top, h_bottom), 4: (w_left, w_right)}
     # the sharded axis first (its halo rows span the interior's other axes only), then the other
     if sharded_dim is not None:
-        _halo_rows(ctx, buf, x, sharded_dim, *pads[sharded_dim], mode, start)
+        _halo_rows(ctx, buf, x, sharded_dim, *pads[sharded_dim], space_mode, start)
     for dim in (3, 4):
         if dim != sharded_dim:
-            fill_edges(buf[:, :, t_new], dim, *pads[dim], mode)
-    if front and frame_loop.first_chunk():  # (a later chunk's front comes from the cache below)
-        head = buf[:, :, :front]
-        if mode == "replicate":
-            head.copy_(buf[:, :, front : front + 1].expand_as(head))
-        else:
-            head.zero_()
+            fill_edges(buf[:, :, t_new], dim, *pads[dim], space_mode)
+    # time: the front unless a later chunk's comes from the cache below, and the back
+    fill_edges(buf, 2, front if frame_loop.first_chunk() else 0, back, mode)
     frame_loop.cached_front(conv, buf, front)
     return buf
 
@@ -208,7 +228,7 @@ def _halo_rows(ctx, buf, x, dim: int, before: int, after: int, mode: str, start)
     exchange), and at the global edges what `mode` pads the whole map with."""
     other = 4 if dim == 3 else 3
     # the buffer's new frames at the interior's columns (rows along `other`), all rows along `dim`
-    part = buf[:, :, start[2] :].narrow(other, start[other], x.shape[other])
+    part = buf[:, :, start[2] : start[2] + x.shape[2]].narrow(other, start[other], x.shape[other])
     prev, nxt = ctx.neighbour_rows(x, dim, before, after)
     extent = x.shape[dim]
     for rows, at, received, edge in ((before, 0, prev, before), (after, before + extent, nxt, before + extent - 1)):
@@ -226,29 +246,55 @@ def _halo_rows(ctx, buf, x, dim: int, before: int, after: int, mode: str, start)
 # -- the mixins -------------------------------------------------------------------------------------
 
 
-class RMSNormSiLUIntoConv:
+class ProducingNorm:
+    """Base of the norm mixins that write silu(norm(x)) into a linked convolution's buffer: `produce`
+    runs the protocol where the request does and returns the produced view, else None."""
+
+    def produce(self, x: torch.Tensor, write) -> torch.Tensor | None:
+        """`write(x, view)` into `interior(conv, x)` where this norm is linked and the request runs
+        the protocol, the SiLU module told of the view; the view, or None (then nothing was written)."""
+        linked = self.__dict__.get(_FEEDS)
+        if linked is None or not runs() or not _plain((self, *linked)):
+            return None
+        silu, conv = linked
+        view = interior(conv, x)
+        if view is None:
+            return None
+        write(x, view)
+        silu.__dict__[_PENDING] = _record(view)
+        return view
+
+
+class RMSNormSiLUIntoConv(ProducingNorm):
     """Mixin for an RMS norm over channels (`gamma`, `bias`, `scale` as diffusers' RMS norms keep
     them) that a family declares followed by SiLU and a padding convolution: where the request runs
     the protocol, silu(norm(x)) written into that convolution's buffer (`interior`); elsewhere the
     norm's own forward."""
 
     def forward(self, x):
-        linked = self.__dict__.get(_FEEDS)
-        if linked is None or not runs() or not _plain((self, *linked)):
-            return super().forward(x)
-        conv = linked[1]
-        view = interior(conv, x)
-        if view is None:
-            return super().forward(x)
-        rms_norm(x, self.gamma, self.bias, self.scale, silu=True, out=view)
-        return view
+        view = self.produce(x, lambda x, view: rms_norm(x, self.gamma, self.bias, self.scale, silu=True, out=view))
+        return super().forward(x) if view is None else view
+
+
+class ChannelsLastRMSNormSiLUIntoConv(ProducingNorm):
+    """Mixin for diffusers' `RMSNorm` without weights, applied to a channels-last view (B, T, H, W, C)
+    of the feature map and permuted back by the caller (LTX-Video's `norm(x.movedim(1, -1)).movedim(-1, 1)`),
+    declared followed by SiLU and a padding convolution: where the request runs the protocol,
+    silu(norm(x)) written into that convolution's buffer, returned as the view the caller permutes
+    back into the interior (kernels/norm.py `mean_rms_norm`); elsewhere the next forward in line."""
+
+    def forward(self, x, *args, **kwargs):
+        if args or kwargs or x.dim() != 5 or self.weight is not None:
+            return super().forward(x, *args, **kwargs)
+        view = self.produce(x.movedim(-1, 1), lambda x, view: mean_rms_norm(x, self.eps, silu=True, out=view))
+        return super().forward(x) if view is None else view.movedim(1, -1)
 
 
 class SiLUAfterProducer:
-    """Mixin for diffusers' SiLU module after a producing norm: a view that norm wrote (SiLU applied
-    already) passes on as it is; any other input gets SiLU as diffusers applies it."""
+    """Mixin for diffusers' SiLU module after a producing norm: the tensor that norm wrote (SiLU
+    applied already) passes on as it is; any other input gets SiLU as diffusers applies it."""
 
     def forward(self, x):
-        if self.__dict__.get(_AFTER) and getattr(x, _PRODUCED, None) is not None:
+        if self.__dict__.get(_AFTER) and _told(self, x):
             return x
         return super().forward(x)

@@ -1,4 +1,5 @@
-"""The fast tier's elementwise kernels: Wan's RMS norm (+ SiLU) in one pass, a convolution's bias (and
+"""The fast tier's elementwise kernels: the RMS norms (+ SiLU) in one pass (Wan's, and the
+weightless mean-square one of LTX-Video), a convolution's bias (and
 a residual) added in one pass, and Wan 2.2's duplicating shortcut added in place.
 
 Each rounds to the tensor dtype at the steps PyTorch's separate operations round (norm_math holds
@@ -68,6 +69,7 @@ if triton is not None:
         BLOCK_C: tl.constexpr,
         CHUNKS: tl.constexpr,
         WIDE: tl.constexpr,
+        MEAN: tl.constexpr = False,
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block), held as
         # CHUNKS blocks of BLOCK_C channels (1 to 3; C = CHUNKS * BLOCK_C, or C <= BLOCK_C with
@@ -78,7 +80,8 @@ if triton is not None:
         # Every spatial dim has its own stride, so x and y may be any strided views (a slice of a
         # larger buffer, too). Channels-last tensors load contiguous channel rows, contiguous ones
         # contiguous voxel rows; both coalesce.
-        # The arithmetic is norm_math's (diffusers' WanRMS_norm step by step, with its roundings).
+        # The arithmetic is norm_math's (diffusers' WanRMS_norm step by step, with its roundings; with
+        # MEAN, its weightless RMSNorm: `inverse_rms`, `rms_scaled`).
         # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
         dt = y_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
@@ -92,8 +95,11 @@ if triton is not None:
         if CHUNKS >= 3:
             x2 = _norm_load(x_ptr + 2 * BLOCK_C * sxc, x_at, p_ptr + 2 * BLOCK_C, offs_c, mask, C, PRE_BIAS, dt)
             squares += tl.sum(x2 * x2, axis=1)
-        inv = norm_math.inverse_norm(squares, eps)
-        _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt)
+        if MEAN:
+            inv = norm_math.inverse_rms(squares, C, eps)
+        else:
+            inv = norm_math.inverse_norm(squares, eps)
+        _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt, MEAN)
         if CHUNKS >= 2:
             _norm_store(
                 x1,
@@ -109,6 +115,7 @@ if triton is not None:
                 HAS_BIAS,
                 SILU,
                 dt,
+                MEAN,
             )
         if CHUNKS >= 3:
             _norm_store(
@@ -125,6 +132,7 @@ if triton is not None:
                 HAS_BIAS,
                 SILU,
                 dt,
+                MEAN,
             )
 
     @triton.jit
@@ -137,9 +145,25 @@ if triton is not None:
 
     @triton.jit
     def _norm_store(
-        x, inv, y_ptr, at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, dt
+        x,
+        inv,
+        y_ptr,
+        at,
+        w_ptr,
+        b_ptr,
+        offs_c,
+        mask,
+        C,
+        scale,
+        HAS_BIAS: tl.constexpr,
+        SILU: tl.constexpr,
+        dt,
+        MEAN: tl.constexpr = False,
     ):
-        y = norm_math.normalized(x, inv, w_ptr, b_ptr, offs_c, C, scale, HAS_BIAS, SILU, dt)
+        if MEAN:
+            y = norm_math.rms_scaled(x, inv, SILU, dt)
+        else:
+            y = norm_math.normalized(x, inv, w_ptr, b_ptr, offs_c, C, scale, HAS_BIAS, SILU, dt)
         tl.store(y_ptr + at, y.to(dt), mask=mask)
 
 
@@ -424,15 +448,31 @@ def rms_norm(
     any strides, e.g. the new-frames view of a convolution's input buffer; `x` itself works too, as
     each voxel's channels are read before they are written); the tensor written is returned.
     """
-    use_triton = runs_on(x) and x.numel() > 0
-    geometry = _spatial_strides(x) if use_triton else None
-    if geometry is None:  # the same steps in eager PyTorch (CPU, or shapes the kernel does not take)
+    if not (runs_on(x) and x.numel() > 0 and _spatial_strides(x) is not None):
+        # the same steps in eager PyTorch (CPU, or shapes the kernel does not take)
         if pre_bias is not None:
             x = x + pre_bias.reshape(1, -1, *([1] * (x.ndim - 2)))
         y = F.normalize(x.float(), dim=1, eps=eps).to(x.dtype) * scale * gamma + bias
         y = F.silu(y) if silu else y
         return out.copy_(y) if out is not None else y
-    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = geometry
+    has_bias = isinstance(bias, torch.Tensor)
+    return _norm_pass(x, out, gamma, bias if has_bias else None, pre_bias, scale, eps, silu, mean=False)
+
+
+def mean_rms_norm(x: torch.Tensor, eps: float, silu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu?(x * rsqrt(mean_C(x^2) + eps)) over dim 1 in one pass: diffusers' `RMSNorm` without
+    weights (its fp32 variance, one rounding to the dtype) and the SiLU after it. `out` as in
+    `rms_norm`; the tensor written is returned."""
+    if not (runs_on(x) and x.numel() > 0 and _spatial_strides(x) is not None):
+        y = (x * torch.rsqrt(x.float().pow(2).mean(1, keepdim=True) + eps)).to(x.dtype)
+        y = F.silu(y) if silu else y
+        return out.copy_(y) if out is not None else y
+    return _norm_pass(x, out, None, None, None, 1.0, eps, silu, mean=True)
+
+
+def _norm_pass(x, out, gamma, bias, pre_bias, scale, eps, silu, mean) -> torch.Tensor:
+    """One launch of `_rms_norm_silu_kernel` (Triton runs on x's device)."""
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
     y = out if out is not None else torch.empty_like(x)  # same memory format
     if y.shape != x.shape or y.dtype != x.dtype:
         raise ValueError(f"rms_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(y.shape)}, {y.dtype}")
@@ -440,16 +480,16 @@ def rms_norm(
     s = d0 * d1 * d2
     block_s, _, options = _tile(c)
     block_c, chunks = _channel_blocks(c)
-    has_bias = isinstance(bias, torch.Tensor)
+    unused = x  # a pointer the kernel never reads (no weight, bias or pre-bias)
     grid = (triton.cdiv(s, block_s), n)
     launch(
         _rms_norm_silu_kernel,
         grid,
         x,
         y,
-        gamma.reshape(-1),
-        bias.reshape(-1) if has_bias else gamma,
-        pre_bias.reshape(-1) if pre_bias is not None else gamma,
+        unused if gamma is None else gamma.reshape(-1),
+        unused if bias is None else bias.reshape(-1),
+        unused if pre_bias is None else pre_bias.reshape(-1),
         s,
         c,
         d1,
@@ -466,13 +506,14 @@ def rms_norm(
         sy2,
         float(scale),
         float(eps),
-        HAS_BIAS=has_bias,
+        HAS_BIAS=bias is not None,
         PRE_BIAS=pre_bias is not None,
         SILU=silu,
         BLOCK_S=block_s,
         BLOCK_C=block_c,
         CHUNKS=chunks,
         WIDE=_wide(x, y),
+        MEAN=mean,
         **options,
     )
     return y

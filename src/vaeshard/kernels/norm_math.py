@@ -1,4 +1,4 @@
-"""The arithmetic of Wan's RMS norm (+ SiLU) on one block of voxels, as Triton device functions: one
+"""The arithmetic of the RMS norms (+ SiLU) on one block of voxels, as Triton device functions: one
 place for it, shared by the fast tier's norm kernel (norm.py) and the convolution kernels' epilogues
 that normalise as they store (conv3d.py, box_conv.py), so they round at the same steps.
 
@@ -7,6 +7,9 @@ where diffusers materialises a tensor: (a convolution's bias added -> dt), norma
 * scale -> dt, * gamma -> dt, + bias -> dt, SiLU in fp32 -> dt (the caller's store). In fp32 the
 roundings vanish. What differs from PyTorch: the order of the sum of squares, and the division by
 the norm taken as one reciprocal per voxel times each channel.
+
+`inverse_rms` and `rms_scaled` are the other kind, diffusers' `RMSNorm` without weights (LTX-Video's,
+over channels): x * rsqrt(mean(x^2) + eps) in fp32, rounded to dt once, SiLU in fp32 -> dt.
 """
 
 from __future__ import annotations
@@ -38,5 +41,20 @@ if triton is not None:
             b = tl.load(b_ptr + offs_c, mask=offs_c < C, other=0.0).to(tl.float32)
             y = (y + b[None, :]).to(dt).to(tl.float32)
         if SILU:  # y * sigmoid(y); exp(-y) as 2^(-y log2 e), one instruction fewer per element than tl.exp
+            y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
+        return y
+
+    @triton.jit
+    def inverse_rms(squares, C, eps):
+        """1 / sqrt(mean(x^2) + eps) per voxel, from its sum of squares over `C` channels (RMSNorm's
+        rsqrt of the fp32 variance plus eps)."""
+        return 1.0 / tl.sqrt(squares / C + eps)
+
+    @triton.jit
+    def rms_scaled(x, inv, SILU: tl.constexpr, dt):
+        """silu?(x * inv) rounded as diffusers' weightless RMSNorm (to dt once) and the SiLU after it,
+        in fp32 (the caller rounds it to dt as it stores)."""
+        y = (x * inv[:, None]).to(dt).to(tl.float32)
+        if SILU:
             y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
         return y
