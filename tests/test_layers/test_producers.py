@@ -161,18 +161,28 @@ def test_a_produced_buffer_is_padded_as_f_pad_pads(mode):
     assert producers.filled(_PadConv(padding, mode), view) is None
 
 
-def _sharded(rank, world):
-    vae = build("hunyuanvideo15")
-    z = latent((1, 4, 4, 5, 7), seed=9)
-    reference = reference_from_rank0(rank, lambda: _diffusers(vae, z, "decode"))
+def _sharded_decodes_match(rank, vae, z, per_step=1, seed=None) -> bool:
+    """On this rank: both spatial modes with the producers forced on equal diffusers' decode (rank 0's),
+    every declared convolution taking its buffer (`seed`: the injected noise's draws, reset before each)."""
+
+    def decode():
+        if seed is not None:
+            torch.manual_seed(seed)
+        return _diffusers(vae, z, "decode")
+
+    reference = reference_from_rank0(rank, decode)
     for mode in ("spatial_shard_height", "spatial_shard_width"):
-        _forced(vae, mode, per_step=2)
+        _forced(vae, mode, per_step=per_step)
         linked = _linked_convs(vae)
-        with _Spy() as spy, torch.no_grad():
-            out = vae.decode(z).sample
+        with _Spy() as spy:
+            out = decode()
         assert_close(out, reference, CPU_FP32, mode)
         assert spy.took and not (set(spy.missed) & linked), mode
     return True
+
+
+def _sharded(rank, world):
+    return _sharded_decodes_match(rank, build("hunyuanvideo15"), latent((1, 4, 4, 5, 7), seed=9), per_step=2)
 
 
 def test_hunyuanvideo15_with_producers_sharded_matches_diffusers():
@@ -261,23 +271,7 @@ def test_ltx_scaled_by_a_timestep_keeps_diffusers_path():
 
 
 def _ltx_sharded(rank, world):
-    vae = _ltx()
-    z = latent((1, 4, 2, 4, 5), seed=7)
-
-    def decode():
-        torch.manual_seed(13)
-        return _diffusers(vae, z, "decode")
-
-    reference = reference_from_rank0(rank, decode)
-    for mode in ("spatial_shard_height", "spatial_shard_width"):
-        _forced(vae, mode)
-        linked = _linked_convs(vae)
-        torch.manual_seed(13)
-        with _Spy() as spy, torch.no_grad():
-            out = vae.decode(z).sample
-        assert_close(out, reference, CPU_FP32, mode)
-        assert spy.took and not (set(spy.missed) & linked), mode
-    return True
+    return _sharded_decodes_match(rank, _ltx(), latent((1, 4, 2, 4, 5), seed=7), seed=13)
 
 
 def test_ltx_with_producers_sharded_matches_diffusers():
