@@ -26,7 +26,9 @@
 # families: PARITY_SUBJECTS "config=B,C,[T,]H,W;..." checked by gpu_parity.py in fp32 (TF32 off) and
 #   bf16, every mode and tier (parity-CONFIG.jsonl / .log); SPEED_SUBJECTS, the same form, timed by
 #   `vaeshard bench --nproc 1 --modes auto --dtype bf16`, the default tier, with diffusers' untiled
-#   decode in the same run (bench-CONFIG-N.json).
+#   decode in the same run (bench-CONFIG-N.json); an item may add bench flags after a space
+#   ("ltx=1,128,16,22,38 --norm-into-conv on"). REPS: timed decodes (default 3); BOUND: seconds each
+#   bench may take (default: no bound).
 # stream: PARTS any of stream,e2e,cudnn (default all three, in that order); SUBJECTS
 #   "config=B,C,T,H,W@reps;...". 1. `gpu_parity.py stream`: stream_decode's chunks == vae.decode bit
 #   for bit (fast tier with CUDA graphs at a small size, and at 480p; the exact tier), the CLI
@@ -159,11 +161,17 @@ families() {
       >"$OUT/parity-$config.log" 2>&1 || echo "parity $config: not every row passed (or it failed)" >>"$OUT/notes.txt"
   done
   IFS=';' read -ra speed <<<"${2:-}"
+  local flags bound
   for item in "${speed[@]}"; do
     [ -z "$item" ] && continue
-    n=$((n + 1)); config=${item%%=*}; shape=${item#*=}
-    python3 -m vaeshard bench --config "$config" --shape "$shape" --nproc 1 --modes auto --dtype bf16 --reps 3 \
-      --json "$OUT/bench-$config-$n.json" >"$OUT/bench-$config-$n.log" 2>&1 || echo "bench $item failed" >>"$OUT/notes.txt"
+    n=$((n + 1)); config=${item%%=*}; shape=${item#*=}; flags=""
+    if [[ $shape == *" "* ]]; then flags=${shape#* }; shape=${shape%% *}; fi
+    bound=()
+    [ -n "${BOUND:-}" ] && bound=(timeout "$BOUND")
+    # shellcheck disable=SC2086  # flags: the item's own words
+    "${bound[@]}" python3 -m vaeshard bench --config "$config" --shape "$shape" --nproc 1 --modes auto --dtype bf16 \
+      --reps "${REPS:-3}" $flags --json "$OUT/bench-$config-$n.json" >"$OUT/bench-$config-$n.log" 2>&1 \
+      || echo "bench $item failed (or ran past BOUND)" >>"$OUT/notes.txt"
   done
   python3 - "$OUT" <<'EOF'
 import glob, json, os, sys
