@@ -23,7 +23,7 @@ from .. import interpreter, models
 from ..dist_harness import run_ranks
 from ..family_parity import sample, streamed
 from ..models import build, latent
-from ..parity import CPU_FP32, assert_close, reference_from_rank0
+from ..parity import CPU_FP32, CPU_FP32_GROUPNORM, assert_close, reference_from_rank0
 
 
 def _forced(vae, mode="auto", per_step=1, on=True):
@@ -161,9 +161,10 @@ def test_a_produced_buffer_is_padded_as_f_pad_pads(mode):
     assert producers.filled(_PadConv(padding, mode), view) is None
 
 
-def _sharded_decodes_match(rank, vae, z, per_step=1, seed=None) -> bool:
-    """On this rank: both spatial modes with the producers forced on equal diffusers' decode (rank 0's),
-    every declared convolution taking its buffer (`seed`: the injected noise's draws, reset before each)."""
+def _sharded_decodes_match(rank, vae, z, per_step=1, seed=None, tol=CPU_FP32) -> bool:
+    """On this rank: both spatial modes with the producers forced on equal diffusers' decode (rank 0's)
+    within `tol`, every declared convolution taking its buffer (`seed`: the injected noise's draws,
+    reset before each)."""
 
     def decode():
         if seed is not None:
@@ -176,7 +177,7 @@ def _sharded_decodes_match(rank, vae, z, per_step=1, seed=None) -> bool:
         linked = _linked_convs(vae)
         with _Spy() as spy:
             out = decode()
-        assert_close(out, reference, CPU_FP32, mode)
+        assert_close(out, reference, tol, mode)
         assert spy.took and not (set(spy.missed) & linked), mode
     return True
 
@@ -276,3 +277,61 @@ def _ltx_sharded(rank, world):
 
 def test_ltx_with_producers_sharded_matches_diffusers():
     assert run_ranks(_ltx_sharded, 2) == [True, True]
+
+
+def test_mochi_with_producers_matches_diffusers():
+    """Mochi's per-frame GroupNorms write into the decoder's causal convolutions' buffers in its frame
+    loop: direct (1 and 2 latent frames per call), streamed, a batch of two, each against diffusers'
+    decode; the encoder's convolutions take no buffer (they run outside the loop)."""
+    vae = build("mochi")
+    cases = {(1, 4): latent((1, 4, 4, 5, 7), seed=11), (2, 3): latent((2, 4, 3, 4, 6), seed=12)}
+    references = {key: _diffusers(vae, z, "decode") for key, z in cases.items()}
+    for (batch, frames), z in cases.items():
+        for per_step in (1, 2):
+            what = f"batch {batch}, {frames} latent frames, {per_step} per step"
+            _forced(vae, per_step=per_step)
+            linked = _linked_convs(vae)
+            resnets = sum(type(m).__name__ == "MochiResnetBlock3D" for m in vae.decoder.modules())
+            assert len(linked) == 2 * resnets, linked  # the decoder's residual blocks' two each
+            with _Spy() as spy, torch.no_grad():
+                out = vae.decode(z).sample
+            assert_close(out, references[(batch, frames)], CPU_FP32, what)
+            assert spy.took and set(spy.took) <= linked and not (set(spy.missed) & linked), what
+            assert torch.equal(torch.cat(streamed(vae, z), dim=2), out), what
+
+
+def _mochi_sharded(rank, world):
+    z = latent((1, 4, 3, 5, 7), seed=14)
+    return _sharded_decodes_match(rank, build("mochi"), z, per_step=2, tol=CPU_FP32_GROUPNORM)
+
+
+def test_mochi_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_mochi_sharded, 2) == [True, True]
+
+
+def test_hunyuanvideo_with_producers_matches_diffusers():
+    """HunyuanVideo's GroupNorms write into their causal convolutions' buffers: decode and encode
+    against diffusers' (whole-clip statistics, as nn.GroupNorm takes them)."""
+    vae = build("hunyuanvideo")
+    z = latent((1, 4, 3, 5, 6), seed=15)
+    x = sample((1, 3, 5, 16, 24))
+    reference, moments = _diffusers(vae, z, "decode"), _diffusers(vae, x, "encode")
+    _forced(vae)
+    linked = _linked_convs(vae)
+    resnets = sum(type(m).__name__ == "HunyuanVideoResnetBlockCausal3D" for m in vae.modules())
+    assert len(linked) == 2 * resnets + 2, linked  # each residual block's two, both conv_norm_outs
+    for op, x_in, want in (("decode", z, reference), ("encode", x, moments)):
+        with _Spy() as spy:
+            got = _diffusers(vae, x_in, op)
+        assert_close(got, want, CPU_FP32, op)
+        assert spy.took and set(spy.took) <= linked and not (set(spy.missed) & linked), op
+
+
+def _hunyuanvideo_sharded(rank, world):
+    # statistics combined across ranks: the GroupNorm tolerance, as for its sharded decode without producers
+    z = latent((1, 4, 2, 5, 7), seed=16)
+    return _sharded_decodes_match(rank, build("hunyuanvideo"), z, tol=CPU_FP32_GROUPNORM)
+
+
+def test_hunyuanvideo_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_hunyuanvideo_sharded, 2) == [True, True]

@@ -63,7 +63,6 @@ class GroupFailed(RuntimeError):
     """A rank of the service failed or left: the group cannot serve any more."""
 
 
-
 def encode_tensors(encoded) -> dict:
     """The tensors of an encode's answer (float32, on the CPU): `mean` and `logvar` of the latent
     distribution, or `latent` where the VAE's encode returns the latent itself (DC-AE)."""
@@ -71,6 +70,7 @@ def encode_tensors(encoded) -> dict:
     if dist is None:
         return {"latent": encoded.latent.float().contiguous().cpu()}
     return {"mean": dist.mean.float().contiguous().cpu(), "logvar": dist.logvar.float().contiguous().cpu()}
+
 
 class _Stopped(Exception):
     """Rank 0 stops a request before its end (the reason: a key of STOPPED)."""

@@ -43,10 +43,11 @@ import math
 
 import torch
 
-from ..fast.producers import fill_edges
+from ..fast.causal_conv import CachedReplicateCausalConv3d
+from ..fast.producers import GroupNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer, fill_edges
 from ..layers import tier as fast_tier
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
-from ..layers.halo import HaloPadThenConv, replicate_causal_problem
+from ..layers.halo import replicate_causal_problem
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.spatial import current
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
@@ -300,6 +301,22 @@ def _upsampler_problem(up) -> str | None:
     return None
 
 
+class GlobalGroupNormIntoConv(GroupNormSiLUIntoConv, GlobalGroupNorm):
+    """HunyuanVideo's GroupNorm: into the next convolution's buffer where declared (NORM_INTO_CONV) and
+    the request runs it; sharded, with the whole map's statistics either way."""
+
+
+# Which GroupNorm writes into which causal convolution's padded input in the fast tier
+# (fast/producers.py), through which SiLU module: diffusers' forwards of these blocks (mirrored below)
+# pass the norm's output only through that SiLU (and an eval-mode dropout) to that convolution.
+NORM_INTO_CONV = (
+    NormIntoConv("HunyuanVideoResnetBlockCausal3D", "norm1", "nonlinearity", "conv1"),
+    NormIntoConv("HunyuanVideoResnetBlockCausal3D", "norm2", "nonlinearity", "conv2"),
+    NormIntoConv("HunyuanVideoDecoder3D", "conv_norm_out", "conv_act", "conv_out"),
+    NormIntoConv("HunyuanVideoEncoder3D", "conv_norm_out", "conv_act", "conv_out"),
+)
+
+
 # The whole VAE (encoder, decoder, quant convs). HunyuanVideoCausalConv3d -> halo rows in place of its
 # replicate padding on the sharded axis (its child Conv3d is then unpadded and local); nn.GroupNorm ->
 # whole-clip statistics; HunyuanVideoMidBlock3D -> its attentions causal by frame without the mask
@@ -310,19 +327,20 @@ SHARD_PLAN = ShardPlan(
         Rule(
             "HunyuanVideoCausalConv3d",
             HALO,
-            HaloPadThenConv,
+            CachedReplicateCausalConv3d,
             check=replicate_causal_problem,
             layer=Layer(padding="replicate"),
         ),
         Rule("Conv3d", LOCAL, parent="HunyuanVideoCausalConv3d"),  # unpadded, run by its parent
         Rule("Conv3d", LOCAL, check=pointwise_problem),
-        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNormIntoConv, layer=Layer(norm="group")),
         Rule("HunyuanVideoMidBlock3D", WHOLE_MAP, FrameCausalMidBlock),
         Rule("Attention", LOCAL, where="*.mid_block.attentions.*", check=_attention_problem),  # in the block's
         Rule("Linear", LOCAL, where="*.mid_block.attentions.*"),
         Rule("HunyuanVideoUpsampleCausal3D", LOCAL, UpsampleIntoPadded, check=_upsampler_problem),
         local("HunyuanVideoEncoder3D", "HunyuanVideoDecoder3D", "HunyuanVideoDownBlock3D", "HunyuanVideoUpBlock3D"),
-        local("HunyuanVideoResnetBlockCausal3D", "HunyuanVideoDownsampleCausal3D", "SiLU", "Mish", "GELU"),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
+        local("HunyuanVideoResnetBlockCausal3D", "HunyuanVideoDownsampleCausal3D", "Mish", "GELU"),
         CONTAINERS,
     ),
 )
@@ -401,6 +419,21 @@ class _HunyuanVideo(Family):
             "45611c78196e07d8",
         ),
         Mirror(
+            _HV + "HunyuanVideoResnetBlockCausal3D.forward",
+            "families/hunyuanvideo.py NORM_INTO_CONV (norm -> SiLU -> causal convolution, nothing else reads the norm)",
+            "9f9c4a7dac7925ed",
+        ),
+        Mirror(
+            _HV + "HunyuanVideoDecoder3D.forward",
+            "families/hunyuanvideo.py NORM_INTO_CONV (conv_norm_out -> conv_act -> conv_out)",
+            "e959c3c77d54dbed",
+        ),
+        Mirror(
+            _HV + "HunyuanVideoEncoder3D.forward",
+            "families/hunyuanvideo.py NORM_INTO_CONV (conv_norm_out -> conv_act -> conv_out)",
+            "eef9188817c44cda",
+        ),
+        Mirror(
             _HV + "HunyuanVideoMidBlock3D.forward",
             "layers/frame_causal_attention.py FrameCausalMidBlock.forward",
             "867906b6a211ccf3",
@@ -420,6 +453,7 @@ class _HunyuanVideo(Family):
     spatial_decode = True
     spatial_encode = True
     fast_tier = True  # the mid-block attention without the mask (layers/frame_causal_attention.py)
+    norm_into_conv = NORM_INTO_CONV
     layer_parts = False  # diffusers' layers, a whole call's frames at once
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)

@@ -39,6 +39,7 @@ import math
 
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCachedCausalConv3d, loop_problem
+from ..fast.producers import FrameGroupNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer
 from ..layers import tier as fast
 from ..layers.halo import HaloPadThenCachedConv, replicate_causal_problem
 from ..layers.norms import GlobalGroupNorm
@@ -259,6 +260,16 @@ def _looped_conv_problem(conv) -> str | None:
     return replicate_causal_problem(conv) or loop_problem(conv)
 
 
+# Which per-frame GroupNorm writes into which causal convolution's padded input in the fast tier
+# (fast/producers.py), through the block's SiLU module: diffusers' forward of the residual block
+# (mirrored below) passes each norm's output only through it to the convolution after it. Only the
+# decoder's convolutions take such a buffer (its frame loop's `CachedReplicateCachedCausalConv3d`).
+NORM_INTO_CONV = (
+    NormIntoConv("MochiResnetBlock3D", "norm1", "nonlinearity", "conv1"),
+    NormIntoConv("MochiResnetBlock3D", "norm2", "nonlinearity", "conv2"),
+)
+
+
 # Encoder and decoder, of a VAE in diffusers' one-shot mode (`check_one_shot`).
 # CogVideoXCausalConv3d ("replicate" mode) -> halo rows in place of its replicate padding on the
 # sharded axis (its child convolution is unpadded, run by it), and in the decoder the frame loop's
@@ -290,7 +301,9 @@ SHARD_PLAN = ShardPlan(
         Rule("Attention", LOCAL, check=_plain_attention, subtree=True),
         Rule("Conv3d", LOCAL, check=pointwise_problem),
         local("MochiEncoder3D", "MochiDecoder3D", "MochiMidBlock3D", "MochiDownBlock3D", "MochiUpBlock3D"),
-        local("MochiResnetBlock3D", "MochiChunkedGroupNorm3D", "FourierFeatures", "Linear", "SiLU"),
+        Rule("MochiChunkedGroupNorm3D", LOCAL, FrameGroupNormSiLUIntoConv),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
+        local("MochiResnetBlock3D", "FourierFeatures", "Linear"),
         CONTAINERS,
     ),
 )
@@ -368,6 +381,11 @@ class _Mochi(Family):
             "15e1b1ffbfad5413",
         ),
         Mirror(
+            _M + "MochiResnetBlock3D.forward",
+            "families/mochi.py NORM_INTO_CONV (norm -> SiLU -> causal convolution, nothing else reads the norm)",
+            "dccba3b81b0e45c2",
+        ),
+        Mirror(
             _M + "MochiDownBlock3D.forward",
             "families/mochi.py SHARD_PLAN (attention over each pixel's frames: local)",
             "2ff2c963ceed8f89",
@@ -387,6 +405,7 @@ class _Mochi(Family):
     spatial_decode = True
     spatial_encode = True
     frame_loop = True  # in the fast tier: fast/frame_loop.py, `LOOP`
+    norm_into_conv = NORM_INTO_CONV
     frame_loop_graphs = False
     layer_parts = False  # diffusers' layers, a whole call's frames at once
     streams_steps = True  # the frame loop's chunks, in the fast tier

@@ -90,7 +90,17 @@ class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
     """The same for `CogVideoXCausalConv3d` in "replicate" mode (`forward(x, conv_cache)` ->
     `(output, None)`: diffusers ignores the cache in that mode), as Mochi 1's decoder uses it."""
 
+    def producer_padding(self):
+        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py; None
+        outside "replicate" mode or where its child is strided."""
+        if self.pad_mode != "replicate" or any(s != 1 for s in self.conv.stride):
+            return None
+        return tuple(self.time_causal_padding), "replicate", "replicate"
+
     def forward(self, inputs, conv_cache=None):
+        whole = producers.filled(self, inputs)
+        if whole is not None:
+            return self.conv(whole), None
         if not frame_loop.active():
             return super().forward(inputs, conv_cache)
         if self.pad_mode != "replicate":

@@ -290,6 +290,39 @@ class ChannelsLastRMSNormSiLUIntoConv(ProducingNorm):
         return super().forward(x) if view is None else view.movedim(1, -1)
 
 
+class GroupNormSiLUIntoConv(ProducingNorm):
+    """Mixin for an nn.GroupNorm declared followed by SiLU and a padding convolution: where the request
+    runs the protocol, the norm's own output (the next forward in line: a sharded request's takes the
+    whole map's statistics) goes through SiLU straight into that convolution's buffer, in one pass
+    (`silu.out`); elsewhere the norm's own forward."""
+
+    def forward(self, x):
+        norm = super().forward
+        view = self.produce(x, lambda x, view: torch.ops.aten.silu.out(norm(x), out=view))
+        return norm(x) if view is None else view
+
+
+class FrameGroupNormSiLUIntoConv(ProducingNorm):
+    """Mixin for a per-frame GroupNorm (Mochi's `MochiChunkedGroupNorm3D`: its `norm_layer` on each frame
+    as a sample, `chunk_size` frames at a time) declared followed by SiLU and a padding convolution:
+    where the request runs the protocol, each chunk's norm (`norm_layer`, so a sharded request's
+    statistics are the whole frame's) goes through SiLU straight into that convolution's buffer, with
+    no copy of the map into frame-major order and none back; elsewhere the norm's own forward. A
+    GroupNorm normalises each sample alone, so the chunks' values do not depend on how frames are
+    grouped into chunks."""
+
+    def forward(self, x):
+        view = self.produce(x, self._write) if x.dim() == 5 else None
+        return super().forward(x) if view is None else view
+
+    def _write(self, x: torch.Tensor, view: torch.Tensor) -> None:
+        step = max(1, int(self.chunk_size))
+        for n in range(x.shape[0]):
+            frames, out = x[n].transpose(0, 1), view[n].transpose(0, 1)  # (T, C, H, W) views
+            for start in range(0, frames.shape[0], step):
+                torch.ops.aten.silu.out(self.norm_layer(frames[start : start + step]), out=out[start : start + step])
+
+
 class SiLUAfterProducer:
     """Mixin for diffusers' SiLU module after a producing norm: the tensor that norm wrote (SiLU
     applied already) passes on as it is; any other input gets SiLU as diffusers applies it."""
