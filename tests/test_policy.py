@@ -249,5 +249,7 @@ def test_a_family_measured_slower_runs_diffusers_layers_on_cuda_and_says_why(mon
     monkeypatch.setattr(policy, "kernels_unavailable", lambda device: None)
     plan = vaeshard.plan(vae, shape)
     assert plan.fast is None and "ltx2's fast tier measured slower than diffusers' decode on a GPU" in plan.explain()
+    forced = vaeshard.FastOptions(norm_into_conv=True)  # asks for what was not measured slower
+    assert vaeshard.plan(vae, shape, fast=forced).fast.norm_into_conv
     monkeypatch.setattr(tuning, "FAST_TIER_SLOWER_FAMILIES", ())
     assert vaeshard.plan(vae, shape).fast is not None

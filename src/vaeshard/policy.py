@@ -127,10 +127,15 @@ def plan_request(request: Request, world_size: int) -> Request:
         elif not family.fast_tier:
             why = f"{type(request.vae).__name__} has no fast-tier layers (docs/families.md)"
             chosen = chosen._replace(tier_reason=why)
-        elif family.name in tuning.FAST_TIER_SLOWER_FAMILIES and _device_of(request.vae).type == "cuda":
+        elif (
+            family.name in tuning.FAST_TIER_SLOWER_FAMILIES
+            and _device_of(request.vae).type == "cuda"
+            and not (family.norm_into_conv and config.fast.norm_into_conv is True)
+        ):
             why = (
                 f"{family.name}'s fast tier measured slower than diffusers' decode on a GPU "
-                "(tuning.FAST_TIER_SLOWER_FAMILIES, docs/tuning.md)"
+                "(tuning.FAST_TIER_SLOWER_FAMILIES, docs/tuning.md; norm_into_conv=True runs it with its "
+                "norms into the next convolutions)"
             )
             chosen = chosen._replace(tier_reason=why)
         else:

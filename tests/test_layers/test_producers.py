@@ -1,11 +1,13 @@
 """The fast tier's producers (fast/producers.py): a norm + SiLU writing into the next convolution's
 padded input buffer, the convolution filling its padding in place.
 
-HunyuanVideo 1.5's tiny config with the producers forced on against diffusers' own decode and encode
-(CPU fp32, within 1e-5), direct, streamed and on two gloo ranks, with the proof that the path ran:
-every declared convolution took its buffer and made no F.pad copy. The padding a buffer gets against
-F.pad of the same input, in both modes; the norm kernel writing into a buffer's interior in Triton's
-interpreter.
+Each declaring family's tiny config with the producers forced on against diffusers' own decode (and
+encode): HunyuanVideo 1.5 (RMS norms, frame loop, streamed), LTX-Video (an RMS norm on a channels-last
+view; timestep-conditioned blocks not linked), LTX-2 (per-channel RMS norms, reflect padding, causal
+per call), HunyuanVideo (GroupNorms) and Mochi (per-frame GroupNorms in its frame loop), direct and on
+two gloo ranks, with the proof that the path ran: every declared convolution took its buffer. The
+padding a buffer gets against F.pad of the same input; the norm kernels writing into a buffer's
+interior in Triton's interpreter (fp32: the interpreter does not round to bf16 as a GPU does).
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ class _Spy:
     def __enter__(self):
         filled, pad = producers.filled, F.pad
 
-        def spy_filled(conv, x):
-            whole = filled(conv, x)
+        def spy_filled(conv, x, **kwargs):
+            whole = filled(conv, x, **kwargs)
             (self.took if whole is not None else self.missed)[id(conv)] += 1
             return whole
 
@@ -216,6 +218,15 @@ untouched = buf.clone()
 untouched[:, :, 2:, 1:6, 1:7] = 7.0
 assert err < 1e-5, err
 assert bool((untouched == 7.0).all()), "the mean kernel wrote outside the interior"
+# LTX-2's PerChannelRMSNorm over channels + SiLU (its own formula, as diffusers computes it)
+buf.fill_(7.0)
+norm.per_channel_rms_norm(x, 1e-8, silu=True, out=interior)
+expected = torch.nn.functional.silu(x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-8))
+err = (interior - expected).abs().max().item()
+untouched = buf.clone()
+untouched[:, :, 2:, 1:6, 1:7] = 7.0
+assert err < 1e-5, err
+assert bool((untouched == 7.0).all()), "the per-channel kernel wrote outside the interior"
 print("ok", err)
 """
 
@@ -335,3 +346,52 @@ def _hunyuanvideo_sharded(rank, world):
 
 def test_hunyuanvideo_with_producers_sharded_matches_diffusers():
     assert run_ranks(_hunyuanvideo_sharded, 2) == [True, True]
+
+
+def _ltx2(**overrides):
+    """LTX-2's tiny config without the timestep's scale and shift; its decoder pads with reflection."""
+    return models._tiny("ltx2", timestep_conditioning=False, **overrides)
+
+
+@pytest.mark.parametrize("decoder_causal, causal", [(True, None), (False, False), (False, True)])
+def test_ltx2_with_producers_matches_diffusers(decoder_causal, causal):
+    """LTX-2's per-channel RMS norms write into its convolutions' buffers, which hold the frames either
+    padding takes and convolve those of the call's own `causal` (diffusers: `causal or is_causal`)."""
+    vae = _ltx2(decoder_causal=decoder_causal)
+    z = latent((1, 4, 2, 3, 4), seed=17)
+    kwargs = {} if causal is None else {"causal": causal}
+
+    def decode():
+        torch.manual_seed(18)
+        with torch.no_grad():
+            return vae.decode(z, **kwargs).sample
+
+    reference = decode()
+    _forced(vae)
+    linked = _linked_convs(vae)
+    resnets = sum(type(m).__name__ == "LTX2VideoResnetBlock3d" for m in vae.modules())
+    assert len(linked) == 2 * resnets + 2, linked
+    with _Spy() as spy:
+        out = decode()
+    assert_close(out, reference, CPU_FP32, f"decoder_causal={decoder_causal}, causal={causal}")
+    assert spy.took and set(spy.took) <= linked and not (set(spy.missed) & linked)
+
+
+def test_ltx2_encode_with_producers_matches_diffusers():
+    vae = _ltx2()
+    x = sample((1, 3, 9, 64, 64))
+    moments = _diffusers(vae, x, "encode")
+    _forced(vae)
+    with _Spy() as spy:
+        encoded = _diffusers(vae, x, "encode")
+    assert_close(encoded, moments, CPU_FP32, "encode")
+    assert spy.took and not (set(spy.missed) & _linked_convs(vae))
+
+
+def _ltx2_sharded(rank, world):
+    return _sharded_decodes_match(rank, _ltx2(), latent((1, 4, 2, 4, 5), seed=19), seed=20)
+
+
+def test_ltx2_with_producers_sharded_matches_diffusers():
+    """Sharded: the halo rows from the neighbours, the reflection at the image's edges from a rank's own rows."""
+    assert run_ranks(_ltx2_sharded, 2) == [True, True]

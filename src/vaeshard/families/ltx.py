@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from ..fast.causal_conv import ProducedTimePaddedConv3d
+from ..fast.causal_conv import ProducedRuntimeCausalConv3d, ProducedTimePaddedConv3d
 from ..fast.norm_parts import FramePartsPerChannelRMSNorm, FramePartsRMSNorm
-from ..fast.producers import ChannelsLastRMSNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer
+from ..fast.producers import (
+    ChannelsLastRMSNormSiLUIntoConv,
+    NormIntoConv,
+    PerChannelRMSNormSiLUIntoConv,
+    SiLUAfterProducer,
+)
 from ..layers.halo import PADDING_MODES, HaloPaddedConv
 from ..layers.noise_slice import NoiseSliceResnet
 from ..runtime.tile import TileOps
@@ -60,6 +65,11 @@ class RMSNormIntoConvOrParts(ChannelsLastRMSNormSiLUIntoConv, FramePartsRMSNorm)
     (NORM_INTO_CONV) and the request runs it, else in parts of frames."""
 
 
+class PerChannelRMSNormIntoConvOrParts(PerChannelRMSNormSiLUIntoConv, FramePartsPerChannelRMSNorm):
+    """LTX-2's RMS norm in the fast tier: into the next convolution's buffer where declared
+    (LTX2_NORM_INTO_CONV) and the request runs it, else in parts of frames."""
+
+
 # Which norm writes into which convolution's padded input in the fast tier (fast/producers.py), through
 # which SiLU module: diffusers' forwards of these blocks (mirrored below) pass the norm's output only
 # through that SiLU (and an eval-mode dropout) to that convolution, unless the block scales and
@@ -69,6 +79,12 @@ NORM_INTO_CONV = (
     NormIntoConv("LTXVideoResnetBlock3d", "norm2", "nonlinearity", "conv2", unless=("scale_shift_table",)),
     NormIntoConv("LTXVideoDecoder3d", "norm_out", "conv_act", "conv_out", unless=("time_embedder",)),
     NormIntoConv("LTXVideoEncoder3d", "norm_out", "conv_act", "conv_out"),
+)
+LTX2_NORM_INTO_CONV = (
+    NormIntoConv("LTX2VideoResnetBlock3d", "norm1", "nonlinearity", "conv1", unless=("scale_shift_table",)),
+    NormIntoConv("LTX2VideoResnetBlock3d", "norm2", "nonlinearity", "conv2", unless=("scale_shift_table",)),
+    NormIntoConv("LTX2VideoDecoder3d", "norm_out", "conv_act", "conv_out", unless=("time_embedder",)),
+    NormIntoConv("LTX2VideoEncoder3d", "norm_out", "conv_act", "conv_out"),
 )
 
 
@@ -95,9 +111,10 @@ SHARD_PLAN = ShardPlan(
         Rule("LTXVideoCausalConv3d", LOCAL, ProducedTimePaddedConv3d),
         local("LTXVideoDownsampler3d", "LTXVideoUpsampler3d", "LTX2VideoEncoder3d", "LTX2VideoDecoder3d"),
         local("LTX2VideoDownBlock3D", "LTX2VideoMidBlock3d", "LTX2VideoUpBlock3d", "LTX2VideoResnetBlock3d"),
-        local("LTX2VideoCausalConv3d", "LTX2VideoDownsampler3d", "LTX2VideoUpsampler3d"),
+        Rule("LTX2VideoCausalConv3d", LOCAL, ProducedRuntimeCausalConv3d),
+        local("LTX2VideoDownsampler3d", "LTX2VideoUpsampler3d"),
         Rule("RMSNorm", FAST, RMSNormIntoConvOrParts, layer=Layer(norm="rms_channels")),
-        Rule("PerChannelRMSNorm", FAST, FramePartsPerChannelRMSNorm, layer=Layer(norm="rms_channels")),
+        Rule("PerChannelRMSNorm", FAST, PerChannelRMSNormIntoConvOrParts, layer=Layer(norm="rms_channels")),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
         local("LayerNorm"),
         CONTAINERS,
@@ -285,7 +302,7 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
         f"{prefix}Decoder3d.forward": "families/ltx.py _decoded_shape (unpatchify), NORM_INTO_CONV",
         f"{prefix}Encoder3d.forward": "families/ltx.py _encoded_shape (patchify, output channels), NORM_INTO_CONV",
         f"{prefix}CausalConv3d.forward": "layers/halo.py HaloPaddedConv (pads time, leaves space to self.conv); "
-        "fast/causal_conv.py ProducedTimePaddedConv3d",
+        "fast/causal_conv.py ProducedTimePaddedConv3d, ProducedRuntimeCausalConv3d",
     }
     norm = {
         "LTXVideo": (
@@ -293,7 +310,11 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
             "RMSNorm.forward",
             "fast/norm_parts.py FramePartsRMSNorm; kernels/norm.py mean_rms_norm",
         ),
-        "LTX2Video": (module, "PerChannelRMSNorm.forward", "fast/norm_parts.py FramePartsPerChannelRMSNorm"),
+        "LTX2Video": (
+            module,
+            "PerChannelRMSNorm.forward",
+            "fast/norm_parts.py FramePartsPerChannelRMSNorm; kernels/norm.py per_channel_rms_norm",
+        ),
     }[prefix]
     extra = (Mirror(norm[0] + norm[1], norm[2], shas[norm[1]]),)
     return tuple(Mirror(module + theirs, where, shas[theirs]) for theirs, where in ours.items()) + extra
@@ -353,6 +374,7 @@ class _LTXVideo(LTXLike):
 class _LTX2Video(LTXLike):
     name = "ltx2"
     classes = ("AutoencoderKLLTX2Video",)
+    norm_into_conv = LTX2_NORM_INTO_CONV
     # -- facts ----------------------------------------------------------------------------------
     configs = {"ltx2": ("AutoencoderKLLTX2Video", {})}  # its defaults are the LTX-2 VAE
     # LTX-2's layout: a reflect-padded causal decoder with spatial-only and spatiotemporal upsamplers,

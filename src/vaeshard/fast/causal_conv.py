@@ -60,30 +60,62 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
 
 class ProducedTimePaddedConv3d:
     """Mixin for a convolution that pads time itself by repeating the clip's first frame in front
-    (causal) or its first and last frames on either side, and leaves the spatial zero padding to its
-    child nn.Conv3d `conv` (LTX-Video's `LTXVideoCausalConv3d`): given the interior of its own padded
-    input buffer (fast/producers.py: a norm wrote it), that buffer with its padding filled in place,
+    (causal) or its first and last frames on either side, and leaves the spatial padding to its child
+    nn.Conv3d `conv` (LTX-Video's `LTXVideoCausalConv3d`): given the interior of its own padded input
+    buffer (fast/producers.py: a norm wrote it), that buffer with its padding filled in place,
     convolved unpadded; any other input takes the next forward in line."""
 
-    def producer_padding(self):
-        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py;
-        None where its child is strided or dilated, or pads other than with zeros."""
+    def _space(self):
+        """(height pad, width pad, mode) of the child's spatial padding; None where the child is
+        strided or dilated, pads time, or pads in a mode the producers do not fill."""
         conv = self.conv
-        if any(s != 1 for s in conv.stride) or any(d != 1 for d in conv.dilation) or conv.padding_mode != "zeros":
+        if any(s != 1 for s in conv.stride) or any(d != 1 for d in conv.dilation):
             return None
-        if isinstance(conv.padding, str) or conv.padding[0] != 0:
+        if isinstance(conv.padding, str) or conv.padding[0] != 0 or conv.padding_mode not in producers.MODES:
             return None
+        return conv.padding[1], conv.padding[2], conv.padding_mode
+
+    def producer_padding(self):
+        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py."""
+        space = self._space()
+        if space is None:
+            return None
+        h, w, mode = space
         k = self.kernel_size[0]
         front, back = (k - 1, 0) if self.is_causal else ((k - 1) // 2, (k - 1) // 2)
-        h, w = conv.padding[1], conv.padding[2]
-        return (w, w, h, h, front, back), "replicate", "zeros"
+        return (w, w, h, h, front, back), "replicate", mode
 
-    def forward(self, hidden_states, *args, **kwargs):
-        whole = producers.filled(self, hidden_states) if not (args or kwargs) else None
-        if whole is None:
-            return super().forward(hidden_states, *args, **kwargs)
+    def _unpadded(self, whole):
         conv = self.conv
         return F.conv3d(whole, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+    def forward(self, hidden_states, *args, **kwargs):
+        whole = producers.filled(self, hidden_states)
+        if whole is None or args or kwargs:
+            return super().forward(hidden_states, *args, **kwargs)
+        return self._unpadded(whole)
+
+
+class ProducedRuntimeCausalConv3d(ProducedTimePaddedConv3d):
+    """The same for LTX-2's `LTX2VideoCausalConv3d`, causal or not per call (`forward(x, causal)`): its
+    buffer holds the most frames either way takes (the kernel less one in front, half that behind),
+    and a call convolves the frames its own padding spans."""
+
+    def producer_padding(self):
+        space = self._space()
+        if space is None:
+            return None
+        h, w, mode = space
+        k = self.kernel_size[0]
+        return (w, w, h, h, k - 1, (k - 1) // 2), "replicate", mode
+
+    def forward(self, hidden_states, causal: bool = True):
+        k = self.kernel_size[0]
+        time = (k - 1, 0) if causal else ((k - 1) // 2, (k - 1) // 2)
+        whole = producers.filled(self, hidden_states, time=time)
+        if whole is None:
+            return super().forward(hidden_states, causal=causal)
+        return self._unpadded(whole)
 
 
 class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):

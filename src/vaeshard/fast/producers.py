@@ -46,12 +46,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn.modules import module as torch_module
 
-from ..kernels.norm import mean_rms_norm, rms_norm
+from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
 
-MODES = ("replicate", "zeros")
+MODES = ("replicate", "zeros", "reflect")
 
 _FEEDS = "_vaeshard_feeds"  # on the norm: (its SiLU module, the convolution it writes into)
 _AFTER = "_vaeshard_after_producer"  # on the SiLU module: it follows a producing norm
@@ -178,10 +178,13 @@ def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
     return view
 
 
-def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
+def filled(conv, x: torch.Tensor, time: tuple[int, int] | None = None) -> torch.Tensor | None:
     """`conv`'s whole padded input where `x` is the interior `interior(conv, ...)` gave (checked: the
     record, and the view's shape, strides and pointer within its buffer), its padding filled in place
-    and the causal cache updated (module docstring); None for any other input."""
+    and the causal cache updated (module docstring); None for any other input. `time`: the frames in
+    front and behind this call pads with, where the convolution learns them only when it is called
+    (LTX-2's `causal` argument): its `producer_padding()` then offers the most of either, and the
+    input returned is the buffer's frames this call reads."""
     if not _told(conv, x):
         return None
     buf = x._base
@@ -203,6 +206,11 @@ def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
     for dim in (3, 4):
         if dim != sharded_dim:
             fill_edges(buf[:, :, t_new], dim, *pads[dim], space_mode)
+    if time is not None:  # the frames this call reads, around the interior
+        if time[0] > front or time[1] > back:
+            raise ValueError(f"{type(conv).__name__}: time padding {time} exceeds the buffer's ({front}, {back})")
+        buf = buf[:, :, front - time[0] : front + x.shape[2] + time[1]]
+        front, back = time
     # time: the front unless a later chunk's comes from the cache below, and the back
     fill_edges(buf, 2, front if frame_loop.first_chunk() else 0, back, mode)
     frame_loop.cached_front(conv, buf, front)
@@ -211,7 +219,8 @@ def filled(conv, x: torch.Tensor) -> torch.Tensor | None:
 
 def fill_edges(part: torch.Tensor, dim: int, before: int, after: int, mode: str) -> None:
     """Fill the first `before` and last `after` entries of `part` along `dim` (the padding around
-    what lies between): replicate copies the edge entry, zeros zeroes them."""
+    what lies between): replicate copies the edge entry, reflect mirrors the entries next to it,
+    zeros zeroes them."""
     extent = part.shape[dim]
     for begin, size, edge in ((0, before, before), (extent - after, after, extent - after - 1)):
         if not size:
@@ -219,6 +228,9 @@ def fill_edges(part: torch.Tensor, dim: int, before: int, after: int, mode: str)
         target = part.narrow(dim, begin, size)
         if mode == "replicate":
             target.copy_(part.narrow(dim, edge, 1).expand_as(target))
+        elif mode == "reflect":  # mirrored about the edge entry, which is not repeated
+            start = before + 1 if begin == 0 else extent - 2 * after - 1
+            target.copy_(part.narrow(dim, start, size).flip(dim))
         else:
             target.zero_()
 
@@ -239,6 +251,9 @@ def _halo_rows(ctx, buf, x, dim: int, before: int, after: int, mode: str, start)
             target.copy_(received)
         elif mode == "replicate":
             target.copy_(part.narrow(dim, edge, 1).expand_as(target))
+        elif mode == "reflect":  # at a global edge: this rank's rows next to it, mirrored
+            first = before + 1 if at == 0 else before + extent - 1 - rows
+            target.copy_(part.narrow(dim, first, rows).flip(dim))
         else:
             target.zero_()
 
@@ -288,6 +303,19 @@ class ChannelsLastRMSNormSiLUIntoConv(ProducingNorm):
             return super().forward(x, *args, **kwargs)
         view = self.produce(x.movedim(-1, 1), lambda x, view: mean_rms_norm(x, self.eps, silu=True, out=view))
         return super().forward(x) if view is None else view.movedim(1, -1)
+
+
+class PerChannelRMSNormSiLUIntoConv(ProducingNorm):
+    """Mixin for LTX-2's `PerChannelRMSNorm` over dim 1 declared followed by SiLU and a padding
+    convolution: where the request runs the protocol, silu(norm(x)) written into that convolution's
+    buffer (kernels/norm.py `per_channel_rms_norm`, each step rounded as diffusers rounds it);
+    elsewhere the next forward in line."""
+
+    def forward(self, x, *args, **kwargs):
+        if args or kwargs or x.dim() != 5 or self.channel_dim != 1:
+            return super().forward(x, *args, **kwargs)
+        view = self.produce(x, lambda x, view: per_channel_rms_norm(x, self.eps, silu=True, out=view))
+        return super().forward(x) if view is None else view
 
 
 class GroupNormSiLUIntoConv(ProducingNorm):

@@ -69,7 +69,7 @@ if triton is not None:
         BLOCK_C: tl.constexpr,
         CHUNKS: tl.constexpr,
         WIDE: tl.constexpr,
-        MEAN: tl.constexpr = False,
+        KIND: tl.constexpr = 0,
     ):
         # One program: one sample n and BLOCK_S voxels, all C channels (_voxel_block), held as
         # CHUNKS blocks of BLOCK_C channels (1 to 3; C = CHUNKS * BLOCK_C, or C <= BLOCK_C with
@@ -81,25 +81,28 @@ if triton is not None:
         # larger buffer, too). Channels-last tensors load contiguous channel rows, contiguous ones
         # contiguous voxel rows; both coalesce.
         # The arithmetic is norm_math's (diffusers' WanRMS_norm step by step, with its roundings; with
-        # MEAN, its weightless RMSNorm: `inverse_rms`, `rms_scaled`).
+        # KIND 1, its weightless RMSNorm: `inverse_rms`, `rms_scaled`; KIND 2, LTX-2's PerChannelRMSNorm:
+        # `rounded_square`, `per_channel_rms`, `rms_divided`).
         # PRE_BIAS: the preceding convolution's bias, added to x first and rounded to the dtype.
         dt = y_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
         x_at = _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2)
         y_at = _offsets(n, offs_c, i0, i1, i2, syn, syc, sy0, sy1, sy2)
         x0 = _norm_load(x_ptr, x_at, p_ptr, offs_c, mask, C, PRE_BIAS, dt)
-        squares = tl.sum(x0 * x0, axis=1)
+        squares = tl.sum(_square(x0, dt, KIND), axis=1)
         if CHUNKS >= 2:
             x1 = _norm_load(x_ptr + BLOCK_C * sxc, x_at, p_ptr + BLOCK_C, offs_c, mask, C, PRE_BIAS, dt)
-            squares += tl.sum(x1 * x1, axis=1)
+            squares += tl.sum(_square(x1, dt, KIND), axis=1)
         if CHUNKS >= 3:
             x2 = _norm_load(x_ptr + 2 * BLOCK_C * sxc, x_at, p_ptr + 2 * BLOCK_C, offs_c, mask, C, PRE_BIAS, dt)
-            squares += tl.sum(x2 * x2, axis=1)
-        if MEAN:
+            squares += tl.sum(_square(x2, dt, KIND), axis=1)
+        if KIND == 1:
             inv = norm_math.inverse_rms(squares, C, eps)
+        elif KIND == 2:
+            inv = norm_math.per_channel_rms(squares, C, eps, dt)  # (the root itself: the store divides by it)
         else:
             inv = norm_math.inverse_norm(squares, eps)
-        _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt, MEAN)
+        _norm_store(x0, inv, y_ptr, y_at, w_ptr, b_ptr, offs_c, mask, C, scale, HAS_BIAS, SILU, dt, KIND)
         if CHUNKS >= 2:
             _norm_store(
                 x1,
@@ -115,7 +118,7 @@ if triton is not None:
                 HAS_BIAS,
                 SILU,
                 dt,
-                MEAN,
+                KIND,
             )
         if CHUNKS >= 3:
             _norm_store(
@@ -132,8 +135,15 @@ if triton is not None:
                 HAS_BIAS,
                 SILU,
                 dt,
-                MEAN,
+                KIND,
             )
+
+    @triton.jit
+    def _square(x, dt, KIND: tl.constexpr):
+        # the squares a norm sums: rounded to dt first for LTX-2's PerChannelRMSNorm (KIND 2)
+        if KIND == 2:
+            return norm_math.rounded_square(x, dt)
+        return x * x
 
     @triton.jit
     def _norm_load(x_ptr, at, p_ptr, offs_c, mask, C, PRE_BIAS: tl.constexpr, dt):
@@ -158,10 +168,12 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         SILU: tl.constexpr,
         dt,
-        MEAN: tl.constexpr = False,
+        KIND: tl.constexpr = 0,
     ):
-        if MEAN:
+        if KIND == 1:
             y = norm_math.rms_scaled(x, inv, SILU, dt)
+        elif KIND == 2:
+            y = norm_math.rms_divided(x, inv, SILU, dt)
         else:
             y = norm_math.normalized(x, inv, w_ptr, b_ptr, offs_c, C, scale, HAS_BIAS, SILU, dt)
         tl.store(y_ptr + at, y.to(dt), mask=mask)
@@ -456,7 +468,7 @@ def rms_norm(
         y = F.silu(y) if silu else y
         return out.copy_(y) if out is not None else y
     has_bias = isinstance(bias, torch.Tensor)
-    return _norm_pass(x, out, gamma, bias if has_bias else None, pre_bias, scale, eps, silu, mean=False)
+    return _norm_pass(x, out, gamma, bias if has_bias else None, pre_bias, scale, eps, silu, kind=0)
 
 
 def mean_rms_norm(x: torch.Tensor, eps: float, silu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -467,10 +479,21 @@ def mean_rms_norm(x: torch.Tensor, eps: float, silu: bool, out: torch.Tensor | N
         y = (x * torch.rsqrt(x.float().pow(2).mean(1, keepdim=True) + eps)).to(x.dtype)
         y = F.silu(y) if silu else y
         return out.copy_(y) if out is not None else y
-    return _norm_pass(x, out, None, None, None, 1.0, eps, silu, mean=True)
+    return _norm_pass(x, out, None, None, None, 1.0, eps, silu, kind=1)
 
 
-def _norm_pass(x, out, gamma, bias, pre_bias, scale, eps, silu, mean) -> torch.Tensor:
+def per_channel_rms_norm(x: torch.Tensor, eps: float, silu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu?(x / sqrt(mean_C(x^2) + eps)) over dim 1 in one pass: LTX-2's `PerChannelRMSNorm` (each step
+    in the tensor dtype, as diffusers computes it) and the SiLU after it. `out` as in `rms_norm`; the
+    tensor written is returned."""
+    if not (runs_on(x) and x.numel() > 0 and _spatial_strides(x) is not None):
+        y = x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + eps)
+        y = F.silu(y) if silu else y
+        return out.copy_(y) if out is not None else y
+    return _norm_pass(x, out, None, None, None, 1.0, eps, silu, kind=2)
+
+
+def _norm_pass(x, out, gamma, bias, pre_bias, scale, eps, silu, kind) -> torch.Tensor:
     """One launch of `_rms_norm_silu_kernel` (Triton runs on x's device)."""
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
     y = out if out is not None else torch.empty_like(x)  # same memory format
@@ -513,7 +536,7 @@ def _norm_pass(x, out, gamma, bias, pre_bias, scale, eps, silu, mean) -> torch.T
         BLOCK_C=block_c,
         CHUNKS=chunks,
         WIDE=_wide(x, y),
-        MEAN=mean,
+        KIND=kind,
         **options,
     )
     return y

@@ -10,6 +10,8 @@ the norm taken as one reciprocal per voxel times each channel.
 
 `inverse_rms` and `rms_scaled` are the other kind, diffusers' `RMSNorm` without weights (LTX-Video's,
 over channels): x * rsqrt(mean(x^2) + eps) in fp32, rounded to dt once, SiLU in fp32 -> dt.
+`rounded_square`, `per_channel_rms` and `rms_divided` are LTX-2's `PerChannelRMSNorm`, which computes
+in the tensor dtype: x^2 -> dt, mean -> dt, + eps -> dt, sqrt -> dt, x / rms -> dt, SiLU -> dt.
 """
 
 from __future__ import annotations
@@ -55,6 +57,26 @@ if triton is not None:
         """silu?(x * inv) rounded as diffusers' weightless RMSNorm (to dt once) and the SiLU after it,
         in fp32 (the caller rounds it to dt as it stores)."""
         y = (x * inv[:, None]).to(dt).to(tl.float32)
+        if SILU:
+            y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
+        return y
+
+    @triton.jit
+    def rounded_square(x, dt):
+        """x^2 rounded to dt (PerChannelRMSNorm's `x**2` in the tensor dtype), in fp32."""
+        return (x * x).to(dt).to(tl.float32)
+
+    @triton.jit
+    def per_channel_rms(squares, C, eps, dt):
+        """sqrt(mean(x^2) + eps) per voxel from its sum of rounded squares over `C` channels, rounded
+        as PerChannelRMSNorm's steps are (the mean, the sum with eps, the root: each to dt)."""
+        mean = (squares / C).to(dt).to(tl.float32)
+        return tl.sqrt((mean + eps).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+    @triton.jit
+    def rms_divided(x, rms, SILU: tl.constexpr, dt):
+        """silu?(x / rms) rounded as PerChannelRMSNorm's division (to dt) and the SiLU after it, in fp32."""
+        y = (x / rms[:, None]).to(dt).to(tl.float32)
         if SILU:
             y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
         return y
