@@ -194,40 +194,37 @@ def test_hunyuanvideo15_with_producers_sharded_matches_diffusers():
 
 INTERIOR = """
 import torch
+from torch.nn.functional import normalize, silu
 from vaeshard.kernels import norm, triton_support
 assert triton_support.interpreting()
 torch.manual_seed(0)
 x = torch.randn(1, 12, 3, 5, 6).contiguous(memory_format=torch.channels_last_3d)
 gamma, scale = torch.rand(12, 1, 1, 1) + 0.5, 12 ** 0.5
-buf = torch.full((1, 12, 5, 7, 8), 7.0).contiguous(memory_format=torch.channels_last_3d)
-interior = buf[:, :, 2:, 1:6, 1:7]
-assert norm._spatial_strides(interior) is not None  # the kernel, not the eager path, takes the view
-norm.rms_norm(x, gamma, 0.0, scale, silu=True, out=interior)
-expected = torch.nn.functional.silu(torch.nn.functional.normalize(x, dim=1) * scale * gamma)
-err = (interior - expected).abs().max().item()
-untouched = buf.clone()
-untouched[:, :, 2:, 1:6, 1:7] = 7.0
-assert err < 1e-5, err
-assert bool((untouched == 7.0).all()), "the kernel wrote outside the interior"
-# LTX-Video's weightless RMSNorm over channels (diffusers' RMSNorm on x.movedim(1, -1)) + SiLU
-buf.fill_(7.0)
-norm.mean_rms_norm(x, 1e-8, silu=True, out=interior)
-expected = torch.nn.functional.silu(x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-8))
-err = (interior - expected).abs().max().item()
-untouched = buf.clone()
-untouched[:, :, 2:, 1:6, 1:7] = 7.0
-assert err < 1e-5, err
-assert bool((untouched == 7.0).all()), "the mean kernel wrote outside the interior"
-# LTX-2's PerChannelRMSNorm over channels + SiLU (its own formula, as diffusers computes it)
-buf.fill_(7.0)
-norm.per_channel_rms_norm(x, 1e-8, silu=True, out=interior)
-expected = torch.nn.functional.silu(x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-8))
-err = (interior - expected).abs().max().item()
-untouched = buf.clone()
-untouched[:, :, 2:, 1:6, 1:7] = 7.0
-assert err < 1e-5, err
-assert bool((untouched == 7.0).all()), "the per-channel kernel wrote outside the interior"
-print("ok", err)
+kinds = {  # each norm kind's kernel against diffusers' formula for it
+    "Wan's RMS norm": (
+        lambda out: norm.rms_norm(x, gamma, 0.0, scale, silu=True, out=out),
+        silu(normalize(x, dim=1) * scale * gamma),
+    ),
+    "LTX-Video's RMSNorm on a channels-last view": (
+        lambda out: norm.mean_rms_norm(x, 1e-8, silu=True, out=out),
+        silu(x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + 1e-8)),
+    ),
+    "LTX-2's PerChannelRMSNorm": (
+        lambda out: norm.per_channel_rms_norm(x, 1e-8, silu=True, out=out),
+        silu(x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-8)),
+    ),
+}
+for name, (run, expected) in kinds.items():
+    buf = torch.full((1, 12, 5, 7, 8), 7.0).contiguous(memory_format=torch.channels_last_3d)
+    interior = buf[:, :, 2:, 1:6, 1:7]
+    assert norm._spatial_strides(interior) is not None  # the kernel, not the eager path, takes the view
+    run(interior)
+    err = (interior - expected).abs().max().item()
+    untouched = buf.clone()
+    untouched[:, :, 2:, 1:6, 1:7] = 7.0
+    assert err < 1e-5, (name, err)
+    assert bool((untouched == 7.0).all()), name + ": the kernel wrote outside the interior"
+print("ok")
 """
 
 

@@ -58,6 +58,12 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
         return self.conv(padded_in_loop(self, hidden_states))
 
 
+def _time_padding(kernel: int, causal: bool) -> tuple[int, int]:
+    """(frames in front, frames behind) a time kernel of `kernel` frames pads with: all in front where
+    causal, half on each side otherwise."""
+    return (kernel - 1, 0) if causal else ((kernel - 1) // 2, (kernel - 1) // 2)
+
+
 class ProducedTimePaddedConv3d:
     """Mixin for a convolution that pads time itself by repeating the clip's first frame in front
     (causal) or its first and last frames on either side, and leaves the spatial padding to its child
@@ -81,9 +87,11 @@ class ProducedTimePaddedConv3d:
         if space is None:
             return None
         h, w, mode = space
-        k = self.kernel_size[0]
-        front, back = (k - 1, 0) if self.is_causal else ((k - 1) // 2, (k - 1) // 2)
-        return (w, w, h, h, front, back), "replicate", mode
+        return (w, w, h, h, *self._time_offered()), "replicate", mode
+
+    def _time_offered(self) -> tuple[int, int]:
+        """The frames in front and behind the buffer holds: this convolution's own padding."""
+        return _time_padding(self.kernel_size[0], self.is_causal)
 
     def _unpadded(self, whole):
         conv = self.conv
@@ -101,18 +109,12 @@ class ProducedRuntimeCausalConv3d(ProducedTimePaddedConv3d):
     buffer holds the most frames either way takes (the kernel less one in front, half that behind),
     and a call convolves the frames its own padding spans."""
 
-    def producer_padding(self):
-        space = self._space()
-        if space is None:
-            return None
-        h, w, mode = space
+    def _time_offered(self) -> tuple[int, int]:
         k = self.kernel_size[0]
-        return (w, w, h, h, k - 1, (k - 1) // 2), "replicate", mode
+        return _time_padding(k, True)[0], _time_padding(k, False)[1]
 
     def forward(self, hidden_states, causal: bool = True):
-        k = self.kernel_size[0]
-        time = (k - 1, 0) if causal else ((k - 1) // 2, (k - 1) // 2)
-        whole = producers.filled(self, hidden_states, time=time)
+        whole = producers.filled(self, hidden_states, time=_time_padding(self.kernel_size[0], causal))
         if whole is None:
             return super().forward(hidden_states, causal=causal)
         return self._unpadded(whole)
