@@ -55,6 +55,16 @@ CASES = [
         },
         (1, 4, 3, 10, 12),
     ),
+    (
+        "mochi",
+        {
+            "tile_sample_min_height": 16,
+            "tile_sample_min_width": 16,
+            "tile_sample_stride_height": 8,
+            "tile_sample_stride_width": 8,
+        },
+        (1, 4, 3, 10, 12),
+    ),
 ]
 
 
@@ -117,3 +127,13 @@ def test_model_refuses_an_attention_it_does_not_model():
         vae = build("minimax_h3")
     with pytest.raises(ValueError, match="does not model Sharded"):
         _model()._calls(vae, torch.empty(1, device="meta"))
+
+
+def test_every_preset_is_predicted():
+    """Each preset of the model (every family it models, at its common resolution, on meta) gets bytes,
+    operations and a time on 1 and 2 ranks: one rank sends nothing, two send halo rows."""
+    model = _model()
+    for preset in model.PRESETS:
+        one, two = model.predict(preset, [1, 2])["rows"]
+        assert one["link_bytes"] == 0 and one["operations"] == 0, preset
+        assert two["payload_bytes"].get("halo", 0) > 0 and two["operations"] > 0 and two["comm_s"] > 0, preset
