@@ -64,17 +64,22 @@ def _halo_rows(module) -> tuple[int, int]:
 
 
 # Whole-map attention layers (vaeshard's layer names) and how many maps of their input's size each
-# call gathers: keys and values (two), or, for WholeImageAttention, the normed input (one). The
-# others (token, linear and mid-block attention: MiniMax-H3, DC-AE, HunyuanVideo) are not modelled.
+# call gathers: keys and values (two), or, for WholeImageAttention, the normed input (one);
+# HunyuanVideo's mid-block gathers keys and values for each of its attentions (their GroupNorms'
+# statistics are their own calls). The others (token and linear attention: MiniMax-H3, DC-AE) are not
+# modelled.
 MAPS_GATHERED = {"WholeFrameAttention": 2, "FrameCausalAttention": 2, "WholeImageAttention": 1}
+PER_ATTENTION = {"FrameCausalMidBlock": 2}
 
 
-def _maps_gathered(mixin: str) -> int:
+def _maps_gathered(mixin: str, module=None) -> int:
+    if mixin in PER_ATTENTION and module is not None:
+        return PER_ATTENTION[mixin] * sum(attn is not None for attn in module.attentions)
     if mixin not in MAPS_GATHERED:
+        known = ", ".join((*MAPS_GATHERED, *PER_ATTENTION))
         raise ValueError(
-            f"benchmarks/comm_model.py does not model {mixin}'s exchanges (it models {', '.join(MAPS_GATHERED)}): "
-            "its bytes would be a guess; add its rule to MAPS_GATHERED and a case to "
-            "tests/test_runtime/test_comm_model.py"
+            f"benchmarks/comm_model.py does not model {mixin}'s exchanges (it models {known}): its bytes "
+            "would be a guess; add its rule to MAPS_GATHERED and a case to tests/test_runtime/test_comm_model.py"
         )
     return MAPS_GATHERED[mixin]
 
@@ -88,9 +93,9 @@ def _calls(vae, z) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], 
     for swapped in report.swapped:
         if swapped.treatment not in (HALO, GLOBAL_NORM, WHOLE_MAP):
             continue
-        if swapped.treatment == WHOLE_MAP:
-            _maps_gathered(swapped.mixin)  # refuses a layer the model does not know before decoding
         module = modules[swapped.path]
+        if swapped.treatment == WHOLE_MAP:
+            _maps_gathered(swapped.mixin, module)  # refuses a layer the model does not know before decoding
 
         def hook(mod, args, kwargs, treatment=swapped.treatment, mixin=swapped.mixin):
             x = args[0] if args else next(iter(kwargs.values()))
@@ -137,7 +142,7 @@ def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[s
                 ranks[r]["all_reduce"] += 8 * (groups + 1) + 8 * 2 * groups
         elif treatment == WHOLE_MAP:
             row = _prod(shape) // shape[-2] * itemsize
-            gathers = _maps_gathered(mixin)
+            gathers = _maps_gathered(mixin, module)
             norms = getattr(module, "group_norm", None)
             for r in range(world):
                 ranks[r]["all_gather"] += gathers * max(extents) * scale * row
@@ -192,19 +197,19 @@ def operations(traced, world: int) -> int:
         return 0
     calls, _ = traced
     per_call = {HALO: 1, GLOBAL_NORM: 2}
-    count = sum(per_call[t] if t in per_call else _maps_gathered(m) for t, m, *_ in calls)
+    count = sum(per_call[t] if t in per_call else _maps_gathered(m, mod) for t, m, mod, *_ in calls)
     return count + world - 1  # the assembly: one broadcast per rank
 
 
 # Each family's common resolution, its latent (bf16) and its one-GPU decode on vaeshard's default tier
 # where BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only. Not modelled (the
-# model refuses their attention layers): HunyuanVideo's mid-block, MiniMax-H3's tokens, DC-AE's linear
-# attention.
+# model refuses their attention layers): MiniMax-H3's tokens, DC-AE's linear attention.
 _H100 = "BENCHMARKS.md, every family, one H100"
 PRESETS = {
     "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 1.460, f"Wan 2.1 720p 81 frames, {_H100}"),
     "wan22-720p": ("wan22", (1, 48, 31, 44, 80), 3.095, "Wan 2.2 720p, 1 GPU, one H200 (0.2.0)"),
     "hunyuanvideo15-720p": ("hunyuanvideo15", (1, 32, 9, 45, 80), 1.829, f"HunyuanVideo 1.5 720p 33 frames, {_H100}"),
+    "hunyuanvideo-720p": ("hunyuanvideo", (1, 16, 9, 90, 160), 3.899, f"HunyuanVideo 720p 33 frames, {_H100}"),
     "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 2.278, f"CogVideoX 720 x 480 49 frames, {_H100}"),
     "mochi-480p": ("mochi", (1, 12, 14, 60, 106), 2.200, f"Mochi 848 x 480 79 frames, {_H100}"),
     "ltx-704p": ("ltx", (1, 128, 16, 22, 38), None, ""),

@@ -56,6 +56,16 @@ CASES = [
         (1, 4, 3, 10, 12),
     ),
     (
+        "hunyuanvideo",
+        {
+            "tile_sample_min_height": 16,
+            "tile_sample_min_width": 16,
+            "tile_sample_stride_height": 8,
+            "tile_sample_stride_width": 8,
+        },
+        (1, 4, 3, 10, 12),
+    ),
+    (
         "mochi",
         {
             "tile_sample_min_height": 16,
