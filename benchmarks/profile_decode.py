@@ -16,11 +16,14 @@ profiles vaeshard's decode in `--mode` and prints its own summary, rank 0 also t
 the GPU waited for the host or for a peer. The idle time inside the span of the profiled kernels is
 also attributed to the class of the kernel that ends each gap.
 
-(video) diffusers' untiled decode of a video VAE (a diffusers class with its default config and a
-latent shape), interleaved in one process as it is (channels-first) and with the model and latent
-in `torch.channels_last_3d` (cuDNN's NDHWC kernels; pads and norms keep whatever layout they
-produce). Each variant is timed `--reps` times after a warm-up (medians), then profiled once: GPU
-time (CPU time on a machine without one) by kernel class. The last lines are a table of both.
+(video) diffusers' untiled decode of a VAE (a diffusers class with its default config, or a named
+config, and a latent shape; image VAEs too), interleaved in one process: as it is (channels-first),
+with the model and latent channels-last (`torch.channels_last_3d`, or `torch.channels_last` for 4-D
+latents: cuDNN's NDHWC / NHWC kernels; pads and norms keep whatever layout they produce), and with
+`--variants`, vaeshard's default tier and its norms into the next convolutions (`vaeshard-into`).
+Each variant is timed `--reps` times after a warm-up (medians; its peak and its max |diff| from
+diffusers' output taken on the warm-up), then profiled once: GPU time (CPU time on a machine without
+one) by kernel class. The last lines are a table of every variant.
 
 (host) The host's cost of a decode: Wan 2.1's layer structure at 8 base channels, a tiny latent, on
 CPU ranks. The layers, and so the Python and dispatch work per latent frame, are those of the real
@@ -499,11 +502,15 @@ def _decode(vae, z):
         return vae.decode(z, return_dict=False)[0]
 
 
-def _layout(vae, fmt) -> None:
-    """Every 5-D weight of `vae` in memory format `fmt` (in place)."""
+def _channels_last(ndim: int):
+    return torch.channels_last_3d if ndim == 5 else torch.channels_last
+
+
+def _layout(vae, last: bool) -> None:
+    """Every 4-D and 5-D weight of `vae` channels-last (`last`) or contiguous, in place."""
     for p in vae.parameters():
-        if p.ndim == 5:
-            p.data = p.data.contiguous(memory_format=fmt)
+        if p.ndim in (4, 5):
+            p.data = p.data.contiguous(memory_format=_channels_last(p.ndim) if last else torch.contiguous_format)
 
 
 def _timed(vae, z, device) -> float:
@@ -577,11 +584,11 @@ def run_subject(
         return row
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     reference = reference.float().cpu()
-    channels_last = z.contiguous(memory_format=torch.channels_last_3d) if z.ndim == 5 else z
+    channels_last = z.contiguous(memory_format=_channels_last(z.ndim))
     inputs = {v: channels_last if v == "channels-last" else z for v in variants}
 
     def enter(label: str) -> None:  # the same module, converted or parallelized in place between variants
-        _layout(vae, torch.channels_last_3d if label == "channels-last" else torch.contiguous_format)
+        _layout(vae, label == "channels-last")
         if label.startswith("vaeshard"):
             _vaeshard(vae, label)
 
