@@ -243,19 +243,11 @@ def _halo_rows(ctx, buf, x, dim: int, before: int, after: int, mode: str, start)
     part = buf[:, :, start[2] : start[2] + x.shape[2]].narrow(other, start[other], x.shape[other])
     prev, nxt = ctx.neighbour_rows(x, dim, before, after)
     extent = x.shape[dim]
-    for rows, at, received, edge in ((before, 0, prev, before), (after, before + extent, nxt, before + extent - 1)):
-        if not rows:
-            continue
-        target = part.narrow(dim, at, rows)
-        if received is not None:
-            target.copy_(received)
-        elif mode == "replicate":
-            target.copy_(part.narrow(dim, edge, 1).expand_as(target))
-        elif mode == "reflect":  # at a global edge: this rank's rows next to it, mirrored
-            first = before + 1 if at == 0 else before + extent - 1 - rows
-            target.copy_(part.narrow(dim, first, rows).flip(dim))
-        else:
-            target.zero_()
+    for rows, at, received in ((before, 0, prev), (after, before + extent, nxt)):
+        if rows and received is not None:
+            part.narrow(dim, at, rows).copy_(received)
+    # at the global edges (nothing received): what the mode pads the whole map with, from this rank's rows
+    fill_edges(part, dim, before if prev is None else 0, after if nxt is None else 0, mode)
 
 
 # -- the mixins -------------------------------------------------------------------------------------
