@@ -60,9 +60,10 @@ _PENDING = "_vaeshard_produced"  # on the SiLU module and the convolution: the r
 
 @dataclass(frozen=True)
 class NormIntoConv:
-    """One declaration: in each module of the diffusers class `block`, the RMS norm at attribute
-    `norm` is followed by the SiLU module at `silu` and then the padding convolution at `conv`, and
-    diffusers' forward of `block` passes the norm's output only through them."""
+    """One declaration: in each module of the diffusers class `block` (whose attributes named in
+    `unless` are None), the norm at attribute `norm` (an RMS norm or a GroupNorm carrying a
+    `ProducingNorm` mixin) is followed by the SiLU module at `silu` and then the padding convolution
+    at `conv`, and diffusers' forward of `block` passes the norm's output only through them."""
 
     block: str
     norm: str
