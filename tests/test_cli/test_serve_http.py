@@ -523,8 +523,10 @@ def test_queued_requests_cost_their_body_and_freed_bodies_leave_rank0(server):
             target=lambda: pending.append(server.post("/v1/decode", {"latents": latent((1, 4, 1, 4, 4))}, timeout=90))
         )
         small.start()
-        state = _until(lambda: (s := _state(server))["in_flight"] + s["queue_depth"] == 1 and s, 30, "the first")
-        places = MAX_QUEUE - state["queue_depth"]
+        # the small request in flight (not still queued: it would leave the queue after `places` is
+        # taken, and the queue would never fill), held there by the stopped rank
+        _until(lambda: (s := _state(server))["in_flight"] == 1 and s["queue_depth"] == 0, 30, "the first in flight")
+        places = MAX_QUEUE
         before = _rss_mib(rank0)
         body = save({"latents": latent(big, seed=9)})
         threads = [
