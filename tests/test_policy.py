@@ -241,15 +241,17 @@ def test_a_family_measured_slower_runs_diffusers_layers_on_cuda_and_says_why(mon
     the fast tier plans as before."""
     from vaeshard import policy, tuning
 
-    vae = build("ltx2")
-    vaeshard.parallelize(vae)
     shape = (1, 4, 2, 3, 4)
-    assert vaeshard.plan(vae, shape).fast is not None  # CPU: the gate is a GPU measurement's
+    vaes = {name: vaeshard.parallelize(build(name)) for name in ("ltx2", "cogvideox")}
+    for vae in vaes.values():
+        assert vaeshard.plan(vae, shape).fast is not None  # CPU: the gate is a GPU measurement's
     monkeypatch.setattr(policy, "_device_of", lambda vae: torch.device("cuda"))
     monkeypatch.setattr(policy, "kernels_unavailable", lambda device: None)
-    plan = vaeshard.plan(vae, shape)
-    assert plan.fast is None and "ltx2's fast tier measured slower than diffusers' decode on a GPU" in plan.explain()
-    forced = vaeshard.FastOptions(norm_into_conv=True)  # asks for what was not measured slower
-    assert vaeshard.plan(vae, shape, fast=forced).fast.norm_into_conv
+    forced = vaeshard.FastOptions(norm_into_conv=True)  # asks for the norms into the convolutions
+    for name, vae in vaes.items():
+        plan = vaeshard.plan(vae, shape)
+        assert plan.fast is None, name
+        assert f"{name}'s fast tier is not measured faster than diffusers' decode on a GPU" in plan.explain()
+        assert vaeshard.plan(vae, shape, fast=forced).fast.norm_into_conv, name
     monkeypatch.setattr(tuning, "FAST_TIER_SLOWER_FAMILIES", ())
-    assert vaeshard.plan(vae, shape).fast is not None
+    assert all(vaeshard.plan(vae, shape).fast is not None for vae in vaes.values())

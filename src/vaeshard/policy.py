@@ -133,7 +133,7 @@ def plan_request(request: Request, world_size: int) -> Request:
             and not (family.norm_into_conv and config.fast.norm_into_conv is True)
         ):
             why = (
-                f"{family.name}'s fast tier measured slower than diffusers' decode on a GPU "
+                f"{family.name}'s fast tier is not measured faster than diffusers' decode on a GPU "
                 "(tuning.FAST_TIER_SLOWER_FAMILIES, docs/tuning.md; norm_into_conv=True runs it with its "
                 "norms into the next convolutions)"
             )

@@ -24,7 +24,7 @@ import vaeshard
 from ..dist_harness import run_ranks
 from ..family_parity import Refusals, setting
 from ..models import build, latent
-from ..parity import CPU_FP32_GROUPNORM, assert_close, assert_identical, reference_from_rank0
+from ..parity import CPU_FP32, CPU_FP32_GROUPNORM, assert_close, assert_identical, reference_from_rank0
 
 
 def _build(model: str, tiles=None):
@@ -301,7 +301,8 @@ def test_one_frame_convolutions_keep_no_cache_and_the_decode_stays_diffusers():
     """diffusers' CogVideoXCausalConv3d returns `inputs[:, :, -k + 1:].clone()` as its cache: for a time
     kernel of one frame (the SpatialNorm3D's 1x1x1 convolutions) a clone of its whole input, which
     nothing reads. Parallelized, they return none, in both tiers; the decode (two frame batches, the
-    first odd) stays diffusers' bit for bit."""
+    first odd) stays diffusers' bit for bit in the exact tier (the fast tier's channels-last
+    convolutions sum in another order: within CPU fp32)."""
     from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
 
     vae = build("cogvideox")
@@ -323,7 +324,10 @@ def test_one_frame_convolutions_keep_no_cache_and_the_decode_stays_diffusers():
             vaeshard.parallelize(vae, exact=exact)
             with torch.no_grad():
                 got = vae.decode(z).sample
-            assert_identical(got, want, f"exact={exact}")
+            if exact:
+                assert_identical(got, want, "exact tier")
+            else:
+                assert_close(got, want, CPU_FP32, "fast tier")
             assert caches and all(kept is None for _, kept in caches), caches
             vaeshard.unparallelize(vae)
     finally:

@@ -4,7 +4,8 @@ padded input buffer, the convolution filling its padding in place.
 Each declaring family's tiny config with the producers forced on against diffusers' own decode (and
 encode): HunyuanVideo 1.5 (RMS norms, frame loop, streamed), LTX-Video (an RMS norm on a channels-last
 view; timestep-conditioned blocks not linked), LTX-2 (per-channel RMS norms, reflect padding, causal
-per call), HunyuanVideo (GroupNorms) and Mochi (per-frame GroupNorms in its frame loop), direct and on
+per call), HunyuanVideo (GroupNorms), Mochi (per-frame GroupNorms in its frame loop) and CogVideoX
+(latent-conditioned SpatialNorm3Ds; caches handed by diffusers' frame batches), direct and on
 two gloo ranks, with the proof that the path ran: every declared convolution took its buffer. The
 padding a buffer gets against F.pad of the same input; the norm kernels writing into a buffer's
 interior in Triton's interpreter (fp32: the interpreter does not round to bf16 as a GPU does).
@@ -343,6 +344,41 @@ def _hunyuanvideo_sharded(rank, world):
 
 def test_hunyuanvideo_with_producers_sharded_matches_diffusers():
     assert run_ranks(_hunyuanvideo_sharded, 2) == [True, True]
+
+
+def test_cogvideox_with_producers_matches_diffusers(monkeypatch):
+    """CogVideoX's SpatialNorm3Ds (decoder) and GroupNorms (encoder) write into their causal
+    convolutions' buffers, whose front frames come from the cache diffusers hands each call: decode
+    over two frame batches (the first odd), with and without diffusers' time chunks of its safe
+    convolutions, and encode, against diffusers' own; the caches each convolution returns are what
+    diffusers' would hold, or the second batch would differ."""
+    from vaeshard.layers import halo
+
+    vae = build("cogvideox")
+    z = latent((1, 4, 5, 5, 6), seed=18)  # frame batches of 3 and 2 latent frames
+    x = sample((1, 3, 17, 16, 24))  # of 9 and 8 sample frames
+    reference, moments = _diffusers(vae, z, "decode"), _diffusers(vae, x, "encode")
+    _forced(vae)
+    linked = _linked_convs(vae)
+    resnets = sum(type(m).__name__ == "CogVideoXResnetBlock3D" for m in vae.modules())
+    assert len(linked) == 2 * resnets + 2, linked  # each residual block's two, both norm_outs
+    for gib in (halo.SAFE_CONV_GIB, 1e-9):
+        monkeypatch.setattr(halo, "SAFE_CONV_GIB", gib)
+        for op, x_in, want in (("decode", z, reference), ("encode", x, moments)):
+            with _Spy() as spy:
+                got = _diffusers(vae, x_in, op)
+            assert_close(got, want, CPU_FP32, f"{op}, chunks below {gib} GiB")
+            assert spy.took and set(spy.took) <= linked and not (set(spy.missed) & linked), op
+            assert max(spy.took.values()) > 1, op  # (a second frame batch, handed its caches)
+
+
+def _cogvideox_sharded(rank, world):
+    z = latent((1, 4, 3, 5, 7), seed=19)
+    return _sharded_decodes_match(rank, build("cogvideox"), z, tol=CPU_FP32_GROUPNORM)
+
+
+def test_cogvideox_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_cogvideox_sharded, 2) == [True, True]
 
 
 def _ltx2(**overrides):

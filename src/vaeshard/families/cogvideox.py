@@ -29,15 +29,21 @@ rows:
 - SiLU, dropout, the 1x1x1 shortcuts and quant convolutions: per pixel.
 
 The VAE has no attention. Every other layer is refused before anything is swapped.
+
+Fast tier (`NORM_INTO_CONV`, fast/producers.py, where the plan's `norm_into_conv` says): each
+SpatialNorm3D (decoder) and GroupNorm (encoder) writes silu(norm) into the next causal convolution's
+padded input, which copies the cache diffusers' frame loop hands it in front
+(fast/causal_conv.py `ProducedHandedCacheConv3d`) and returns the next one as diffusers keeps it.
 """
 
 from __future__ import annotations
 
 import math
 
+from ..fast.causal_conv import ProducedHandedCacheConv3d
+from ..fast.producers import GlobalGroupNormIntoConv, NormIntoConv, SiLUAfterProducer, SpatialNormSiLUIntoConv
 from ..layers.convs import HaloConv2d
 from ..layers.halo import HaloInlinePadConv2d, HaloSafeConv3d
-from ..layers.norms import GlobalGroupNorm
 from ..runtime.tile import TileOps
 from .base import (
     CONTAINERS,
@@ -268,6 +274,18 @@ def _one_frame_in_time(module) -> bool:
     return module.time_kernel_size == 1 and module.pad_mode != "replicate"
 
 
+# Which norm writes into which causal convolution's padded input in the fast tier (fast/producers.py),
+# through which SiLU module: diffusers' forwards of these blocks (mirrored below) pass the norm's output
+# only through that SiLU (and an eval-mode dropout) to that convolution. The decoder's norms are
+# CogVideoXSpatialNorm3D (conditioned on the latent), the encoder's nn.GroupNorm.
+NORM_INTO_CONV = (
+    NormIntoConv("CogVideoXResnetBlock3D", "norm1", "nonlinearity", "conv1"),
+    NormIntoConv("CogVideoXResnetBlock3D", "norm2", "nonlinearity", "conv2"),
+    NormIntoConv("CogVideoXDecoder3D", "norm_out", "conv_act", "conv_out"),
+    NormIntoConv("CogVideoXEncoder3D", "norm_out", "conv_act", "conv_out"),
+)
+
+
 # Encoder, decoder and the quant convs (the module docstring says why each is exact).
 # CogVideoXCausalConv3d (constant mode) -> local (time padded from its cache, per pixel), its
 # CogVideoXSafeConv3d child takes halo rows; nn.GroupNorm -> whole-map statistics;
@@ -285,16 +303,23 @@ SHARD_PLAN = ShardPlan(
             check=_causal_conv_problem,
             layer=Layer(padding="zeros"),
         ),
-        Rule("CogVideoXCausalConv3d", LOCAL, check=_causal_conv_problem, layer=Layer(padding="zeros", cache=True)),
+        Rule(
+            "CogVideoXCausalConv3d",
+            LOCAL,
+            ProducedHandedCacheConv3d,
+            check=_causal_conv_problem,
+            layer=Layer(padding="zeros", cache=True),
+        ),
         Rule("CogVideoXSafeConv3d", HALO, HaloSafeConv3d, parent="CogVideoXCausalConv3d", when=padded),
         Rule("CogVideoXSafeConv3d", LOCAL, parent="CogVideoXCausalConv3d"),  # unpadded in space: per pixel
         Rule(("CogVideoXSafeConv3d", "Conv3d"), LOCAL, check=pointwise_problem),
         Rule("Conv2d", HALO, HaloConv2d, parent="CogVideoXUpsample3D", check=_conv3x3(stride=1, padding=1)),
         Rule("Conv2d", HALO, HaloInlinePadConv2d, parent="CogVideoXDownsample3D", check=_conv3x3(stride=2, padding=0)),
-        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNormIntoConv, layer=Layer(norm="group")),
+        Rule("CogVideoXSpatialNorm3D", LOCAL, SpatialNormSiLUIntoConv),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
         local("CogVideoXEncoder3D", "CogVideoXDecoder3D", "CogVideoXDownBlock3D", "CogVideoXMidBlock3D"),
-        local("CogVideoXUpBlock3D", "CogVideoXResnetBlock3D", "CogVideoXSpatialNorm3D", "CogVideoXUpsample3D"),
-        local("CogVideoXDownsample3D", "SiLU"),
+        local("CogVideoXUpBlock3D", "CogVideoXResnetBlock3D", "CogVideoXUpsample3D", "CogVideoXDownsample3D"),
         CONTAINERS,
     ),
 )
@@ -392,8 +417,24 @@ class _CogVideoX(Family):
         ),
         Mirror(
             _COG + "CogVideoXSpatialNorm3D.forward",
-            "families/cogvideox.py (nearest interpolation of the rank's latent rows is local)",
+            "families/cogvideox.py (nearest interpolation of the rank's latent rows is local); "
+            "fast/producers.py SpatialNormSiLUIntoConv",
             "69d22683f0e3af2d",
+        ),
+        Mirror(
+            _COG + "CogVideoXResnetBlock3D.forward",
+            "families/cogvideox.py NORM_INTO_CONV (norm1 -> nonlinearity -> conv1, norm2 -> dropout -> conv2)",
+            "4eb519d8b612bfa1",
+        ),
+        Mirror(
+            _COG + "CogVideoXDecoder3D.forward",
+            "families/cogvideox.py NORM_INTO_CONV (norm_out -> conv_act -> conv_out)",
+            "c198546781c64b7b",
+        ),
+        Mirror(
+            _COG + "CogVideoXEncoder3D.forward",
+            "families/cogvideox.py NORM_INTO_CONV (norm_out -> conv_act -> conv_out)",
+            "f3567587ed73dac3",
         ),
         Mirror(
             "diffusers.models.upsampling:CogVideoXUpsample3D.forward",
@@ -417,6 +458,10 @@ class _CogVideoX(Family):
     untiled_encode = staticmethod(untiled_encode)
     stream_decode = staticmethod(stream_decode)
     shard_plan = SHARD_PLAN
+    # the fast tier: the norms into the next convolutions (CUDA requests: tuning.FAST_TIER_SLOWER_FAMILIES)
+    fast_tier = True
+    layer_parts = False
+    norm_into_conv = NORM_INTO_CONV
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** len(_upsamplers(vae))

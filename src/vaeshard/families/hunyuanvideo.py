@@ -44,11 +44,10 @@ import math
 import torch
 
 from ..fast.causal_conv import CachedReplicateCausalConv3d
-from ..fast.producers import GroupNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer, fill_edges
+from ..fast.producers import GlobalGroupNormIntoConv, NormIntoConv, SiLUAfterProducer, fill_edges
 from ..layers import tier as fast_tier
 from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
 from ..layers.halo import replicate_causal_problem
-from ..layers.norms import GlobalGroupNorm
 from ..runtime.spatial import current
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
 from .base import (
@@ -299,11 +298,6 @@ def _upsampler_problem(up) -> str | None:
     if any(float(f) != int(f) or f < 1 for f in factors) or factors[1] != factors[2]:
         return f"an upsampler by {factors}, not integer and alike in height and width"
     return None
-
-
-class GlobalGroupNormIntoConv(GroupNormSiLUIntoConv, GlobalGroupNorm):
-    """HunyuanVideo's GroupNorm: into the next convolution's buffer where declared (NORM_INTO_CONV) and
-    the request runs it; sharded, with the whole map's statistics either way."""
 
 
 # Which GroupNorm writes into which causal convolution's padded input in the fast tier

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..layers.halo import HaloPadThenCachedConv, HaloPadThenConv, extend_padding
+from ..layers.halo import HaloPadThenCachedConv, HaloPadThenConv, extend_padding, safe_conv3d
 from ..runtime.spatial import current
 from . import frame_loop, producers
 
@@ -140,6 +140,39 @@ class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
         if self.pad_mode != "replicate":
             raise ValueError(f"vaeshard's frame loop runs {type(self).__name__} only in its 'replicate' padding mode")
         return self.conv(padded_in_loop(self, inputs)), None
+
+
+class ProducedHandedCacheConv3d:
+    """Mixin for `CogVideoXCausalConv3d` in its constant mode with a time kernel of more than one frame
+    (`forward(x, conv_cache)` -> `(output, next cache)`: time padded in front by the cache its caller
+    hands it, or the first frame repeated; its child `CogVideoXSafeConv3d` zero-pads space): given the
+    interior of its own padded input buffer (fast/producers.py: a norm wrote it), the cache's frames
+    copied in front and the padding filled in place, convolved unpadded in diffusers' time chunks
+    (layers/halo.py `safe_conv3d`), the next cache the buffer's last front frames without their
+    padding, as diffusers keeps it; any other input takes the next forward in line."""
+
+    def producer_padding(self):
+        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py;
+        None outside the constant mode with a time kernel above one frame, or where the child is
+        strided or dilated, pads time or pads space in another mode."""
+        conv = self.conv
+        if self.pad_mode == "replicate" or self.time_kernel_size == 1 or isinstance(conv.padding, str):
+            return None
+        if any(s != 1 for s in conv.stride) or any(d != 1 for d in conv.dilation) or conv.padding[0]:
+            return None
+        if conv.padding_mode != "zeros":
+            return None
+        h, w = conv.padding[1:]
+        return (w, w, h, h, self.time_kernel_size - 1, 0), "replicate", "zeros"
+
+    def forward(self, inputs, conv_cache=None):
+        whole = producers.filled(self, inputs, cache=conv_cache)
+        if whole is None:
+            return super().forward(inputs, conv_cache)
+        front = self.time_kernel_size - 1
+        h, w = self.conv.padding[1:]
+        kept = whole[:, :, whole.shape[2] - front :, h : whole.shape[3] - h, w : whole.shape[4] - w]
+        return safe_conv3d(self.conv, whole, 0), kept.clone()
 
 
 def loop_problem(module) -> str | None:

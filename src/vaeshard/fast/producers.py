@@ -35,8 +35,10 @@ frame loop's later chunk from the convolution's cache, else the first frame repe
 zeros) and behind (the last frame repeated, or zeros; never in a frame loop). A convolution offers
 `producer_padding()`: (the F.pad tuple, the time mode, the space mode).
 The cache is then updated exactly as `frame_loop.cached_front` does (a clone of the buffer's last
-front frames, never a view of the buffer). The same values as the convolution's own path: the
-padding only copies values.
+front frames, never a view of the buffer). A convolution whose caller hands it its cache
+(CogVideoX's `conv_cache`: frames without spatial padding) has those frames copied into the front
+frames' interior first, and their padding filled with the new frames'; it returns the next cache
+itself. The same values as the convolution's own path: the padding only copies values.
 """
 
 from __future__ import annotations
@@ -44,10 +46,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
+from ..layers.norms import GlobalGroupNorm
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
 
@@ -179,13 +183,19 @@ def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
     return view
 
 
-def filled(conv, x: torch.Tensor, time: tuple[int, int] | None = None) -> torch.Tensor | None:
+_LOOP = object()  # `filled`'s default `cache`: the frame loop's (frame_loop.py), if one runs
+
+
+def filled(conv, x: torch.Tensor, time: tuple[int, int] | None = None, cache=_LOOP) -> torch.Tensor | None:
     """`conv`'s whole padded input where `x` is the interior `interior(conv, ...)` gave (checked: the
     record, and the view's shape, strides and pointer within its buffer), its padding filled in place
     and the causal cache updated (module docstring); None for any other input. `time`: the frames in
     front and behind this call pads with, where the convolution learns them only when it is called
     (LTX-2's `causal` argument): its `producer_padding()` then offers the most of either, and the
-    input returned is the buffer's frames this call reads."""
+    input returned is the buffer's frames this call reads. `cache`: where the convolution is handed
+    its cache by its caller (CogVideoX's `conv_cache`): the previous call's last input frames, without
+    spatial padding (they fill the front frames' interior, and their padding is filled as the new
+    frames' is), or None (the first frame repeated in front); the caller keeps the next one."""
     if not _told(conv, x):
         return None
     buf = x._base
@@ -198,20 +208,28 @@ def filled(conv, x: torch.Tensor, time: tuple[int, int] | None = None) -> torch.
     if expected.data_ptr() != x.data_ptr() or expected.stride() != x.stride():
         return None
     w_left, w_right, h_top, h_bottom, front, back = padding
-    t_new = slice(front, front + x.shape[2])
+    handed = cache is not _LOOP and cache is not None
+    if handed:  # the cached frames in front, then padded in space with the new ones
+        if tuple(cache.shape) != (*x.shape[:2], front, *x.shape[3:]):
+            return None  # (the norm's output stays usable: the convolution's own path takes it)
+        _interior_of(buf, cache.shape, (0, 0, 0, *start[3:])).copy_(cache)
+    frames = slice(0 if handed else front, front + x.shape[2])
     sharded_dim = None if ctx is None else (3 if ctx.axis == HEIGHT else 4)
     pads = {3: (h_top, h_bottom), 4: (w_left, w_right)}
     # the sharded axis first (its halo rows span the interior's other axes only), then the other
     if sharded_dim is not None:
-        _halo_rows(ctx, buf, x, sharded_dim, *pads[sharded_dim], space_mode, start)
+        _halo_rows(ctx, buf, frames, start, x.shape, sharded_dim, *pads[sharded_dim], space_mode)
     for dim in (3, 4):
         if dim != sharded_dim:
-            fill_edges(buf[:, :, t_new], dim, *pads[dim], space_mode)
+            fill_edges(buf[:, :, frames], dim, *pads[dim], space_mode)
     if time is not None:  # the frames this call reads, around the interior
         if time[0] > front or time[1] > back:
             raise ValueError(f"{type(conv).__name__}: time padding {time} exceeds the buffer's ({front}, {back})")
         buf = buf[:, :, front - time[0] : front + x.shape[2] + time[1]]
         front, back = time
+    if cache is not _LOOP:  # time: the front unless handed, and the back; the caller keeps the cache
+        fill_edges(buf, 2, 0 if handed else front, back, mode)
+        return buf
     # time: the front unless a later chunk's comes from the cache below, and the back
     fill_edges(buf, 2, front if frame_loop.first_chunk() else 0, back, mode)
     frame_loop.cached_front(conv, buf, front)
@@ -236,14 +254,14 @@ def fill_edges(part: torch.Tensor, dim: int, before: int, after: int, mode: str)
             target.zero_()
 
 
-def _halo_rows(ctx, buf, x, dim: int, before: int, after: int, mode: str, start) -> None:
-    """The sharded axis's padding of the interior's frames and columns: the neighbours' rows (one
-    exchange), and at the global edges what `mode` pads the whole map with."""
+def _halo_rows(ctx, buf, frames: slice, start, x_shape, dim: int, before: int, after: int, mode: str) -> None:
+    """The sharded axis's padding of the buffer's `frames` at the interior's columns: the neighbours'
+    rows (one exchange), and at the global edges what `mode` pads the whole map with."""
     other = 4 if dim == 3 else 3
-    # the buffer's new frames at the interior's columns (rows along `other`), all rows along `dim`
-    part = buf[:, :, start[2] : start[2] + x.shape[2]].narrow(other, start[other], x.shape[other])
-    prev, nxt = ctx.neighbour_rows(x, dim, before, after)
-    extent = x.shape[dim]
+    # those frames at the interior's columns (rows along `other`), all rows along `dim`
+    part = buf[:, :, frames].narrow(other, start[other], x_shape[other])
+    extent = x_shape[dim]
+    prev, nxt = ctx.neighbour_rows(part.narrow(dim, before, extent), dim, before, after)
     for rows, at, received in ((before, 0, prev), (after, before + extent, nxt)):
         if rows and received is not None:
             part.narrow(dim, at, rows).copy_(received)
@@ -323,6 +341,11 @@ class GroupNormSiLUIntoConv(ProducingNorm):
         return norm(x) if view is None else view
 
 
+class GlobalGroupNormIntoConv(GroupNormSiLUIntoConv, GlobalGroupNorm):
+    """An nn.GroupNorm into the next convolution's buffer where declared and the request runs it;
+    sharded, with the whole map's statistics either way (layers/norms.py)."""
+
+
 class FrameGroupNormSiLUIntoConv(ProducingNorm):
     """Mixin for a per-frame GroupNorm (Mochi's `MochiChunkedGroupNorm3D`: its `norm_layer` on each frame
     as a sample, `chunk_size` frames at a time) declared followed by SiLU and a padding convolution:
@@ -342,6 +365,66 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
             frames, out = x[n].transpose(0, 1), view[n].transpose(0, 1)  # (T, C, H, W) views
             for start in range(0, frames.shape[0], step):
                 torch.ops.aten.silu.out(self.norm_layer(frames[start : start + step]), out=out[start : start + step])
+
+
+class SpatialNormSiLUIntoConv(ProducingNorm):
+    """Mixin for CogVideoX's `CogVideoXSpatialNorm3D` (`forward(f, zq, conv_cache)` -> `(norm(f) *
+    conv_y(zq') + conv_b(zq'), caches)`, zq' the latent zq interpolated (nearest) to f's frames and
+    size) declared followed by SiLU and a padding convolution: where the request runs the protocol,
+    silu of that written straight into the convolution's buffer, with the caches diffusers returns;
+    elsewhere, and where f's rows and columns are not a power-of-two multiple of zq's, the norm's own
+    forward.
+
+    The two 1x1x1 convolutions act per pixel, and nearest interpolation by a power of two repeats each
+    latent pixel over a block of f's, so they run on zq interpolated in time only (`conditioning`, a
+    mirror of diffusers' interpolation, guarded by families/cogvideox.py's mirror) and their outputs
+    are broadcast over those blocks: no interpolated latent and no two full-size maps. The product
+    and the sum are made in place on the norm's output, each rounded as diffusers rounds it, then
+    `silu.out` writes the buffer."""
+
+    def forward(self, f, zq, conv_cache=None):
+        blocks = _blocks(f.shape[3:], zq.shape[3:]) if f.dim() == 5 and zq.dim() == 5 else None
+        caches: dict = {}
+
+        def write(x, view):
+            scale, shift = self.conditioning(f, zq, conv_cache or {}, caches)
+            norm = self.norm_layer(f)
+            (h, bh), (w, bw) = blocks
+            # f as blocks of the latent's pixels: (B, C, T, h, bh, w, bw), the conditioning broadcast
+            norm.view(*norm.shape[:3], h, bh, w, bw).mul_(scale[:, :, :, :, None, :, None]).add_(
+                shift[:, :, :, :, None, :, None]
+            )
+            torch.ops.aten.silu.out(norm, out=view)
+
+        view = None if blocks is None else self.produce(f, write)
+        return super().forward(f, zq, conv_cache) if view is None else (view, caches)
+
+    def conditioning(self, f, zq, conv_cache: dict, caches: dict):
+        """(conv_y, conv_b) of zq interpolated to f's frames as diffusers interpolates them (the first
+        frame apart where f has an odd count above one), at zq's own rows and columns; their caches
+        put in `caches`."""
+        size = zq.shape[3:]
+        if f.shape[2] > 1 and f.shape[2] % 2 == 1:
+            z_first = F.interpolate(zq[:, :, :1], size=(1, *size))
+            z_rest = F.interpolate(zq[:, :, 1:], size=(f.shape[2] - 1, *size))
+            zq = torch.cat([z_first, z_rest], dim=2)
+        else:
+            zq = F.interpolate(zq, size=(f.shape[2], *size))
+        scale, caches["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
+        shift, caches["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
+        return scale, shift
+
+
+def _blocks(f_size, z_size):
+    """((latent rows, rows per latent row), (columns, columns per column)) where f's rows and columns
+    are a power-of-two multiple of the latent's (nearest interpolation then repeats each latent pixel
+    over a block), else None."""
+    out = []
+    for n, m in zip(f_size, z_size):
+        if m < 1 or n % m or (n // m) & (n // m - 1):
+            return None
+        out.append((m, n // m))
+    return tuple(out)
 
 
 class SiLUAfterProducer:

@@ -127,12 +127,12 @@ def safe_conv3d(conv, x: torch.Tensor, padding) -> torch.Tensor:
     if gib <= SAFE_CONV_GIB:
         return run(x)
     kt = conv.kernel_size[0]
-    chunks = torch.chunk(x, min(int(gib / SAFE_CONV_GIB) + 1, max(1, x.shape[2] // kt)), dim=2)
-    if kt > 1:
-        chunks = [chunks[0]] + [
-            torch.cat((chunks[i - 1][:, :, -kt + 1 :], chunks[i]), dim=2) for i in range(1, len(chunks))
-        ]
-    return torch.cat([run(part) for part in chunks], dim=2)
+    # torch.chunk's frames, each chunk after the first led by the frames before it: views of `x`,
+    # the same frames diffusers concatenates
+    size = -(-x.shape[2] // min(int(gib / SAFE_CONV_GIB) + 1, max(1, x.shape[2] // kt)))
+    starts = range(0, x.shape[2], size)
+    parts = [x.narrow(2, max(t - kt + 1, 0), min(t + size, x.shape[2]) - max(t - kt + 1, 0)) for t in starts]
+    return torch.cat([run(part) for part in parts], dim=2)
 
 
 class HaloPadThenConv:
