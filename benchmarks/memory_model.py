@@ -11,7 +11,8 @@ inputs, as cuDNN does, and the Triton kernels allocate only their outputs, as on
 tier's choices are resolved as for a CUDA request (`fast_plan`). A sharded request is modelled on
 one rank (rank 0 of N, or rank 1 when N > 2, which has two neighbours) with a stand-in for the
 communication that allocates what `Comm` allocates (send copies, receive buffers, gathered keys and
-values, the assembled output) without sending.
+values, the assembled output) without sending. `decode_as_rank`, `tiles_as_rank` and `share_plan` serve
+any family (benchmarks/ranks.py `share` times a rank's share with them on one GPU).
 
 The figure is a prediction, for comparing designs between GPU runs; BENCHMARKS.md records what the
 GPU measured. It counts what the decode allocates beyond the weights and the latent, which is what
@@ -51,6 +52,7 @@ from vaeshard.cli.bench import PRESETS
 from vaeshard.cli.io import NAMED_CONFIGS
 from vaeshard.config import FastOptions
 from vaeshard.families import family_for
+from vaeshard.families.base import passing_inputs
 from vaeshard.kernels import attention, box_conv
 from vaeshard.kernels import conv3d as conv_kernel
 from vaeshard.kernels import norm as norm_kernels
@@ -60,6 +62,7 @@ from vaeshard.layers.tier import FastPlan
 from vaeshard.runtime import comm as comm_mod
 from vaeshard.runtime import layout
 from vaeshard.runtime import spatial as shard
+from vaeshard.runtime import tile as tiles
 
 _CONVOLUTIONS = {torch.ops.aten.convolution.default}
 
@@ -152,6 +155,50 @@ class StandInComm(comm_mod.Comm):
         part = torch.empty(layout.with_extent(x.shape, dim, max(extents)), dtype=x.dtype, device=x.device)
         out.narrow(dim, 0, part.shape[dim]).copy_(part)
         return out
+
+    def gather_stacks(self, stack, to_all):
+        """A tiled request's gather: every rank's stack of finished tiles (this rank's own among them)."""
+        if self.world == 1:
+            return [stack]
+        return [torch.empty_like(stack) for _ in range(self.world)] if to_all or self.rank == 0 else None
+
+    def all_reduce_max(self, value):
+        return value
+
+    def all_gather_ints(self, values, what="all-gather"):
+        return [list(values) for _ in range(self.world)]
+
+    def share_from_rank0(self, x):
+        return x
+
+
+def _all_reduce_sum(comm, tensor):
+    """`comm.all_reduce_sum` (statistics of a sharded GroupNorm, a linear attention's sums): nothing to
+    add up for a `StandInComm`; the real one for any other."""
+    return tensor if isinstance(comm, StandInComm) else _ALL_REDUCE_SUM(comm, tensor)
+
+
+_ALL_REDUCE_SUM = comm_mod.all_reduce_sum
+_STOOD_IN: list = []  # the collectives stood in (`collectives_stood_in`), while they are
+
+
+@contextlib.contextmanager
+def collectives_stood_in():
+    """The module-level collectives the layers call with a request's `Comm` (`all_reduce_sum`, which
+    the layers import by name) skip a `StandInComm`'s, inside; entered once around many decodes (it
+    looks through the loaded modules), and nested entries do nothing."""
+    if _STOOD_IN:
+        yield
+        return
+    saved: list = []
+    _STOOD_IN.append(saved)
+    try:
+        _stand_in(saved, comm_mod, "all_reduce_sum", _all_reduce_sum, everywhere=True)
+        yield
+    finally:
+        for holder, name, original in reversed(saved):
+            setattr(holder, name, original)
+        _STOOD_IN.clear()
 
 
 def _stand_in(saved: list, module, name: str, value, everywhere: bool = False) -> None:
@@ -307,13 +354,22 @@ def _decode(
         del out
 
 
-def fast_plan(vae, shape, ranks: int, axis: str, device: torch.device | str = "cuda", **knobs) -> FastPlan:
-    """The fast tier's choices (`vaeshard.policy.resolve_fast`, by vaeshard.tuning's thresholds as they
-    are now) for a decode of `shape` on `device`, directly (`ranks` 1) or as one rank of `ranks`
-    sharded along `axis`, with the FastOptions `knobs`; `device` "cuda" decides as on CUDA for a VAE
-    on the meta device (the CUDA graphs it may choose replay only on CUDA tensors)."""
-    strategy = "direct" if ranks == 1 else "spatial_shard_height" if axis == shard.HEIGHT else "spatial_shard_width"
-    return policy.resolve_fast(vae, shape, ranks, strategy, FastOptions(**knobs), device=torch.device(device))
+def share_plan(vae, shape, ranks: int, axis: str | None = None, device: torch.device | str = "cuda", **knobs):
+    """vaeshard's plan (`vaeshard.plan`, by vaeshard.tuning's thresholds as they are now) of a decode of
+    `shape` over `ranks` ranks with the FastOptions `knobs`, decided as for a VAE on `device` ("cuda"
+    for a VAE on the meta device: the CUDA graphs it may choose replay only on CUDA tensors): `auto`'s
+    where `axis` is None, else sharded along `axis` (a forced spatial mode; one rank: direct). Its
+    `fast` is the fast tier's choices, None where the request runs diffusers' own layers (a family
+    without a fast tier, or one measured slower on the GPU)."""
+    mode = "auto" if axis is None or ranks == 1 else f"spatial_shard_{axis}"
+    with mock.patch.object(policy, "_device_of", lambda vae: torch.device(device)):
+        return policy.plan(vae, tuple(shape), ranks, mode, fast=FastOptions(**knobs))
+
+
+def fast_plan(vae, shape, ranks: int, axis: str, device: torch.device | str = "cuda", **knobs) -> FastPlan | None:
+    """The fast tier's choices for a decode of `shape` on `device`, directly (`ranks` 1) or as one rank
+    of `ranks` sharded along `axis` (`share_plan`'s); None: the request runs diffusers' own layers."""
+    return share_plan(vae, shape, ranks, axis, device, **knobs).fast
 
 
 def steps_setting(text: str) -> int | str:
@@ -321,21 +377,79 @@ def steps_setting(text: str) -> int | str:
     return "auto" if text == "auto" else int(text)
 
 
-def decode_as_rank(vae, z, ranks: int, axis: str) -> torch.Tensor:
+@contextlib.contextmanager
+def own_tiling_off(vae):
+    """The VAE's own tiling and frame-wise (tiled in time) decoding switched off inside, as far as it has
+    them (restored afterwards): `auto` then plans the spatial shards of its untiled decode."""
+    names = [n for n in ("use_tiling", "use_framewise_decoding") if getattr(vae, n, False)]
+    for name in names:
+        setattr(vae, name, False)
+    try:
+        yield vae
+    finally:
+        for name in names:
+            setattr(vae, name, True)
+
+
+def decode_inputs(vae, z) -> dict:
+    """The extra inputs (Family.call_inputs) a decode of `z` needs: a timestep where the decoder is
+    timestep-conditioned (LTX-Video's, LTX-2's: 0.05 per sample, as a pipeline's last step passes)."""
+    if "temb" in family_for(vae).call_inputs.get("decode", ()) and getattr(vae.config, "timestep_conditioning", False):
+        return {"temb": torch.full((z.shape[0],), 0.05, device=z.device, dtype=z.dtype)}
+    return {}
+
+
+def sharded_rank(ranks: int) -> int:
+    """The rank whose share `decode_as_rank` runs: rank 0 of 2, else rank 1 (two neighbours)."""
+    return 0 if ranks <= 2 else 1
+
+
+def decode_as_rank(vae, z, ranks: int, axis: str, inputs: dict | None = None) -> torch.Tensor:
     """In the caller's tier: the untiled decode of `z` (one rank), or what one rank of `ranks` sharded
-    along `axis` runs (rank 0 of 2, else rank 1, which has two neighbours) with `StandInComm` in place
-    of the communication; the assembled output (whose other ranks' parts are uninitialised)."""
+    along `axis` runs (`sharded_rank`) with `StandInComm` in place of the communication; the assembled
+    output (whose other ranks' parts are uninitialised). Any family, 4-D (B, C, H, W) or 5-D
+    (B, C, T, H, W) latent: H and W are its last two axes. `inputs`: the decode's extra inputs
+    (`decode_inputs`)."""
     family = family_for(vae)
-    if ranks == 1:
-        return family.untiled_decode(vae, z)
-    dim = z.ndim - 1 if axis == shard.WIDTH else z.ndim - 2
-    extents = shard.split_extents(z.shape[dim], ranks)
-    rank = 0 if ranks == 2 else 1
-    local = z.narrow(dim, sum(extents[:rank]), extents[rank])
-    ctx = shard.ShardContext(comm=StandInComm(group=None, rank=rank, world=ranks), axis=axis, extents=extents)
-    with shard.sharding(ctx):
-        out_local = family.untiled_decode(vae, local)
-    return ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
+    with collectives_stood_in(), passing_inputs(inputs or {}):
+        if ranks == 1:
+            return family.untiled_decode(vae, z)
+        dim = z.ndim - 1 if axis == shard.WIDTH else z.ndim - 2
+        extents = shard.split_extents(z.shape[dim], ranks)
+        rank = sharded_rank(ranks)
+        local = z.narrow(dim, sum(extents[:rank]), extents[rank])
+        ctx = shard.ShardContext(comm=StandInComm(group=None, rank=rank, world=ranks), axis=axis, extents=extents)
+        with shard.sharding(ctx):
+            out_local = family.untiled_decode(vae, local)
+        return ctx.comm.assemble_along(out_local, dim, ctx.extents_at(out_local.shape[dim]), True)
+
+
+def tiled_rank(vae, z, ranks: int, inputs: dict | None = None) -> tuple[int, int, int]:
+    """(the rank of `ranks` whose tiles of `z` weigh most, its tiles, all tiles) of the VAE's tile grid
+    (diffusers' tiled decode), as the tile executor spreads them (runtime/tile.py `balance`)."""
+    with passing_inputs(inputs or {}):
+        ops = family_for(vae).decode_tile_ops(vae, z)
+    if ops is None:
+        return 0, 1, 1
+    every = ops.all_tiles()
+    assignment = tiles.balance(every, ranks)
+    loads = [sum(t.workload for t in mine) for mine in assignment]
+    rank = loads.index(max(loads))
+    return rank, len(assignment[rank]), len(every)
+
+
+def tiles_as_rank(vae, z, ranks: int, inputs: dict | None = None, rank: int | None = None) -> torch.Tensor:
+    """In the caller's tier: what one rank of a tiled decode over `ranks` ranks runs (`rank`, by default
+    `tiled_rank`'s: its tiles, the others' RNG draws where the family replays them, the gather of every
+    rank's finished tiles and the merge) with `StandInComm` in place of the communication; the merged
+    output (built from uninitialised tiles but its own). One rank: every tile."""
+    family = family_for(vae)
+    rank = tiled_rank(vae, z, ranks, inputs)[0] if rank is None else rank
+    with collectives_stood_in(), passing_inputs(inputs or {}):
+        ops = family.decode_tile_ops(vae, z)
+        if ops is None:
+            return family.untiled_decode(vae, z)
+        return tiles.run_tiled(ops, StandInComm(group=None, rank=rank, world=ranks), ranks, True)
 
 
 def family_peaks(name: str, shape: tuple, top: int) -> None:

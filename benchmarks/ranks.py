@@ -3,6 +3,8 @@
 cost of the exchanges. One command each:
 
     python3 benchmarks/ranks.py share --preset wan21-720p --ranks 1,2 --reps 3
+    python3 benchmarks/ranks.py share --config hunyuanvideo --latent 1,16,9,90,160 --ranks 1,2,4,8 --json hv.json
+    python3 benchmarks/ranks.py share --small --device cpu --config flux1 --latent 1,16,8,12 --mode spatial,tile
     torchrun --standalone --nproc_per_node=2 benchmarks/ranks.py faults --oom-rank 1 --group-timeout 60
     python3 benchmarks/ranks.py kept-graphs [--models wan21,wan22]
     torchrun --standalone --nproc_per_node=2 benchmarks/ranks.py kept-graphs --mode spatial_shard_height
@@ -10,26 +12,41 @@ cost of the exchanges. One command each:
     torchrun --standalone --nproc_per_node=2 benchmarks/ranks.py agreement [--rounds 2000] [--backend gloo]
 
 share: one rank's share of a sharded decode, timed on one GPU with its communication stood in. For
-a machine with fewer GPUs than the decode is meant for: this process runs, on its one GPU, what rank
-0 of N runs (rank 1 where N > 2: it has two neighbours) in vaeshard's default fast tier, sharded
-along the axis `auto` picks, with `memory_model.StandInComm` in place of the communication. The
-stand-in allocates what the exchanges and the final gather allocate (send copies, receive buffers,
-gathered keys and values, the assembled output) and sends nothing, so the halo rows hold whatever
-their buffers held: the output is not the decode's, the work is. Prints, per rank count (and
-`--cuda-graphs` and `--parts` value), the median wall time of `--reps` decodes after a warm-up one
-(each between device synchronisations), when the host had issued the decode (its call returned) and
-how long its thread ran until then (`time.thread_time`: without the time a busy machine kept it
-waiting; where the GPU is idle most of the time, a small `--latent`, the host's own cost), the peak
-allocated memory over a decode (`max_memory_allocated` minus what the weights and the latent hold:
-tensors that kept CUDA graphs hold between decodes count), and what stays allocated and reserved
-after the decodes. `--cuda-graphs keep` (or `keep-on`) times `keep_cuda_graphs=True` with
-cuda_graphs "auto" (True): the warm-up and the first timed decode capture, the later ones replay;
-the kept graphs are released after each row. `--kernel-profile` adds a profiled decode: GPU kernel
-time by class, the kernels whose time fell least against the first row, and when the GPU waited.
-What this is: a rank's own GPU and host work, without the exchanges' transfers and without waiting
-for its neighbours: a lower bound for an N-GPU decode's time, not a measurement of one; the N-GPU
-decode adds the NCCL kernels and the waits (BENCHMARKS.md, Protocol, "Rank share"). The peak is a
-rank's, without NCCL's own buffers.
+a machine with fewer GPUs than the decode is meant for: this process runs, on its one GPU, what one
+rank of N runs in vaeshard's default tier (the fast tier where the family's plan runs it, else
+diffusers' own layers), with `memory_model.StandInComm` in place of the communication. Any family:
+a Wan `--preset`, or `--config NAME --latent B,C,[T,]H,W` for any named config (NAMED_CONFIGS;
+image VAEs take 4-D latents). The shares (`--mode`): `spatial`, the spatial shards `auto` plans for
+the VAE with its own tiling and frame-wise decoding off, along the axis it picks, as rank 0 of 2
+(rank 1 where N > 2: it has two neighbours) runs them; `tile`, the tiles of the VAE's tiled decode
+(its tiling switched on), as the rank whose tiles weigh most runs them with the others' gathered
+(one rank: every tile); `auto` (default), the one of them `auto` runs for the VAE as configured: its
+tiles where the VAE's own tiling tiles the latent (MiniMax-H3's is on), else its spatial shards, also
+where `auto` runs the VAE's own frame-wise decode on one rank alone (HunyuanVideo's by default, which
+has no rank share: the output says so and times the spatial shards of its untiled decode). A rank
+count a share cannot use (a latent too narrow for N ranks, a family without a tiled decode, one tile)
+gets a line and a row that say why, and no time. The stand-in allocates what the exchanges and the
+final gather allocate (send copies, receive buffers, gathered keys and values, every rank's tiles,
+the assembled output) and sends nothing (a sharded norm's statistics are this rank's alone), so the
+halo rows hold whatever their buffers held: the output is not the decode's, the work is. Prints, per
+rank count (and `--cuda-graphs` and `--parts` value), the median wall time of `--reps` decodes after
+a warm-up one (each between device synchronisations), when the host had issued the decode (its call
+returned) and how long its thread ran until then (`time.thread_time`: without the time a busy
+machine kept it waiting; where the GPU is idle most of the time, a small `--latent`, the host's own
+cost), the peak allocated memory over a decode (`max_memory_allocated` minus what the weights and
+the latent hold: tensors that kept CUDA graphs hold between decodes count), and what stays allocated
+and reserved after the decodes; last, a summary line per share. `--json FILE` writes the rows (one
+per rank count and setting: median seconds, peak GiB, config, latent, axis, strategy, tier),
+rewritten after each row so a run cut short keeps what it timed. `--device cpu` runs on the CPU
+(no memory figures), with `--small` on the family's tiny test config: a check of the script.
+`--cuda-graphs keep` (or `keep-on`) times `keep_cuda_graphs=True` with cuda_graphs "auto" (True):
+the warm-up and the first timed decode capture, the later ones replay; the kept graphs are released
+after each row. `--kernel-profile` adds a profiled decode: GPU kernel time by class, the kernels
+whose time fell least against the first row, and when the GPU waited. What this is: a rank's own GPU
+and host work, without the exchanges' transfers and without waiting for its neighbours: a lower
+bound for an N-GPU decode's time, not a measurement of one, labelled a rank share wherever it is
+quoted; the N-GPU decode adds the NCCL kernels and the waits (BENCHMARKS.md, Protocol, "Rank
+share"). The peak is a rank's, without NCCL's own buffers.
 
 faults: CUDA out-of-memory on one rank during a sharded decode: every rank must stop, none may hang.
 Rank `--oom-rank` caps its allocator with torch.cuda.set_per_process_memory_fraction so its share of
@@ -72,6 +89,7 @@ the median and 99th percentile per agreement of each way, microseconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gc
 import itertools
@@ -91,35 +109,80 @@ from vaeshard import FastOptions, tuning
 from vaeshard.api import config_of
 from vaeshard.cli.bench import PRESETS
 from vaeshard.cli.io import NAMED_CONFIGS
+from vaeshard.families import family_for
 from vaeshard.layers import tier
 from vaeshard.runtime import spatial as shard
 from vaeshard.runtime.comm import Comm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_parity import CaptureCounter
-from memory_model import decode_as_rank, fast_plan, steps_setting
+from memory_model import (
+    collectives_stood_in,
+    decode_as_rank,
+    decode_inputs,
+    own_tiling_off,
+    sharded_rank,
+    share_plan,
+    steps_setting,
+    tiled_rank,
+    tiles_as_rank,
+)
 
 # --- share ----------------------------------------------------------------------------------
+
+SHARE_MODES = ("auto", "spatial", "tile")
 
 
 def share(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="ranks.py share", description="one rank's share of a sharded decode, timed on one GPU"
     )
-    ap.add_argument("--preset", default="wan21-720p", choices=sorted(PRESETS))
-    ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument(
-        "--cuda-graphs",
-        default="auto",
-        help="cuda_graphs values to time, e.g. auto,on (default auto); keep, keep-on: auto, on with keep_cuda_graphs",
+    subject = ap.add_mutually_exclusive_group()
+    subject.add_argument(
+        "--preset", default=None, choices=sorted(PRESETS), help="a Wan subject (default wan21-720p without --config)"
+    )
+    subject.add_argument(
+        "--config",
+        default=None,
+        help="any named config (vaeshard.cli.io.NAMED_CONFIGS: wan21, sdxl, hunyuanvideo, ltx2, ...), with --latent; "
+        "with --small also a tiny test config's name (vaeshard.families.tiny_configs)",
     )
     ap.add_argument(
         "--latent",
         default=None,
-        help="the latent's shape, e.g. 1,16,21,8,16 (default: the preset's); a small one with "
-        "--cuda-graphs off --parts off leaves the GPU idle most of the time, so the decode's "
-        "time is the host's cost of issuing it",
+        help="the latent's shape B,C,[T,]H,W, e.g. 1,16,21,8,16 or 1,16,128,128 (default: the preset's; "
+        "needed with --config and --small); a small one with --cuda-graphs off --parts off leaves the "
+        "GPU idle most of the time, so the decode's time is the host's cost of issuing it",
+    )
+    ap.add_argument("--ranks", default="1,2", help="rank counts whose rank share to time (default 1,2)")
+    ap.add_argument(
+        "--mode",
+        default="auto",
+        help="the shares to time, one or several, e.g. spatial,tile (default auto): spatial, the spatial shards "
+        "`auto` plans with the VAE's own tiling and frame-wise decoding off; tile, the tiles of the VAE's tiled "
+        "decode (its tiling switched on where it is off); auto, the one of them `auto` runs for the VAE as "
+        "configured (spatial where it runs the VAE's frame-wise decode on one rank)",
+    )
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda (default) or cpu (a smoke run)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"), help="default bf16")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="the family's tiny test config (the one of --config's name, else the first of its class; the "
+        "latent's C is then the tiny config's): a smoke run of the script, e.g. with --device cpu",
+    )
+    ap.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="also write the rows to FILE (rewritten after each row): one per rank count and variant, with its "
+        "median seconds, peak GiB, config, latent, axis and strategy",
+    )
+    ap.add_argument(
+        "--cuda-graphs",
+        default="auto",
+        help="cuda_graphs values to time, e.g. auto,on (default auto); keep, keep-on: auto, on with keep_cuda_graphs",
     )
     ap.add_argument(
         "--host-profile",
@@ -162,42 +225,207 @@ def share(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     if args.debug_log:
-        import logging
-
         logging.basicConfig(format="    log: %(message)s")
         logging.getLogger("vaeshard").setLevel(logging.DEBUG)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU")
-    from diffusers import AutoencoderKLWan
-
-    device = torch.device("cuda", 0)
-    config, shape, _ = PRESETS[args.preset]
+    modes = args.mode.split(",")
+    if any(m not in SHARE_MODES for m in modes):
+        ap.error(f"--mode takes {', '.join(SHARE_MODES)}, not {args.mode}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (--device cpu runs on the CPU, e.g. with --small)")
+    if args.kernel_profile and args.device != "cuda":
+        ap.error("--kernel-profile needs --device cuda")
+    if args.config is None:
+        args.preset = args.preset or "wan21-720p"
+        name, shape, label = PRESETS[args.preset][0], PRESETS[args.preset][1], args.preset
+    else:
+        name, shape, label = args.config, None, args.config
     if args.latent:
         shape = tuple(int(n) for n in args.latent.split(","))
-    torch.manual_seed(0)
-    vae = AutoencoderKLWan(**NAMED_CONFIGS[config][1]).eval().to(device, torch.bfloat16)
+    elif args.config is not None or args.small:
+        ap.error("--config and --small need --latent B,C,[T,]H,W")
+    try:
+        source = _share_model(name, args.small)
+    except KeyError:
+        ap.error(
+            f"unknown config {name!r}: one of {', '.join(NAMED_CONFIGS)}" + (" or a tiny config" if args.small else "")
+        )
+
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    vae = source.load(dtype=dtype, device=device)  # (random weights, torch.manual_seed(0))
+    family = family_for(vae)
+    if args.small:  # the tiny config's channels
+        shape = (shape[0], family.latent_channels(vae), *shape[2:])
+    refused = vaeshard.plan(vae, shape, 1)
+    if refused.strategy == "refused":
+        ap.error(refused.reason)
     vaeshard.parallelize(vae)
-    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, torch.bfloat16)
+    z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     print(
-        f"{args.preset} latent {tuple(shape)}, one GPU: each rank count's rank share, communication stood in "
-        f"(a lower bound for that many GPUs, not a measurement of it)"
+        f"{label} latent {tuple(shape)}, {source.description}, {args.dtype} on {device.type}, one device: each rank "
+        f"count's rank share, communication stood in (a lower bound for that many devices, not a measurement of it)",
+        flush=True,
+    )
+    record = _ShareRecord(
+        args.json,
+        {
+            "config": label,
+            "class": source.class_name,
+            "small": args.small,
+            "latent": list(shape),
+            "dtype": args.dtype,
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "vaeshard": vaeshard.__version__,
+            "reps": args.reps,
+            "command": sys.argv if argv is None else ["ranks.py", "share", *argv],
+        },
     )
     default_parts, thresholds = tuning.PART_FRAMES, (tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS)
     try:
-        _time_shares(args, vae, z, shape, device, default_parts)
+        with collectives_stood_in():
+            for mode in modes:
+                _time_mode(args, mode, vae, z, shape, device, default_parts, record)
     finally:
         tuning.PART_FRAMES, (tuning.PARTS_FROM_PIXELS, tuning.SHARDED_PARTS_FROM_PIXELS) = default_parts, thresholds
+    for line in record.summary():
+        print(line, flush=True)
 
 
-def _time_shares(args, vae, z, shape, device, default_parts) -> None:
+def _share_model(name: str, small: bool):
+    """The model of a named config (random weights) or with `small` the tiny test config of that name, else
+    the one of its class with its latent channels (FLUX.1's 16: autoencoder_kl_flux), else the first of
+    its class (vaeshard.families.tiny_configs); KeyError for a name neither knows."""
+    from vaeshard.cli.io import ModelSource
+    from vaeshard.families import shape_facts, tiny_configs
+
+    if not small:
+        class_name, config = NAMED_CONFIGS[name]
+        return ModelSource(class_name=class_name, config=config, named=name)
+    tiny = tiny_configs()
+    if name not in tiny:
+        class_name, config = NAMED_CONFIGS[name]
+        channels = shape_facts(class_name, config).latent_channels
+        same = [n for n, (cls, _) in tiny.items() if cls == class_name]
+        name = next((n for n in same if shape_facts(*tiny[n]).latent_channels == channels), same[0])
+    class_name, config = tiny[name]
+    return ModelSource(class_name=class_name, config=config, named=f"tiny test {name}")
+
+
+class _ShareRecord:
+    """The rows timed so far, written to `path` (JSON: `head`'s fields and "rows") after each row."""
+
+    def __init__(self, path: str | None, head: dict):
+        self.path, self.head, self.rows = path, head, []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.path:
+            with open(self.path + ".tmp", "w") as f:
+                json.dump({**self.head, "rows": self.rows}, f, indent=1)
+            os.replace(self.path + ".tmp", self.path)
+
+    def summary(self) -> list[str]:
+        """One line per mode: each row's median and peak (or why it has no share)."""
+        lines = []
+        for mode in dict.fromkeys(r["mode"] for r in self.rows):
+            parts = []
+            for r in (r for r in self.rows if r["mode"] == mode):
+                if not r["ranks"]:
+                    parts.append(f"no {r['share']} share")
+                    continue
+                where = f"{r['ranks']} rank{'s' if r['ranks'] > 1 else ''}"
+                where += f" by {r['axis']}" if r["axis"] else ", tiles" if r["share"] == "tile" else ""
+                if r["median_s"] is None:
+                    parts.append(f"{where}: none")
+                    continue
+                peak = "" if r["peak_gib"] is None else f" {r['peak_gib']:.2f} GiB"
+                parts.append(f"{where}{r['variant']}: {r['median_s']:.3f} s{peak}")
+            lines.append(f"summary {self.head['config']} {tuple(self.head['latent'])} {mode}: " + "; ".join(parts))
+        return lines
+
+
+def _mode_setting(vae, shape, mode: str) -> tuple[str, str]:
+    """(the share `mode` times, "spatial" or "tile"; what to say of it against `auto`'s plan for the VAE as
+    configured, or "")."""
+    family = family_for(vae)
+    own = family.own_result(vae, "decode", tuple(shape))
+    if mode == "auto":
+        mode = "tile" if own == "tile" else "spatial"
+        if own == "own":
+            return mode, (
+                f"auto runs this VAE's own decode, {family.own_reason(vae, 'decode')[0]}, on group rank 0 alone: "
+                "no rank shares; timed: the spatial shards of its untiled decode (what auto runs with the VAE's "
+                "own tiling and frame-wise decoding off)"
+            )
+        if own == "tile":
+            return mode, "auto: this VAE's own tiled decode tiles this latent, so the ranks share its tiles"
+        return mode, ""
+    if mode == "spatial" and own != "untiled":
+        return mode, "auto keeps to this VAE's own decode (its tiling); timed: the spatial shards of its untiled decode"
+    if mode == "tile" and own != "tile":
+        return mode, "auto shards this VAE's untiled decode; timed: the tiles of its tiled decode (tiling switched on)"
+    return mode, ""
+
+
+@contextlib.contextmanager
+def _tiling_for(vae, share: str):
+    """The VAE's own tiling as `share` needs it: off for the spatial shards, on for the tiles."""
+    if share == "spatial":
+        with own_tiling_off(vae):
+            yield
+        return
+    was = getattr(vae, "use_tiling", None)
+    if was is False and hasattr(vae, "enable_tiling"):
+        vae.use_tiling = True  # (diffusers' enable_tiling with its default sizes sets only this)
+    try:
+        yield
+    finally:
+        if was is False:
+            vae.use_tiling = False
+
+
+def _time_mode(args, mode, vae, z, shape, device, default_parts, record) -> None:
+    share_kind, note = _mode_setting(vae, shape, mode)
+    family = family_for(vae)
+    print(f"mode {mode}: the {'tiles' if share_kind == 'tile' else 'spatial shards'}" + (f"; {note}" if note else ""))
+    if share_kind == "tile" and not family.supports("decode", "tile"):
+        why = getattr(family, "no_tile_reason", None) or f"{family.name} has no tiled decode"
+        print(f"  no tile share: {why}", flush=True)
+        record.add(_no_share(mode, share_kind, 0, why))
+        return
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     graphs_values = {"auto": "auto", "on": True, "off": False, "keep": "auto", "keep-on": True}
-    baseline = torch.cuda.memory_allocated(device)  # the weights and the latent
+    inputs = decode_inputs(vae, z)
+    baseline = torch.cuda.memory_allocated(device) if cuda else 0  # the weights and the latent
     first = None
     first_kernels: dict[str, float] | None = None
     first_ranks = None
     for ranks in (int(r) for r in args.ranks.split(",")):
-        strategy = vaeshard.plan(vae, shape, ranks).strategy
-        axis = shard.HEIGHT if strategy == "spatial_shard_height" else shard.WIDTH
+        with _tiling_for(vae, share_kind):
+            # the strategy: a tile share is planned over at least 2 ranks (one rank runs every tile)
+            chosen = vaeshard.plan(vae, shape, max(ranks, 2) if share_kind == "tile" else ranks)
+        if share_kind == "tile" and chosen.strategy != "tile":
+            print(f"  {ranks} rank(s): no tile share: {chosen.reason}", flush=True)
+            record.add(_no_share(mode, share_kind, ranks, chosen.reason))
+            continue
+        if (
+            share_kind == "spatial"
+            and ranks > 1
+            and chosen.strategy not in ("spatial_shard_height", "spatial_shard_width")
+        ):
+            print(f"  {ranks} rank(s): no spatial share: {chosen.reason}", flush=True)
+            record.add(_no_share(mode, share_kind, ranks, chosen.reason))
+            continue
+        axis = None
+        if chosen.strategy.startswith("spatial_shard"):
+            axis = shard.HEIGHT if chosen.strategy == "spatial_shard_height" else shard.WIDTH
+        if share_kind == "tile":
+            rank, mine, every = tiled_rank(vae, z, ranks, inputs)
+        else:
+            rank = sharded_rank(ranks)
         steps_values = [steps_setting(k) for k in args.frames_per_step.split(",")]
         for graphs, steps, (parts, threshold) in itertools.product(
             args.cuda_graphs.split(","), steps_values, _part_settings(args)
@@ -205,51 +433,88 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
             tuning.PART_FRAMES = default_parts if parts == "on" else None
             if threshold is not None:
                 tuning.PARTS_FROM_PIXELS = tuning.SHARDED_PARTS_FROM_PIXELS = threshold
-            # the row's fast-tier choices, resolved from the thresholds just set, as a request's are
-            plan = fast_plan(
-                vae,
-                shape,
-                ranks,
-                axis,
-                device,
-                cuda_graphs=graphs_values[graphs],
-                frames_per_step=steps,
-                keep_cuda_graphs=graphs.startswith("keep"),
+            knobs = dict(
+                cuda_graphs=graphs_values[graphs], frames_per_step=steps, keep_cuda_graphs=graphs.startswith("keep")
             )
+            # the row's plan and fast-tier choices, resolved from the thresholds just set, as a request's are
+            with _tiling_for(vae, share_kind):
+                plan = share_plan(vae, shape, max(ranks, 2) if share_kind == "tile" else ranks, None, device, **knobs)
 
-            def decode(plan=plan, ranks=ranks, axis=axis):
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats(device)
+            def decode(plan=plan, ranks=ranks, axis=axis, rank=rank):
+                sync()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(device)
                 held = baseline  # (kept graphs' tensors count in the peak: they are this decode's)
                 start, cpu = time.perf_counter(), time.thread_time()
-                with torch.no_grad(), tier.active(plan):
-                    out = decode_as_rank(vae, z, ranks, axis)
+                with torch.no_grad(), tier.active(plan.fast), _tiling_for(vae, share_kind):
+                    if share_kind == "tile":
+                        out = tiles_as_rank(vae, z, ranks, inputs, rank)
+                    else:
+                        out = decode_as_rank(vae, z, ranks, axis, inputs)
                 issued, cpu = time.perf_counter() - start, time.thread_time() - cpu
-                torch.cuda.synchronize()
+                sync()
                 took = time.perf_counter() - start
                 del out
-                return took, issued, (torch.cuda.max_memory_allocated(device) - held) / 2**30, cpu
+                peak = (torch.cuda.max_memory_allocated(device) - held) / 2**30 if cuda else None
+                return took, issued, peak, cpu
 
             decode()  # warm-up: cuDNN's timing, kernel compiles
             runs = [decode() for _ in range(args.reps)]
             median = statistics.median(t for t, _, _, _ in runs)
             host = statistics.median(h for _, h, _, _ in runs)
             cpu = statistics.median(c for _, _, _, c in runs)
-            peak = max(p for _, _, p, _ in runs)
+            peak = max(p for _, _, p, _ in runs) if cuda else None
             first = first or median
-            where = "" if ranks == 1 else f", by {axis}, rank {0 if ranks == 2 else 1}"
+            if share_kind == "tile":
+                where = f", rank {rank}'s {mine} of {every} tiles"
+            else:
+                where = "" if ranks == 1 else f", by {axis}, rank {rank}"
             where += "" if threshold is None else f", parts from {threshold} pixels"
             where += "" if steps == "auto" else f", frames_per_step {steps}"
-            kept = (torch.cuda.memory_allocated(device) - baseline) / 2**30
-            reserved = torch.cuda.memory_reserved(device) / 2**30
+            where += "" if plan.fast is not None else ", exact tier"
+            kept = (torch.cuda.memory_allocated(device) - baseline) / 2**30 if cuda else None
+            reserved = torch.cuda.memory_reserved(device) / 2**30 if cuda else None
+            memory = (
+                f"peak {peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
+                if cuda
+                else ""
+            )
             print(
                 f"  {ranks} rank(s){where}, cuda_graphs {graphs}, default parts {parts}: median {median:.3f} s "
                 f"({', '.join(f'{t:.3f}' for t, _, _, _ in runs)}), host returned at {host:.3f} s "
-                f"(its thread ran {cpu:.3f} s), peak "
-                f"{peak:.2f} GiB ({peak * 2**30 / 1e9:.2f} GB; the last decode's {runs[-1][2]:.2f} GiB); "
-                f"first row / this {first / median:.2f}x; "
-                f"held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all",
+                f"(its thread ran {cpu:.3f} s), {memory}first row / this {first / median:.2f}x"
+                + (
+                    f"; held after the decodes {kept:.2f} GiB allocated, {reserved:.2f} GiB reserved in all"
+                    if cuda
+                    else ""
+                ),
                 flush=True,
+            )
+            record.add(
+                {
+                    "mode": mode,
+                    "share": share_kind,
+                    "ranks": ranks,
+                    "rank": rank,
+                    "strategy": "direct" if share_kind == "spatial" and ranks == 1 else chosen.strategy,
+                    "axis": axis if ranks > 1 else None,
+                    "tiles": [mine, every] if share_kind == "tile" else None,
+                    "tier": "fast" if plan.fast is not None else "exact",
+                    "cuda_graphs": graphs,
+                    "frames_per_step": steps,
+                    "parts": parts,
+                    "parts_from_pixels": threshold,
+                    "variant": _variant_label(args, graphs, steps, parts, threshold),
+                    "median_s": round(median, 4),
+                    "seconds": [round(t, 4) for t, _, _, _ in runs],
+                    "host_s": round(host, 4),
+                    "thread_s": round(cpu, 4),
+                    "peak_gib": None if peak is None else round(peak, 3),
+                    "held_gib": None if kept is None else round(kept, 3),
+                    "reserved_gib": None if reserved is None else round(reserved, 3),
+                    "reason": chosen.reason if ranks > 1 else "",
+                    "note": note,
+                }
             )
             if args.host_profile:
                 _host_profile(decode, args.top)
@@ -257,11 +522,41 @@ def _time_shares(args, vae, z, shape, device, default_parts) -> None:
                 first_ranks = first_ranks or ranks
                 kernels = _kernel_profile(decode, first_kernels, ranks / first_ranks, args.top)
                 first_kernels = first_kernels or kernels
-            if vaeshard.release(vae):  # (after the profiles: with kept graphs they replay)
+            if vaeshard.release(vae) and cuda:  # (after the profiles: with kept graphs they replay)
                 print(
                     f"    after vaeshard.release: {torch.cuda.memory_reserved(device) / 2**30:.2f} GiB reserved in all",
                     flush=True,
                 )
+
+
+def _no_share(mode: str, share_kind: str, ranks: int, why: str) -> dict:
+    """The row of a rank count that has no share of this kind, and why."""
+    return {
+        "mode": mode,
+        "share": share_kind,
+        "ranks": ranks,
+        "rank": None,
+        "strategy": None,
+        "axis": None,
+        "median_s": None,
+        "peak_gib": None,
+        "variant": "",
+        "reason": why,
+    }
+
+
+def _variant_label(args, graphs, steps, parts, threshold) -> str:
+    """The row's settings where the command times several (for the summary), e.g. " graphs on"."""
+    label = ""
+    if "," in args.cuda_graphs:
+        label += f" graphs {graphs}"
+    if "," in args.frames_per_step:
+        label += f" steps {steps}"
+    if "," in args.parts:
+        label += f" parts {parts}"
+    if threshold is not None and "," in (args.parts_from_pixels or ""):
+        label += f" from {threshold}"
+    return label
 
 
 def _part_settings(args):

@@ -141,6 +141,16 @@ def driven(tmp_path_factory):
         ("sass", "kernel_costs.py", ["sass", "--channels", "96"], {}),
         ("families memory", "memory_model.py", ["--config", "cogvideox", "--shape", "1,16,3,8,12", "--top", "1"], {}),
     ]
+    # rank shares of tiny configs: an image VAE's spatial shards and tiles, MiniMax-H3's tiles (its own
+    # tiling is on), LTX-Video's shards (a timestep-conditioned decoder) and a count its latent cannot cover
+    share = ["share", "--small", "--device", "cpu", "--reps", "1"]
+    for key, config, latent, ranks, more in (
+        ("flux1", "flux1", "1,16,8,12", "1,2,4", ["--mode", "spatial,tile"]),
+        ("minimax", "minimax_h3", "1,4,7,8,12", "1,2", []),
+        ("ltx", "ltx", "1,4,2,4,6", "1,2,8", []),
+    ):
+        args = [*share, "--config", config, "--latent", latent, "--ranks", ranks, *more]
+        runs.append((f"share {key}", "ranks.py", [*args, "--json", str(out / f"share-{key}.json")], {}))
     runs = [(f"run {key}", str(BENCH / name), args, env) for key, name, args, env in runs]
     results = _drive([*helps, *runs], timeout=280)
     return (
@@ -204,6 +214,34 @@ def test_the_cpu_commands_run_at_a_tiny_size(driven):
         pytest.skip(f"kernel_costs.py sass: {reason}")
     assert code in (0, None), output
     assert "rms_norm" in output and "bias + residual" in output, output
+
+
+@pytest.mark.timeout(300)
+def test_rank_shares_of_every_kind_run_on_cpu_at_a_tiny_size(driven):
+    """ranks.py share on tiny configs: one row per rank count and share, each timed where its strategy
+    shards or tiles that many ranks, and the count that cannot be sharded said so with its reason."""
+    _, out, results = driven
+    for key in ("flux1", "minimax", "ltx"):
+        code, output = results[f"share {key}"]
+        assert code in (0, None), (key, output)
+        assert "summary" in output, output
+    flux = json.loads((out / "share-flux1.json").read_text())
+    assert flux["class"] == "AutoencoderKL" and flux["latent"] == [1, 16, 8, 12] and flux["small"]
+    rows = {(r["share"], r["ranks"]): r for r in flux["rows"]}
+    assert set(rows) == {(share, n) for share in ("spatial", "tile") for n in (1, 2, 4)}
+    assert all(r["median_s"] > 0 and r["peak_gib"] is None for r in rows.values())
+    assert [rows["spatial", n]["strategy"] for n in (1, 2, 4)] == ["direct", *["spatial_shard_width"] * 2]
+    assert [rows["spatial", n]["axis"] for n in (1, 2, 4)] == [None, "width", "width"]
+    assert [rows["tile", n]["tiles"] for n in (1, 2, 4)] == [[4, 4], [2, 4], [1, 4]]
+    assert all(rows["tile", n]["strategy"] == "tile" for n in (1, 2, 4))
+    # MiniMax-H3 tiles its own decode: auto's share is its tiles'
+    minimax = json.loads((out / "share-minimax.json").read_text())["rows"]
+    assert [(r["mode"], r["share"], r["ranks"]) for r in minimax] == [("auto", "tile", 1), ("auto", "tile", 2)]
+    assert all(r["median_s"] > 0 for r in minimax) and minimax[1]["tiles"][0] < minimax[0]["tiles"][0]
+    ltx = json.loads((out / "share-ltx.json").read_text())["rows"]
+    assert [r["ranks"] for r in ltx] == [1, 2, 8]
+    assert ltx[1]["axis"] == "width" and ltx[1]["median_s"] > 0 and ltx[1]["rank"] == 0
+    assert ltx[2]["median_s"] is None and "8 ranks" in ltx[2]["reason"], ltx[2]
 
 
 # --- gpu_parity's judging -----------------------------------------------------------------------------
