@@ -278,6 +278,25 @@ def test_interleaved_ab_patch_sets_an_attribute_and_sets_it_back():
             ab.Patch.parse(wrong)
 
 
+def test_the_bench_warms_up_on_the_shortest_clip_the_vae_decodes():
+    # two latent frames, or more where two decode to nothing: MiniMax-H3's real clips (17 frames, 3 dropped)
+    # need three; its tiny ones (7 frames, 1 dropped) two
+    import diffusers
+    import torch
+
+    import vaeshard
+    from vaeshard.cli import bench
+
+    from ..models import build
+
+    class_name, config = vaeshard.named_configs()["minimax_h3"]
+    with torch.device("meta"):
+        real = getattr(diffusers, class_name)(**config)
+    assert [bench._warm_up_frames(real, t) for t in (1, 2, 3, 22)] == [1, 2, 3, 3]
+    assert bench._warm_up_frames(build("minimax_h3"), 22) == 2
+    assert bench._warm_up_frames(build("wan21"), 21) == 2
+
+
 @pytest.mark.parametrize(
     "settings,kept",
     [({}, False), ({"keep_cuda_graphs": True}, True), ({"keep_cuda_graphs": True, "mode": "tile"}, False)],

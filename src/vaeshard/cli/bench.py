@@ -209,7 +209,19 @@ def _warm_up(vae, z):
         vae.decode(z)
         vae.decode(z)
         return
-    vae.decode(z[:, :, : min(z.shape[2], 2)] if z.dim() == 5 else z)
+    vae.decode(z[:, :, : _warm_up_frames(vae, z.shape[2])] if z.dim() == 5 else z)
+
+
+def _warm_up_frames(vae, frames: int) -> int:
+    """Latent frames of the warm-up clip: 2, or where a clip that short decodes to no frame (MiniMax-H3
+    decodes whole clips: at least one clip less its token_drop), the fewest that decode to one."""
+    import vaeshard
+
+    facts = vaeshard.shape_facts(type(vae).__name__, dict(vae.config))
+    short = min(frames, 2)
+    while short < frames and facts.frames_out(short) == 0:
+        short += 1
+    return short
 
 
 def _keeps_graphs(vae, z) -> bool:
