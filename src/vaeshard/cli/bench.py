@@ -197,6 +197,10 @@ def _load_for(ctx, spec: BenchSpec):
         torch.backends.cudnn.allow_tf32 = False
     vae = spec.model.load(dtype=torch_dtype(spec.dtype), device=ctx.device)
     z = make_latent(spec.shape, spec.seed).to(ctx.device, torch_dtype(spec.dtype))
+    # the global RNG alike in every process (a fresh one's is seeded at random): a decoder that draws
+    # noise from it (LTX-2.5's diffusion decoder, LTX-Video's noise injection) draws the same noise in
+    # diffusers' reference decode and on every rank, whose request agreement requires it
+    torch.manual_seed(spec.seed)
     return vae, z
 
 
