@@ -10,10 +10,17 @@ Run on a GPU machine, one process per GPU (not part of CI):
 By default Wan 2.1 and Wan 2.2, fp32 and bf16, every mode in the fast and the exact tier. Every rank
 builds the same random-weight VAE (real configs, torch.manual_seed(0); `--small`: tiny configs of the
 same classes) and the same latent. Rank 0 computes diffusers' decodes with an unparallelized copy of
-the model: in the row's dtype (untiled, and tiled for `tile`) and, as the reference, in fp32 with
-TF32 off, of the same weights (the fp32 ones the bf16 model was cast from) and the same latent (in a
-bf16 run, its bf16 values). Each mode's result is judged on rank 0 by the exactness contract
-(BENCHMARKS.md, "Exactness on the GPU"), `judge` below:
+the model: in the row's dtype and, as the reference, in fp32 with TF32 off, of the same weights (the
+fp32 ones the bf16 model was cast from) and the same latent (in a bf16 run, its bf16 values). Which
+decode a row is compared with follows from its strategy and the VAE's own tiling: `tile` with
+diffusers' tiled decode; a direct decode with the VAE's decode as configured (its tiled one where its
+tiling is on and tiles the latent); a spatial shard with the untiled decode. A class whose tiling is
+on by default (MiniMax-H3: its released output is the tiled decode) is checked twice: with its tiling
+on (`tile` and `auto`, labelled "[tiling on]") and off (the other modes, "[tiling off]"). A decoder
+that draws noise (LTX-2.5's diffusion decoder) gets the same noise on both sides: a fresh generator of
+one seed where its decode takes one, the global RNG seeded alike before every decode. Each mode's
+result is judged on rank 0 by the exactness contract (BENCHMARKS.md, "Exactness on the GPU"), `judge`
+below:
 
   bit-identical  `tile` (against diffusers' tiled decode) and an exact-tier direct decode (against
                  diffusers' decode), in either dtype
@@ -25,7 +32,10 @@ bf16 run, its bf16 values). Each mode's result is judged on rank 0 by the exactn
 A row whose plan (strategy, tier, fast-tier choices) equals an earlier row's of the same model and
 dtype runs the same code on the same inputs: it is reported with that row's figures, not decoded
 again (on one rank, for instance, the forced spatial modes fall back to auto's direct decode);
-`--repeat-same-plans` decodes it anyway. Exits 1 if any row fails.
+`--repeat-same-plans` decodes it anyway. `tile` is left out for a class vaeshard has no tiled decode
+for (LTX-2.5's diffusion decoder). `--compile-flex`: FlexAttention compiled for both sides (LTX-2.5's
+diffusion decoder: diffusers' eager FlexAttention holds every query's scores against every key, more
+than a GPU holds at any real-config grid). Exits 1 if any row fails.
 
     python3 benchmarks/gpu_parity.py stream --out stream.jsonl [--config wan21] [--shape 1,16,9,60,104]
 
@@ -84,12 +94,24 @@ SHAPES = {
     "hunyuanvideo": (1, 16, 3, 32, 48),  # 9 frames of 256 x 384 (too few for diffusers' temporal tiles)
     "cogvideox": (1, 16, 3, 32, 48),  # 9 frames of 256 x 384, two latent-frame batches
     "mochi": (1, 12, 3, 32, 48),  # 13 frames of 256 x 384
+    # 26 frames of 288 x 384: two clips (the second padded by repeated latent frames), each 2 x 2 tiles
+    # of diffusers' default 256 pixels (tiling on) or one token sequence of 3024 tokens (tiling off)
+    "minimax_h3": (1, 24, 8, 18, 24),
+    "dc-ae-f32c32-sana-1.0": (1, 32, 16, 24),  # 512 x 768: 3 x 4 tiles of 256 pixels every 192
+    # 17 frames of 256 x 256: the fewest frames its stage-5 window (11) takes; either axis shards over 2
+    # ranks (4 latent rows each, stage 1's 7-wide window). Needs --compile-flex on a GPU: diffusers' eager
+    # FlexAttention would hold 4 x 69632^2 fp32 stage-5 scores (78 GB)
+    "ltx2_diffusion_decoder": (1, 128, 3, 8, 8),
+    "flux1": (1, 16, 64, 64),  # 512 x 512
+    "sdxl": (1, 4, 64, 64),  # 512 x 512
 }
 TILES = (128, 96)  # diffusers' tile size and stride in sample pixels for the tiled decodes
 # where a model needs others: LTX-2's tiled decode divides sample sizes by its spatial_compression_ratio,
 # 64 in diffusers' default config (whose decoder is 32x), so 128-pixel tiles would be 2 latent columns
 # every 1, and the last tile's single column is more than its reflect padding can take
-TILES_FOR = {"ltx2": (256, 192)}
+# MiniMax-H3: its own default (256-pixel tiles, at least 64 pixels of overlap: its released output);
+# DC-AE: 8 latent rows every 6 of its 32x latent (128-pixel tiles would be 4 latent rows every 3)
+TILES_FOR = {"ltx2": (256, 192), "minimax_h3": (256, 192), "dc-ae-f32c32-sana-1.0": (256, 192)}
 # seconds a request waits for every rank (its agreement): rank 0 makes diffusers' decodes (the tiled
 # ones when the first tile row needs them) while the other ranks wait for it in their next request
 AGREEMENT_TIMEOUT_S = 900.0
@@ -97,7 +119,13 @@ AGREEMENT_TIMEOUT_S = 900.0
 # --small: tiny configs of the same classes (a CPU smoke run of the script), tiles small enough to tile:
 # the families' own test configs, and FLUX.2's layout at the class's default sample size
 SMALL_CONFIGS = {
-    **{name: tiny_configs()[name] for name in ("wan21", "wan22", "qwenimage", "hunyuanvideo15")},
+    **{
+        name: tiny_configs()[name]
+        for name in ("wan21", "wan22", "qwenimage", "hunyuanvideo15", "minimax_h3", "ltx2_diffusion_decoder")
+    },
+    "dc-ae-f32c32-sana-1.0": tiny_configs()["dcae"],  # the f32c32 layout: conv down, nearest-interpolate up
+    "flux1": tiny_configs()["autoencoder_kl_flux"],
+    "sdxl": tiny_configs()["autoencoder_kl"],
     "flux2": (
         "AutoencoderKLFlux2",
         {
@@ -116,8 +144,18 @@ SMALL_SHAPES = {
     "qwenimage": (1, 4, 2, 4, 6),
     "flux2": (1, 8, 20, 24),
     "hunyuanvideo15": (1, 4, 3, 8, 12),
+    "minimax_h3": (1, 4, 4, 6, 8),  # two clips (the second padded), 2 x 3 tiles of 32 pixels
+    "dc-ae-f32c32-sana-1.0": (1, 4, 12, 16),
+    "ltx2_diffusion_decoder": (1, 4, 2, 4, 6),
+    "flux1": (1, 16, 12, 16),
+    "sdxl": (1, 4, 20, 24),
 }
 SMALL_TILES = (32, 16)
+# parameters diffusers starts at zero where that hides a computation from the check, seeded here as the
+# tests seed them (tests/models.py): MiniMax-H3's residual scales (at zero every transformer block is an
+# identity, its attention unchecked) and register tokens
+SEEDED_ZEROS = {"AutoencoderKLMiniMaxH3": ("scale1", "scale2", "register_tokens")}
+NOISE_SEED = 2  # the seed of a noise-drawing decoder's generator (and the global RNG) before each decode
 
 # --- the exactness contract (BENCHMARKS.md, "Exactness on the GPU") -----------------------------------
 FP32_MAX = 1e-4  # fp32, TF32 off: max |diff| to diffusers' fp32 decode
@@ -277,6 +315,12 @@ def _parse_args(argv):
         help="tiny configs of the same classes and small latents (a smoke run of the script, e.g. on CPU)",
     )
     ap.add_argument(
+        "--compile-flex",
+        action="store_true",
+        help="FlexAttention through torch.compile for diffusers' decodes and vaeshard's alike (LTX-2.5's diffusion "
+        "decoder: eager FlexAttention holds every query's scores against every key)",
+    )
+    ap.add_argument(
         "--repeat-same-plans",
         action="store_true",
         help="decode a row whose plan equals an earlier row's again, instead of reporting that row's figures",
@@ -316,6 +360,8 @@ def main(argv=None) -> int:
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.compile_flex:
+        compile_flex()
     captures = CaptureCounter()
     logger = logging.getLogger("vaeshard")
     level = logger.level
@@ -347,9 +393,10 @@ def _run(args, device: torch.device, rank: int, world: int, captures: CaptureCou
             f"torch {torch.__version__}, GPU {torch.cuda.get_device_name() if device.type == 'cuda' else 'none'}, "
             f"world {world}" + (", small configs" if args.small else "")
         )
-        print("max|d|, mean|d|: vaeshard vs diffusers' decode in the same dtype (tiled for tile, untiled otherwise);")
+        print("max|d|, mean|d|: vaeshard vs diffusers' decode in the same dtype (tiled for tile and for a direct")
+        print("decode where the VAE's own tiling is on and tiles the latent, else untiled: the row's 'reference');")
         print("fp32 max/mean: vaeshard from the fp32 reference, diffusers' fp32 decode (TF32 off) of the same weights")
-        print("and latent (tiled for tile); dif. max/mean: diffusers' same-dtype decode from it; r max/mean: their")
+        print("and latent (the same kind); dif. max/mean: diffusers' same-dtype decode from it; r max/mean: their")
         print(
             f"ratios. ok: tile and exact direct bit-identical; fp32 max|d| <= {FP32_MAX:g}; bf16 r mean <= "
             f"{BF16_MEAN_RATIO:.2f}x, r max <= {BF16_MAX_RATIO:.2f}x, max|d| <= {BF16_MAX_TO_DIFFUSERS:g}"
@@ -379,21 +426,68 @@ def _run(args, device: torch.device, rank: int, world: int, captures: CaptureCou
     for model in args.models.split(","):
         torch.manual_seed(0)
         class_name, config = configs[model]
-        base = getattr(diffusers, class_name)(**config).eval()
+        base = seed_zeros(getattr(diffusers, class_name)(**config).eval())
         set_tiles(base, *((tile, stride) if args.small else TILES_FOR.get(model, (tile, stride))))
+        model_runs = runs
+        if not vaeshard.supported_classes()[class_name].tile_decode:  # mode tile is refused: nothing to judge
+            model_runs = [r for r in runs if r[0] != "tile"]
+            if rank == 0 and len(model_runs) < len(runs):
+                print(f"{model}: no tile rows (vaeshard has no tiled decode of {class_name})", flush=True)
         for dname in args.dtypes.split(","):
-            ok_all &= _check(args, base, model, dname, shapes[model], runs, device, rank, world, captures, emit)
+            ok_all &= _check(args, base, model, dname, shapes[model], model_runs, device, rank, world, captures, emit)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return ok_all
 
 
+def seed_zeros(vae):
+    """`vae` with the parameters of SEEDED_ZEROS (by name ending) drawn from 0.3 * N(0, 1), seed 4."""
+    ends = SEEDED_ZEROS.get(type(vae).__name__)
+    if ends:
+        g = torch.Generator().manual_seed(4)
+        with torch.no_grad():
+            for name, p in vae.named_parameters():
+                if name.endswith(ends):
+                    p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return vae
+
+
+def tiling_states(vae) -> list[bool]:
+    """The tiling states a model's rows run in: off, or where the class's tiling is on by default
+    (MiniMax-H3, whose released output is its tiled decode) on, then off."""
+    return [True, False] if getattr(vae, "use_tiling", False) else [False]
+
+
+def runs_in(state: bool, states: list[bool], runs: list) -> list:
+    """The runs of one tiling state: all of them for a model with one state; with tiling on, `tile`
+    and `auto` (the modes whose result it decides); with it off, the others and `auto`."""
+    if len(states) == 1:
+        return runs
+    return [r for r in runs if (r[0] in ("tile", "auto")) == state or r[0] == "auto"]
+
+
+def compile_flex() -> None:
+    """FlexAttention through torch.compile, for diffusers' decodes and vaeshard's alike: its eager path
+    (the one diffusers' processor takes) holds every query's scores against every key."""
+    import torch._dynamo
+    import torch.nn.attention.flex_attention as flex
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    flex.flex_attention = torch.compile(flex.flex_attention, dynamic=False)
+
+
 def set_tiles(vae, tile: int, stride: int) -> None:
     """diffusers' tile size and stride in sample pixels for the tiled decodes, under the names the
-    class uses; tiling itself stays off (the untiled decodes are the references)."""
-    if hasattr(vae, "tile_sample_stride_height"):  # Wan, Qwen-Image, LTX, HunyuanVideo, Mochi: size, stride
+    class uses. Tiling itself stays as the class leaves it (on only for MiniMax-H3, whose `_check`
+    rows then run with it on and off)."""
+    if hasattr(vae, "tile_sample_min_overlap_height"):  # MiniMax-H3: size and least overlap, per clip
+        vae.tile_sample_min_height = vae.tile_sample_min_width = tile
+        vae.tile_sample_min_overlap_height = vae.tile_sample_min_overlap_width = tile - stride
+    elif hasattr(vae, "tile_sample_stride_height"):  # Wan, Qwen-Image, LTX, HunyuanVideo, Mochi, DC-AE: size, stride
         vae.tile_sample_min_height = vae.tile_sample_min_width = tile
         vae.tile_sample_stride_height = vae.tile_sample_stride_width = stride
+        if hasattr(vae, "tile_latent_min_height"):  # DC-AE: whether it tiles, in latent rows (as enable_tiling sets)
+            vae.tile_latent_min_height = vae.tile_latent_min_width = tile // vae.spatial_compression_ratio
     elif hasattr(vae, "tile_overlap_factor_height"):  # CogVideoX: sample and latent sizes, overlaps per axis
         ratio = 2 ** (len(vae.config.block_out_channels) - 1)
         vae.tile_sample_min_height = vae.tile_sample_min_width = tile
@@ -407,47 +501,115 @@ def set_tiles(vae, tile: int, stride: int) -> None:
         ratio = 2 ** (len(vae.config.block_out_channels) - 1)
         vae.tile_sample_min_size, vae.tile_latent_min_size = tile, tile // ratio
         vae.tile_overlap_factor = 1 - stride / tile
-    vae.use_tiling = False
+
+
+def diffusers_decode(vae, z, tiled: bool, noise: dict | None = None) -> torch.Tensor:
+    """diffusers' own decode of `z`: its tiled decode (`tiled_decode`, or for a class without one,
+    MiniMax-H3, its `decode` with tiling on, which tiles every clip), or its decode with tiling off.
+    `noise`: the decoder's noise settings (`noise_inputs`), for a decoder that draws noise."""
+    inputs = noise_inputs(vae, **noise) if noise else {}
+    saved = getattr(vae, "use_tiling", None)
+    try:
+        if tiled and hasattr(vae, "tiled_decode"):
+            # (LTX-Video's tiled_decode requires its `temb`, None without timestep conditioning)
+            extra = {"temb": None} if "temb" in inspect.signature(vae.tiled_decode).parameters else {}
+            out = vae.tiled_decode(z, **extra, **inputs)
+        else:
+            if saved is not None:
+                vae.use_tiling = tiled
+            out = vae.decode(z, **inputs)
+    finally:
+        if saved is not None:
+            vae.use_tiling = saved
+    return out.sample if hasattr(out, "sample") else out  # (some classes' tiled_decode: a tensor)
+
+
+def noise_inputs(vae, draws: bool, generator: bool, device) -> dict:
+    """Before a decode of a VAE whose decoder draws noise (`draws`): the global RNG seeded with
+    NOISE_SEED and, where its decode takes a generator (`generator`), a fresh one of that seed, so
+    every decode of the same latent (diffusers' and vaeshard's, on every rank) draws the same noise."""
+    if not draws:
+        return {}
+    torch.manual_seed(NOISE_SEED)
+    return {"generator": torch.Generator(device).manual_seed(NOISE_SEED)} if generator else {}
 
 
 def _check(
     args, base, model: str, dname: str, shape, runs, device, rank: int, world: int, captures: CaptureCounter, emit
 ) -> bool:
-    """Every run of `runs` for one model and dtype: rows emitted on rank 0; whether all passed."""
+    """Every run of `runs` for one model and dtype, in each of its tiling states (`tiling_states`):
+    rows emitted on rank 0; whether all passed."""
+    from vaeshard.families import family_for
+
     dtype = torch.float32 if dname == "fp32" else torch.bfloat16
+    family = family_for(base)
+    noise = {
+        "draws": family.draws_noise(base),
+        "generator": "generator" in family.call_inputs.get("decode", ()),
+        "device": device,
+    }
     plain = copy.deepcopy(base).to(device, dtype) if rank == 0 else None  # stays diffusers': the references
+    fp32: list = []  # rank 0, a bf16 run: the fp32 model the references are decoded by, made once
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    vae = vaeshard.parallelize(copy.deepcopy(base).to(device, dtype), mode="auto", timeout=AGREEMENT_TIMEOUT_S)
+    states = tiling_states(base)
+    ok_all = True
+    for state in states:
+        state_runs = runs_in(state, states, runs)
+        if not state_runs:  # (no mode of this state was asked for)
+            continue
+        if hasattr(base, "use_tiling"):
+            vae.use_tiling = state
+            if plain is not None:
+                plain.use_tiling = state
+        suffix = (" [tiling on]" if state else " [tiling off]") if len(states) > 1 else ""
+        ok_all &= _check_state(
+            args, base, plain, vae, fp32, z, model, dname, suffix, state_runs, noise, world, rank, captures, emit
+        )
+    return ok_all
+
+
+def _check_state(
+    args, base, plain, vae, fp32: list, z, model, dname, suffix, runs, noise, world, rank, captures, emit
+) -> bool:
+    """`_check`'s runs in one tiling state (the one `vae` and `plain` are in)."""
+    from vaeshard.families import family_for
+
+    device, dtype = z.device, z.dtype
     refs: dict[str, tuple] = {}
 
     def reference(kind: str) -> tuple:
         """(diffusers' decode in this dtype, the fp32 reference, (max, mean) |diff| of the first from the
         second); `kind` "untiled" or "tiled". Rank 0, made when first needed."""
         if kind not in refs:
-
-            def decode(m, x):
-                # (LTX-Video's tiled_decode requires its `temb`, None without timestep conditioning)
-                extra = {"temb": None} if "temb" in inspect.signature(m.tiled_decode).parameters else {}
-                out = m.decode(x) if kind == "untiled" else m.tiled_decode(x, **extra)
-                return out.sample if hasattr(out, "sample") else out  # (some classes' tiled_decode: a tensor)
-
             with torch.no_grad():
-                same = decode(plain, z)
+                same = diffusers_decode(plain, z, kind == "tiled", noise)
                 if dtype == torch.float32:  # diffusers' own decode is the reference
                     truth = same
                 else:  # the fp32 weights the model was cast from, the latent's bf16 values
-                    truth = decode(copy.deepcopy(base).to(device, torch.float32), z.float())
+                    if not fp32:
+                        fp32.append(copy.deepcopy(base).to(device, torch.float32))
+                    truth = diffusers_decode(fp32[0], z.float(), kind == "tiled", noise)
             d = (same.float() - truth).abs()
             refs[kind] = same, truth, (d.max().item(), d.mean().item())
         return refs[kind]
 
+    def kind_of(strategy: str) -> str:
+        """The decode a row of `strategy` is compared with: `tile`'s the tiled one; a direct decode's the
+        VAE's own as configured (tiled where its tiling is on and tiles this latent); a shard's the untiled."""
+        if strategy == "direct":
+            return "tiled" if family_for(plain).own_result(plain, "decode", tuple(z.shape)) == "tile" else "untiled"
+        return "tiled" if strategy == "tile" else "untiled"
+
     if rank == 0:
-        same, truth, floor = reference("untiled")
+        kind = kind_of("direct")
+        same, truth, floor = reference(kind)
         if dtype != torch.float32:
             emit(
                 {
                     "model": model,
                     "dtype": dname,
-                    "mode": "diffusers-untiled",
+                    "mode": f"diffusers-{kind}{suffix}",
                     "strategy": "(reference)",
                     "world": 1,
                     "shape": list(z.shape),
@@ -458,7 +620,6 @@ def _check(
                     "ok": True,
                 }
             )
-    vae = vaeshard.parallelize(copy.deepcopy(base).to(device, dtype), mode="auto", timeout=AGREEMENT_TIMEOUT_S)
     ok_all = True
     seen: dict[tuple, dict | None] = {}  # plan -> its row (rank 0; None on the other ranks)
     for mode, exact_tier, (per_step, layer_frames) in runs:
@@ -470,6 +631,7 @@ def _check(
         label += f" k={per_step}" if per_step not in (1, "auto") else ""
         label += f" m={layer_frames}" if layer_frames else ""
         label += " into-conv" if plan.fast is not None and plan.fast.norm_into_conv else ""
+        label += suffix
         key = _plan_key(plan)
         if key in seen and not args.repeat_same_plans:  # (every rank alike: the plan is shared)
             if rank == 0:
@@ -486,7 +648,7 @@ def _check(
         seen[key] = None
         captured = captures.count
         with torch.no_grad():
-            out = vae.decode(z).sample
+            out = vae.decode(z, **noise_inputs(vae, **noise)).sample
         graphs = "-"
         if plan.fast is not None and plan.fast.cuda_graphs:  # (every rank alike: the plan is shared)
             # the same request without graphs: the same bits?
@@ -498,13 +660,14 @@ def _check(
                 timeout=AGREEMENT_TIMEOUT_S,
             )
             with torch.no_grad():
-                eager = vae.decode(z).sample
+                eager = vae.decode(z, **noise_inputs(vae, **noise)).sample
             if captures.count > captured:
                 graphs = "=" if torch.equal(out, eager) else "!"
             del eager
         if rank != 0:
             continue
-        same, truth, floor = reference("tiled" if plan.strategy == "tile" else "untiled")
+        kind = kind_of(plan.strategy)
+        same, truth, floor = reference(kind)
         rule = rule_for(plan.strategy, exact_tier, dname)
         r = {
             "model": model,
@@ -516,6 +679,7 @@ def _check(
             "rule": rule,
             "exact": exact_tier,
             "fallback": plan.fallback,
+            "reference": kind,
             **distances(out, same, truth, floor),
             "ref_std": same.float().std().item(),
             "graphs": graphs,

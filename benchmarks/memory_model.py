@@ -464,8 +464,9 @@ def family_peaks(name: str, shape: tuple, top: int) -> None:
     class_name, config = NAMED_CONFIGS[name]
     attention = torch.nn.functional.scaled_dot_product_attention
 
-    def output_only(q, k, v, *args, **kwargs):  # what a fused attention kernel allocates: its output
-        return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    # what a fused attention kernel allocates: its output (by keyword too, as diffusers' dispatch calls it)
+    def output_only(query, key, value, *args, **kwargs):
+        return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
     torch.nn.functional.scaled_dot_product_attention = output_only
     try:

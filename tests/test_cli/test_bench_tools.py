@@ -278,6 +278,54 @@ def test_interleaved_ab_patch_sets_an_attribute_and_sets_it_back():
             ab.Patch.parse(wrong)
 
 
+def test_the_bench_warms_up_on_the_shortest_clip_the_vae_decodes():
+    # two latent frames, or more where two decode to nothing: MiniMax-H3's real clips (17 frames, 3 dropped)
+    # need three; its tiny ones (7 frames, 1 dropped) two
+    import diffusers
+    import torch
+
+    import vaeshard
+    from vaeshard.cli import bench
+
+    from ..models import build
+
+    class_name, config = vaeshard.named_configs()["minimax_h3"]
+    with torch.device("meta"):
+        real = getattr(diffusers, class_name)(**config)
+    assert [bench._warm_up_frames(real, t) for t in (1, 2, 3, 22)] == [1, 2, 3, 3]
+    assert bench._warm_up_frames(build("minimax_h3"), 22) == 2
+    assert bench._warm_up_frames(build("wan21"), 21) == 2
+
+
+def test_every_bench_process_draws_the_same_noise(tmp_path):
+    # a fresh process's global RNG is seeded at random: each process of a bench (diffusers' reference,
+    # each rank) seeds it alike after loading, so a decoder that draws noise draws the same in each
+    import torch
+
+    from vaeshard.cli import bench
+    from vaeshard.cli.io import ModelSource
+
+    from ..models import build
+
+    vae = build("ltx2_diffusion_decoder")
+    vae.save_pretrained(tmp_path)
+    model = ModelSource(type(vae).__name__, dict(vae.config), path=str(tmp_path))
+    spec = bench.BenchSpec(model, (1, 4, 2, 4, 6), "fp32", "cpu", 1, 0, None)
+
+    class Ctx:
+        device = "cpu"
+        is_cuda = False
+
+    states, outs = [], []
+    for other in (1, 2):
+        torch.manual_seed(other)
+        vae, z = bench._load_for(Ctx(), spec)
+        states.append(torch.get_rng_state())
+        with torch.no_grad():
+            outs.append(vae.decode(z).sample)
+    assert torch.equal(*states) and torch.equal(*outs)
+
+
 @pytest.mark.parametrize(
     "settings,kept",
     [({}, False), ({"keep_cuda_graphs": True}, True), ({"keep_cuda_graphs": True, "mode": "tile"}, False)],

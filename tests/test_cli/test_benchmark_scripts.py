@@ -410,6 +410,69 @@ def test_a_cpu_run_of_tiny_configs(parity, tmp_path):
                 assert r[k] == earlier[k], (r, earlier)
 
 
+@pytest.mark.timeout(90)
+def test_a_cpu_run_of_a_tiled_by_default_and_a_noise_drawing_family(parity, tmp_path):
+    """MiniMax-H3, whose tiling is on by default, in both tiling states: `tile` and `auto` against
+    diffusers' tiled decode with it on, `auto` and the spatial modes against its untiled decode with it
+    off. LTX-2.5's diffusion decoder: no tile rows (vaeshard refuses `tile`), and the exact tier
+    bit-identical, which it is only where both sides draw the same stage-5 noise."""
+    out = tmp_path / "parity.jsonl"
+    rc = parity.main(
+        [
+            "--device", "cpu", "--small", "--models", "minimax_h3,ltx2_diffusion_decoder", "--dtypes", "fp32",
+            "--modes", "auto,tile,spatial_shard_width", "--out", str(out),
+        ]
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rc == 0 and all(r["ok"] for r in rows), rows
+    minimax = [(r["mode"], r["reference"]) for r in rows if r["model"] == "minimax_h3"]
+    assert minimax == [
+        ("auto fast [tiling on]", "tiled"),
+        ("auto exact [tiling on]", "tiled"),
+        ("tile exact [tiling on]", "tiled"),
+        ("auto fast [tiling off]", "untiled"),
+        ("auto exact [tiling off]", "untiled"),
+        ("spatial_shard_width fast [tiling off]", "untiled"),
+        ("spatial_shard_width exact [tiling off]", "untiled"),
+    ]
+    decoder = [r for r in rows if r["model"] == "ltx2_diffusion_decoder"]
+    modes = [f"{mode} {tier}" for mode in ("auto", "spatial_shard_width") for tier in ("fast", "exact")]
+    assert [r["mode"] for r in decoder] == modes
+    assert all(r["bit_identical"] for r in decoder if r["exact"]), decoder
+
+
+def test_the_references_of_the_new_classes_differ_where_they_should(parity):
+    """The two references MiniMax-H3's rows are judged against are different decodes (its residual
+    scales seeded: at diffusers' zeros the decoder's attention would not count), its tiling stays on;
+    DC-AE's tile size reaches the latent size its decode tiles by; a noise-drawing decode's inputs
+    draw the same noise every time."""
+    import diffusers
+    import torch
+
+    torch.manual_seed(0)
+    cls, config = parity.SMALL_CONFIGS["minimax_h3"]
+    vae = parity.seed_zeros(getattr(diffusers, cls)(**config).eval())
+    parity.set_tiles(vae, *parity.SMALL_TILES)
+    z = torch.randn(*parity.SMALL_SHAPES["minimax_h3"], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        tiled, untiled = parity.diffusers_decode(vae, z, True), parity.diffusers_decode(vae, z, False)
+    assert vae.use_tiling and vae.tile_sample_min_overlap_height == 16
+    assert tiled.shape == untiled.shape and (tiled - untiled).abs().max() > 1e-2
+    cls, config = parity.SMALL_CONFIGS["dc-ae-f32c32-sana-1.0"]
+    dcae = getattr(diffusers, cls)(**config)
+    parity.set_tiles(dcae, 256, 192)
+    assert (dcae.tile_latent_min_height, dcae.tile_sample_stride_width, dcae.use_tiling) == (64, 192, False)
+    cls, config = parity.SMALL_CONFIGS["ltx2_diffusion_decoder"]
+    decoder = getattr(diffusers, cls)(**config).eval()
+    z = torch.randn(1, 4, 2, 4, 6)
+    noise = {"draws": True, "generator": True, "device": torch.device("cpu")}
+    with torch.no_grad():
+        first, second = (parity.diffusers_decode(decoder, z, False, noise) for _ in range(2))
+        torch.manual_seed(3)
+        unseeded = decoder.decode(z).sample  # the global RNG's noise of another seed
+    assert torch.equal(first, second) and not torch.equal(first, unseeded)
+
+
 # --- e2e: a fresh process to the closed file ------------------------------------------------------
 
 

@@ -197,6 +197,10 @@ def _load_for(ctx, spec: BenchSpec):
         torch.backends.cudnn.allow_tf32 = False
     vae = spec.model.load(dtype=torch_dtype(spec.dtype), device=ctx.device)
     z = make_latent(spec.shape, spec.seed).to(ctx.device, torch_dtype(spec.dtype))
+    # the global RNG alike in every process (a fresh one's is seeded at random): a decoder that draws
+    # noise from it (LTX-2.5's diffusion decoder, LTX-Video's noise injection) draws the same noise in
+    # diffusers' reference decode and on every rank, whose request agreement requires it
+    torch.manual_seed(spec.seed)
     return vae, z
 
 
@@ -209,7 +213,19 @@ def _warm_up(vae, z):
         vae.decode(z)
         vae.decode(z)
         return
-    vae.decode(z[:, :, : min(z.shape[2], 2)] if z.dim() == 5 else z)
+    vae.decode(z[:, :, : _warm_up_frames(vae, z.shape[2])] if z.dim() == 5 else z)
+
+
+def _warm_up_frames(vae, frames: int) -> int:
+    """Latent frames of the warm-up clip: 2, or where a clip that short decodes to no frame (MiniMax-H3
+    decodes whole clips: at least one clip less its token_drop), the fewest that decode to one."""
+    import vaeshard
+
+    facts = vaeshard.shape_facts(type(vae).__name__, dict(vae.config))
+    short = min(frames, 2)
+    while short < frames and facts.frames_out(short) == 0:
+        short += 1
+    return short
 
 
 def _keeps_graphs(vae, z) -> bool:
