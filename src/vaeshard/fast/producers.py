@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
+from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.norms import GlobalGroupNorm
@@ -331,13 +332,21 @@ class PerChannelRMSNormSiLUIntoConv(ProducingNorm):
 
 class GroupNormSiLUIntoConv(ProducingNorm):
     """Mixin for an nn.GroupNorm declared followed by SiLU and a padding convolution: where the request
-    runs the protocol, the norm's own output (the next forward in line: a sharded request's takes the
-    whole map's statistics) goes through SiLU straight into that convolution's buffer, in one pass
-    (`silu.out`); elsewhere the norm's own forward."""
+    runs the protocol, silu(norm(x)) straight into that convolution's buffer: on one rank by
+    kernels/group_norm.py (two reads of x, one write), else the norm's own output (the next forward in
+    line: a sharded request's takes the whole map's statistics) through SiLU in one pass (`silu.out`);
+    elsewhere the norm's own forward."""
 
     def forward(self, x):
         norm = super().forward
-        view = self.produce(x, lambda x, view: torch.ops.aten.silu.out(norm(x), out=view))
+
+        def write(x, view):
+            if current() is None and group_norm.takes(x, self.num_groups):  # one rank: the kernels
+                group_norm.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu=True, out=view)
+            else:
+                torch.ops.aten.silu.out(norm(x), out=view)
+
+        view = self.produce(x, write)
         return norm(x) if view is None else view
 
 
@@ -350,8 +359,9 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
     """Mixin for a per-frame GroupNorm (Mochi's `MochiChunkedGroupNorm3D`: its `norm_layer` on each frame
     as a sample, `chunk_size` frames at a time) declared followed by SiLU and a padding convolution:
     where the request runs the protocol, each chunk's norm (`norm_layer`, so a sharded request's
-    statistics are the whole frame's) goes through SiLU straight into that convolution's buffer, with
-    no copy of the map into frame-major order and none back; elsewhere the norm's own forward. A
+    statistics are the whole frame's; on one rank every frame at once, by kernels/group_norm.py) goes
+    through SiLU straight into that convolution's buffer, with no copy of the map into frame-major
+    order and none back; elsewhere the norm's own forward. A
     GroupNorm normalises each sample alone, so the chunks' values do not depend on how frames are
     grouped into chunks."""
 
@@ -361,8 +371,12 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
 
     def _write(self, x: torch.Tensor, view: torch.Tensor) -> None:
         step = max(1, int(self.chunk_size))
+        gn = self.norm_layer
         for n in range(x.shape[0]):
             frames, out = x[n].transpose(0, 1), view[n].transpose(0, 1)  # (T, C, H, W) views
+            if current() is None and group_norm.takes(frames, gn.num_groups):  # one rank: every frame at once
+                group_norm.group_norm(frames, gn.num_groups, gn.weight, gn.bias, gn.eps, silu=True, out=out)
+                continue
             for start in range(0, frames.shape[0], step):
                 torch.ops.aten.silu.out(self.norm_layer(frames[start : start + step]), out=out[start : start + step])
 
@@ -378,9 +392,10 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
     The two 1x1x1 convolutions act per pixel, and nearest interpolation by a power of two repeats each
     latent pixel over a block of f's, so they run on zq interpolated in time only (`conditioning`, a
     mirror of diffusers' interpolation, guarded by families/cogvideox.py's mirror) and their outputs
-    are broadcast over those blocks: no interpolated latent and no two full-size maps. The product
-    and the sum are made in place on the norm's output, each rounded as diffusers rounds it, then
-    `silu.out` writes the buffer."""
+    are broadcast over those blocks: no interpolated latent and no two full-size maps. On one rank
+    kernels/group_norm.py normalises, conditions and applies SiLU in two reads of f and one write
+    into the buffer; sharded, the product and the sum are made in place on the norm's output (whole-map
+    statistics), then `silu.out` writes the buffer; each step rounded as diffusers rounds it."""
 
     def forward(self, f, zq, conv_cache=None):
         blocks = _blocks(f.shape[3:], zq.shape[3:]) if f.dim() == 5 and zq.dim() == 5 else None
@@ -388,7 +403,12 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
 
         def write(x, view):
             scale, shift = self.conditioning(f, zq, conv_cache or {}, caches)
-            norm = self.norm_layer(f)
+            gn = self.norm_layer
+            if current() is None and group_norm.takes(f, gn.num_groups) and scale.stride() == shift.stride():
+                # one rank: the norm, the conditioning and SiLU in the kernels' two reads of f
+                group_norm.group_norm(f, gn.num_groups, gn.weight, gn.bias, gn.eps, True, view, (scale, shift))
+                return
+            norm = gn(f)
             (h, bh), (w, bw) = blocks
             # f as blocks of the latent's pixels: (B, C, T, h, bh, w, bw), the conditioning broadcast
             norm.view(*norm.shape[:3], h, bh, w, bw).mul_(scale[:, :, :, :, None, :, None]).add_(

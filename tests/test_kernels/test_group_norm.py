@@ -1,0 +1,99 @@
+"""The fast tier's GroupNorm kernels (kernels/group_norm.py) against PyTorch's GroupNorm and SiLU,
+in Triton's interpreter (fp32: the interpreter does not round bf16 as a GPU does; against float64, as
+PyTorch's fp32 GroupNorm of a channels-last map on the CPU cancels digits where the mean is far from
+zero): channels-last and channels-first maps of 3 to 5 dims, such a mean, writing
+into a padded buffer's interior, the conditioning of CogVideoX's spatial norm; then the GroupNorm
+families' decoders with their norms written into the next convolutions through the kernels, against
+diffusers' decode. Outside the interpreter (CPU) the same call runs PyTorch's steps."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .. import interpreter
+
+VALUES = """
+import torch
+import torch.nn.functional as F
+from vaeshard.kernels import group_norm as gn, triton_support
+assert triton_support.interpreting()
+torch.manual_seed(0)
+cases = [((2, 32, 3, 5, 7), 8, "3d"), ((1, 64, 9, 11), 32, "2d"), ((1, 16, 2, 4, 6), 4, None), ((2, 8, 37), 2, None)]
+for shape, groups, layout in cases:
+    x = torch.randn(*shape) * 0.5 + 40.0  # far from zero: E[x^2] - E[x]^2 would lose every digit
+    if layout == "3d":
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    elif layout == "2d":
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(shape[1]), torch.randn(shape[1])
+    assert gn.takes(x, groups), shape
+    for silu in (False, True):
+        # float64: PyTorch's own fp32 GroupNorm of a channels-last map on the CPU loses digits here
+        want = F.group_norm(x.double(), groups, w.double(), b.double(), 1e-6)
+        want = (F.silu(want) if silu else want).float()
+        got = gn.group_norm(x, groups, w, b, 1e-6, silu)
+        assert got.is_contiguous(memory_format=torch.channels_last_3d) or layout != "3d", shape
+        assert (got - want).abs().max() <= 1e-4, (shape, silu, (got - want).abs().max())
+        # into the interior of a larger buffer (the next convolution's padded input)
+        buf = torch.full((shape[0], shape[1], *[d + 2 for d in shape[2:]]), float("nan"))
+        view = buf[(slice(None), slice(None)) + tuple(slice(1, 1 + d) for d in shape[2:])]
+        assert gn.group_norm(x, groups, w, b, 1e-6, silu, out=view).data_ptr() == view.data_ptr()
+        assert (view - want).abs().max() <= 1e-4 and buf.isnan().sum() == buf.numel() - view.numel(), shape
+# CogVideoX's conditioning: m and k at a half of the rows and a quarter of the columns
+x = (torch.randn(1, 16, 3, 4, 8) * 2 + 1).contiguous(memory_format=torch.channels_last_3d)
+m, k = torch.randn(1, 16, 3, 2, 2), torch.randn(1, 16, 3, 2, 2)
+w, b = torch.randn(16), torch.randn(16)
+def blocks(t):
+    return t.repeat_interleave(2, dim=3).repeat_interleave(4, dim=4)
+want = F.silu(F.group_norm(x, 4, w, b, 1e-6) * blocks(m) + blocks(k))
+got = gn.group_norm(x, 4, w, b, 1e-6, True, conditioning=(m, k))
+assert (got - want).abs().max() <= 2e-5, (got - want).abs().max()
+print("ok")
+"""
+
+MODELS = """
+import torch
+import vaeshard
+from vaeshard.kernels import group_norm, triton_support
+from tests.models import build, latent
+from tests.parity import CPU_FP32, assert_close
+assert triton_support.interpreting()
+applied = []
+apply = group_norm._apply
+group_norm._apply = lambda *args: applied.append(1) or apply(*args)
+for name, shape in (("hunyuanvideo", (1, 4, 3, 5, 6)), ("mochi", (1, 4, 3, 5, 7)), ("cogvideox", (1, 4, 5, 5, 6))):
+    vae = build(name)
+    z = latent(shape, seed=3)
+    with torch.no_grad():
+        want = vae.decode(z).sample
+    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(frames_per_step=1, norm_into_conv=True))
+    applied.clear()
+    with torch.no_grad():
+        got = vae.decode(z).sample
+    assert applied, name  # the norms went through the kernels
+    assert_close(got, want, CPU_FP32, name)
+print("ok")
+"""
+
+
+def test_group_norm_kernels_match_pytorch_in_the_interpreter():
+    run = interpreter.run(VALUES, timeout=240)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+
+
+def test_groupnorm_families_decode_through_the_kernels_in_the_interpreter():
+    run = interpreter.run(MODELS, timeout=300)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+
+
+def test_outside_the_interpreter_group_norm_runs_pytorchs_steps():
+    from vaeshard.kernels import group_norm as gn
+
+    x = torch.randn(2, 12, 3, 4, 5)  # 12 channels: not a power of two either
+    w, b = torch.randn(12), torch.randn(12)
+    assert not gn.takes(x, 3)
+    want = F.silu(F.group_norm(x, 3, w, b, 1e-5))
+    assert torch.equal(gn.group_norm(x, 3, w, b, 1e-5, True), want)
+    out = torch.empty(2, 12, 3, 6, 7)[:, :, :, 1:5, 1:6]
+    assert gn.group_norm(x, 3, w, b, 1e-5, True, out=out).data_ptr() == out.data_ptr() and torch.equal(out, want)
