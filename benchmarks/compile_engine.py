@@ -121,8 +121,14 @@ def child(args) -> dict:
         vae.decoder.compile()
     from torch._dynamo.utils import counters
 
-    row = {"subject": name, "shape": list(shape), "variant": args.variant, "cache": args.cache,
-           "gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__}
+    row = {
+        "subject": name,
+        "shape": list(shape),
+        "variant": args.variant,
+        "cache": args.cache,
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+    }
     t0 = time.perf_counter()
     first = _timed(vae, z)
     row["first_s"] = round(first, 3)
@@ -151,8 +157,10 @@ def child(args) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["subject | variant | cache | first s | median s | x eager | peak GiB | x eager | small recompile s "
-             "| mean/eager mean vs fp32 | max/eager max"]
+    lines = [
+        "subject | variant | cache | first s | median s | x eager | peak GiB | x eager | small recompile s "
+        "| mean/eager mean vs fp32 | max/eager max"
+    ]
     eager = {(r["subject"], r["cache"]): r for r in rows if r.get("variant") == "eager" and "median_s" in r}
     for r in rows:
         if "median_s" not in r:
@@ -162,13 +170,21 @@ def _table(rows: list[dict]) -> str:
         e = eager.get((r["subject"], "cold")) or eager.get((r["subject"], r["cache"]))
         sp = e["median_s"] / r["median_s"] if e else float("nan")
         mem = r["peak_gib"] / e["peak_gib"] if e and e["peak_gib"] else float("nan")
-        q = (r.get("small_mean_vs_fp32", float("nan")) / r["eager_bf16_mean_vs_fp32"]
-             if r.get("eager_bf16_mean_vs_fp32") else float("nan"))
-        qm = (r.get("small_max_vs_fp32", float("nan")) / r["eager_bf16_max_vs_fp32"]
-              if r.get("eager_bf16_max_vs_fp32") else float("nan"))
-        lines.append(f"{r['subject']} | {r['variant']} | {r['cache']} | {r['first_s']:.2f} | {r['median_s']:.3f} | "
-                     f"{sp:.2f}x | {r['peak_gib']:.2f} | {mem:.2f} | {r.get('small_first_s', float('nan')):.2f} | "
-                     f"{q:.3f} | {qm:.3f}")
+        q = (
+            r.get("small_mean_vs_fp32", float("nan")) / r["eager_bf16_mean_vs_fp32"]
+            if r.get("eager_bf16_mean_vs_fp32")
+            else float("nan")
+        )
+        qm = (
+            r.get("small_max_vs_fp32", float("nan")) / r["eager_bf16_max_vs_fp32"]
+            if r.get("eager_bf16_max_vs_fp32")
+            else float("nan")
+        )
+        lines.append(
+            f"{r['subject']} | {r['variant']} | {r['cache']} | {r['first_s']:.2f} | {r['median_s']:.3f} | "
+            f"{sp:.2f}x | {r['peak_gib']:.2f} | {mem:.2f} | {r.get('small_first_s', float('nan')):.2f} | "
+            f"{q:.3f} | {qm:.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -181,8 +197,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="append each row to this JSON-lines file")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to check the script")
     p.add_argument("--timeout", type=float, default=400.0, help="seconds each process may take")
-    p.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
-                   help="also run each compiled variant again on the caches its cold run left")
+    p.add_argument(
+        "--warm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run each compiled variant again on the caches its cold run left",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     p.add_argument("--cache", help=argparse.SUPPRESS)
@@ -197,20 +217,49 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as cache:
                 runs = ["cold", "warm"] if (variant != "eager" and args.warm) else ["cold"]
                 for state in runs:
-                    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
-                               TRITON_CACHE_DIR=os.path.join(cache, "triton"))
-                    cmd = [sys.executable, __file__, "--child", "--subject", subject, "--variant", variant,
-                           "--cache", state, "--reps", str(args.reps), "--small", args.small, "--device", args.device]
+                    env = dict(
+                        os.environ,
+                        TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+                        TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                    )
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        "--subject",
+                        subject,
+                        "--variant",
+                        variant,
+                        "--cache",
+                        state,
+                        "--reps",
+                        str(args.reps),
+                        "--small",
+                        args.small,
+                        "--device",
+                        args.device,
+                    ]
                     t0 = time.perf_counter()
                     try:
                         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
                         found = [ln[4:] for ln in done.stdout.splitlines() if ln.startswith("ROW ")]
-                        row = json.loads(found[-1]) if found else {
-                            "subject": subject.split("=")[0], "variant": variant, "cache": state,
-                            "error": (done.stderr or done.stdout)[-2000:]}
+                        row = (
+                            json.loads(found[-1])
+                            if found
+                            else {
+                                "subject": subject.split("=")[0],
+                                "variant": variant,
+                                "cache": state,
+                                "error": (done.stderr or done.stdout)[-2000:],
+                            }
+                        )
                     except subprocess.TimeoutExpired:
-                        row = {"subject": subject.split("=")[0], "variant": variant, "cache": state,
-                               "error": f"timed out after {args.timeout} s"}
+                        row = {
+                            "subject": subject.split("=")[0],
+                            "variant": variant,
+                            "cache": state,
+                            "error": f"timed out after {args.timeout} s",
+                        }
                     row["process_s"] = round(time.perf_counter() - t0, 1)
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -311,6 +311,9 @@ def test_which_rule_a_row_is_judged_by(parity):
     for exact in (False, True):
         for dtype in ("fp32", "bf16"):
             assert parity.rule_for("tile", exact, dtype) == "bit-identical"
+    # auto's tiles decoded as batches in the fast tier (MiniMax-H3): the fast tier's tolerance
+    assert parity.rule_for("tile", False, "bf16", batched=True) == "bf16"
+    assert parity.rule_for("tile", False, "fp32", batched=True) == "fp32"
     assert parity.rule_for("direct", True, "bf16") == "bit-identical"
     assert parity.rule_for("direct", False, "bf16") == "bf16"
     assert parity.rule_for("direct", False, "fp32") == "fp32"
@@ -395,7 +398,7 @@ def test_a_cpu_run_of_tiny_configs(parity, tmp_path):
     assert rc == (0 if all(r["ok"] for r in rows) else 1)
     for r in rows:
         if r["strategy"] != "(reference)":
-            assert r["rule"] == parity.rule_for(r["strategy"], r["exact"], r["dtype"])
+            assert r["rule"] == parity.rule_for(r["strategy"], r["exact"], r["dtype"], r["batched"])
             assert r["ok"] == parity.judge(r["rule"], r)[0], r
         if r["exact"]:
             assert r["bit_identical"], r
