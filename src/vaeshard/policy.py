@@ -15,6 +15,7 @@ import torch
 
 from . import tuning
 from .config import MODES, SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
+from .families.base import NORM_INTO_CONV_ONLY
 from .layers.tier import FastPlan, kernels_unavailable
 from .runtime import comm as comm_mod
 from .runtime import graphs
@@ -126,6 +127,12 @@ def plan_request(request: Request, world_size: int) -> Request:
             chosen = _fast_tiles(chosen, family, config.fast, request.op)
         elif not family.fast_tier:
             why = f"{type(request.vae).__name__} has no fast-tier layers (docs/families.md)"
+            chosen = chosen._replace(tier_reason=why)
+        elif family.fast_tier == NORM_INTO_CONV_ONLY and config.fast.norm_into_conv is not True:
+            why = (
+                f"{family.name}'s fast tier (its norms written into the next convolutions) is not yet measured "
+                "faster than diffusers' decode: it runs only with FastOptions(norm_into_conv=True)"
+            )
             chosen = chosen._replace(tier_reason=why)
         elif (
             family.name in tuning.FAST_TIER_SLOWER_FAMILIES

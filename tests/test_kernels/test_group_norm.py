@@ -4,7 +4,8 @@ PyTorch's fp32 GroupNorm of a channels-last map on the CPU cancels digits where 
 zero): channels-last and channels-first maps of 3 to 5 dims, such a mean, writing
 into a padded buffer's interior, the conditioning of CogVideoX's spatial norm; then the GroupNorm
 families' decoders with their norms written into the next convolutions through the kernels, against
-diffusers' decode. Outside the interpreter (CPU) the same call runs PyTorch's steps."""
+diffusers' decode (HunyuanVideo, Mochi, CogVideoX, AutoencoderKL). Outside the interpreter (CPU) the
+same call runs PyTorch's steps."""
 
 from __future__ import annotations
 
@@ -62,9 +63,10 @@ assert triton_support.interpreting()
 applied = []
 apply = group_norm._apply
 group_norm._apply = lambda *args: applied.append(1) or apply(*args)
-for name, shape in (("hunyuanvideo", (1, 4, 3, 5, 6)), ("mochi", (1, 4, 3, 5, 7)), ("cogvideox", (1, 4, 5, 5, 6))):
+cases = (("hunyuanvideo", (3, 5, 6)), ("mochi", (3, 5, 7)), ("cogvideox", (5, 5, 6)), ("autoencoder_kl", (5, 6)))
+for name, size in cases:
     vae = build(name)
-    z = latent(shape, seed=3)
+    z = latent((1, vae.config.latent_channels, *size), seed=3)
     with torch.no_grad():
         want = vae.decode(z).sample
     vaeshard.parallelize(vae, fast=vaeshard.FastOptions(frames_per_step=1, norm_into_conv=True))

@@ -381,6 +381,48 @@ def test_cogvideox_with_producers_sharded_matches_diffusers():
     assert run_ranks(_cogvideox_sharded, 2) == [True, True]
 
 
+@pytest.mark.parametrize("model", ["autoencoder_kl", "flux2"])
+def test_image_vaes_with_producers_match_diffusers(model):
+    """AutoencoderKL's and FLUX.2's GroupNorms write silu(norm) into their 3x3 convolutions' channels-
+    last input buffers (cuDNN pads them): the decode against diffusers'."""
+    vae = build(model)
+    z = latent((1, vae.config.latent_channels, 5, 6), seed=20)
+    reference = _diffusers(vae, z, "decode")
+    _forced(vae)
+    linked = _linked_convs(vae)
+    resnets = sum(type(m).__name__ == "ResnetBlock2D" for m in vae.decoder.modules())
+    assert len(linked) == 2 * resnets + 1, linked  # each residual block's two, conv_norm_out's
+    told = producers.told
+    took: Counter = Counter()
+
+    def spy(conv, x):
+        ok = told(conv, x)
+        took[id(conv)] += ok
+        return ok
+
+    producers.told = spy
+    try:
+        out = _diffusers(vae, z, "decode")
+    finally:
+        producers.told = told
+    assert_close(out, reference, CPU_FP32, model)
+    assert set(took) >= linked and all(took[c] for c in linked), "a declared convolution missed its buffer"
+
+
+def _image_sharded(rank, world):
+    vae = build("autoencoder_kl")
+    z = latent((1, vae.config.latent_channels, 7, 6), seed=21)
+    reference = reference_from_rank0(rank, lambda: _diffusers(vae, z, "decode"))
+    for mode in ("spatial_shard_height", "spatial_shard_width"):
+        _forced(vae, mode)
+        assert_close(_diffusers(vae, z, "decode"), reference, CPU_FP32_GROUPNORM, mode)
+    return True
+
+
+def test_image_vae_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_image_sharded, 2) == [True, True]
+
+
 def _ltx2(**overrides):
     """LTX-2's tiny config without the timestep's scale and shift; its decoder pads with reflection."""
     return models._tiny("ltx2", timestep_conditioning=False, **overrides)

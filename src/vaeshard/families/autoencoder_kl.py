@@ -16,15 +16,15 @@ directly.
 
 from __future__ import annotations
 
+from ..fast.producers import GlobalGroupNormIntoConv, NormIntoConv, ProducedConv2d, SiLUAfterProducer
 from ..layers.attention import WholeImageAttention
-from ..layers.convs import HaloConv2d
-from ..layers.norms import GlobalGroupNorm
 from ..runtime.tile import TileOps
 from .base import (
     CONTAINERS,
     GLOBAL_NORM,
     HALO,
     LOCAL,
+    NORM_INTO_CONV_ONLY,
     REFUSED,
     WHOLE_MAP,
     Family,
@@ -59,6 +59,17 @@ def _nearest_then_conv(up) -> str | None:
     return None
 
 
+# Which GroupNorm writes silu(norm(x)) into which 3x3 convolution's input buffer in the fast tier
+# (fast/producers.py), through which SiLU module: diffusers' forwards of these blocks (mirrored below)
+# pass the norm's output only through that SiLU (and an eval-mode dropout) to that convolution where
+# the attributes named in `unless` are None (no resampling between them, no timestep's scale and shift).
+NORM_INTO_CONV = (
+    NormIntoConv("ResnetBlock2D", "norm1", "nonlinearity", "conv1", unless=("upsample", "downsample")),
+    NormIntoConv("ResnetBlock2D", "norm2", "nonlinearity", "conv2", unless=("time_emb_proj",)),
+    NormIntoConv("Decoder", "conv_norm_out", "conv_act", "conv_out"),
+)
+
+
 # The decoder only (spatial-shard encode is not offered): 3x3 stride-1 Conv2d -> halo rows replace its
 # zero padding on the sharded axis; 1x1 Conv2d -> local; GroupNorm -> whole-map statistics;
 # Attention -> whole-image keys and values (its projections act per token); Upsample2D -> its nearest
@@ -66,14 +77,15 @@ def _nearest_then_conv(up) -> str | None:
 SHARD_PLAN = ShardPlan(
     roots=("decoder",),
     rules=(
-        Rule("Conv2d", HALO, HaloConv2d, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
+        Rule("Conv2d", HALO, ProducedConv2d, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
         Rule("Conv2d", LOCAL, check=pointwise_problem),
-        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
+        Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNormIntoConv, layer=Layer(norm="group")),
         Rule("Attention", WHOLE_MAP, WholeImageAttention, check=_plain_attention),
         Rule("Upsample2D", LOCAL, check=_nearest_then_conv),
         Rule("Downsample2D", REFUSED, reason="a downsampler (no halo rows for its inline pad here)"),
         local("Decoder", "UNetMidBlock2D", "UpDecoderBlock2D", "AttnUpDecoderBlock2D", "ResnetBlock2D"),
-        local("SiLU", "Mish", "GELU", "ReLU", "Linear"),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
+        local("Mish", "GELU", "ReLU", "Linear"),
         CONTAINERS,
     ),
 )
@@ -275,6 +287,16 @@ class _AutoencoderKL(Family):
             "bbb7495e91377277",
         ),
         Mirror(
+            "diffusers.models.resnet:ResnetBlock2D.forward",
+            "families/autoencoder_kl.py NORM_INTO_CONV (norm1 -> nonlinearity -> conv1, norm2 -> dropout -> conv2)",
+            "a30ae9277b79e8d2",
+        ),
+        Mirror(
+            "diffusers.models.autoencoders.vae:Decoder.forward",
+            "families/autoencoder_kl.py NORM_INTO_CONV (conv_norm_out -> conv_act -> conv_out)",
+            "f745d319263a350b",
+        ),
+        Mirror(
             "diffusers.models.attention_processor:AttnProcessor2_0.__call__",
             "layers/attention.py WholeImageAttention (keys and values from encoder_hidden_states)",
             "d5a292e89ccd77a2",
@@ -290,6 +312,11 @@ class _AutoencoderKL(Family):
     untiled_encode = staticmethod(untiled_encode)
     shard_plan = SHARD_PLAN
     release = staticmethod(release)
+    # the fast tier: channels-last convolutions, the GroupNorms + SiLU written into them
+    # (kernels/group_norm.py); only with norm_into_conv=True until measured faster
+    fast_tier = NORM_INTO_CONV_ONLY
+    layer_parts = False
+    norm_into_conv = NORM_INTO_CONV
 
     def spatial_ratio(self, vae) -> int:
         return 2 ** _num_upsamplers(vae)

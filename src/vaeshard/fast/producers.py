@@ -52,6 +52,7 @@ from torch.nn.modules import module as torch_module
 from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
+from ..layers.convs import HaloConv2d
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
@@ -135,7 +136,12 @@ def _class_name(module) -> str:
 
 
 def _takes(conv) -> bool:
-    return conv is not None and callable(getattr(conv, "producer_padding", None))
+    return conv is not None and any(callable(getattr(conv, a, None)) for a in ("producer_padding", "produced_input"))
+
+
+def told(conv, x: torch.Tensor) -> bool:
+    """Whether `x` is the input `interior` gave `conv` (once: the record is consumed either way)."""
+    return _told(conv, x)
 
 
 def runs() -> bool:
@@ -168,7 +174,15 @@ def _interior_of(buf: torch.Tensor, x_shape, start) -> torch.Tensor:
 def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
     """The view of a new input buffer of `conv` that an input like `x` fills, recorded as produced
     for `conv` (None where the protocol does not take this input: not 5-D, the convolution offers no
-    padding it fills, `producer_padding()` None, or time padding behind the frames in a frame loop)."""
+    padding it fills, `producer_padding()` None, or time padding behind the frames in a frame loop).
+    A convolution that builds its own input buffer (`produced_input`: the 2-D ones, whose padding
+    cuDNN applies) gives the view itself."""
+    own = getattr(conv, "produced_input", None)
+    if own is not None:
+        view = own(x)
+        if view is not None:
+            conv.__dict__[_PENDING] = _record(view)
+        return view
     offered = conv.producer_padding()
     if offered is None or x.dim() != 5:
         return None
@@ -445,6 +459,23 @@ def _blocks(f_size, z_size):
             return None
         out.append((m, n // m))
     return tuple(out)
+
+
+class ProducedConv2d(HaloConv2d):
+    """Mixin for a stride-1 zero-padded nn.Conv2d (layers/convs.py `HaloConv2d`) that a declared norm
+    writes into: its input buffer (`input_buffer`: channels-last, room for a sharded request's halo
+    rows; cuDNN pads the rest) is what the norm fills, and given that very view the convolution runs
+    on the buffer (`forward_buffer`); anything else takes HaloConv2d's path."""
+
+    def produced_input(self, x: torch.Tensor) -> torch.Tensor | None:
+        if x.dim() != 4 or not tier.enabled() or any(s != 1 for s in self.stride):
+            return None
+        return self.input_buffer(x)[1]
+
+    def forward(self, x):
+        if told(self, x):
+            return self.forward_buffer(x if x._base is None else x._base)
+        return super().forward(x)
 
 
 class SiLUAfterProducer:

@@ -166,7 +166,9 @@ def group_norm(
         if x.dim() != 5 or m.shape != k.shape or m.stride() != k.stride() or m.shape[:3] != x.shape[:3] or 0 in blocks:
             raise ValueError(f"group_norm: conditioning of {tuple(m.shape)} does not block {tuple(x.shape)}")
     if not takes(x, num_groups):
-        y = F.group_norm(x, num_groups, weight, bias, eps)
+        # (channels-first: PyTorch's CPU GroupNorm of a channels-last map loses digits where the mean is
+        # far from zero; its CUDA GroupNorm makes that copy itself)
+        y = F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
         if conditioning is not None:
             (bh, bw), (m, k) = blocks, conditioning
             y = y * m.repeat_interleave(bh, dim=3).repeat_interleave(bw, dim=4)
