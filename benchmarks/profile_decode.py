@@ -588,9 +588,13 @@ def run_subject(
     inputs = {v: channels_last if v == "channels-last" else z for v in variants}
 
     def enter(label: str) -> None:  # the same module, converted or parallelized in place between variants
+        import vaeshard
+
         _layout(vae, label == "channels-last")
         if label.startswith("vaeshard"):
             _vaeshard(vae, label)
+        else:  # diffusers' own decode again (a no-op on a VAE never parallelized)
+            vaeshard.unparallelize(vae)
 
     def peak_of(label: str) -> tuple[float, int, float]:
         if device.type == "cuda":
