@@ -251,7 +251,7 @@ def test_a_family_measured_slower_runs_diffusers_layers_on_cuda_and_says_why(mon
     for name, vae in vaes.items():
         plan = vaeshard.plan(vae, shape)
         assert plan.fast is None, name
-        assert f"{name}'s fast tier is not measured faster than diffusers' decode on a GPU" in plan.explain()
+        assert f"{name}'s fast tier is off on a GPU by default" in plan.explain(), name
         assert vaeshard.plan(vae, shape, fast=forced).fast.norm_into_conv, name
     monkeypatch.setattr(tuning, "FAST_TIER_SLOWER_FAMILIES", ())
     assert all(vaeshard.plan(vae, shape).fast is not None for vae in vaes.values())

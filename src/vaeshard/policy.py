@@ -15,7 +15,6 @@ import torch
 
 from . import tuning
 from .config import MODES, SPATIAL_MODES, STATE_ATTR, FastOptions, ParallelConfig
-from .families.base import NORM_INTO_CONV_ONLY
 from .layers.tier import FastPlan, kernels_unavailable
 from .runtime import comm as comm_mod
 from .runtime import graphs
@@ -128,10 +127,10 @@ def plan_request(request: Request, world_size: int) -> Request:
         elif not family.fast_tier:
             why = f"{type(request.vae).__name__} has no fast-tier layers (docs/families.md)"
             chosen = chosen._replace(tier_reason=why)
-        elif family.fast_tier == NORM_INTO_CONV_ONLY and config.fast.norm_into_conv is not True:
+        elif family.name in tuning.NORM_INTO_CONV_ONLY_FAMILIES and config.fast.norm_into_conv is not True:
             why = (
-                f"{family.name}'s fast tier (its norms written into the next convolutions) is not yet measured "
-                "faster than diffusers' decode: it runs only with FastOptions(norm_into_conv=True)"
+                f"{family.name}'s fast tier runs only with FastOptions(norm_into_conv=True): its bf16 output is "
+                "not within the bf16 rule of diffusers' (tuning.NORM_INTO_CONV_ONLY_FAMILIES, docs/tuning.md)"
             )
             chosen = chosen._replace(tier_reason=why)
         elif (
@@ -140,7 +139,8 @@ def plan_request(request: Request, world_size: int) -> Request:
             and not (family.norm_into_conv and config.fast.norm_into_conv is True)
         ):
             why = (
-                f"{family.name}'s fast tier is not measured faster than diffusers' decode on a GPU "
+                f"{family.name}'s fast tier is off on a GPU by default (measured slower than diffusers' decode, or "
+                "its bf16 output not within the bf16 rule) "
                 "(tuning.FAST_TIER_SLOWER_FAMILIES, docs/tuning.md; norm_into_conv=True runs it with its "
                 "norms into the next convolutions)"
             )

@@ -24,7 +24,6 @@ from .base import (
     GLOBAL_NORM,
     HALO,
     LOCAL,
-    NORM_INTO_CONV_ONLY,
     REFUSED,
     WHOLE_MAP,
     Family,
@@ -313,8 +312,8 @@ class _AutoencoderKL(Family):
     shard_plan = SHARD_PLAN
     release = staticmethod(release)
     # the fast tier: channels-last convolutions, the GroupNorms + SiLU written into them
-    # (kernels/group_norm.py); only with norm_into_conv=True until measured faster
-    fast_tier = NORM_INTO_CONV_ONLY
+    # (kernels/group_norm.py); requests: tuning.NORM_INTO_CONV_ONLY_FAMILIES
+    fast_tier = True
     layer_parts = False
     norm_into_conv = NORM_INTO_CONV
 

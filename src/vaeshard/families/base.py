@@ -280,10 +280,6 @@ def padded(conv) -> bool:
     return any(conv.padding[-2:])
 
 
-# Family.fast_tier's value for a fast tier that runs only where a request sets norm_into_conv=True
-NORM_INTO_CONV_ONLY = "norm_into_conv only"
-
-
 class Family(ABC):
     """A family of diffusers VAE classes (e.g. Wan's, for Wan 2.1 and 2.2).
 
@@ -334,9 +330,9 @@ class Family(ABC):
     # `stream_decode` yields once per decoder step (the decoder has a frame loop it can be cut at)
     streams_steps: bool = False
     # the fast tier (kernels, channels-last, fused norms) serves this family's layers, measured faster
-    # than diffusers' own on the GPU (BENCHMARKS.md); otherwise every request runs diffusers' layers.
-    # NORM_INTO_CONV_ONLY: only requests that set FastOptions(norm_into_conv=True) (not yet measured)
-    fast_tier: bool | str = False
+    # than diffusers' own on the GPU (BENCHMARKS.md); otherwise every request runs diffusers' layers
+    # (tuning.NORM_INTO_CONV_ONLY_FAMILIES: only requests that set FastOptions(norm_into_conv=True))
+    fast_tier: bool = False
     # `auto`'s tiled decode in the fast tier runs a rank's tiles of one shape as one batch
     # (TileOps.run_many: MiniMax-H3's ViT); `tile` and `exact=True` run them one at a time, bit for bit
     fast_tiles: bool = False
