@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import interpreter
+from ..dist_harness import run_ranks
 
 VALUES = """
 import torch
@@ -99,3 +100,38 @@ def test_outside_the_interpreter_group_norm_runs_pytorchs_steps():
     assert torch.equal(gn.group_norm(x, 3, w, b, 1e-5, True), want)
     out = torch.empty(2, 12, 3, 6, 7)[:, :, :, 1:5, 1:6]
     assert gn.group_norm(x, 3, w, b, 1e-5, True, out=out).data_ptr() == out.data_ptr() and torch.equal(out, want)
+
+
+def _sharded_through_the_kernels(rank, world):
+    """In the interpreter (the environment the ranks were spawned with): HunyuanVideo's and CogVideoX's
+    decoders sharded over the gloo ranks with their norms written into the convolutions, every
+    GroupNorm's statistics made the whole map's by the kernels' one all-reduce, against diffusers'."""
+    import vaeshard
+    from vaeshard.kernels import group_norm, triton_support
+
+    from ..models import build, latent
+    from ..parity import CPU_FP32_GROUPNORM, assert_close, reference_from_rank0
+
+    assert triton_support.interpreting()
+    reduced = []
+    scale_shift = group_norm._scale_shift
+    group_norm._scale_shift = lambda *a: reduced.append(a[-1] is not None) or scale_shift(*a)
+    for name, size in (("hunyuanvideo", (2, 5, 7)), ("cogvideox", (3, 5, 7))):
+        vae = build(name)
+        z = latent((1, vae.config.latent_channels, *size), seed=4)
+        reference = reference_from_rank0(rank, lambda vae=vae, z=z: vae.decode(z).sample)
+        for mode in ("spatial_shard_height", "spatial_shard_width"):
+            options = vaeshard.FastOptions(frames_per_step=1, norm_into_conv=True)
+            vaeshard.parallelize(vae, mode, fast=options)
+            reduced.clear()
+            with torch.no_grad():
+                out = vae.decode(z).sample
+            assert reduced and all(reduced), (name, mode)
+            assert_close(out, reference, CPU_FP32_GROUPNORM, f"{name} {mode}")
+        vaeshard.unparallelize(vae)
+    return True
+
+
+def test_sharded_groupnorms_take_the_whole_maps_statistics_through_the_kernels(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # new ranks (fresh), spawned with it
+    assert run_ranks(_sharded_through_the_kernels, 2, fresh=True) == [True, True]

@@ -43,6 +43,7 @@ itself. The same values as the convolution's own path: the padding only copies v
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,7 @@ from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
 from ..layers.norms import GlobalGroupNorm
+from ..runtime.comm import all_reduce_sum
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
 
@@ -306,6 +308,13 @@ class ProducingNorm:
         return view
 
 
+def _whole_map_sum():
+    """For kernels/group_norm.py: None on one rank; sharded, the in-place sum over the shard's ranks that
+    makes a rank's statistics the whole map's."""
+    ctx = current()
+    return None if ctx is None else functools.partial(all_reduce_sum, ctx.comm)
+
+
 class RMSNormSiLUIntoConv(ProducingNorm):
     """Mixin for an RMS norm over channels (`gamma`, `bias`, `scale` as diffusers' RMS norms keep
     them) that a family declares followed by SiLU and a padding convolution: where the request runs
@@ -346,17 +355,18 @@ class PerChannelRMSNormSiLUIntoConv(ProducingNorm):
 
 class GroupNormSiLUIntoConv(ProducingNorm):
     """Mixin for an nn.GroupNorm declared followed by SiLU and a padding convolution: where the request
-    runs the protocol, silu(norm(x)) straight into that convolution's buffer: on one rank by
-    kernels/group_norm.py (two reads of x, one write), else the norm's own output (the next forward in
-    line: a sharded request's takes the whole map's statistics) through SiLU in one pass (`silu.out`);
-    elsewhere the norm's own forward."""
+    runs the protocol, silu(norm(x)) straight into that convolution's buffer: by kernels/group_norm.py
+    (two reads of x, one write; sharded, one all-reduce makes the statistics the whole map's) where
+    they take x, else the norm's own output (the next forward in line: a sharded request's takes the
+    whole map's statistics) through SiLU in one pass (`silu.out`); elsewhere the norm's own forward."""
 
     def forward(self, x):
         norm = super().forward
 
         def write(x, view):
-            if current() is None and group_norm.takes(x, self.num_groups):  # one rank: the kernels
-                group_norm.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu=True, out=view)
+            if group_norm.takes(x, self.num_groups):  # the kernels (sharded: one all-reduce of statistics)
+                gn_args = (self.num_groups, self.weight, self.bias, self.eps)
+                group_norm.group_norm(x, *gn_args, silu=True, out=view, reduce=_whole_map_sum())
             else:
                 torch.ops.aten.silu.out(norm(x), out=view)
 
@@ -373,7 +383,7 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
     """Mixin for a per-frame GroupNorm (Mochi's `MochiChunkedGroupNorm3D`: its `norm_layer` on each frame
     as a sample, `chunk_size` frames at a time) declared followed by SiLU and a padding convolution:
     where the request runs the protocol, each chunk's norm (`norm_layer`, so a sharded request's
-    statistics are the whole frame's; on one rank every frame at once, by kernels/group_norm.py) goes
+    statistics are the whole frame's; every frame at once by kernels/group_norm.py where they take it) goes
     through SiLU straight into that convolution's buffer, with no copy of the map into frame-major
     order and none back; elsewhere the norm's own forward. A
     GroupNorm normalises each sample alone, so the chunks' values do not depend on how frames are
@@ -388,8 +398,9 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
         gn = self.norm_layer
         for n in range(x.shape[0]):
             frames, out = x[n].transpose(0, 1), view[n].transpose(0, 1)  # (T, C, H, W) views
-            if current() is None and group_norm.takes(frames, gn.num_groups):  # one rank: every frame at once
-                group_norm.group_norm(frames, gn.num_groups, gn.weight, gn.bias, gn.eps, silu=True, out=out)
+            if group_norm.takes(frames, gn.num_groups):  # the kernels: every frame at once
+                gn_args = (gn.num_groups, gn.weight, gn.bias, gn.eps)
+                group_norm.group_norm(frames, *gn_args, silu=True, out=out, reduce=_whole_map_sum())
                 continue
             for start in range(0, frames.shape[0], step):
                 torch.ops.aten.silu.out(self.norm_layer(frames[start : start + step]), out=out[start : start + step])
@@ -406,10 +417,11 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
     The two 1x1x1 convolutions act per pixel, and nearest interpolation by a power of two repeats each
     latent pixel over a block of f's, so they run on zq interpolated in time only (`conditioning`, a
     mirror of diffusers' interpolation, guarded by families/cogvideox.py's mirror) and their outputs
-    are broadcast over those blocks: no interpolated latent and no two full-size maps. On one rank
-    kernels/group_norm.py normalises, conditions and applies SiLU in two reads of f and one write
-    into the buffer; sharded, the product and the sum are made in place on the norm's output (whole-map
-    statistics), then `silu.out` writes the buffer; each step rounded as diffusers rounds it."""
+    are broadcast over those blocks: no interpolated latent and no two full-size maps.
+    kernels/group_norm.py normalises, conditions and applies SiLU in two reads of f and one write into
+    the buffer (sharded, with the whole map's statistics); where they do not take f, the product and
+    the sum are made in place on the norm's output, then `silu.out` writes the buffer; each step
+    rounded as diffusers rounds it."""
 
     def forward(self, f, zq, conv_cache=None):
         blocks = _blocks(f.shape[3:], zq.shape[3:]) if f.dim() == 5 and zq.dim() == 5 else None
@@ -418,9 +430,10 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         def write(x, view):
             scale, shift = self.conditioning(f, zq, conv_cache or {}, caches)
             gn = self.norm_layer
-            if current() is None and group_norm.takes(f, gn.num_groups) and scale.stride() == shift.stride():
-                # one rank: the norm, the conditioning and SiLU in the kernels' two reads of f
-                group_norm.group_norm(f, gn.num_groups, gn.weight, gn.bias, gn.eps, True, view, (scale, shift))
+            if group_norm.takes(f, gn.num_groups) and scale.stride() == shift.stride():
+                # the norm, the conditioning and SiLU in the kernels' two reads of f
+                gn_args = (gn.num_groups, gn.weight, gn.bias, gn.eps)
+                group_norm.group_norm(f, *gn_args, True, view, (scale, shift), reduce=_whole_map_sum())
                 return
             norm = gn(f)
             (h, bh), (w, bw) = blocks

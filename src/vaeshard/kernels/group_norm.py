@@ -8,9 +8,10 @@ convolution copies back, and diffusers' SiLU after it is a pass of its own. Here
    channels, and stores per group the block's sum and its sum of squared deviations from the
    block's own mean;
 2. the blocks are combined per (sample, group) in float64 (Chan's formula: the deviations of each
-   block's mean from the whole's weighted by the block's count; no E[x^2] - E[x]^2 cancellation),
-   giving GroupNorm's mean and 1 / sqrt(var + eps), folded with the weight and bias into one scale
-   and one shift per (sample, channel), in fp32 as PyTorch folds them;
+   block's mean from the whole's weighted by the block's count; no E[x^2] - E[x]^2 cancellation;
+   a sharded map's ranks then add their float64 sums in one all-reduce), giving GroupNorm's mean and
+   1 / sqrt(var + eps), folded with the weight and bias into one scale and one shift per (sample,
+   channel), in fp32 as PyTorch folds them;
 3. `_apply_kernel` reads the map again and writes x * scale + shift, rounded to the dtype as the
    norm's output is, then SiLU of that rounded value (rounded again, as diffusers' separate SiLU
    rounds), into a new channels-last tensor or into `out` (any strides: the interior of the next
@@ -151,13 +152,16 @@ def group_norm(
     silu: bool,
     out: torch.Tensor | None = None,
     conditioning: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reduce=None,
 ) -> torch.Tensor:
     """silu?(F.group_norm(x, num_groups, weight, bias, eps) [* m + k]), each step rounded to x's dtype
     as PyTorch's separate operations round, into a new tensor in x's memory format or into `out`
     (x's shape and dtype, any strides, not overlapping x); the tensor written is returned.
     `conditioning` (m, k): 5-D, x's samples, channels and frames, and rows and columns that x's are a
     whole multiple of, each entry standing for its block of x (CogVideoX's spatial norm, whose
-    conditioning is nearest-interpolated to x: fast/producers.py)."""
+    conditioning is nearest-interpolated to x: fast/producers.py). `reduce`, where x is a rank's part
+    of a sharded map: sums a small float64 tensor over the ranks in place (one all-reduce), so the
+    statistics are the whole map's; with PyTorch's steps, `reduce` must be None."""
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
         raise ValueError(f"group_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(out.shape)}")
     if conditioning is not None:
@@ -166,6 +170,8 @@ def group_norm(
         if x.dim() != 5 or m.shape != k.shape or m.stride() != k.stride() or m.shape[:3] != x.shape[:3] or 0 in blocks:
             raise ValueError(f"group_norm: conditioning of {tuple(m.shape)} does not block {tuple(x.shape)}")
     if not takes(x, num_groups):
+        if reduce is not None:
+            raise ValueError("group_norm: a sharded map's statistics need the kernels (group_norm.takes)")
         # (channels-first: PyTorch's CPU GroupNorm of a channels-last map loses digits where the mean is
         # far from zero; its CUDA GroupNorm makes that copy itself)
         y = F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
@@ -175,7 +181,7 @@ def group_norm(
             y = y + k.repeat_interleave(bh, dim=3).repeat_interleave(bw, dim=4)
         y = F.silu(y) if silu else y
         return y if out is None else out.copy_(y)
-    scale, shift = _scale_shift(x, num_groups, weight, bias, eps)
+    scale, shift = _scale_shift(x, num_groups, weight, bias, eps, reduce)
     y = torch.empty_like(x) if out is None else out
     _apply(x, y, scale, shift, silu, conditioning)
     return y
@@ -185,8 +191,35 @@ def _tile(c: int) -> int:
     return max(1, ELEMENTS // c)
 
 
-def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float):
-    """(scale, shift), (N, C) fp32 each: GroupNorm's statistics of `x` folded with its weight and bias."""
+def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float, reduce=None):
+    """(scale, shift), (N, C) fp32 each: GroupNorm's statistics of `x` folded with its weight and bias.
+    `reduce`: sums a float64 tensor over the ranks holding the rest of the map, in place (a sharded
+    request's whole-map statistics)."""
+    count, mean, m2 = _local_statistics(x, num_groups)
+    if reduce is None:
+        var = m2 / count
+    else:
+        # one all-reduce of (sum, sum of squares about zero, count): each rank's squares come from its
+        # deviations, so in float64 nothing cancels unless the mean exceeds the spread by about 1e7
+        stats = reduce(torch.stack([mean * count, m2 + mean.square() * count, count]))
+        count = stats[2]
+        mean = stats[0] / count
+        var = stats[1] / count - mean.square()
+    rstd = (var.clamp_min(0) + eps).rsqrt()
+    # PyTorch's fold: scale = rstd * weight, shift = bias - mean * scale, per (sample, channel), in fp32
+    per = x.shape[1] // num_groups
+    rstd_c = rstd.float().repeat_interleave(per, dim=1)
+    mean_c = mean.float().repeat_interleave(per, dim=1)
+    scale = rstd_c if weight is None else rstd_c * weight.float()[None, :]
+    shift = -mean_c * scale
+    if bias is not None:
+        shift = shift + bias.float()[None, :]
+    return scale.contiguous(), shift.contiguous()
+
+
+def _local_statistics(x: torch.Tensor, num_groups: int):
+    """(count, mean, sum of squared deviations), (N, G) float64 each, of this tensor's part of the map:
+    `_partials_kernel`'s blocks combined by Chan's formula."""
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
     s = d0 * d1 * d2
     block_s = _tile(c)
@@ -222,16 +255,8 @@ def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float):
     total = s * per
     mean = sums.sum(1) / total  # (N, G)
     block_means = sums / counts[None, :, None]
-    var = (m2.sum(1) + (counts[None, :, None] * (block_means - mean[:, None, :]).square()).sum(1)) / total
-    rstd = (var.clamp_min(0) + eps).rsqrt()
-    # PyTorch's fold: scale = rstd * weight, shift = bias - mean * scale, per (sample, channel), in fp32
-    rstd_c = rstd.float().repeat_interleave(per, dim=1)
-    mean_c = mean.float().repeat_interleave(per, dim=1)
-    scale = rstd_c if weight is None else rstd_c * weight.float()[None, :]
-    shift = -mean_c * scale
-    if bias is not None:
-        shift = shift + bias.float()[None, :]
-    return scale.contiguous(), shift.contiguous()
+    m2 = m2.sum(1) + (counts[None, :, None] * (block_means - mean[:, None, :]).square()).sum(1)
+    return torch.full_like(mean, float(total)), mean, m2
 
 
 def _apply(x, y, scale, shift, silu: bool, conditioning) -> None:
