@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu_runs.sh kept OUT
 #   bash benchmarks/gpu_runs.sh parity OUT
 #   bash benchmarks/gpu_runs.sh families OUT PARITY_SUBJECTS SPEED_SUBJECTS   # named configs, one GPU
+#   bash benchmarks/gpu_runs.sh ab OUT SUBJECTS                 # diffusers against vaeshard, one process
 #   bash benchmarks/gpu_runs.sh stream OUT [SUBJECTS] [PARTS]   # streamed decode and the first request
 #   bash benchmarks/gpu_runs.sh versions OUT SITE_A SITE_B WHAT # two versions of vaeshard, one GPU
 #
@@ -29,6 +30,11 @@
 #   decode in the same run (bench-CONFIG-N.json); an item may add bench flags after a space
 #   ("ltx=1,128,16,22,38 --norm-into-conv on"). REPS: timed decodes (default 3); BOUND: seconds each
 #   bench may take (default: no bound).
+# ab: SUBJECTS "config=B,C,[T,]H,W@REPS@SECONDS;...", each by `profile_decode.py video` in one process
+#   bounded by SECONDS: diffusers' untiled decode and VARIANTS (default channels-first,vaeshard-into:
+#   the default tier with norm_into_conv=True) timed A B A B, with peaks and max |diff| (NAME.json /
+#   .log). One model build and no process per side, so the figures come in a fraction of `families`'s
+#   time (its benches spawn a process per side; each needs about a minute more than its decodes).
 # stream: PARTS any of stream,e2e,cudnn (default all three, in that order); SUBJECTS
 #   "config=B,C,T,H,W@reps;...". 1. `gpu_parity.py stream`: stream_decode's chunks == vae.decode bit
 #   for bit (fast tier with CUDA graphs at a small size, and at 480p; the exact tier), the CLI
@@ -306,11 +312,29 @@ EOF
   esac
 }
 
+ab() {  # one process per subject: diffusers' decode against VARIANTS, A B A B (profile_decode.py video)
+  local item config rest shape reps seconds name
+  mkdir -p "$OUT"
+  write_env "$OUT/env.txt"
+  IFS=';' read -ra items <<<"${1:?usage: $0 ab OUT 'config=B,C,[T,]H,W@REPS@SECONDS;...'}"
+  for item in "${items[@]}"; do
+    [ -z "$item" ] && continue
+    config=${item%%=*}; rest=${item#*=}; shape=${rest%%@*}; rest=${rest#*@}; reps=${rest%@*}; seconds=${rest#*@}
+    name="$config-${shape//,/x}"
+    timeout "$seconds" python3 "$HERE/profile_decode.py" video --subject "$config=$shape" --reps "$reps" \
+      --variants "${VARIANTS:-channels-first,vaeshard-into}" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1 \
+      || echo "$item failed (or ran past its seconds)" >>"$OUT/notes.txt"
+  done
+  [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
+  tail -q -n 2 "$OUT"/*.log | grep "|" | grep -v "^subject"
+}
+
 case "$STAGE" in
   scaling) scaling "$@" ;;
   headline | wan22 | kept | parity) two_gpus ;;
   families) families "$@" ;;
+  ab) ab "$@" ;;
   stream) stream "$@" ;;
   versions) versions "$@" ;;
-  *) echo "unknown stage $STAGE (scaling, headline, wan22, kept, parity, families, stream, versions)" >&2; exit 2 ;;
+  *) echo "unknown stage $STAGE (scaling, headline, wan22, kept, parity, families, ab, stream, versions)" >&2; exit 2 ;;
 esac

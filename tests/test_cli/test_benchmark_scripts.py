@@ -183,8 +183,26 @@ def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
     # every stage the script's usage names is one its dispatch (the last case statement) takes
     text = (BENCH / "gpu_runs.sh").read_text()
     dispatch = text.rsplit('case "$STAGE" in', 1)[1]
-    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "stream", "versions"):
+    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "ab", "stream", "versions"):
         assert f"gpu_runs.sh {stage} OUT" in text and stage in dispatch, stage
+
+
+def test_the_ab_stage_compares_in_one_process(tmp_path):
+    """`gpu_runs.sh ab` on the CPU at a tiny size: diffusers' decode and vaeshard's in one process per
+    subject, a JSON with both variants' figures, and the table's rows printed last."""
+    out = tmp_path / "ab"
+    done = subprocess.run(
+        ["bash", str(BENCH / "gpu_runs.sh"), "ab", str(out), "flux1=1,16,8,8@1@200"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=BENCH.parent,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    row = json.loads((out / "flux1-1x16x8x8.json").read_text())["rows"][0]
+    assert set(row["variants"]) == {"channels-first", "vaeshard-into"}, row
+    assert all(v["seconds"] > 0 for v in row["variants"].values())
+    assert "flux1 | [1, 16, 8, 8] | vaeshard-into" in done.stdout, done.stdout
 
 
 @pytest.mark.timeout(300)
