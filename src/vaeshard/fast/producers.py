@@ -43,7 +43,6 @@ itself. The same values as the convolution's own path: the padding only copies v
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +53,7 @@ from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
-from ..layers.norms import GlobalGroupNorm
-from ..runtime.comm import all_reduce_sum
+from ..layers.norms import GlobalGroupNorm, whole_map_sum
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
 
@@ -308,13 +306,6 @@ class ProducingNorm:
         return view
 
 
-def _whole_map_sum():
-    """For kernels/group_norm.py: None on one rank; sharded, the in-place sum over the shard's ranks that
-    makes a rank's statistics the whole map's."""
-    ctx = current()
-    return None if ctx is None else functools.partial(all_reduce_sum, ctx.comm)
-
-
 class RMSNormSiLUIntoConv(ProducingNorm):
     """Mixin for an RMS norm over channels (`gamma`, `bias`, `scale` as diffusers' RMS norms keep
     them) that a family declares followed by SiLU and a padding convolution: where the request runs
@@ -366,7 +357,7 @@ class GroupNormSiLUIntoConv(ProducingNorm):
         def write(x, view):
             if group_norm.takes(x, self.num_groups):  # the kernels (sharded: one all-reduce of statistics)
                 gn_args = (self.num_groups, self.weight, self.bias, self.eps)
-                group_norm.group_norm(x, *gn_args, silu=True, out=view, reduce=_whole_map_sum())
+                group_norm.group_norm(x, *gn_args, silu=True, out=view, reduce=whole_map_sum())
             else:
                 torch.ops.aten.silu.out(norm(x), out=view)
 
@@ -400,7 +391,7 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
             frames, out = x[n].transpose(0, 1), view[n].transpose(0, 1)  # (T, C, H, W) views
             if group_norm.takes(frames, gn.num_groups):  # the kernels: every frame at once
                 gn_args = (gn.num_groups, gn.weight, gn.bias, gn.eps)
-                group_norm.group_norm(frames, *gn_args, silu=True, out=out, reduce=_whole_map_sum())
+                group_norm.group_norm(frames, *gn_args, silu=True, out=out, reduce=whole_map_sum())
                 continue
             for start in range(0, frames.shape[0], step):
                 torch.ops.aten.silu.out(self.norm_layer(frames[start : start + step]), out=out[start : start + step])
@@ -433,7 +424,7 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
             if group_norm.takes(f, gn.num_groups) and scale.stride() == shift.stride():
                 # the norm, the conditioning and SiLU in the kernels' two reads of f
                 gn_args = (gn.num_groups, gn.weight, gn.bias, gn.eps)
-                group_norm.group_norm(f, *gn_args, True, view, (scale, shift), reduce=_whole_map_sum())
+                group_norm.group_norm(f, *gn_args, True, view, (scale, shift), reduce=whole_map_sum())
                 return
             norm = gn(f)
             (h, bh), (w, bw) = blocks

@@ -7,9 +7,12 @@ GroupNorm with the statistics of the whole, unsharded map (image VAEs such as St
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
+from ..kernels import group_norm
 from ..kernels.norm import rms_norm
 from ..runtime.comm import all_reduce_sum
 from ..runtime.spatial import ShardContext, current
@@ -123,8 +126,16 @@ def global_group_norm(ctx: ShardContext, x: torch.Tensor, num_groups: int, weigh
     return y.view(x.shape).to(x.dtype)
 
 
+def whole_map_sum():
+    """For kernels/group_norm.py's `reduce`: None outside a sharded request; sharded, the in-place sum
+    over the shard's ranks that makes a rank's statistics the whole map's."""
+    ctx = current()
+    return None if ctx is None else functools.partial(all_reduce_sum, ctx.comm)
+
+
 class GlobalGroupNorm:
-    """Mixin for nn.GroupNorm: sharded, the statistics are those of the whole map (two small all-reduces).
+    """Mixin for nn.GroupNorm: sharded, the statistics are those of the whole map (small all-reduces:
+    in the fast tier one, by kernels/group_norm.py where its kernels take the map; else two).
 
     A GroupNorm couples every pixel of a group, so per-slice statistics would differ from the
     unsharded decode; the normalization itself stays local.
@@ -134,4 +145,7 @@ class GlobalGroupNorm:
         ctx = current()
         if ctx is None:
             return super().forward(x)
+        if enabled() and group_norm.takes(x, self.num_groups):
+            args = (self.num_groups, self.weight, self.bias, self.eps)
+            return group_norm.group_norm(x, *args, silu=False, reduce=whole_map_sum())
         return global_group_norm(ctx, x, self.num_groups, self.weight, self.bias, self.eps)
