@@ -12,7 +12,8 @@ of N hands the backend follow:
   slice go to the next rank, those below to the previous one (none past a global edge), each row
   C x T x W values; a causal convolution's cached frames travel with the rows.
 - global_norm (GroupNorm with whole-map statistics): two all-reduces of float64 sums,
-  B x groups + 1 and 2 x B x groups values.
+  B x groups + 1 and 2 x B x groups values (the exact tier, and the CPU's; on a GPU the fast tier's
+  GroupNorm kernels make one of 3 x B x groups: 8 bytes and one operation fewer, not modelled).
 - whole_map (attention): keys and values (or the normed map) all-gathered, each rank's slice
   padded to the longest slice.
 - assemble: the decoded slice (`output="all"`: every rank broadcasts its own rows).
