@@ -175,7 +175,7 @@ TABLE: tuple[Entry, ...] = (
         "NORM_INTO_CONV_ONLY_FAMILIES",
         "the families whose fast tier (channels-last convolutions, the GroupNorms + SiLU written into them) runs "
         "only where a request sets norm_into_conv=True, on every device; elsewhere diffusers' layers",
-        "AutoencoderKL, one H100: FLUX.1 1024^2 and 2048^2 and SDXL 1024^2 2.07-2.14x diffusers with the same peak "
+        "autoencoder_kl, one H100: FLUX.1 1024^2 and 2048^2 and SDXL 1024^2 2.07-2.14x diffusers with the same peak "
         "(BENCHMARKS.md), but at gpu_parity.py's shapes its bf16 output is 6.25e-2 (FLUX.1) and 1.13e-1 (SDXL) from "
         "diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' own (max 0.98x / 1.09x, mean "
         "0.95x) (2026-12-06/families-h100/, call 3). Without the GroupNorm kernels its channels-last convolutions "

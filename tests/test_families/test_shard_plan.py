@@ -69,6 +69,8 @@ def test_the_report_counts_each_treatment():
     assert report.counts["global_norm"] == len(norms) == 30
     assert report.counts["whole_map"] == 1  # the mid block's attention
     assert sum(report.counts.values()) == len(decoder)  # every decoder module has a treatment
-    assert len(report.swapped) == 33 + 30 + 1
-    assert {s.mixin for s in report.swapped} == {"HaloConv2d", "GlobalGroupNorm", "WholeImageAttention"}
-    assert report.summary() == "33 halo, 30 global_norm, 1 whole_map, 70 local; 64 swapped"
+    silus = [m for m in decoder if isinstance(m, torch.nn.SiLU)]  # local, swapped to pass a producer's output on
+    assert len(report.swapped) == 33 + 30 + 1 + len(silus) == 79
+    mixins = {"ProducedConv2d", "GlobalGroupNormIntoConv", "WholeImageAttention", "SiLUAfterProducer"}
+    assert {s.mixin for s in report.swapped} == mixins
+    assert report.summary() == "33 halo, 30 global_norm, 1 whole_map, 70 local; 79 swapped"

@@ -27,13 +27,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .norm import _offsets, _spatial_strides, _voxel_block, _wide
 from .triton_support import launch, runs_on, tl, triton
+from .voxels import spatial_strides, wide
 
 ELEMENTS = 4096  # a program's tile: all channels of up to ELEMENTS // C voxels
 NUM_WARPS = 4
 
 if triton is not None:
+    from .voxels import offsets, voxel_block
 
     @triton.jit
     def _partials_kernel(
@@ -56,8 +57,8 @@ if triton is not None:
         WIDE: tl.constexpr,
     ):
         # per group of this block of voxels: the sum, and the sum of squared deviations from its mean
-        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
-        x = tl.load(x_ptr + _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
+        n, offs_c, i0, i1, i2, mask = voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
+        x = tl.load(x_ptr + offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
         x = tl.reshape(x.to(tl.float32), (BLOCK_S, G, BLOCK_C // G))
         p = tl.program_id(0)
         rows = tl.minimum(S - p * BLOCK_S, BLOCK_S)
@@ -109,20 +110,20 @@ if triton is not None:
         # then (CONDITIONED) times m and plus k, each rounded, m and k of the map's frames at a
         # (BH, BW)-th of its rows and columns (a block of the map per entry), then as the SiLU's
         dt = y_ptr.dtype.element_ty
-        n, offs_c, i0, i1, i2, mask = _voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
-        x = tl.load(x_ptr + _offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
+        n, offs_c, i0, i1, i2, mask = voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
+        x = tl.load(x_ptr + offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
         a = tl.load(a_ptr + n * C + offs_c)
         b = tl.load(b_ptr + n * C + offs_c)
         y = (x.to(tl.float32) * a[None, :] + b[None, :]).to(dt).to(tl.float32)
         if CONDITIONED:
-            at = _offsets(n, offs_c, i0, i1 // BH, i2 // BW, smn, smc, sm0, sm1, sm2)
+            at = offsets(n, offs_c, i0, i1 // BH, i2 // BW, smn, smc, sm0, sm1, sm2)
             m = tl.load(m_ptr + at, mask=mask, other=0.0).to(tl.float32)
             y = (y * m).to(dt).to(tl.float32)
             k = tl.load(k_ptr + at, mask=mask, other=0.0).to(tl.float32)
             y = (y + k).to(dt).to(tl.float32)
         if SILU:  # y * sigmoid(y), exp(-y) as 2^(-y log2 e)
             y = y / (1.0 + tl.math.exp2(y * -1.4426950408889634))
-        tl.store(y_ptr + _offsets(n, offs_c, i0, i1, i2, syn, syc, sy0, sy1, sy2), y.to(dt), mask=mask)
+        tl.store(y_ptr + offsets(n, offs_c, i0, i1, i2, syn, syc, sy0, sy1, sy2), y.to(dt), mask=mask)
 
 
 def takes(x: torch.Tensor, num_groups: int) -> bool:
@@ -133,7 +134,7 @@ def takes(x: torch.Tensor, num_groups: int) -> bool:
     return (
         runs_on(x)
         and x.numel() > 0
-        and _spatial_strides(x) is not None
+        and spatial_strides(x) is not None
         and c >= num_groups > 0
         and c % num_groups == 0
         and c & (c - 1) == 0
@@ -220,7 +221,7 @@ def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float, red
 def _local_statistics(x: torch.Tensor, num_groups: int):
     """(count, mean, sum of squared deviations), (N, G) float64 each, of this tensor's part of the map:
     `_partials_kernel`'s blocks combined by Chan's formula."""
-    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = spatial_strides(x)
     s = d0 * d1 * d2
     block_s = _tile(c)
     programs = triton.cdiv(s, block_s)
@@ -245,7 +246,7 @@ def _local_statistics(x: torch.Tensor, num_groups: int):
         BLOCK_S=block_s,
         BLOCK_C=c,
         G=num_groups,
-        WIDE=_wide(x),
+        WIDE=wide(x),
         num_warps=NUM_WARPS,
     )
     per = c // num_groups
@@ -260,8 +261,8 @@ def _local_statistics(x: torch.Tensor, num_groups: int):
 
 
 def _apply(x, y, scale, shift, silu: bool, conditioning) -> None:
-    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = _spatial_strides(x)
-    _, _, _, (syn, syc, sy0, sy1, sy2) = _spatial_strides(y)
+    n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = spatial_strides(x)
+    _, _, _, (syn, syc, sy0, sy1, sy2) = spatial_strides(y)
     s = d0 * d1 * d2
     block_s = _tile(c)
     if conditioning is None:
@@ -300,6 +301,6 @@ def _apply(x, y, scale, shift, silu: bool, conditioning) -> None:
         BLOCK_C=c,
         SILU=silu,
         CONDITIONED=conditioning is not None,
-        WIDE=_wide(x, y) if conditioning is None else _wide(x, y, m),
+        WIDE=wide(x, y) if conditioning is None else wide(x, y, m),
         num_warps=NUM_WARPS,
     )
