@@ -15,7 +15,8 @@ of N hands the backend follow:
   B x groups + 1 and 2 x B x groups values (the exact tier, and the CPU's; on a GPU the fast tier's
   GroupNorm kernels make one of 3 x B x groups: 8 bytes and one operation fewer, not modelled).
 - whole_map (attention): keys and values (or the normed map) all-gathered, each rank's slice
-  padded to the longest slice.
+  padded to the longest slice; DC-AE's linear attention: one all-reduce of its fp32 (d + 1) x d
+  score matrix per head (maps of at most d pixels: keys and values gathered).
 - assemble: the decoded slice (`output="all"`: every rank broadcasts its own rows).
 - tile: one gather of every rank's tiles, padded to the largest tile and the largest per-rank
   count (runtime/tile.py); a request of one tile is decoded by rank 0 and broadcast.
@@ -67,17 +68,30 @@ def _halo_rows(module) -> tuple[int, int]:
 # Whole-map attention layers (vaeshard's layer names) and how many maps of their input's size each
 # call gathers: keys and values (two), or, for WholeImageAttention, the normed input (one);
 # HunyuanVideo's mid-block gathers keys and values for each of its attentions (their GroupNorms'
-# statistics are their own calls). The others (token and linear attention: MiniMax-H3, DC-AE) are not
-# modelled.
+# statistics are their own calls). DC-AE's linear attention (LINEAR) all-reduces its score matrix
+# instead (`_linear_attention`). MiniMax-H3's token attention is not modelled.
 MAPS_GATHERED = {"WholeFrameAttention": 2, "FrameCausalAttention": 2, "WholeImageAttention": 1}
 PER_ATTENTION = {"FrameCausalMidBlock": 2}
+LINEAR = "ShardedLinearAttention"
+
+
+def _linear_attention(module, shape) -> tuple[bool, int, int]:
+    """(whether the call takes the linear branch, heads across its scales, head_dim) of a call of
+    DC-AE's `SanaMultiscaleLinearAttention` on a whole map of `shape` (B, C, H, W) (layers/
+    linear_attention.py): the linear branch all-reduces an fp32 (d + 1) x d matrix per head; the
+    quadratic one (at most d pixels) gathers the keys and values."""
+    d = module.attention_head_dim
+    heads = module.to_q.out_features * (1 + len(module.to_qkv_multiscale)) // d
+    return shape[-2] * shape[-1] > d, heads, d
 
 
 def _maps_gathered(mixin: str, module=None) -> int:
     if mixin in PER_ATTENTION and module is not None:
         return PER_ATTENTION[mixin] * sum(attn is not None for attn in module.attentions)
+    if mixin == LINEAR:
+        return 0  # (its exchange depends on the call: spatial_bytes, operations)
     if mixin not in MAPS_GATHERED:
-        known = ", ".join((*MAPS_GATHERED, *PER_ATTENTION))
+        known = ", ".join((*MAPS_GATHERED, *PER_ATTENTION, LINEAR))
         raise ValueError(
             f"benchmarks/comm_model.py does not model {mixin}'s exchanges (it models {known}): its bytes "
             "would be a guess; add its rule to MAPS_GATHERED and a case to tests/test_runtime/test_comm_model.py"
@@ -141,6 +155,13 @@ def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[s
             groups = shape[0] * module.num_groups
             for r in range(world):
                 ranks[r]["all_reduce"] += 8 * (groups + 1) + 8 * 2 * groups
+        elif treatment == WHOLE_MAP and mixin == LINEAR:
+            linear, heads, d = _linear_attention(module, shape)
+            for r in range(world):
+                if linear:  # the fp32 score matrix, summed over the ranks
+                    ranks[r]["all_reduce"] += shape[0] * heads * (d + 1) * d * 4
+                else:  # keys and values, each rank's slice padded to the longest
+                    ranks[r]["all_gather"] += 2 * max(extents) * scale * shape[0] * heads * d * shape[-1] * itemsize
         elif treatment == WHOLE_MAP:
             row = _prod(shape) // shape[-2] * itemsize
             gathers = _maps_gathered(mixin, module)
@@ -198,13 +219,21 @@ def operations(traced, world: int) -> int:
         return 0
     calls, _ = traced
     per_call = {HALO: 1, GLOBAL_NORM: 2}
-    count = sum(per_call[t] if t in per_call else _maps_gathered(m, mod) for t, m, mod, *_ in calls)
+
+    def ops(treatment, mixin, module, shape) -> int:
+        if treatment in per_call:
+            return per_call[treatment]
+        if mixin == LINEAR:  # one all-reduce, or two gathers
+            return 1 if _linear_attention(module, shape)[0] else 2
+        return _maps_gathered(mixin, module)
+
+    count = sum(ops(t, m, mod, shape) for t, m, mod, shape, _ in calls)
     return count + world - 1  # the assembly: one broadcast per rank
 
 
 # Each family's common resolution, its latent (bf16) and its one-GPU decode on vaeshard's default tier
 # where BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only. Not modelled (the
-# model refuses their attention layers): MiniMax-H3's tokens, DC-AE's linear attention.
+# model refuses its attention layers): MiniMax-H3's tokens.
 _H100 = "BENCHMARKS.md, every family, one H100"
 PRESETS = {
     "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 1.460, f"Wan 2.1 720p 81 frames, {_H100}"),
@@ -218,6 +247,7 @@ PRESETS = {
     "flux1-2048": ("flux1", (1, 16, 256, 256), 0.423, f"FLUX.1 2048^2, {_H100}"),
     "flux2-1024": ("flux2", (1, 32, 128, 128), 0.086, "FLUX.2 1024^2, one H200"),
     "sdxl-1024": ("sdxl", (1, 4, 128, 128), 0.094, f"SDXL 1024^2, {_H100}"),
+    "dcae-4096": ("dc-ae-f32c32-sana-1.0", (1, 32, 128, 128), None, ""),
 }
 
 

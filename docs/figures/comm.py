@@ -26,11 +26,12 @@ RECORD = ROOT / "docs" / "figures" / "comm-model.json"  # the model's output: a 
 def main(out_dir: Path) -> Path:
     model = json.loads(RECORD.read_text())
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for preset in model["presets"]:
+    colors = plt.cm.tab20.colors  # one colour per family: more families than the default cycle's ten
+    for n, preset in enumerate(model["presets"]):
         ranks = [row["ranks"] for row in preset["rows"]]
         link = [row["link_bytes"] / 2**30 for row in preset["rows"]]
         label = f"{preset['preset']} {tuple(preset['latent'])}"
-        (line,) = left.plot(ranks, link, marker="o", markersize=3, label=label)
+        (line,) = left.plot(ranks, link, marker="o", markersize=3, color=colors[n % len(colors)], label=label)
         if preset["one_gpu_s"] is not None:
             times = [row["time_s"] for row in preset["rows"]]
             right.plot(ranks, times, marker="o", markersize=3, color=line.get_color(), label=preset["preset"])

@@ -75,6 +75,30 @@ CASES = [
         },
         (1, 4, 3, 10, 12),
     ),
+    (  # linear attention: its score matrix all-reduced; the smallest maps (at most d pixels) gathered
+        "dcae",
+        {
+            "tile_sample_min_height": 16,
+            "tile_sample_min_width": 16,
+            "tile_sample_stride_height": 12,
+            "tile_sample_stride_width": 12,
+            "tile_latent_min_height": 4,
+            "tile_latent_min_width": 4,
+        },
+        (1, 4, 7, 6),
+    ),
+    (  # a latent of 6 pixels: the latent-level attention takes the quadratic branch (keys, values gathered)
+        "dcae",
+        {
+            "tile_sample_min_height": 16,
+            "tile_sample_min_width": 16,
+            "tile_sample_stride_height": 12,
+            "tile_sample_stride_width": 12,
+            "tile_latent_min_height": 4,
+            "tile_latent_min_width": 4,
+        },
+        (1, 4, 6, 1),
+    ),
 ]
 
 
@@ -108,7 +132,7 @@ def _counted_rank(rank, world, name, tiles, shape):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize(("name", "tiles", "shape"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("name", "tiles", "shape"), CASES, ids=[f"{c[0]}-{'x'.join(map(str, c[2]))}" for c in CASES])
 def test_model_predicts_the_counted_bytes(name, tiles, shape, world):
     counted = run_ranks(_counted_rank, world, name, tiles, shape, timeout=180)
     model = _model()
