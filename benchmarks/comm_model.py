@@ -16,7 +16,8 @@ of N hands the backend follow:
   GroupNorm kernels make one of 3 x B x groups: 8 bytes and one operation fewer, not modelled).
 - whole_map (attention): keys and values (or the normed map) all-gathered, each rank's slice
   padded to the longest slice; DC-AE's linear attention: one all-reduce of its fp32 (d + 1) x d
-  score matrix per head (maps of at most d pixels: keys and values gathered).
+  score matrix per head (maps of at most d pixels: keys and values gathered); MiniMax-H3's ViT
+  decoder (its tiling off): each attention gathers the keys and values of every rank's patch tokens.
 - assemble: the decoded slice (`output="all"`: every rank broadcasts its own rows).
 - tile: one gather of every rank's tiles, padded to the largest tile and the largest per-rank
   count (runtime/tile.py); a request of one tile is decoded by rank 0 and broadcast.
@@ -69,10 +70,14 @@ def _halo_rows(module) -> tuple[int, int]:
 # call gathers: keys and values (two), or, for WholeImageAttention, the normed input (one);
 # HunyuanVideo's mid-block gathers keys and values for each of its attentions (their GroupNorms'
 # statistics are their own calls). DC-AE's linear attention (LINEAR) all-reduces its score matrix
-# instead (`_linear_attention`). MiniMax-H3's token attention is not modelled.
+# instead (`_linear_attention`).
 MAPS_GATHERED = {"WholeFrameAttention": 2, "FrameCausalAttention": 2, "WholeImageAttention": 1}
 PER_ATTENTION = {"FrameCausalMidBlock": 2}
 LINEAR = "ShardedLinearAttention"
+# MiniMax-H3's ViT decoder: each of its attentions gathers the keys and values of every rank's patch
+# tokens (layers/token_attention.py); modelled per decoder call, whose input holds the token grid
+# (the attentions' own calls see flattened tokens and count nothing themselves)
+VIT, TOKENS = "ShardedViTDecoder", "ShardedTokenAttention"
 
 
 def _linear_attention(module, shape) -> tuple[bool, int, int]:
@@ -85,11 +90,20 @@ def _linear_attention(module, shape) -> tuple[bool, int, int]:
     return shape[-2] * shape[-1] > d, heads, d
 
 
+def _token_attentions(decoder) -> list:
+    """The attentions of a ViT decoder's blocks (each with `to_k`, `heads`)."""
+    return [m for m in decoder.modules() if m is not decoder and hasattr(m, "to_k") and hasattr(m, "heads")]
+
+
 def _maps_gathered(mixin: str, module=None) -> int:
     if mixin in PER_ATTENTION and module is not None:
         return PER_ATTENTION[mixin] * sum(attn is not None for attn in module.attentions)
     if mixin == LINEAR:
         return 0  # (its exchange depends on the call: spatial_bytes, operations)
+    if mixin == VIT and module is not None:
+        return 2 * len(_token_attentions(module))
+    if mixin == TOKENS:
+        return 0  # (counted with its decoder's call)
     if mixin not in MAPS_GATHERED:
         known = ", ".join((*MAPS_GATHERED, *PER_ATTENTION, LINEAR))
         raise ValueError(
@@ -155,6 +169,15 @@ def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[s
             groups = shape[0] * module.num_groups
             for r in range(world):
                 ranks[r]["all_reduce"] += 8 * (groups + 1) + 8 * 2 * groups
+        elif treatment == WHOLE_MAP and mixin == TOKENS:
+            pass  # its decoder's call counts it
+        elif treatment == WHOLE_MAP and mixin == VIT:
+            # per attention, keys and values of the patch tokens (B, T, rows, W, inner) gathered by rows
+            b, _, frames, _, width = shape
+            for attn in _token_attentions(module):
+                row = b * frames * width * attn.to_k.out_features * itemsize
+                for r in range(world):
+                    ranks[r]["all_gather"] += 2 * max(extents) * scale * row
         elif treatment == WHOLE_MAP and mixin == LINEAR:
             linear, heads, d = _linear_attention(module, shape)
             for r in range(world):
@@ -232,8 +255,7 @@ def operations(traced, world: int) -> int:
 
 
 # Each family's common resolution, its latent (bf16) and its one-GPU decode on vaeshard's default tier
-# where BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only. Not modelled (the
-# model refuses its attention layers): MiniMax-H3's tokens.
+# where BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only.
 _H100 = "BENCHMARKS.md, every family, one H100"
 PRESETS = {
     "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 1.460, f"Wan 2.1 720p 81 frames, {_H100}"),
@@ -248,6 +270,7 @@ PRESETS = {
     "flux2-1024": ("flux2", (1, 32, 128, 128), 0.086, "FLUX.2 1024^2, one H200"),
     "sdxl-1024": ("sdxl", (1, 4, 128, 128), 0.094, f"SDXL 1024^2, {_H100}"),
     "dcae-4096": ("dc-ae-f32c32-sana-1.0", (1, 32, 128, 128), None, ""),
+    "minimax_h3-720p": ("minimax_h3", (1, 24, 22, 45, 80), None, ""),
 }
 
 
@@ -257,7 +280,9 @@ def _meta_vae(config_name: str):
     diffusers.utils.logging.set_verbosity_error()  # its note on keeping layers in float32 is about loading
     cls, config = vaeshard.named_configs()[config_name]
     with torch.device("meta"):
-        return getattr(diffusers, cls)(**config).to(torch.bfloat16)
+        vae = getattr(diffusers, cls)(**config).to(torch.bfloat16)
+    vae.use_tiling = False  # the spatial modes' decode (MiniMax-H3 tiles by default)
+    return vae
 
 
 def predict(preset: str, ranks) -> dict:
