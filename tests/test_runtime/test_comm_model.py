@@ -17,6 +17,15 @@ from ..models import build, latent
 
 MODEL = Path(__file__).resolve().parents[2] / "benchmarks" / "comm_model.py"
 
+# DC-AE's tiles: 16 sample pixels (4 latent) every 12
+DCAE_TILES = {
+    "tile_sample_min_height": 16,
+    "tile_sample_min_width": 16,
+    "tile_sample_stride_height": 12,
+    "tile_sample_stride_width": 12,
+    "tile_latent_min_height": 4,
+    "tile_latent_min_width": 4,
+}
 # (family's tiny config, diffusers' tile settings that make the latent several tiles, latent shape)
 CASES = [
     (
@@ -77,26 +86,12 @@ CASES = [
     ),
     (  # linear attention: its score matrix all-reduced; the smallest maps (at most d pixels) gathered
         "dcae",
-        {
-            "tile_sample_min_height": 16,
-            "tile_sample_min_width": 16,
-            "tile_sample_stride_height": 12,
-            "tile_sample_stride_width": 12,
-            "tile_latent_min_height": 4,
-            "tile_latent_min_width": 4,
-        },
+        DCAE_TILES,
         (1, 4, 7, 6),
     ),
     (  # a latent of 6 pixels: the latent-level attention takes the quadratic branch (keys, values gathered)
         "dcae",
-        {
-            "tile_sample_min_height": 16,
-            "tile_sample_min_width": 16,
-            "tile_sample_stride_height": 12,
-            "tile_sample_stride_width": 12,
-            "tile_latent_min_height": 4,
-            "tile_latent_min_width": 4,
-        },
+        DCAE_TILES,
         (1, 4, 6, 1),
     ),
     # MiniMax-H3 with diffusers' tiling off (its spatial modes): every attention gathers keys and values;
