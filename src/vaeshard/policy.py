@@ -36,6 +36,7 @@ class Plan(NamedTuple):
     tier_reason: str = ""  # why a request that asked for the fast tier runs diffusers' own layers
     result: str = ""  # what the result equals, one line
     changes_result: bool = False  # the result is not what the VAE's own decode / encode, as configured, gives
+    memory: str = ""  # what a rank holds beyond its share of the feature maps (Family.memory_note), one line
 
     def explain(self) -> str:
         """The strategy and every choice with its reason, one per line; for a request that would be
@@ -47,6 +48,8 @@ class Plan(NamedTuple):
         lines = [f"strategy: {self.strategy} ({self.reason})", f"result: {self.result}", f"tier: {tier}"]
         if self.fast is not None:
             lines += [f"  {name}: {why}" for name, why in self.fast.reasons]
+        if self.memory:
+            lines.append(f"memory: {self.memory}")
         return "\n".join(lines)
 
 
@@ -120,6 +123,8 @@ def plan_request(request: Request, world_size: int) -> Request:
 
     chosen = _with_result(_strategy(request, world_size, tile_ops), request.op, request.own, request.config.mode)
     config, family = request.config, request.family
+    note = family.memory_note(request.vae, tuple(request.x.shape), world_size, chosen.strategy, request.op)
+    chosen = chosen._replace(memory=note or "")
     # mode tile promises diffusers' tiled decode bit for bit, also when the request is one tile
     if not (request.hooked or config.exact or config.mode == "tile"):
         if chosen.strategy == "tile":

@@ -215,6 +215,28 @@ def test_too_few_latent_frames_are_refused_clearly(tiling):
         vae.decode(z)
 
 
+def test_spatial_plan_says_what_each_attention_gathers():
+    """A spatial plan says what each rank holds beyond its tokens: each attention's gathered keys and
+    values of the whole clip, 2 x B x frames x H x W x width x the weights' bytes, with the clip's
+    frames as diffusers' own decode feeds its ViT decoder (hooked here); `tile` and one rank hold none."""
+    vae = _build({})
+    vae.disable_tiling()
+    z = latent((1, 4, 5, 11, 9))
+    fed = []
+    handle = vae.decoder.register_forward_pre_hook(lambda module, args: fed.append(args[0].shape[2]))
+    with torch.no_grad():
+        vae.decode(z)
+    handle.remove()
+    width = vae.decoder.transformer_blocks[0].attn.to_k.out_features
+    expected = 2 * 1 * max(fed) * 11 * 9 * width * 4 / 2**20  # float32 weights
+    vaeshard.parallelize(vae)
+    text = vaeshard.plan(vae, z.shape, 2, "spatial_shard_height").explain()
+    assert f"gathers its clip's keys and values from every rank: {expected:.1f} MiB" in text, (expected, text)
+    assert "memory:" not in vaeshard.plan(vae, z.shape, 1).explain()
+    vae.enable_tiling(64, 64, 16, 16)
+    assert "memory:" not in vaeshard.plan(vae, z.shape, 2, "tile").explain()
+
+
 def test_real_config_tile_grids_shapes_and_plan():
     from diffusers import AutoencoderKLMiniMaxH3
 

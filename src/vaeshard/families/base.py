@@ -388,6 +388,12 @@ class Family(ABC):
         ops = self.decode_tile_ops(vae, probe) if op == "decode" else self.encode_tile_ops(vae, probe)
         return "untiled" if ops is None else "tile"  # diffusers decodes a single tile directly
 
+    def memory_note(self, vae, shape, world: int, strategy: str, op: str) -> str | None:
+        """What memory a rank needs beyond its share of the feature maps for this plan, where the family
+        knows of more (a gather of keys and values across ranks), as one line for `explain()`; None:
+        nothing beyond it."""
+        return None
+
     def direct_decode(self, vae, z) -> torch.Tensor:
         """One rank's whole decode: the VAE's own `decode` unless the family runs its own loop."""
         return type(vae).decode(vae, z, return_dict=False, **request_inputs())[0]

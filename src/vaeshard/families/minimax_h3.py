@@ -100,6 +100,17 @@ def _decode_clips(vae, frames: int) -> tuple[int, tuple[tuple[int, int], ...]]:
     return pad, tuple((i * size, min(i * size + size + vae.token_overlap, total)) for i in range(num_chunks))
 
 
+def gathered_bytes(vae, shape) -> int:
+    """Bytes of the keys and values one attention of the sharded ViT decoder gathers from every rank
+    (layers/token_attention.py): the whole clip's patch tokens (B x clip frames x H x W), the
+    attention's width each, in the model's dtype; the largest clip of a latent of `shape`."""
+    spans = _decode_clips(vae, shape[2])[1]
+    frames = max((t1 - t0 for t0, t1 in spans), default=0)
+    attn = next(m for m in vae.decoder.modules() if hasattr(m, "to_k") and hasattr(m, "heads"))
+    itemsize = attn.to_k.weight.element_size()
+    return 2 * shape[0] * frames * shape[3] * shape[4] * attn.to_k.out_features * itemsize
+
+
 def _frames_of_config(config: dict, frames: int) -> int:
     """Sample frames of a latent of `frames` frames, from the config alone: `_decode_clips` and
     `_merge_decoded` run on shapes (meta tensors) with the clip geometry diffusers' constructor derives."""
@@ -391,6 +402,17 @@ class _MiniMaxH3(Family):
     )
     latent_ndim = 5
     spatial_decode = True
+
+    def memory_note(self, vae, shape, world: int, strategy: str, op: str) -> str | None:
+        if op != "decode" or world < 2 or strategy not in ("spatial_shard_height", "spatial_shard_width"):
+            return None
+        size = gathered_bytes(vae, shape)
+        shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+        return (
+            f"each attention of the ViT decoder gathers its clip's keys and values from every rank: {shown} "
+            "on each rank while it runs, beside the rank's share of the tokens (the tiles of `tile` need none)"
+        )
+
     fast_tiles = True  # the fast tier batches a rank's tiles of one shape (TileOps.run_many)
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
