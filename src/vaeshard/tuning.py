@@ -157,9 +157,9 @@ TABLE: tuple[Entry, ...] = (
         "LTX-2 1088 x 1920 121 frames (1, 128, 16, 34, 60), one H100, against diffusers' untiled decode in the "
         "same call: its fast tier (the RMS norms in parts of frames) 1.328 s against 1.280 s (0.96x), the same "
         "peak, 27.65 GiB (2026-12-06/families-h100/). CogVideoX with its norms into the next convolutions, one "
-        "H100: 720 x 480 49 frames 2.61x diffusers, peak 9.54 against 14.74 GiB, but at gpu_parity.py's shape its "
-        "bf16 output is 1.64e-1 from diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' "
-        "own (max 1.04x, mean 0.94x) (2026-12-06/families-h100/, call 3)",
+        "H100: faster (BENCHMARKS.md's row), but at gpu_parity.py's shape its bf16 output is 1.64e-1 from "
+        "diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' own (max 1.04x, mean 0.94x) "
+        "(2026-12-06/families-h100/, call 3)",
     ),
     Entry(
         "NORM_INTO_CONV_BUFFER_FAMILIES",
@@ -175,11 +175,11 @@ TABLE: tuple[Entry, ...] = (
         "NORM_INTO_CONV_ONLY_FAMILIES",
         "the families whose fast tier (channels-last convolutions, the GroupNorms + SiLU written into them) runs "
         "only where a request sets norm_into_conv=True, on every device; elsewhere diffusers' layers",
-        "autoencoder_kl, one H100: FLUX.1 1024^2 and 2048^2 and SDXL 1024^2 2.07-2.14x diffusers with the same peak "
-        "(BENCHMARKS.md), but at gpu_parity.py's shapes its bf16 output is 6.25e-2 (FLUX.1) and 1.13e-1 (SDXL) from "
-        "diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' own (max 0.98x / 1.09x, mean "
-        "0.95x) (2026-12-06/families-h100/, call 3). Without the GroupNorm kernels its channels-last convolutions "
-        "had run 0.66x diffusers (FLUX.2 1024^2, 2026-12-02/families/)",
+        "autoencoder_kl, one H100: FLUX.1 1024^2 and 2048^2 and SDXL 1024^2 faster with the same peak "
+        "(BENCHMARKS.md's rows), but at gpu_parity.py's shapes its bf16 output is 6.25e-2 (FLUX.1) and 1.13e-1 "
+        "(SDXL) from diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' own (max 0.98x / "
+        "1.09x, mean 0.95x) (2026-12-06/families-h100/, call 3). Without the GroupNorm kernels its channels-last "
+        "convolutions had run 0.66x diffusers (FLUX.2 1024^2, 2026-12-02/families/)",
     ),
     Entry(
         "kernels/conv3d.py TILES",
