@@ -250,8 +250,11 @@ def _strategy(request: Request, world_size: int, tile_ops) -> Plan:
     workers = world_size if size is None else min(size, world_size)
     has_tile = family.supports(op, "tile")
 
+    # the fast tier's batched tiles (Family.fast_tiles): worth running as tiles on one rank too
+    batches = family.fast_tiles and op == "decode" and not (request.config.exact or hooked)
+
     def not_spatial(why: str, forced: bool) -> Plan:
-        if workers == 1 and mode != "tile":
+        if workers == 1 and mode != "tile" and not (batches and own == "tile" and tile_ops() is not None):
             return Plan("direct", f"{why}; one rank decodes directly", forced)
         # (a latent of another layout has no tile grid to cut)
         one_tile = len(shape) != family.latent_ndim or tile_ops() is None

@@ -18,11 +18,20 @@ import pytest
 import torch
 
 import vaeshard
-from vaeshard.families import family_for
+from vaeshard.families import cast_as_loaded, family_for
 
 from ..dist_harness import run_ranks
 from ..models import latent, minimax_h3_small
-from ..parity import CPU_FP32, assert_close, assert_identical, reference_from_rank0
+from ..parity import (
+    BF16_MAX,
+    BF16_MAX_RATIO,
+    BF16_MEAN_RATIO,
+    CPU_FP32,
+    assert_close,
+    assert_identical,
+    assert_real,
+    reference_from_rank0,
+)
 
 REAL_CLIPS = {"clip_length": 17, "token_drop": 3}  # the released clip geometry (4x temporal: 5 latent frames)
 
@@ -268,3 +277,40 @@ def test_real_config_tile_grids_shapes_and_plan():
     swapped = [n for n, m in vae.named_modules() if vaeshard.runtime.swap.is_swapped(m)]
     assert swapped[0] == "decoder" and len(swapped) == 1 + 36
     family.uninstall_layers(vae)
+
+
+def test_named_configs_cast_as_diffusers_loads_them(tmp_path):
+    """`cast_as_loaded` (how the named configs' random-weight models take a dtype) gives every parameter
+    and buffer the dtype diffusers' from_pretrained(torch_dtype=bfloat16) gives it: MiniMax-H3 keeps its
+    norms, residual scales and encoder in float32 (its `_keep_in_fp32_modules`)."""
+    vae = _build({})
+    vae.save_pretrained(tmp_path)
+    loaded = type(vae).from_pretrained(tmp_path, torch_dtype=torch.bfloat16)
+    cast = cast_as_loaded(_build({}), torch.bfloat16)
+    want = {name: t.dtype for name, t in [*loaded.named_parameters(), *loaded.named_buffers()]}
+    got = {name: t.dtype for name, t in [*cast.named_parameters(), *cast.named_buffers()]}
+    assert got == want
+    assert {torch.float32, torch.bfloat16} <= set(got.values())
+    # the values: the same weights, each rounded once
+    for (name, a), b in zip(loaded.state_dict().items(), cast.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_as_loaded_bf16_tiles_equal_diffusers():
+    """The bf16 model as loaded (float32 norms and scales: a float32 residual stream) through `tile` and
+    the fast tier's batched tiles on one rank, against diffusers' own tiled decode of it."""
+    z = latent((1, 4, 5, 11, 9)).to(torch.bfloat16)
+    with torch.no_grad():
+        reference = cast_as_loaded(_build({}), torch.bfloat16).decode(z).sample
+        vae = vaeshard.parallelize(cast_as_loaded(_build({}), torch.bfloat16), mode="tile")
+        assert_identical(vae.decode(z).sample, reference, "tile")
+        vae = vaeshard.parallelize(cast_as_loaded(_build({}), torch.bfloat16))  # auto: batched tiles
+        assert "one batch" in vaeshard.plan(vae, z.shape, 1).explain()
+        # bf16 batches may sum in another order than one tile at a time: the bf16 rule (tests/parity.py)
+        # against the float32 decode of the same weights and diffusers' bf16 decode
+        fp32 = _build({}).decode(z.float()).sample
+        out = vae.decode(z).sample
+    theirs, ours = (fp32 - reference.float()).abs(), (fp32 - out.float()).abs()
+    assert_real(fp32)
+    assert ours.max() <= BF16_MAX_RATIO * theirs.max() and ours.mean() <= BF16_MEAN_RATIO * theirs.mean()
+    assert_close(out, reference, BF16_MAX, "fast tier bf16 against diffusers' bf16")

@@ -96,16 +96,10 @@ class ModelSource:
         if self.named is not None:
             torch.manual_seed(0)
             vae = cls(**self.config)
-            if dtype is not None and dtype != torch.float32:
-                from diffusers.utils import logging as diffusers_logging
+            if dtype is not None:
+                from ..families import cast_as_loaded
 
-                # diffusers warns on any dtype cast of a model that was not loaded with torch_dtype
-                previous = diffusers_logging.get_verbosity()
-                diffusers_logging.set_verbosity_error()
-                try:
-                    vae = vae.to(dtype=dtype)
-                finally:
-                    diffusers_logging.set_verbosity(previous)
+                vae = cast_as_loaded(vae, dtype)
         else:
             # without accelerate, diffusers falls back to a full load with a warning; a class that keeps
             # modules in fp32 (MiniMax-H3's) it loads only through accelerate

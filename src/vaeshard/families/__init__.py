@@ -77,6 +77,31 @@ def _families_once() -> list[Family]:
     return out
 
 
+def cast_as_loaded(vae, dtype):
+    """`vae` in `dtype` as diffusers' `from_pretrained(..., torch_dtype=dtype)` loads it: a class that
+    keeps modules in fp32 (`_keep_in_fp32_modules`: MiniMax-H3's norms, scales and encoder) keeps the
+    parameters of those modules in fp32 and its buffers as built, every other parameter in `dtype`;
+    any other class is cast whole (`vae.to(dtype)`). The named configs' random-weight models are
+    built in fp32 and cast with this, so they run in the dtypes a loaded checkpoint runs in."""
+    import torch
+
+    keep = getattr(vae, "_keep_in_fp32_modules", None) or ()
+    if dtype == torch.float32 or not keep:
+        from diffusers.utils import logging as diffusers_logging
+
+        # diffusers warns on any dtype cast of a model that was not loaded with torch_dtype
+        previous = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()
+        try:
+            return vae.to(dtype=dtype)
+        finally:
+            diffusers_logging.set_verbosity(previous)
+    for name, p in vae.named_parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(torch.float32 if any(k in name.split(".") for k in keep) else dtype)
+    return vae
+
+
 def named_configs() -> dict[str, tuple[str, dict]]:
     """The real configs of every family: name -> (diffusers class name, constructor arguments), the
     VAE those arguments build being the real model's (with random weights until loaded)."""
