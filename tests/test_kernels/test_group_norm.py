@@ -80,6 +80,49 @@ print("ok")
 """
 
 
+OFFSETS = """
+import torch
+import triton
+import triton.language as tl
+from vaeshard.kernels import triton_support, voxels
+from vaeshard.kernels.voxels import offsets, voxel_block
+assert triton_support.interpreting()
+
+@triton.jit
+def where(out_ptr, S, C, D1, D2, sn, sc, s0, s1, s2, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
+    n, offs_c, i0, i1, i2, mask = voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
+    at = offsets(n, offs_c, i0, i1, i2, sn, sc, s0, s1, s2)
+    rows = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    tl.store(out_ptr + (n * S + rows[:, None]) * C + tl.arange(0, BLOCK_C)[None, :], at, mask=mask)
+
+# a channels-first map of 3 x 37 x 64 x 64 voxels and 16 channels whose voxels lie 2**26 apart is
+# never built: only its element offsets are, by the kernels' addressing, and 15 channels of
+# 3 * 37 * 64 * 64 voxels pass 2**31 (a HunyuanVideo map at 480p, 33 frames, 256 channels does)
+N, C, D = 2, 16, (3, 5, 7)
+S = D[0] * D[1] * D[2]
+big = 2**24 * 9  # the channel stride
+strides = (C * big, big, D[1] * D[2], D[2], 1)
+shape = (N, C, *D)
+meta = torch.empty_strided(shape, strides, device="meta")
+assert voxels.wide(meta)
+out = torch.full((N, S, C), -1, dtype=torch.int64)
+where[(triton.cdiv(S, 32), N)](out, S, C, D[1], D[2], *strides, BLOCK_S=32, BLOCK_C=C, WIDE=voxels.wide(meta))
+n, c, t, h, w = torch.meshgrid(*[torch.arange(d) for d in shape], indexing="ij")
+want = n * strides[0] + c * strides[1] + t * strides[2] + h * strides[3] + w * strides[4]
+assert torch.equal(out, want.permute(0, 2, 3, 4, 1).reshape(N, S, C)), (out - want.permute(0, 2, 3, 4, 1).reshape(N, S, C)).abs().max()
+assert want.max() > 2**31
+print("ok")
+"""
+
+
+def test_wide_addressing_keeps_channel_offsets_past_2_31_in_the_interpreter():
+    """In 64-bit mode (voxels.wide) the kernels' element offsets are exact where a channels-first
+    map's channel stride times the channel passes 2**31 (found on the GPU by a HunyuanVideo decode;
+    no tensor that large is built here: the offsets are stored, not loaded)."""
+    run = interpreter.run(OFFSETS, timeout=120)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+
+
 def test_group_norm_kernels_match_pytorch_in_the_interpreter():
     run = interpreter.run(VALUES, timeout=240)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
