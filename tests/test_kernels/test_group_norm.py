@@ -109,7 +109,8 @@ out = torch.full((N, S, C), -1, dtype=torch.int64)
 where[(triton.cdiv(S, 32), N)](out, S, C, D[1], D[2], *strides, BLOCK_S=32, BLOCK_C=C, WIDE=voxels.wide(meta))
 n, c, t, h, w = torch.meshgrid(*[torch.arange(d) for d in shape], indexing="ij")
 want = n * strides[0] + c * strides[1] + t * strides[2] + h * strides[3] + w * strides[4]
-assert torch.equal(out, want.permute(0, 2, 3, 4, 1).reshape(N, S, C)), (out - want.permute(0, 2, 3, 4, 1).reshape(N, S, C)).abs().max()
+want = want.permute(0, 2, 3, 4, 1).reshape(N, S, C)
+assert torch.equal(out, want), (out - want).abs().max()
 assert want.max() > 2**31
 print("ok")
 """
