@@ -44,7 +44,7 @@ WAN_HEIGHT_RANKS = 2
 WAN_HEIGHT_BASE_DIM = 96
 
 # --- norms writing into the next convolution's input (norm_into_conv="auto") ---------------------------
-NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "mochi")
+NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi")
 # families whose fast tier runs only where a request sets norm_into_conv=True, on every device
 NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 
@@ -52,7 +52,7 @@ NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 # families whose fast tier measured slower than diffusers' decode on one GPU, or whose bf16 output there
 # is not within the bf16 rule: their CUDA requests run diffusers' layers (the exact tier), and explain()
 # says so
-FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("ltx2", "cogvideox")
+FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox",)
 
 
 class Entry(NamedTuple):
@@ -154,12 +154,9 @@ TABLE: tuple[Entry, ...] = (
         "the families whose CUDA requests run diffusers' layers although the fast tier was asked for, because "
         "their fast tier measured slower than diffusers' decode on one GPU, or its bf16 output is not within "
         "the bf16 rule there (norm_into_conv=True runs it)",
-        "LTX-2 1088 x 1920 121 frames (1, 128, 16, 34, 60), one H100, against diffusers' untiled decode in the "
-        "same call: its fast tier (the RMS norms in parts of frames) 1.328 s against 1.280 s (0.96x), the same "
-        "peak, 27.65 GiB (2026-12-06/families-h100/). CogVideoX with its norms into the next convolutions, one "
-        "H100: faster (BENCHMARKS.md's row), but at gpu_parity.py's shape its bf16 output is 1.64e-1 from "
-        "diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' own (max 1.04x, mean 0.94x) "
-        "(2026-12-06/families-h100/, call 3)",
+        "CogVideoX with its norms into the next convolutions, one H100: faster (BENCHMARKS.md's rows), but at "
+        "gpu_parity.py's shape its bf16 output is 1.64e-1 from diffusers' (rule: 5e-2), though as close to the "
+        "fp32 decode as diffusers' own (max 1.04x, mean 0.94x) (2026-12-06/families-h100/, call 3)",
     ),
     Entry(
         "NORM_INTO_CONV_BUFFER_FAMILIES",
@@ -169,7 +166,9 @@ TABLE: tuple[Entry, ...] = (
         "same call: `--norm-into-conv off` 2.582 s (1.05x), 5.93 GiB; `on`: BENCHMARKS.md's row "
         "(2026-12-06/families-h100/). LTX-Video 704 x 1216 121 frames and Mochi 848 x 480 79 frames, `on`, "
         "against diffusers' decode in one process (`profile_decode.py video`): BENCHMARKS.md's rows, both within "
-        "the bf16 rule at gpu_parity.py's shapes (call 3). A family joins after such an A/B",
+        "the bf16 rule at gpu_parity.py's shapes (call 3); LTX-2 1088 x 1920 121 frames the same way, and "
+        "within the rule (call 4; without its norms into convolutions it ran 0.96x, call 1). A family joins "
+        "after such an A/B",
     ),
     Entry(
         "NORM_INTO_CONV_ONLY_FAMILIES",
