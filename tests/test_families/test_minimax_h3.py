@@ -20,6 +20,7 @@ import torch
 import vaeshard
 from vaeshard.families import cast_as_loaded, family_for
 
+from .. import interpreter
 from ..dist_harness import run_ranks
 from ..models import latent, minimax_h3_small
 from ..parity import (
@@ -72,8 +73,8 @@ def _tile(rank, world, op, shape, clips, tiles, overrides=None, tiling=None, mod
     plan = vaeshard.plan(vae, x.shape, world, mode, op=op, exact=exact)
     assert plan.strategy == "tile" and not plan.changes_result, plan.explain()
     vaeshard.parallelize(vae, mode=mode, exact=exact)
-    batches = []  # the batch of every decoder call on this rank
-    vae.decoder.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
+    batches = []  # the batch of every decoder call on this rank (each begins with post_quant_conv)
+    vae.post_quant_conv.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
     out = _run(vae, op, x)
     if plan.fast is None:
         assert_identical(out, reference, f"{mode} {op} {shape}")
@@ -171,8 +172,8 @@ def test_batched_tiles_match_tiles_one_at_a_time(monkeypatch):
     tiles = [t.cut(ops.source) for t in ops.all_tiles()]  # 8 tiles of 3 x 8 x 8 latent voxels
     assert len(tiles) == 8 and all(t.shape == tiles[0].shape for t in tiles)
     monkeypatch.setattr(minimax_h3, "BATCH_TOKENS", 3 * 3 * 8 * 8)  # three tiles a call: 3 + 3 + 2
-    batches = []
-    vae.decoder.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
+    batches = []  # each decoder call begins with post_quant_conv
+    vae.post_quant_conv.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
     with torch.no_grad():
         batched = ops.run_many(tiles)
         assert batches == [3, 3, 2]
@@ -314,3 +315,41 @@ def test_as_loaded_bf16_tiles_equal_diffusers():
     assert_real(fp32)
     assert ours.max() <= BF16_MAX_RATIO * theirs.max() and ours.mean() <= BF16_MEAN_RATIO * theirs.mean()
     assert_close(out, reference, BF16_MAX, "fast tier bf16 against diffusers' bf16")
+
+
+FUSED_BLOCKS = """
+import torch, vaeshard
+from tests.models import latent, minimax_h3_small
+from tests.parity import BF16_MAX, BF16_MAX_RATIO, BF16_MEAN_RATIO, CPU_FP32
+from vaeshard.families import cast_as_loaded
+from vaeshard.kernels import token_block, triton_support
+assert triton_support.interpreting()
+calls = []
+for name in ("qk_norm_rope", "residual_rms"):
+    def counted(*args, _f=getattr(token_block, name), _n=name, **kwargs):
+        calls.append(_n)
+        return _f(*args, **kwargs)
+    setattr(token_block, name, counted)
+z = latent((1, 4, 5, 11, 9))  # 2 clips of 2 x 2 tiles
+with torch.no_grad():
+    ref = minimax_h3_small().decode(z).sample  # diffusers' tiled decode, fp32
+    out = vaeshard.parallelize(minimax_h3_small()).decode(z).sample  # auto: batched tiles, one rank
+    assert {"qk_norm_rope", "residual_rms"} <= set(calls), calls
+    assert (out - ref).abs().max() <= CPU_FP32, (out - ref).abs().max()
+    # bf16 as loaded (float32 norms and scales: a float32 stream): the bf16 rule against the fp32 decode
+    ref16 = cast_as_loaded(minimax_h3_small(), torch.bfloat16).decode(z.bfloat16()).sample
+    out16 = vaeshard.parallelize(cast_as_loaded(minimax_h3_small(), torch.bfloat16)).decode(z.bfloat16()).sample
+theirs, ours = (ref16.float() - ref).abs(), (out16.float() - ref).abs()
+assert ours.max() <= BF16_MAX_RATIO * theirs.max() and ours.mean() <= BF16_MEAN_RATIO * theirs.mean(), (ours, theirs)
+assert (out16.float() - ref16.float()).abs().max() <= BF16_MAX
+print("ok")
+"""
+
+
+def test_fused_token_blocks_match_diffusers_in_the_interpreter():
+    """The fast tier's batched tiles run the ViT blocks with their elementwise passes fused
+    (fast/token_blocks.py, kernels/token_block.py: Q/K norms with the rotary embedding, residual
+    updates with the next norm), in Triton's interpreter: fp32 within CPU tolerance of diffusers' tiled
+    decode, and the bf16 model as diffusers loads it within the bf16 rule."""
+    run = interpreter.run(FUSED_BLOCKS, timeout=300)
+    assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]

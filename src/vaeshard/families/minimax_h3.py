@@ -17,10 +17,11 @@ ranks together, largest first, gathers them once, and stitches each clip with di
 `_stitch_tiles`; the clips are then merged in time by this module's mirror of `_decode` / `_encode`,
 so the result is diffusers' bit for bit. Geometry set with `enable_tiling(...)` is read per request.
 
-The fast tier (the default unless `exact=True` or mode `tile`) decodes each rank's tiles of one shape
-in batches of at most `BATCH_TOKENS` tokens through the ViT (attention through diffusers' native
-dispatch, which is PyTorch's scaled-dot-product attention: flash or cuDNN kernels on the GPU); a
-batch computes the same as the tiles one at a time up to the order of floating-point sums.
+The fast tier (the default unless `exact=True` or mode `tile`; one rank too) decodes each rank's tiles
+of one shape in batches of at most `BATCH_TOKENS` tokens through the ViT, its blocks' elementwise
+passes fused (fast/token_blocks.py: Q/K norms with the rotary embedding, each residual update with
+the next norm) and attention by PyTorch's scaled-dot-product attention (flash or cuDNN kernels on the
+GPU), within the fast tier's tolerances of the tiles decoded one at a time.
 
 With tiling off (`disable_tiling()`), a spatially sharded decode runs diffusers' untiled `_decode` on
 each rank's latent rows (or columns): every clip is one token sequence spread over the ranks, each
@@ -38,7 +39,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder
+from ..fast.token_blocks import run_blocks
+from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder, vit_forward
 from ..runtime.tile import Tile, TileGrid, TileOps, TimeChunks
 from .base import (
     CONTAINERS,
@@ -202,11 +204,12 @@ def decode_tile_ops(vae, z):
     def run(tile):
         return decoder(vae.post_quant_conv(tile))
 
-    def run_many(tiles):
+    def run_many(tiles):  # the fast tier: batches of tiles, the blocks' passes fused (fast/token_blocks.py)
         per_call = max(1, BATCH_TOKENS // tiles[0][:, 0].numel())  # tokens of one tile (its whole batch)
         outs = []
         for k in range(0, len(tiles), per_call):
-            outs += run(torch.cat(tiles[k : k + per_call])).split(tiles[0].shape[0])
+            batch = vae.post_quant_conv(torch.cat(tiles[k : k + per_call]))
+            outs += vit_forward(decoder, batch, run_blocks=run_blocks).split(tiles[0].shape[0])
         return outs
 
     return TileOps(
@@ -386,12 +389,22 @@ class _MiniMaxH3(Family):
         Mirror(_H3 + "encode", "families/minimax_h3.py encode_tile_ops (the sample's dtype)", "f25433a70fa1b136"),
         Mirror(
             _MODULE + "MiniMaxH3VideoViTDecoder3d.forward",
-            "layers/token_attention.py ShardedViTDecoder.forward, global_positions",
+            "layers/token_attention.py vit_forward, global_positions",
             "27ef2cf940602f3a",
         ),
         Mirror(
             _MODULE + "MiniMaxH3VideoAttnProcessor.__call__",
             "layers/token_attention.py ShardedTokenAttention.forward",
+            "f890add650941d22",
+        ),
+        Mirror(
+            _MODULE + "MiniMaxH3VideoTransformerBlock.forward",
+            "fast/token_blocks.py run_blocks (the fast tier's batched tiles)",
+            "00d50c6da1593deb",
+        ),
+        Mirror(
+            _MODULE + "MiniMaxH3VideoAttnProcessor.__call__",
+            "fast/token_blocks.py run_blocks, kernels/token_block.py qk_norm_rope",
             "f890add650941d22",
         ),
         Mirror(

@@ -52,6 +52,47 @@ def gather_tokens(ctx: ShardContext, x: torch.Tensor, grid: tuple[int, int, int]
     return torch.cat([whole.flatten(1, 3), x[:, n:]], dim=1)
 
 
+def local_positions(sizes: tuple[int, int, int], device) -> torch.Tensor:
+    """diffusers' position ids (t, h, w in [-1, 1)) of an unsharded decoder call of `sizes`."""
+    grids = [2.0 * (torch.arange(0.5, size, dtype=torch.float32, device=device) / size) - 1.0 for size in sizes]
+    return torch.stack(torch.meshgrid(*grids, indexing="ij"), dim=-1).flatten(0, 2)
+
+
+def vit_forward(decoder, hidden_states, positions=local_positions, run_blocks=None):
+    """`MiniMaxH3VideoViTDecoder3d.forward` of `decoder` (diffusers' steps), with the position ids of its
+    (frames, rows, cols) from `positions(sizes, device)` and its transformer blocks run by
+    `run_blocks(decoder, hidden_states, rotary_emb)` (None: each block's own forward in turn)."""
+    from diffusers.models.modeling_utils import get_parameter_dtype
+
+    batch_size, num_channels, num_frames, height, width = hidden_states.shape
+    hidden_states = hidden_states.permute(0, 2, 3, 4, 1).reshape(batch_size, num_frames * height * width, num_channels)
+    hidden_states = decoder.proj_in(hidden_states)
+    num_patches = hidden_states.shape[1]
+    register_tokens = decoder.register_tokens.expand(batch_size, -1, -1).to(hidden_states.dtype)
+    cls_token = torch.zeros_like(hidden_states[:, :1, :])
+    hidden_states = torch.cat([hidden_states, register_tokens, cls_token], dim=1)
+
+    position_ids = positions((num_frames, height, width), hidden_states.device)
+    position_ids = position_ids.unsqueeze(0).expand(batch_size, -1, -1)
+    suffix_ids = position_ids.new_zeros((batch_size, decoder.num_register_tokens + 1, 3))
+    position_ids = torch.cat([position_ids, suffix_ids], dim=1)
+    rotary_emb = decoder.rope(position_ids)
+
+    if run_blocks is None:
+        for block in decoder.transformer_blocks:
+            hidden_states = block(hidden_states, rotary_emb)
+    else:
+        hidden_states = run_blocks(decoder, hidden_states, rotary_emb)
+
+    hidden_states = decoder.norm_out(hidden_states).to(get_parameter_dtype(decoder.proj_out))
+    hidden_states = decoder.proj_out(hidden_states)
+    hidden_states = hidden_states[:, :num_patches, :]
+    p, pt = decoder.patch_size, decoder.patch_size_t
+    hidden_states = hidden_states.view(batch_size, num_frames, height, width, decoder.out_channels, pt, p, p)
+    hidden_states = hidden_states.permute(0, 4, 1, 5, 2, 6, 3, 7).contiguous()
+    return hidden_states.reshape(batch_size, decoder.out_channels, num_frames * pt, height * p, width * p)
+
+
 class ShardedViTDecoder:
     """Mixin for `MiniMaxH3VideoViTDecoder3d`: diffusers' forward on a rank's latent rows, with the
     rotary positions of those rows in the whole clip; its attentions (`ShardedTokenAttention`) read
@@ -61,39 +102,9 @@ class ShardedViTDecoder:
         ctx = current()
         if ctx is None:
             return super().forward(hidden_states)
-        from diffusers.models.modeling_utils import get_parameter_dtype
-
-        batch_size, num_channels, num_frames, height, width = hidden_states.shape
-        hidden_states = hidden_states.permute(0, 2, 3, 4, 1).reshape(
-            batch_size, num_frames * height * width, num_channels
-        )
-        hidden_states = self.proj_in(hidden_states)
-        num_patches = hidden_states.shape[1]
-        register_tokens = self.register_tokens.expand(batch_size, -1, -1).to(hidden_states.dtype)
-        cls_token = torch.zeros_like(hidden_states[:, :1, :])
-        hidden_states = torch.cat([hidden_states, register_tokens, cls_token], dim=1)
-
-        position_ids = global_positions(ctx, (num_frames, height, width), hidden_states.device)
-        position_ids = position_ids.unsqueeze(0).expand(batch_size, -1, -1)
-        suffix_ids = position_ids.new_zeros((batch_size, self.num_register_tokens + 1, 3))
-        position_ids = torch.cat([position_ids, suffix_ids], dim=1)
-        rotary_emb = self.rope(position_ids)
-
-        with _tokens((num_frames, height, width)):
-            for block in self.transformer_blocks:
-                hidden_states = block(hidden_states, rotary_emb)
-
-        hidden_states = self.norm_out(hidden_states).to(get_parameter_dtype(self.proj_out))
-        hidden_states = self.proj_out(hidden_states)
-        hidden_states = hidden_states[:, :num_patches, :]
-        patch_size, patch_size_t = self.patch_size, self.patch_size_t
-        hidden_states = hidden_states.view(
-            batch_size, num_frames, height, width, self.out_channels, patch_size_t, patch_size, patch_size
-        )
-        hidden_states = hidden_states.permute(0, 4, 1, 5, 2, 6, 3, 7).contiguous()
-        return hidden_states.reshape(
-            batch_size, self.out_channels, num_frames * patch_size_t, height * patch_size, width * patch_size
-        )
+        grid = tuple(hidden_states.shape[2:])
+        with _tokens(grid):
+            return vit_forward(self, hidden_states, lambda sizes, device: global_positions(ctx, sizes, device))
 
 
 class ShardedTokenAttention:
