@@ -31,6 +31,7 @@ ENTRY_POINTS = {
     "interleaved_ab.py": ["", "bits"],
     "kernel_costs.py": ["", "norm", "sass", "launch"],
     "memory_model.py": [""],
+    "minimax_ab.py": [""],
     "profile_decode.py": ["", "video", "host"],
     "ranks.py": ["", "share", "faults", "kept-graphs", "halo", "agreement"],
     "serve_gpu.py": [""],
@@ -108,6 +109,7 @@ def _skipped_for(code) -> str | None:
     return None
 
 
+MINIMAX_VARIANTS = "diffusers,vaeshard,vaeshard-tile"
 _ONE_RANK = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
 
 
@@ -140,6 +142,12 @@ def driven(tmp_path_factory):
         ),
         ("sass", "kernel_costs.py", ["sass", "--channels", "96"], {}),
         ("families memory", "memory_model.py", ["--config", "cogvideox", "--shape", "1,16,3,8,12", "--top", "1"], {}),
+        (
+            "minimax ab",
+            "minimax_ab.py",
+            ["--small", "--reps", "1", "--variants", "diffusers,vaeshard,vaeshard-tile"],
+            {},
+        ),
     ]
     # rank shares of tiny configs: an image VAE's spatial shards and tiles, MiniMax-H3's tiles (its own
     # tiling is on), LTX-Video's shards (a timestep-conditioned decoder) and a count its latent cannot cover
@@ -227,6 +235,13 @@ def test_the_cpu_commands_run_at_a_tiny_size(driven):
     assert code in (0, None), output
     peaks = {who: float(p) for who, p in re.findall(r", (diffusers|vaeshard): peak ([0-9.]+) GiB", output)}
     assert set(peaks) == {"diffusers", "vaeshard"} and peaks["vaeshard"] < peaks["diffusers"], output
+    # MiniMax-H3's A/B: the exact tiles bit for bit with diffusers' tiled decode, the default tier close
+    code, output = results["minimax ab"]
+    assert code in (0, None), output
+    rows = dict(
+        re.findall(r"\) (diffusers|vaeshard|vaeshard-tile) \| .* \| ([0-9.e+-]+) \| (?:True|False)$", output, re.M)
+    )
+    assert "True" in output.splitlines()[-1] and float(rows["vaeshard"]) <= 1e-5, output
     code, output = results["sass"]
     if reason := _skipped_for(code):
         pytest.skip(f"kernel_costs.py sass: {reason}")
