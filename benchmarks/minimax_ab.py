@@ -8,7 +8,8 @@ default: the released, tiled decode) against vaeshard's variants, timed A B A B.
 Variants (`--variants`, comma-separated, `diffusers` first):
 - `diffusers`: diffusers' own decode (tiles one at a time);
 - `vaeshard`: vaeshard's default tier (`auto`: the tiles batched, the ViT blocks' passes fused);
-- `vaeshard-b14`, `vaeshard-b12`: the same with batches of at most 2**14 / 2**12 tokens;
+- `vaeshard-b16`, `vaeshard-b14`, `vaeshard-b12`: the same with batches of at most 2**16 / 2**14 / 2**12
+  tokens (`tuning.MINIMAX_BATCH_TOKENS`);
 - `vaeshard-unfused`: batched tiles through diffusers' own blocks;
 - `vaeshard-tile`: mode `tile`, the exact tier (bit for bit with diffusers').
 
@@ -34,29 +35,40 @@ from collections import defaultdict
 import torch
 
 import vaeshard
+from vaeshard import tuning
 from vaeshard.families import cast_as_loaded, minimax_h3, named_configs, tiny_configs
 from vaeshard.fast.token_blocks import run_blocks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_decode import classify
 
-VARIANTS = ("diffusers", "vaeshard", "vaeshard-b14", "vaeshard-b12", "vaeshard-unfused", "vaeshard-tile")
-BATCH_TOKENS = minimax_h3.BATCH_TOKENS
+VARIANTS = (
+    "diffusers",
+    "vaeshard",
+    "vaeshard-b16",
+    "vaeshard-b14",
+    "vaeshard-b12",
+    "vaeshard-unfused",
+    "vaeshard-tile",
+)
+BATCH_TOKENS = tuning.MINIMAX_BATCH_TOKENS
 
 
 def _enter(vae, label: str) -> None:
     """Set `vae` (in place) and the family's batch knobs for a variant."""
-    minimax_h3.run_blocks, minimax_h3.BATCH_TOKENS = run_blocks, BATCH_TOKENS
+    minimax_h3.run_blocks, tuning.MINIMAX_BATCH_TOKENS = run_blocks, BATCH_TOKENS
     if label == "diffusers":
         vaeshard.unparallelize(vae)
     elif label == "vaeshard-tile":
         vaeshard.parallelize(vae, mode="tile", exact=True)
     else:
         vaeshard.parallelize(vae)
-        if label == "vaeshard-b14":
-            minimax_h3.BATCH_TOKENS = 2**14
+        if label == "vaeshard-b16":
+            tuning.MINIMAX_BATCH_TOKENS = 2**16
+        elif label == "vaeshard-b14":
+            tuning.MINIMAX_BATCH_TOKENS = 2**14
         elif label == "vaeshard-b12":
-            minimax_h3.BATCH_TOKENS = 2**12
+            tuning.MINIMAX_BATCH_TOKENS = 2**12
         elif label == "vaeshard-unfused":
             minimax_h3.run_blocks = None
 
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
             print(label, "by class", {k: round(v, 3) for k, v in sorted(by.items(), key=lambda kv: -kv[1])})
             for t, k, c in top:
                 print(f"   {t:.3f} s  x{c}  {k[:100]}")
-    minimax_h3.run_blocks, minimax_h3.BATCH_TOKENS = run_blocks, BATCH_TOKENS
+    minimax_h3.run_blocks, tuning.MINIMAX_BATCH_TOKENS = run_blocks, BATCH_TOKENS
     if a.json:
         with open(a.json, "w") as f:
             json.dump(row, f, indent=1)

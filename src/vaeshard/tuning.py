@@ -54,6 +54,10 @@ NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 # says so
 FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox",)
 
+# --- batched tiles (Family.fast_tiles) ------------------------------------------------------------------
+# the most tokens MiniMax-H3's fast tier decodes in one batch of tiles (whole tiles, at least one)
+MINIMAX_BATCH_TOKENS = 1 << 14
+
 
 class Entry(NamedTuple):
     name: str  # the constant here, or "module.NAME" for a value defined with a kernel
@@ -157,6 +161,17 @@ TABLE: tuple[Entry, ...] = (
         "CogVideoX with its norms into the next convolutions, one H100: faster (BENCHMARKS.md's rows), but at "
         "gpu_parity.py's shape its bf16 output is 1.64e-1 from diffusers' (rule: 5e-2), though as close to the "
         "fp32 decode as diffusers' own (max 1.04x, mean 0.94x) (2026-12-06/families-h100/, call 3)",
+    ),
+    Entry(
+        "MINIMAX_BATCH_TOKENS",
+        "the most tokens MiniMax-H3's fast tier decodes in one batch of a rank's tiles of one shape (whole "
+        "tiles, at least one): a bound on the batch's activations",
+        "MiniMax-H3 720p 81 frames (1, 24, 22, 45, 80), bf16 as diffusers loads it, one H100, one process "
+        "(benchmarks/minimax_ab.py): batches of 2**16 tokens through diffusers' blocks 3.245 s against "
+        "diffusers' tiled decode 3.555 s (1.10x), peak 5.95 GiB against 1.11 GiB (2026-12-06/families-h100/, "
+        "call 4b). The peak grows with the batch: 2**14 tokens (ten tiles of 256 pixels and six latent frames) "
+        "holds about a quarter of those activations; its time, and the fused blocks' (fast/token_blocks.py), "
+        "are not yet measured",
     ),
     Entry(
         "NORM_INTO_CONV_BUFFER_FAMILIES",

@@ -160,9 +160,9 @@ def test_tile_bit_identical_to_diffusers_tiled(world):
 
 
 def test_batched_tiles_match_tiles_one_at_a_time(monkeypatch):
-    """The fast tier's batches (TileOps.run_many, at most BATCH_TOKENS tokens a call) against
+    """The fast tier's batches (TileOps.run_many, at most tuning.MINIMAX_BATCH_TOKENS tokens a call) against
     diffusers' decoder run on each tile."""
-    from vaeshard.families import minimax_h3
+    from vaeshard import tuning
     from vaeshard.layers import tier
 
     vae = _build({})
@@ -171,7 +171,7 @@ def test_batched_tiles_match_tiles_one_at_a_time(monkeypatch):
         ops = family_for(vae).decode_tile_ops(vae, z)
     tiles = [t.cut(ops.source) for t in ops.all_tiles()]  # 8 tiles of 3 x 8 x 8 latent voxels
     assert len(tiles) == 8 and all(t.shape == tiles[0].shape for t in tiles)
-    monkeypatch.setattr(minimax_h3, "BATCH_TOKENS", 3 * 3 * 8 * 8)  # three tiles a call: 3 + 3 + 2
+    monkeypatch.setattr(tuning, "MINIMAX_BATCH_TOKENS", 3 * 3 * 8 * 8)  # three tiles a call: 3 + 3 + 2
     batches = []  # each decoder call begins with post_quant_conv
     vae.post_quant_conv.register_forward_pre_hook(lambda module, args: batches.append(args[0].shape[0]))
     with torch.no_grad():

@@ -18,7 +18,7 @@ ranks together, largest first, gathers them once, and stitches each clip with di
 so the result is diffusers' bit for bit. Geometry set with `enable_tiling(...)` is read per request.
 
 The fast tier (the default unless `exact=True` or mode `tile`; one rank too) decodes each rank's tiles
-of one shape in batches of at most `BATCH_TOKENS` tokens through the ViT, its blocks' elementwise
+of one shape in batches of at most `tuning.MINIMAX_BATCH_TOKENS` tokens through the ViT, its blocks' elementwise
 passes fused (fast/token_blocks.py: Q/K norms with the rotary embedding, each residual update with
 the next norm) and attention by PyTorch's scaled-dot-product attention (flash or cuDNN kernels on the
 GPU), within the fast tier's tolerances of the tiles decoded one at a time.
@@ -39,6 +39,7 @@ from types import SimpleNamespace
 
 import torch
 
+from .. import tuning
 from ..fast.token_blocks import run_blocks
 from ..layers.token_attention import ShardedTokenAttention, ShardedViTDecoder, vit_forward
 from ..runtime.tile import Tile, TileGrid, TileOps, TimeChunks
@@ -57,12 +58,6 @@ from .base import (
 )
 
 # the released checkpoint's constructor arguments: diffusers' defaults are MiniMax-H3's VAE
-
-
-# The fast tier's batch of tiles holds at most this many tokens (whole tiles, at least one): a bound on
-# the feed-forward's peak (2**16 tokens of the real decoder: about 2 GiB of bf16 activations), not a
-# measured optimum.
-BATCH_TOKENS = 2**16
 
 
 # its pixel convention (diffusers' class text): `decode` returns ImageNet-normalised RGB over a [0, 1]
@@ -205,7 +200,8 @@ def decode_tile_ops(vae, z):
         return decoder(vae.post_quant_conv(tile))
 
     def run_many(tiles):  # the fast tier: batches of tiles, the blocks' passes fused (fast/token_blocks.py)
-        per_call = max(1, BATCH_TOKENS // tiles[0][:, 0].numel())  # tokens of one tile (its whole batch)
+        # tiles[0][:, 0]: the tokens of one tile (of its whole batch)
+        per_call = max(1, tuning.MINIMAX_BATCH_TOKENS // tiles[0][:, 0].numel())
         outs = []
         for k in range(0, len(tiles), per_call):
             batch = vae.post_quant_conv(torch.cat(tiles[k : k + per_call]))
