@@ -325,7 +325,7 @@ from vaeshard.families import cast_as_loaded
 from vaeshard.kernels import token_block, triton_support
 assert triton_support.interpreting()
 calls = []
-for name in ("qk_norm_rope", "residual_rms"):
+for name in ("qk_norm_rope", "residual_rms", "swiglu"):
     def counted(*args, _f=getattr(token_block, name), _n=name, **kwargs):
         calls.append(_n)
         return _f(*args, **kwargs)
@@ -334,7 +334,7 @@ z = latent((1, 4, 5, 11, 9))  # 2 clips of 2 x 2 tiles
 with torch.no_grad():
     ref = minimax_h3_small().decode(z).sample  # diffusers' tiled decode, fp32
     out = vaeshard.parallelize(minimax_h3_small()).decode(z).sample  # auto: batched tiles, one rank
-    assert {"qk_norm_rope", "residual_rms"} <= set(calls), calls
+    assert {"qk_norm_rope", "residual_rms", "swiglu"} <= set(calls), calls
     assert (out - ref).abs().max() <= CPU_FP32, (out - ref).abs().max()
     # bf16 as loaded (float32 norms and scales: a float32 stream): the bf16 rule against the fp32 decode
     ref16 = cast_as_loaded(minimax_h3_small(), torch.bfloat16).decode(z.bfloat16()).sample

@@ -20,7 +20,7 @@ so the result is diffusers' bit for bit. Geometry set with `enable_tiling(...)` 
 The fast tier (the default unless `exact=True` or mode `tile`; one rank too) decodes each rank's tiles
 of one shape in batches of at most `tuning.MINIMAX_BATCH_TOKENS` tokens through the ViT, its blocks' elementwise
 passes fused (fast/token_blocks.py: Q/K norms with the rotary embedding, each residual update with
-the next norm) and attention by PyTorch's scaled-dot-product attention (flash or cuDNN kernels on the
+the next norm, the SwiGLU product) and attention by PyTorch's scaled-dot-product attention (flash or cuDNN kernels on the
 GPU), within the fast tier's tolerances of the tiles decoded one at a time.
 
 With tiling off (`disable_tiling()`), a spatially sharded decode runs diffusers' untiled `_decode` on
@@ -402,6 +402,16 @@ class _MiniMaxH3(Family):
             _MODULE + "MiniMaxH3VideoAttnProcessor.__call__",
             "fast/token_blocks.py run_blocks, kernels/token_block.py qk_norm_rope",
             "f890add650941d22",
+        ),
+        Mirror(
+            "diffusers.models.attention:FeedForward.forward",
+            "fast/token_blocks.py _feed_forward",
+            "2534be46672c7017",
+        ),
+        Mirror(
+            "diffusers.models.activations:SwiGLU.forward",
+            "fast/token_blocks.py _feed_forward, kernels/token_block.py swiglu",
+            "9ed4817084958745",
         ),
         Mirror(
             _MODULE + "MiniMaxH3VideoAttention.forward",

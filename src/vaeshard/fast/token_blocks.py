@@ -7,15 +7,15 @@ passes between their matrix products fused (kernels/token_block.py):
         q, k = norm + rotary of to_q(y), to_k(y)         # one pass each (qk_norm_rope)
         a = to_out(SDPA(q, k, to_v(y)))                  # PyTorch's scaled-dot-product attention
         h, y = h + a * scale1, norm2(...)                # one pass (residual_rms)
-        f = ff(y)                                        # diffusers' feed-forward module
+        f = ff(y)                                        # diffusers' modules, SwiGLU's product fused
         h, y = h + f * scale2, next block's norm1(...)   # one pass; the last block: h + f * scale2
 
-The linear layers and the feed-forward are diffusers' own modules; the residual stream takes the
-dtype diffusers promotes it to (float32 through the float32 scales of a checkpoint loaded in bf16).
-Attention runs PyTorch's scaled-dot-product attention, which diffusers' default (native) attention
-backend calls; a backend set with `set_attention_backend` is not used here. Where the kernels cannot
-run (no Triton, a CPU tensor outside Triton's interpreter, a norm without weights, a width that is not
-a power of two), each block runs diffusers' forward. tests/test_families/test_drift.py guards the mirrored functions.
+The linear layers are diffusers' own modules; the residual stream takes the dtype diffusers promotes
+it to (float32 through the float32 scales of a checkpoint loaded in bf16). Attention runs PyTorch's
+scaled-dot-product attention, which diffusers' default (native) attention backend calls; a backend
+set with `set_attention_backend` is not used here. Where the kernels cannot run (no Triton, a CPU
+tensor outside Triton's interpreter, a norm without weights, a width that is not a power of two),
+each block runs diffusers' forward. tests/test_families/test_drift.py guards the mirrored functions.
 """
 
 from __future__ import annotations
@@ -40,6 +40,19 @@ def _takes(decoder, hidden_states, rotary_emb) -> bool:
         if attn.norm_q.weight is not None or attn.norm_k.weight is not None:
             return False
     return cos.stride(-1) == 1 and cos.stride() == rotary_emb[1].stride()
+
+
+def _feed_forward(ff, y: torch.Tensor) -> torch.Tensor:
+    """diffusers' `FeedForward.forward` (its modules in turn), a `SwiGLU` activation's product fused
+    (`token_block.swiglu`) after its own projection."""
+    from diffusers.models.activations import SwiGLU
+
+    for module in ff.net:
+        if isinstance(module, SwiGLU) and type(module.activation) is torch.nn.SiLU:
+            y = token_block.swiglu(module.proj(y))
+        else:
+            y = module(y)
+    return y
 
 
 def run_blocks(decoder, hidden_states: torch.Tensor, rotary_emb) -> torch.Tensor:
@@ -69,7 +82,7 @@ def run_blocks(decoder, hidden_states: torch.Tensor, rotary_emb) -> torch.Tensor
         h, y = token_block.residual_rms(
             h, a, block.scale1, block.norm2.weight, block.norm2.eps, compute, h if same else None
         )
-        f = block.ff(y)
+        f = _feed_forward(block.ff, y)
         if i + 1 == len(blocks):
             h = h + f * block.scale2
         else:

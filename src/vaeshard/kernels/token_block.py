@@ -2,9 +2,10 @@
 
 diffusers' block spends more GPU time in elementwise passes than in its matrix products: each norm
 copies the residual stream to float32 and back, the residual update is a multiply and an add of its
-own, and the rotary embedding is built from chunks, negations and concatenations. Two kernels replace
+own, and the rotary embedding is built from chunks, negations and concatenations. Three kernels replace
 those passes:
 
+- `swiglu`: the feed-forward's `hidden * silu(gate)` in one pass, rounded as diffusers' two operations.
 - `residual_rms`: the residual update `h + d * scale` (float32, as diffusers promotes it) and the RMS
   norm of the result (float32, then rounded to the norm's output dtype), one read of each input and one
   write of each output. Without `d`, the norm alone (the first block's, of the input tokens).
@@ -26,6 +27,7 @@ from .triton_support import launch, runs_on, tl, triton
 
 ROWS = 4  # tokens per program of `residual_rms`
 TOKENS = 32  # tokens per program of `qk_norm_rope`
+SWIGLU_BLOCK = 1024  # outputs per program of `swiglu`
 
 if triton is not None:
 
@@ -113,6 +115,19 @@ if triton is not None:
         tl.store(y_ptr + row + HALF + j[None, :], out_hi.to(dt), mask=half)
         tl.store(y_ptr + row + 2 * HALF + p[None, :], ps, mask=rest)
 
+    @triton.jit
+    def _swiglu_kernel(x_ptr, y_ptr, n, width, BLOCK: tl.constexpr):
+        # x: (rows, 2 * width) contiguous, [hidden | gate]; y: (rows, width) = hidden * silu(gate), the
+        # SiLU rounded to y's dtype before the product (rounded again), as diffusers' two operations
+        dt = y_ptr.dtype.element_ty
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        live = i < n
+        row, col = i // width, i % width
+        h = tl.load(x_ptr + row * (2 * width) + col, mask=live, other=0.0).to(tl.float32)
+        g = tl.load(x_ptr + row * (2 * width) + width + col, mask=live, other=0.0).to(tl.float32)
+        a = (g / (1.0 + tl.math.exp2(g * -1.4426950408889634))).to(dt).to(tl.float32)
+        tl.store(y_ptr + i, (h * a).to(dt), mask=live)
+
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
@@ -194,4 +209,15 @@ def qk_norm_rope(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tens
         BLOCK_T=TOKENS,
         num_warps=4,
     )
+    return y
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """diffusers' `SwiGLU` after its projection: `hidden * silu(gate)` of `x`'s two halves (last axis),
+    each operation rounded to x's dtype as PyTorch's separate operations round, in one pass."""
+    x = x.contiguous()
+    width = x.shape[-1] // 2
+    y = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
+    n = y.numel()
+    launch(_swiglu_kernel, (triton.cdiv(n, SWIGLU_BLOCK),), x, y, n, width, BLOCK=SWIGLU_BLOCK, num_warps=4)
     return y
