@@ -17,11 +17,12 @@ ranks together, largest first, gathers them once, and stitches each clip with di
 `_stitch_tiles`; the clips are then merged in time by this module's mirror of `_decode` / `_encode`,
 so the result is diffusers' bit for bit. Geometry set with `enable_tiling(...)` is read per request.
 
-The fast tier (the default unless `exact=True` or mode `tile`; one rank too) decodes each rank's tiles
-of one shape in batches of at most `tuning.MINIMAX_BATCH_TOKENS` tokens through the ViT, its blocks' elementwise
-passes fused (fast/token_blocks.py: Q/K norms with the rotary embedding, each residual update with
-the next norm, the SwiGLU product) and attention by PyTorch's scaled-dot-product attention (flash or cuDNN kernels on the
-GPU), within the fast tier's tolerances of the tiles decoded one at a time.
+The fast tier (the default unless `exact=True` or mode `tile`; one rank too) decodes each rank's
+tiles of one shape in batches of at most `tuning.MINIMAX_BATCH_TOKENS` tokens through the ViT, its
+blocks' elementwise passes fused (fast/token_blocks.py: Q/K norms with the rotary embedding, each
+residual update with the next norm, the SwiGLU product) and attention by PyTorch's
+scaled-dot-product attention (flash or cuDNN kernels on the GPU), within the fast tier's tolerances
+of the tiles decoded one at a time.
 
 With tiling off (`disable_tiling()`), a spatially sharded decode runs diffusers' untiled `_decode` on
 each rank's latent rows (or columns): every clip is one token sequence spread over the ranks, each
