@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_runs.sh parity OUT
 #   bash benchmarks/gpu_runs.sh families OUT PARITY_SUBJECTS SPEED_SUBJECTS   # named configs, one GPU
 #   bash benchmarks/gpu_runs.sh ab OUT SUBJECTS                 # diffusers against vaeshard, one process
+#   bash benchmarks/gpu_runs.sh minimax OUT [SHAPES]            # MiniMax-H3's tiles: speed and parity
 #   bash benchmarks/gpu_runs.sh stream OUT [SUBJECTS] [PARTS]   # streamed decode and the first request
 #   bash benchmarks/gpu_runs.sh versions OUT SITE_A SITE_B WHAT # two versions of vaeshard, one GPU
 #
@@ -35,6 +36,10 @@
 #   the default tier with norm_into_conv=True) timed A B A B, with peaks and max |diff| (NAME.json /
 #   .log). One model build and no process per side, so the figures come in a fraction of `families`'s
 #   time (its benches spawn a process per side; each needs about a minute more than its decodes).
+# minimax: `minimax_ab.py` at each of SHAPES (default "1,24,22,45,80;1,24,22,90,160": 720p and 1440p,
+#   81 frames): diffusers' tiled decode against vaeshard's default tier, the 2**16-token batches, the
+#   unfused blocks and exact `tile` (the first shape; the others: the default tier only), then
+#   `gpu_parity.py --models minimax_h3` (fp32 TF32 off and bf16). MINIMAX_REPS: timed decodes (2).
 # stream: PARTS any of stream,e2e,cudnn (default all three, in that order); SUBJECTS
 #   "config=B,C,T,H,W@reps;...". 1. `gpu_parity.py stream`: stream_decode's chunks == vae.decode bit
 #   for bit (fast tier with CUDA graphs at a small size, and at 480p; the exact tier), the CLI
@@ -51,7 +56,7 @@
 # families, stream and versions need diffusers importable (PYTHONPATH; stream: PyAV too). Each stage
 # writes an env.txt (GPU, driver, versions, date) and prints a short table last.
 set -uo pipefail
-STAGE=${1:?usage: $0 scaling|headline|wan22|kept|parity|families|stream|versions OUT [...]}
+STAGE=${1:?usage: $0 scaling|headline|wan22|kept|parity|families|ab|minimax|stream|versions OUT [...]}
 OUT=${2:?usage: $0 STAGE OUT [...]}
 shift 2
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -119,7 +124,27 @@ two_gpus() {  # the stages headline, wan22, kept, parity
   local r="torchrun --standalone --nproc_per_node=$g" counts
   counts=$([ "$g" = 1 ] && echo 1 || echo "1,$g")  # the GPU counts each scaling run times
   local self=(bash "$HERE/gpu_runs.sh" scaling "$work")
-  case "$STAGE" in
+  minimax() {  # MiniMax-H3 on one GPU: minimax_ab.py per shape, then its GPU parity
+  local shape first=1 variants
+  mkdir -p "$OUT"
+  write_env "$OUT/env.txt"
+  IFS=';' read -ra shapes <<<"${1:-1,24,22,45,80;1,24,22,90,160}"
+  for shape in "${shapes[@]}"; do
+    variants=diffusers,vaeshard
+    [ $first = 1 ] && variants=diffusers,vaeshard,vaeshard-b16,vaeshard-unfused,vaeshard-tile
+    python3 "$HERE/minimax_ab.py" --shape "$shape" --reps "${MINIMAX_REPS:-2}" --variants "$variants" \
+      $([ $first = 1 ] && echo --profile) --json "$OUT/ab-${shape//,/x}.json" >"$OUT/ab-${shape//,/x}.log" 2>&1 \
+      || echo "minimax_ab.py $shape failed" >>"$OUT/notes.txt"
+    first=0
+  done
+  python3 "$HERE/gpu_parity.py" --models minimax_h3 --out "$OUT/parity.jsonl" >"$OUT/parity.log" 2>&1 \
+    || echo "gpu_parity.py failed" >>"$OUT/notes.txt"
+  [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
+  grep -h "minimax_h3 " "$OUT"/parity.log | tail -n 16
+  grep -h " | " "$OUT"/ab-*.log | grep -v "^variant"
+}
+
+case "$STAGE" in
     headline)
       step wan21-720p 300 env ANCHORS=1 MODES=auto "${self[@]}" wan21-720p "$counts"
       step wan21-480p 120 env MODES=auto "${self[@]}" wan21-480p "$counts"
@@ -329,12 +354,33 @@ ab() {  # one process per subject: diffusers' decode against VARIANTS, A B A B (
   tail -q -n 2 "$OUT"/*.log | grep "|" | grep -v "^subject"
 }
 
+minimax() {  # MiniMax-H3 on one GPU: minimax_ab.py per shape, then its GPU parity
+  local shape first=1 variants
+  mkdir -p "$OUT"
+  write_env "$OUT/env.txt"
+  IFS=';' read -ra shapes <<<"${1:-1,24,22,45,80;1,24,22,90,160}"
+  for shape in "${shapes[@]}"; do
+    variants=diffusers,vaeshard
+    [ $first = 1 ] && variants=diffusers,vaeshard,vaeshard-b16,vaeshard-unfused,vaeshard-tile
+    python3 "$HERE/minimax_ab.py" --shape "$shape" --reps "${MINIMAX_REPS:-2}" --variants "$variants" \
+      $([ $first = 1 ] && echo --profile) --json "$OUT/ab-${shape//,/x}.json" >"$OUT/ab-${shape//,/x}.log" 2>&1 \
+      || echo "minimax_ab.py $shape failed" >>"$OUT/notes.txt"
+    first=0
+  done
+  python3 "$HERE/gpu_parity.py" --models minimax_h3 --out "$OUT/parity.jsonl" >"$OUT/parity.log" 2>&1 \
+    || echo "gpu_parity.py failed" >>"$OUT/notes.txt"
+  [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
+  grep -h "minimax_h3 " "$OUT"/parity.log | tail -n 16
+  grep -h " | " "$OUT"/ab-*.log | grep -v "^variant"
+}
+
 case "$STAGE" in
   scaling) scaling "$@" ;;
   headline | wan22 | kept | parity) two_gpus ;;
   families) families "$@" ;;
   ab) ab "$@" ;;
+  minimax) minimax "$@" ;;
   stream) stream "$@" ;;
   versions) versions "$@" ;;
-  *) echo "unknown stage $STAGE (scaling, headline, wan22, kept, parity, families, ab, stream, versions)" >&2; exit 2 ;;
+  *) echo "unknown stage $STAGE (scaling, headline, wan22, kept, parity, families, ab, minimax, stream, versions)" >&2; exit 2 ;;
 esac

@@ -191,7 +191,7 @@ def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
     # every stage the script's usage names is one its dispatch (the last case statement) takes
     text = (BENCH / "gpu_runs.sh").read_text()
     dispatch = text.rsplit('case "$STAGE" in', 1)[1]
-    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "ab", "stream", "versions"):
+    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "ab", "minimax", "stream", "versions"):
         assert f"gpu_runs.sh {stage} OUT" in text and stage in dispatch, stage
 
 
