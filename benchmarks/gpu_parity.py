@@ -62,7 +62,7 @@ import torch.distributed as dist
 
 import vaeshard
 from vaeshard.cli.io import NAMED_CONFIGS
-from vaeshard.families import cast_as_loaded, tiny_configs
+from vaeshard.families import tiny_configs
 from vaeshard.runtime.graphs import CAPTURED
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -551,10 +551,12 @@ def _check(
         "device": device,
     }
     # in `dtype` as diffusers' from_pretrained(torch_dtype=dtype) loads it (cast_as_loaded)
-    plain = cast_as_loaded(copy.deepcopy(base), dtype).to(device) if rank == 0 else None  # diffusers': the references
+    plain = (
+        vaeshard.cast_as_loaded(copy.deepcopy(base), dtype).to(device) if rank == 0 else None
+    )  # diffusers': the references
     fp32: list = []  # rank 0, a bf16 run: the fp32 model the references are decoded by, made once
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
-    vae = cast_as_loaded(copy.deepcopy(base), dtype).to(device)
+    vae = vaeshard.cast_as_loaded(copy.deepcopy(base), dtype).to(device)
     vae = vaeshard.parallelize(vae, mode="auto", timeout=AGREEMENT_TIMEOUT_S)
     states = tiling_states(base)
     ok_all = True

@@ -14,7 +14,7 @@ Variants (`--variants`, comma-separated, `diffusers` first):
 - `vaeshard-tile`: mode `tile`, the exact tier (bit for bit with diffusers').
 
 The model is the real config (`--config`, random weights, seeded) in `--dtype` as diffusers'
-from_pretrained(torch_dtype=...) loads it (`vaeshard.families.cast_as_loaded`: MiniMax-H3 keeps its
+from_pretrained(torch_dtype=...) loads it (`vaeshard.cast_as_loaded`: MiniMax-H3 keeps its
 norms and residual scales in float32). Each variant: a first decode (compiles included), a decode
 for its peak memory above what was allocated before it and its difference to diffusers' output,
 then `--reps` timed decodes interleaved with the other variants' (median). `--profile`: CUDA time by
@@ -36,7 +36,7 @@ import torch
 
 import vaeshard
 from vaeshard import tuning
-from vaeshard.families import cast_as_loaded, minimax_h3, named_configs, tiny_configs
+from vaeshard.families import minimax_h3, named_configs, tiny_configs
 from vaeshard.fast.token_blocks import run_blocks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     cls, kwargs = (tiny_configs() if a.small else named_configs())["minimax_h3" if a.small else a.config]
     shape = (1, 4, 5, 11, 9) if a.small else tuple(int(v) for v in a.shape.split(","))
     torch.manual_seed(0)
-    vae = cast_as_loaded(getattr(diffusers, cls)(**kwargs).eval(), dtype).to(dev)
+    vae = vaeshard.cast_as_loaded(getattr(diffusers, cls)(**kwargs).eval(), dtype).to(dev)
     if a.small:
         vae.enable_tiling(64, 64, 16, 16)
     z = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dev, dtype)

@@ -51,7 +51,6 @@ from torch.profiler import ProfilerActivity, profile
 import vaeshard
 from vaeshard.cli.bench import PRESETS
 from vaeshard.cli.io import NAMED_CONFIGS
-from vaeshard.families import cast_as_loaded
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from memory_model import steps_setting
@@ -570,7 +569,7 @@ def run_subject(
 ) -> dict:
     name, shape_text = spec.split("=")
     shape = tuple(int(v) for v in shape_text.split(","))
-    vae = cast_as_loaded(_model(name).eval(), dtype).to(device)
+    vae = vaeshard.cast_as_loaded(_model(name).eval(), dtype).to(device)
     for attr in ("use_tiling", "use_slicing", "use_framewise_decoding", "use_framewise_encoding"):
         if hasattr(vae, attr):
             setattr(vae, attr, False)

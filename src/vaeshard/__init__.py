@@ -8,7 +8,7 @@ for chunk in vaeshard.stream_decode(vae, latents):  # or its frames, as the deco
 
 from .api import INPUT_DTYPES, abort, check, parallelize, release, unparallelize, verify_weights
 from .config import MODES, FastOptions
-from .families import ShapeFacts, named_configs, shape_facts, supported_classes
+from .families import ShapeFacts, cast_as_loaded, named_configs, shape_facts, supported_classes
 from .policy import Plan, plan
 from .runtime.comm import CommTimeout
 from .stream import DecodeStream, StreamClosed, stream_decode
@@ -24,6 +24,7 @@ __all__ = [
     "Plan",
     "ShapeFacts",
     "abort",
+    "cast_as_loaded",
     "check",
     "named_configs",
     "parallelize",

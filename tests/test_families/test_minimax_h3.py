@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import vaeshard
-from vaeshard.families import cast_as_loaded, family_for
+from vaeshard import cast_as_loaded
+from vaeshard.families import family_for
 
 from .. import interpreter
 from ..dist_harness import run_ranks
@@ -321,7 +322,7 @@ FUSED_BLOCKS = """
 import torch, vaeshard
 from tests.models import latent, minimax_h3_small
 from tests.parity import BF16_MAX, BF16_MAX_RATIO, BF16_MEAN_RATIO, CPU_FP32
-from vaeshard.families import cast_as_loaded
+from vaeshard import cast_as_loaded
 from vaeshard.kernels import token_block, triton_support
 assert triton_support.interpreting()
 calls = []

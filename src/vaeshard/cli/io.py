@@ -97,9 +97,9 @@ class ModelSource:
             torch.manual_seed(0)
             vae = cls(**self.config)
             if dtype is not None:
-                from ..families import cast_as_loaded
+                import vaeshard
 
-                vae = cast_as_loaded(vae, dtype)
+                vae = vaeshard.cast_as_loaded(vae, dtype)
         else:
             # without accelerate, diffusers falls back to a full load with a warning; a class that keeps
             # modules in fp32 (MiniMax-H3's) it loads only through accelerate
