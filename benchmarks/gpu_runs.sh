@@ -124,27 +124,7 @@ two_gpus() {  # the stages headline, wan22, kept, parity
   local r="torchrun --standalone --nproc_per_node=$g" counts
   counts=$([ "$g" = 1 ] && echo 1 || echo "1,$g")  # the GPU counts each scaling run times
   local self=(bash "$HERE/gpu_runs.sh" scaling "$work")
-  minimax() {  # MiniMax-H3 on one GPU: minimax_ab.py per shape, then its GPU parity
-  local shape first=1 variants
-  mkdir -p "$OUT"
-  write_env "$OUT/env.txt"
-  IFS=';' read -ra shapes <<<"${1:-1,24,22,45,80;1,24,22,90,160}"
-  for shape in "${shapes[@]}"; do
-    variants=diffusers,vaeshard
-    [ $first = 1 ] && variants=diffusers,vaeshard,vaeshard-b16,vaeshard-unfused,vaeshard-tile
-    python3 "$HERE/minimax_ab.py" --shape "$shape" --reps "${MINIMAX_REPS:-2}" --variants "$variants" \
-      $([ $first = 1 ] && echo --profile) --json "$OUT/ab-${shape//,/x}.json" >"$OUT/ab-${shape//,/x}.log" 2>&1 \
-      || echo "minimax_ab.py $shape failed" >>"$OUT/notes.txt"
-    first=0
-  done
-  python3 "$HERE/gpu_parity.py" --models minimax_h3 --out "$OUT/parity.jsonl" >"$OUT/parity.log" 2>&1 \
-    || echo "gpu_parity.py failed" >>"$OUT/notes.txt"
-  [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
-  grep -h "minimax_h3 " "$OUT"/parity.log | tail -n 16
-  grep -h " | " "$OUT"/ab-*.log | grep -v "^variant"
-}
-
-case "$STAGE" in
+  case "$STAGE" in
     headline)
       step wan21-720p 300 env ANCHORS=1 MODES=auto "${self[@]}" wan21-720p "$counts"
       step wan21-480p 120 env MODES=auto "${self[@]}" wan21-480p "$counts"
