@@ -261,6 +261,8 @@ def _strategy(request: Request, world_size: int, tile_ops) -> Plan:
         if one_tile or not has_tile:
             what = "the request is a single tile" if one_tile else f"{family.name} has no tiled {op}"
             return Plan("direct", f"{why}; {what}, so group rank 0 runs it directly and shares the result", forced)
+        if workers == 1:
+            return Plan("tile", f"{why}; one rank decodes the tiles", forced)
         return Plan("tile", f"{why}; tiles are spread over {workers} ranks", forced)
 
     if mode == "tile":
