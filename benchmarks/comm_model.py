@@ -32,6 +32,7 @@ backend; on the wire NCCL's ring algorithms move (N-1) x the payload for an all-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections import Counter
@@ -44,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import vaeshard  # noqa: E402
 from vaeshard.families import family_for  # noqa: E402
 from vaeshard.families.base import GLOBAL_NORM, HALO, WHOLE_MAP  # noqa: E402
+from vaeshard.layers.neighbourhood_attention import halo_rows as neighbourhood_halo  # noqa: E402
 from vaeshard.runtime import tile as tile_mod  # noqa: E402
 from vaeshard.runtime.spatial import split_extents  # noqa: E402
 
@@ -78,6 +80,14 @@ LINEAR = "ShardedLinearAttention"
 # tokens (layers/token_attention.py); modelled per decoder call, whose input holds the token grid
 # (the attentions' own calls see flattened tokens and count nothing themselves)
 VIT, TOKENS = "ShardedViTDecoder", "ShardedTokenAttention"
+# LTX-2.5's diffusion decoder: each neighbourhood attention takes halo rows of its input (B, T, H, W, C)
+# from its neighbours, as many as its window reaches along the sharded axis (layers/neighbourhood_
+# attention.py halo_rows); the decoder itself draws stage 5's noise whole on every rank (no exchange)
+NEIGHBOURHOOD, DIFFUSION = "ShardedNeighbourhoodAttention", "ShardedDiffusionDecoder"
+# LTX's residual blocks with noise injection draw each noise map whole and keep their rows (layers/
+# noise_slice.py): no exchange of their own (their convolutions are halo layers of their own)
+NOISE = "NoiseSliceResnet"
+QUIET = (TOKENS, DIFFUSION, NOISE)  # whole-map layers that exchange nothing themselves
 
 
 def _linear_attention(module, shape) -> tuple[bool, int, int]:
@@ -102,10 +112,10 @@ def _maps_gathered(mixin: str, module=None) -> int:
         return 0  # (its exchange depends on the call: spatial_bytes, operations)
     if mixin == VIT and module is not None:
         return 2 * len(_token_attentions(module))
-    if mixin == TOKENS:
-        return 0  # (counted with its decoder's call)
+    if mixin in QUIET:
+        return 0  # (counted with its decoder's call, or no exchange)
     if mixin not in MAPS_GATHERED:
-        known = ", ".join((*MAPS_GATHERED, *PER_ATTENTION, LINEAR))
+        known = ", ".join((*MAPS_GATHERED, *PER_ATTENTION, LINEAR, VIT, NEIGHBOURHOOD, *QUIET))
         raise ValueError(
             f"benchmarks/comm_model.py does not model {mixin}'s exchanges (it models {known}): its bytes "
             "would be a guess; add its rule to MAPS_GATHERED and a case to tests/test_runtime/test_comm_model.py"
@@ -113,12 +123,19 @@ def _maps_gathered(mixin: str, module=None) -> int:
     return MAPS_GATHERED[mixin]
 
 
-def _calls(vae, z) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], tuple]:
+def _shape_only_attention(module, hidden_states, block_mask=None):
+    """A neighbourhood attention's output on the meta device, where FlexAttention does not run: its
+    shape only (B, T, H, W, the output projection's features)."""
+    return hidden_states.new_empty(*hidden_states.shape[:4], module.to_out[0].out_features)
+
+
+def _calls(vae, z, *inputs) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], tuple]:
     """(treatment, vaeshard layer, module, input shape, cached frames) of every call of a treated module in the
-    unsharded decode of `z` (meta device), and the decoded shape."""
+    unsharded decode of `z` (meta device; `inputs`: the decode's further arguments, e.g. LTX's timestep), and
+    the decoded shape."""
     report = family_for(vae).shard_report(vae)
     modules = dict(vae.named_modules())
-    calls, handles = [], []
+    calls, handles, shapes_only = [], [], []
     for swapped in report.swapped:
         if swapped.treatment not in (HALO, GLOBAL_NORM, WHOLE_MAP):
             continue
@@ -133,12 +150,17 @@ def _calls(vae, z) -> tuple[list[tuple[str, str, torch.nn.Module, tuple, int]], 
             calls.append((treatment, mixin, mod, tuple(x.shape), cached))
 
         handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        if swapped.mixin == NEIGHBOURHOOD and z.is_meta:
+            module.forward = functools.partial(_shape_only_attention, module)
+            shapes_only.append(module)
     try:
         with torch.no_grad():
-            out = vae.decode(z).sample
+            out = vae.decode(z, *inputs).sample
     finally:
         for h in handles:
             h.remove()
+        for module in shapes_only:
+            del module.forward
     return calls, tuple(out.shape)
 
 
@@ -149,16 +171,22 @@ def _prod(xs) -> int:
     return n
 
 
-def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[str, int]]:
+def spatial_bytes(vae, z, world: int, itemsize: int, traced=None, inputs=()) -> list[dict[str, int]]:
     """Each rank's payload bytes by kind for spatial_shard_height over `world` ranks (`traced`:
-    `_calls(vae, z)` when already taken; it does not depend on `world`)."""
-    calls, out_shape = traced if traced is not None else _calls(vae, z)
+    `_calls(vae, z, *inputs)` when already taken; it does not depend on `world`)."""
+    calls, out_shape = traced if traced is not None else _calls(vae, z, *inputs)
     latent_rows = z.shape[-2]
     extents = split_extents(latent_rows, world)
     ranks = [Counter() for _ in range(world)]
     for treatment, mixin, module, shape, cached in calls:
         scale = shape[-2] // latent_rows
-        if treatment == HALO:
+        if treatment == HALO and mixin == NEIGHBOURHOOD:  # channels last: (B, T, H, W, C)
+            before, after = neighbourhood_halo(module.kernel_size[1], shape[2])
+            row = shape[0] * shape[1] * shape[3] * shape[4] * itemsize
+            for r in range(world):
+                rows = (after if r > 0 else 0) + (before if r < world - 1 else 0)
+                ranks[r]["halo"] += rows * row
+        elif treatment == HALO:
             before, after = _halo_rows(module)
             frames = (shape[2] + cached) if len(shape) == 5 else 1
             row = _prod(shape[:2]) * frames * shape[-1] * itemsize
@@ -169,8 +197,8 @@ def spatial_bytes(vae, z, world: int, itemsize: int, traced=None) -> list[dict[s
             groups = shape[0] * module.num_groups
             for r in range(world):
                 ranks[r]["all_reduce"] += 8 * (groups + 1) + 8 * 2 * groups
-        elif treatment == WHOLE_MAP and mixin == TOKENS:
-            pass  # its decoder's call counts it
+        elif treatment == WHOLE_MAP and mixin in QUIET:
+            pass  # its decoder's call counts it, or it exchanges nothing itself
         elif treatment == WHOLE_MAP and mixin == VIT:
             # per attention, keys and values of the patch tokens (B, T, rows, W, inner) gathered by rows
             b, _, frames, _, width = shape
@@ -265,12 +293,13 @@ PRESETS = {
     "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 2.278, f"CogVideoX 720 x 480 49 frames, {_H100}"),
     "mochi-480p": ("mochi", (1, 12, 14, 60, 106), 1.287, f"Mochi 848 x 480 79 frames, {_H100}"),
     "ltx-704p": ("ltx", (1, 128, 16, 22, 38), 0.208, f"LTX-Video 704 x 1216 121 frames, {_H100}"),
-    "ltx2-1088p": ("ltx2", (1, 128, 16, 34, 60), None, ""),
+    "ltx2-1088p": ("ltx2", (1, 128, 16, 34, 60), 0.685, f"LTX-2 1088 x 1920 121 frames, {_H100}"),
     "flux1-2048": ("flux1", (1, 16, 256, 256), 0.423, f"FLUX.1 2048^2, {_H100}"),
     "flux2-1024": ("flux2", (1, 32, 128, 128), 0.086, "FLUX.2 1024^2, one H200"),
     "sdxl-1024": ("sdxl", (1, 4, 128, 128), 0.094, f"SDXL 1024^2, {_H100}"),
     "dcae-4096": ("dc-ae-f32c32-sana-1.0", (1, 32, 128, 128), None, ""),
     "minimax_h3-720p": ("minimax_h3", (1, 24, 22, 45, 80), None, ""),
+    "ltx2_diffusion_decoder-704p": ("ltx2_diffusion_decoder", (1, 128, 16, 22, 38), None, ""),
 }
 
 

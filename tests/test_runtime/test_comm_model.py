@@ -153,13 +153,44 @@ def test_counting_is_off_outside_the_context_and_nests():
     assert (inner.bytes, inner.messages) == ({"all_reduce": 16}, {"all_reduce": 1})
 
 
-def test_model_refuses_an_attention_it_does_not_model():
-    # LTX-2.5's neighbourhood attention exchanges halo rows of its own: a guessed byte count would read
-    # as a prediction
+# decoders without a tiled decode: spatial_shard_height only (LTX-2.5's diffusion decoder: its
+# neighbourhood attentions' halo rows; 5 latent rows: 3 + 2 over 2 ranks, 2 + 2 + 1 over 3), and LTX's
+# residual blocks with noise injection (noise drawn whole, no exchange of their own)
+# (its timestep conditioning: a decode argument)
+SPATIAL_ONLY = [("ltx2_diffusion_decoder", (1, 4, 2, 5, 4), None), ("ltx", (1, 4, 2, 6, 8), 0.05)]
+
+
+def _inputs(temb, device=None):
+    return () if temb is None else (torch.tensor([temb], device=device),)
+
+
+def _counted_spatial_rank(rank, world, name, shape, temb):
+    import vaeshard
+
+    vae = vaeshard.parallelize(build(name), mode="spatial_shard_height", exact=True)
+    assert vaeshard.plan(vae, shape, world).strategy == "spatial_shard_height"
+    torch.manual_seed(11)  # decoder noise: the same global RNG state on every rank
+    with traffic.counting() as tally, torch.no_grad():
+        vae.decode(latent(shape), *_inputs(temb))
+    return tally.bytes
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize(("name", "shape", "temb"), SPATIAL_ONLY, ids=[c[0] for c in SPATIAL_ONLY])
+def test_model_predicts_the_counted_bytes_of_spatial_decodes(name, shape, temb, world):
+    counted = run_ranks(_counted_spatial_rank, world, name, shape, temb, timeout=180)
     with torch.device("meta"):
-        vae = build("ltx2_diffusion_decoder")
-    with pytest.raises(ValueError, match="does not model Sharded"):
-        _model()._calls(vae, torch.empty(1, device="meta"))
+        vae = build(name)
+    z = torch.empty(shape, device="meta")
+    assert counted == _model().spatial_bytes(vae, z, world, 4, inputs=_inputs(temb, "meta"))
+    assert all(c.get("halo") for c in counted)
+
+
+def test_model_refuses_a_layer_it_does_not_model():
+    # a whole-map layer without a rule: a guessed byte count would read as a prediction
+    with pytest.raises(ValueError, match="does not model ShardedSomethingNew"):
+        _model()._maps_gathered("ShardedSomethingNew")
 
 
 def test_every_preset_is_predicted():
