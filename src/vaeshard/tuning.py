@@ -158,20 +158,20 @@ TABLE: tuple[Entry, ...] = (
         "the families whose CUDA requests run diffusers' layers although the fast tier was asked for, because "
         "their fast tier measured slower than diffusers' decode on one GPU, or its bf16 output is not within "
         "the bf16 rule there (norm_into_conv=True runs it)",
-        "CogVideoX with its norms into the next convolutions, one H100: faster (BENCHMARKS.md's rows), but at "
-        "gpu_parity.py's shape its bf16 output is 1.64e-1 from diffusers' (rule: 5e-2), though as close to the "
-        "fp32 decode as diffusers' own (max 1.04x, mean 0.94x) (2026-12-06/families-h100/, call 3)",
+        "CogVideoX with its norms into the next convolutions, one H100: faster, but at gpu_parity.py's shape "
+        "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
+        "diffusers' own (BENCHMARKS.md's CogVideoX rows and the paragraph after them; "
+        "2026-12-06/families-h100/, call 3)",
     ),
     Entry(
         "MINIMAX_BATCH_TOKENS",
         "the most tokens MiniMax-H3's fast tier decodes in one batch of a rank's tiles of one shape (whole "
         "tiles, at least one): a bound on the batch's activations",
-        "MiniMax-H3 720p 81 frames (1, 24, 22, 45, 80), bf16 as diffusers loads it, one H100, one process "
-        "(benchmarks/minimax_ab.py): batches of 2**16 tokens through diffusers' blocks 3.245 s against "
-        "diffusers' tiled decode 3.555 s (1.10x), peak 5.95 GiB against 1.11 GiB (2026-12-06/families-h100/, "
-        "call 4b). The peak grows with the batch: 2**14 tokens (ten tiles of 256 pixels and six latent frames) "
-        "holds about a quarter of those activations; its time, and the fused blocks' (fast/token_blocks.py), "
-        "are not yet measured",
+        "MiniMax-H3 720p 81 frames, batches of 2**16 tokens through diffusers' blocks, one H100, one process "
+        "(benchmarks/minimax_ab.py): BENCHMARKS.md's MiniMax-H3 row, a little faster than diffusers' tiled "
+        "decode at several times its peak (2026-12-06/families-h100/, call 4b). The peak grows with the batch: "
+        "2**14 tokens (ten tiles of 256 pixels and six latent frames) holds about a quarter of those "
+        "activations; its time, and the fused blocks' (fast/token_blocks.py), are not yet measured",
     ),
     Entry(
         "NORM_INTO_CONV_BUFFER_FAMILIES",
@@ -189,10 +189,10 @@ TABLE: tuple[Entry, ...] = (
         "NORM_INTO_CONV_ONLY_FAMILIES",
         "the families whose fast tier (channels-last convolutions, the GroupNorms + SiLU written into them) runs "
         "only where a request sets norm_into_conv=True, on every device; elsewhere diffusers' layers",
-        "autoencoder_kl, one H100: FLUX.1 1024^2 and 2048^2 and SDXL 1024^2 faster with the same peak "
-        "(BENCHMARKS.md's rows), but at gpu_parity.py's shapes its bf16 output is 6.25e-2 (FLUX.1) and 1.13e-1 "
-        "(SDXL) from diffusers' (rule: 5e-2), though as close to the fp32 decode as diffusers' own (max 0.98x / "
-        "1.09x, mean 0.95x) (2026-12-06/families-h100/, call 3). Without the GroupNorm kernels its channels-last "
+        "autoencoder_kl, one H100: FLUX.1 1024^2 and 2048^2 and SDXL 1024^2 faster, but at gpu_parity.py's "
+        "shapes its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
+        "diffusers' own (BENCHMARKS.md's FLUX.1 and SDXL rows and the paragraph after them; "
+        "2026-12-06/families-h100/, call 3). Without the GroupNorm kernels its channels-last "
         "convolutions had run 0.66x diffusers (FLUX.2 1024^2, 2026-12-02/families/)",
     ),
     Entry(
