@@ -8,6 +8,7 @@
 #   bash benchmarks/gpu_runs.sh parity OUT
 #   bash benchmarks/gpu_runs.sh families OUT PARITY_SUBJECTS SPEED_SUBJECTS   # named configs, one GPU
 #   bash benchmarks/gpu_runs.sh ab OUT SUBJECTS                 # diffusers against vaeshard, one process
+#   bash benchmarks/gpu_runs.sh shares OUT SUBJECTS             # one rank's share of N, one GPU
 #   bash benchmarks/gpu_runs.sh minimax OUT [SHAPES]            # MiniMax-H3's tiles: speed and parity
 #   bash benchmarks/gpu_runs.sh stream OUT [SUBJECTS] [PARTS]   # streamed decode and the first request
 #   bash benchmarks/gpu_runs.sh versions OUT SITE_A SITE_B WHAT # two versions of vaeshard, one GPU
@@ -36,6 +37,10 @@
 #   the default tier with norm_into_conv=True) timed A B A B, with peaks and max |diff| (NAME.json /
 #   .log). One model build and no process per side, so the figures come in a fraction of `families`'s
 #   time (its benches spawn a process per side; each needs about a minute more than its decodes).
+# shares: SUBJECTS "config=B,C,[T,]H,W@RANKS@SECONDS;...", RANKS colon-separated (1:2:4:8), each by
+#   `ranks.py share` bounded by SECONDS: the default tier's share of one rank of N, its communication
+#   stood in (NAME.json / .log; REPS timed decodes, default 2; EXTRA: more `ranks.py share` arguments, e.g.
+#   `--device cpu --small`); the last lines are ranks.py's summaries.
 # minimax: `minimax_ab.py` at each of SHAPES (default "1,24,22,45,80;1,24,22,90,160": 720p and 1440p,
 #   81 frames): diffusers' tiled decode against vaeshard's default tier, the 2**16-token batches, the
 #   unfused blocks and exact `tile` (the first shape; the others: the default tier only), then
@@ -56,7 +61,7 @@
 # families, stream and versions need diffusers importable (PYTHONPATH; stream: PyAV too). Each stage
 # writes an env.txt (GPU, driver, versions, date) and prints a short table last.
 set -uo pipefail
-STAGE=${1:?usage: $0 scaling|headline|wan22|kept|parity|families|ab|minimax|stream|versions OUT [...]}
+STAGE=${1:?usage: $0 scaling|headline|wan22|kept|parity|families|ab|shares|minimax|stream|versions OUT [...]}
 OUT=${2:?usage: $0 STAGE OUT [...]}
 shift 2
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -334,6 +339,23 @@ ab() {  # one process per subject: diffusers' decode against VARIANTS, A B A B (
   tail -q -n 2 "$OUT"/*.log | grep "|" | grep -v "^subject"
 }
 
+shares() {  # one rank's share of each subject's N-rank decode, on one GPU (ranks.py share)
+  local item config rest shape ranks seconds name
+  mkdir -p "$OUT"
+  write_env "$OUT/env.txt"
+  IFS=';' read -ra items <<<"${1:?usage: $0 shares OUT 'config=B,C,[T,]H,W@RANKS@SECONDS;...'}"
+  for item in "${items[@]}"; do
+    [ -z "$item" ] && continue
+    config=${item%%=*}; rest=${item#*=}; shape=${rest%%@*}; rest=${rest#*@}; ranks=${rest%@*}; seconds=${rest#*@}
+    name="$config-${shape//,/x}"
+    timeout "$seconds" python3 "$HERE/ranks.py" share --config "$config" --latent "$shape" --ranks "${ranks//:/,}" \
+      --reps "${REPS:-2}" ${EXTRA:-} --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1 \
+      || echo "$item failed (or ran past its seconds)" >>"$OUT/notes.txt"
+  done
+  [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
+  grep -h "^summary" "$OUT"/*.log  # ranks.py's last lines: each share's median and peak per rank count
+}
+
 minimax() {  # MiniMax-H3 on one GPU: minimax_ab.py per shape, then its GPU parity
   local shape first=1 variants
   mkdir -p "$OUT"
@@ -359,8 +381,9 @@ case "$STAGE" in
   headline | wan22 | kept | parity) two_gpus ;;
   families) families "$@" ;;
   ab) ab "$@" ;;
+  shares) shares "$@" ;;
   minimax) minimax "$@" ;;
   stream) stream "$@" ;;
   versions) versions "$@" ;;
-  *) echo "unknown stage $STAGE (scaling, headline, wan22, kept, parity, families, ab, minimax, stream, versions)" >&2; exit 2 ;;
+  *) echo "unknown stage $STAGE (scaling, headline, wan22, kept, parity, families, ab, shares, minimax, stream, versions)" >&2; exit 2 ;;
 esac

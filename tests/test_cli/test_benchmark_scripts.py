@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -191,7 +192,8 @@ def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
     # every stage the script's usage names is one its dispatch (the last case statement) takes
     text = (BENCH / "gpu_runs.sh").read_text()
     dispatch = text.rsplit('case "$STAGE" in', 1)[1]
-    for stage in ("scaling", "headline", "wan22", "kept", "parity", "families", "ab", "minimax", "stream", "versions"):
+    stages = ("scaling", "headline", "wan22", "kept", "parity", "families", "ab", "shares", "minimax", "stream")
+    for stage in (*stages, "versions"):
         assert f"gpu_runs.sh {stage} OUT" in text and stage in dispatch, stage
 
 
@@ -211,6 +213,24 @@ def test_the_ab_stage_compares_in_one_process(tmp_path):
     assert set(row["variants"]) == {"channels-first", "vaeshard-into"}, row
     assert all(v["seconds"] > 0 for v in row["variants"].values())
     assert "flux1 | [1, 16, 8, 8] | vaeshard-into" in done.stdout, done.stdout
+
+
+def test_the_shares_stage_times_each_rank_count(tmp_path):
+    """`gpu_runs.sh shares` on the CPU with a tiny config: one rank's share per rank count, a JSON row
+    for each, and ranks.py's summary printed last."""
+    out = tmp_path / "shares"
+    done = subprocess.run(
+        ["bash", str(BENCH / "gpu_runs.sh"), "shares", str(out), "flux1=1,16,8,12@1:2@200"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=BENCH.parent,
+        env={**os.environ, "REPS": "1", "EXTRA": "--device cpu --small"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((out / "flux1-1x16x8x12.json").read_text())["rows"]
+    assert [r["ranks"] for r in rows] == [1, 2] and all(r["median_s"] > 0 for r in rows), rows
+    assert done.stdout.splitlines()[-1].startswith("summary flux1 (1, 16, 8, 12) auto: 1 rank:"), done.stdout
 
 
 @pytest.mark.timeout(300)
