@@ -523,18 +523,21 @@ def _timed(vae, z, device) -> float:
     return time.perf_counter() - t0
 
 
-def _by_class(vae, z, device) -> dict[str, float]:
+def _by_class(vae, z, device, top: int = 0) -> tuple[dict[str, float], list[list]]:
+    """GPU time (CPU time without one) of one decode by kernel class, and its `top` kernels by time
+    ([name, seconds, calls])."""
     activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         _decode(vae, z)
         if device.type == "cuda":
             torch.cuda.synchronize()
-    out = defaultdict(float)
+    out, kernels = defaultdict(float), []
     for evt in prof.key_averages():
         t = evt.device_time_total if device.type == "cuda" else evt.self_cpu_time_total
         if t:
             out[classify(evt.key)] += t / 1e6
-    return dict(out)
+            kernels.append([evt.key[:100], round(t / 1e6, 5), evt.count])
+    return dict(out), sorted(kernels, key=lambda k: -k[1])[:top]
 
 
 VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into")
@@ -566,6 +569,7 @@ def run_subject(
     device: torch.device,
     dtype: torch.dtype = torch.bfloat16,
     variants: tuple[str, ...] = VARIANTS[:2],
+    top: int = 0,
 ) -> dict:
     name, shape_text = spec.split("=")
     shape = tuple(int(v) for v in shape_text.split(","))
@@ -619,13 +623,16 @@ def run_subject(
             print(f"  {name} {label}: {times[label][-1]:.3f} s", file=sys.stderr, flush=True)
     for label in variants:
         enter(label)
+        by_class, kernels = _by_class(vae, inputs[label], device, top)
         row["variants"][label] = {
             "seconds": statistics.median(times[label]),
             "all": times[label],
             "peak_bytes": warm[label][1],
             "max_abs_diff": warm[label][2],
-            "by_class": _by_class(vae, inputs[label], device),
+            "by_class": by_class,
         }
+        if top:
+            row["variants"][label]["top_kernels"] = kernels
     row["diffusers_peak_bytes"] = peak
     vae.to("meta")  # its memory back before the next subject (the closures above keep the module)
     if device.type == "cuda":
@@ -647,6 +654,7 @@ def video(argv: list[str] | None = None) -> None:
         default=",".join(VARIANTS[:2]),
         help=f"comma-separated, any of {', '.join(VARIANTS)} (default: the first two)",
     )
+    ap.add_argument("--top", type=int, default=0, help="also print each variant's N kernels with the most time")
     args = ap.parse_args(argv)
     variants = tuple(args.variants.split(","))
     if not set(variants) <= set(VARIANTS) or variants[0] != "channels-first":
@@ -656,12 +664,18 @@ def video(argv: list[str] | None = None) -> None:
         torch.backends.cudnn.benchmark = True
     rows = []
     for spec in args.subject:
-        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype), variants)
+        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype), variants, args.top)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
+    for row in rows:
+        for label, v in row.get("variants", {}).items():
+            if v.get("top_kernels"):
+                print(f"{row['subject']} {label}: kernels with the most time (s, calls)")
+                for name, t, calls in v["top_kernels"]:
+                    print(f"  {t:8.4f} {calls:6d}  {name}")
     print("subject | latent | variant | s | vs channels-first | peak GiB | max|diff| | top classes (s)")
     for row in rows:
         if "error" in row:
