@@ -33,9 +33,9 @@ A row whose plan (strategy, tier, fast-tier choices) equals an earlier row's of 
 dtype runs the same code on the same inputs: it is reported with that row's figures, not decoded
 again (on one rank, for instance, the forced spatial modes fall back to auto's direct decode);
 `--repeat-same-plans` decodes it anyway. `tile` is left out for a class vaeshard has no tiled decode
-for (LTX-2.5's diffusion decoder). `--compile-flex`: FlexAttention compiled for both sides (LTX-2.5's
+for (LTX-2.5's diffusion decoder). `--compile-flex`: FlexAttention compiled for diffusers' decodes (LTX-2.5's
 diffusion decoder: diffusers' eager FlexAttention holds every query's scores against every key, more
-than a GPU holds at any real-config grid). Exits 1 if any row fails.
+than a GPU holds at any real-config grid; vaeshard's sharded windows do not use it). Exits 1 if any row fails.
 
     python3 benchmarks/gpu_parity.py stream --out stream.jsonl [--config wan21] [--shape 1,16,9,60,104]
 
@@ -319,8 +319,8 @@ def _parse_args(argv):
     ap.add_argument(
         "--compile-flex",
         action="store_true",
-        help="FlexAttention through torch.compile for diffusers' decodes and vaeshard's alike (LTX-2.5's diffusion "
-        "decoder: eager FlexAttention holds every query's scores against every key)",
+        help="FlexAttention through torch.compile for diffusers' decodes (LTX-2.5's diffusion decoder: eager "
+        "FlexAttention holds every query's scores against every key; vaeshard's sharded windows do not use it)",
     )
     ap.add_argument(
         "--repeat-same-plans",
@@ -469,8 +469,8 @@ def runs_in(state: bool, states: list[bool], runs: list) -> list:
 
 
 def compile_flex() -> None:
-    """FlexAttention through torch.compile, for diffusers' decodes and vaeshard's alike: its eager path
-    (the one diffusers' processor takes) holds every query's scores against every key."""
+    """FlexAttention through torch.compile, for diffusers' decodes: its eager path (the one diffusers'
+    processor takes) holds every query's scores against every key."""
     import torch._dynamo
     import torch.nn.attention.flex_attention as flex
 

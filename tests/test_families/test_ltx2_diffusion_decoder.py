@@ -111,3 +111,79 @@ def _tiled_own_decode_twice(rank, world):
 
 def test_a_decode_rank0_runs_alone_keeps_every_rank_s_rng_in_step():
     run_ranks(_tiled_own_decode_twice, 2)
+
+
+# --- the windows without a mask over every (query, key) pair ----------------------------------
+
+
+def _flex_reference(q, k, v, grid, kernel):
+    """diffusers' own attention of the windows: its FlexAttention BlockMask over the whole grid."""
+    import warnings
+
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import _neighborhood_block_mask
+    from torch.nn.attention.flex_attention import flex_attention
+
+    b, heads, d = q.shape[0], q.shape[4], q.shape[5]
+
+    def seq(x):
+        return x.reshape(b, -1, heads, d).transpose(1, 2)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex_attention warns that it is not compiled
+        out = flex_attention(
+            seq(q), seq(k), seq(v), block_mask=_neighborhood_block_mask(*grid, kernel, "cpu"), scale=1.0
+        )
+    return out.transpose(1, 2).reshape(q.shape)
+
+
+@pytest.mark.parametrize(
+    "grid, kernel, chunk",
+    [
+        ((5, 9, 11), (3, 5, 7), None),  # windows shifted inward at every border
+        ((3, 17, 4), (7, 7, 7), None),  # kernels wider than the grid: clipped as diffusers clips them
+        ((7, 10, 13), (3, 7, 5), 1),  # one T block per call, the last block of each axis overlapping
+    ],
+)
+def test_windowed_attention_equals_diffusers_flex_windows(grid, kernel, chunk, monkeypatch):
+    from vaeshard.layers import neighbourhood_attention as na
+
+    if chunk is not None:
+        monkeypatch.setattr(na, "CHUNK_ELEMENTS", chunk)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, *grid, 2, 8, generator=g) for _ in range(3))
+    want = _flex_reference(q, k, v, grid, kernel)
+    assert_close(na.windowed_attention(q, k, v, grid, kernel), want, CPU_FP32, "whole grid")
+    # a rank's rows [s, e) with its halo rows as keys: its rows of the whole grid's result
+    height = grid[1]
+    before, after = na.halo_rows(kernel[1], height)
+    for s, e in ((0, na.min_rows(kernel[1], height)), (height // 3, height - 2), (height - 3, height)):
+        if e - s < na.min_rows(kernel[1], height):
+            continue
+        ks, ke = max(0, s - before), min(height, e + after)
+        got = na.windowed_attention(q[:, :, s:e], k[:, :, ks:ke], v[:, :, ks:ke], grid, kernel, (0, s, 0), (0, ks, 0))
+        assert_close(got, want[:, :, s:e], CPU_FP32, f"rows {s}-{e}")
+
+
+def _no_mask_rank(rank, world):
+    import torch.nn.attention.flex_attention as flex
+
+    vae = build(MODEL)
+    z = latent(Z)
+
+    def decode():
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            return vae.decode(z).sample
+
+    reference = reference_from_rank0(rank, decode)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a mask over every (query, key) pair was built")
+
+    flex.create_block_mask = refuse  # this rank's process only
+    vaeshard.parallelize(vae, mode="spatial_shard_height")
+    assert_close(decode(), reference, CPU_FP32, "sharded, no BlockMask")
+
+
+def test_a_sharded_decode_builds_no_mask_of_every_pair():
+    run_ranks(_no_mask_rank, 2)

@@ -122,12 +122,12 @@ class _LTX2DiffusionDecoder(Family):
         ),
         Mirror(
             _MODULE + "LTX2VideoVaeNeighborhoodAttnProcessor.__call__",
-            "layers/neighbourhood_attention.py ShardedNeighbourhoodAttention.forward (the attention)",
+            "layers/neighbourhood_attention.py ShardedNeighbourhoodAttention.forward (windowed_attention, scale 1)",
             "767fe9a3c7f614cd",
         ),
         Mirror(
             _MODULE + "_neighborhood_block_mask",
-            "layers/neighbourhood_attention.py _window_mask",
+            "layers/neighbourhood_attention.py _window_start, _axis_blocks (the window of windowed_attention)",
             "7371747effc41879",
         ),
         Mirror(

@@ -9,9 +9,10 @@ from its neighbours (`k`: the kernel along the sharded axis, at most the whole e
 a convolution's halo rows (zeros beyond the global edges, which no window reaches), and computes
 the window of each of its queries in global coordinates: the border shift happens only at the true
 grid border, where the edge rank holds every row the shifted windows need (`min_rows`). The rotary
-positions are the global ones. The queries are this rank's rows only; the mask is the same window
-predicate as diffusers', offset to the local rows, run through FlexAttention as diffusers' processor
-runs it.
+positions are the global ones. The queries are this rank's rows only, attended in blocks over the
+keys their windows reach (`windowed_attention`): diffusers' window predicate, without the mask over
+every (query, key) pair that its FlexAttention processor builds, which grows with the square of the
+tokens and is larger than a GPU at LTX-2.5's production grids.
 
 Outside a sharded request both mixins run diffusers' own forward.
 """
@@ -50,34 +51,97 @@ def _rotate(rope, x: torch.Tensor, offsets: tuple[int, int, int]) -> torch.Tenso
     return torch.cat([rotated_t, rotated_h, rotated_w], dim=-1)
 
 
-def _window_mask(query_grid, key_grid, whole, kernel, axis: int, query_start: int, key_start: int, device):
-    """The FlexAttention BlockMask of local queries (`query_grid`: T, H, W) over local keys
-    (`key_grid`), whose rows along `axis` (0: T, 1: H, 2: W) start at `query_start` / `key_start` in
-    the whole grid `whole`: diffusers' window predicate in global coordinates."""
-    from torch.nn.attention.flex_attention import create_block_mask
+# Queries per block along (T, H, W) in `windowed_attention`: 128 queries whose union of windows is
+# (2 + kt - 1)(8 + kh - 1)(8 + kw - 1) keys (1,568 for 7-wide kernels, 4.6 times a window), against
+# FlexAttention's 128-long raster blocks, whose windows span kernel-high bands of whole rows.
+QUERY_BLOCK = (2, 8, 8)
+# Key elements (keys x heads x head_dim) gathered at once: the blocks of one chunk share a gather.
+CHUNK_ELEMENTS = 2**27
 
+
+def _window_start(c: torch.Tensor, kernel: int, extent: int) -> torch.Tensor:
+    """The first position of the window of query positions `c` along one axis: centred, shifted
+    inward at the grid border so it holds `kernel` positions (diffusers' `_neighborhood_block_mask`)."""
+    return torch.clamp(c - kernel // 2, 0, extent - kernel)
+
+
+def _axis_blocks(queries: int, q_start: int, keys: int, k_start: int, kernel: int, extent: int, block: int, device):
+    """One axis's query blocks over `queries` positions (global start `q_start`) and the key range
+    each needs from `keys` positions (global start `k_start`) of a grid `extent` long: (query starts,
+    key starts (local indices), the window predicate per block (blocks, block, key span), and per
+    query position its block and its offset in it)."""
+    block = min(block, queries)
+    span = min(keys, block + kernel - 1)
+    count = -(-queries // block)
+    q_first = torch.clamp(torch.arange(count, device=device) * block, max=queries - block)  # local, full blocks
+    q = q_first[:, None] + torch.arange(block, device=device)  # (count, block) local query positions
+    start = _window_start(q + q_start, kernel, extent)  # global window starts
+    # each block's keys: from its first query's window start, kept inside the keys this rank holds
+    k_first = torch.clamp(start[:, 0] - k_start, max=keys - span)
+    k = k_first[:, None] + torch.arange(span, device=device) + k_start  # (count, span) global key positions
+    inside = (k[:, None, :] >= start[:, :, None]) & (k[:, None, :] < start[:, :, None] + kernel)
+    every = torch.arange(queries, device=device)
+    which = torch.clamp(every // block, max=count - 1)
+    return q_first, k_first, inside, which, every - q_first[which]
+
+
+def _gather(source, blocks_of, starts, lengths):
+    """The tokens of the blocks `blocks_of` ((T, H, W) block indices per block) of `source` (B, T, H,
+    W, heads, d), each block from `starts` (per axis, per block) `lengths` long: (B * blocks, heads,
+    tokens of a block, d)."""
+    t, h, w = (s[i][:, None] + torch.arange(n, device=s.device) for s, i, n in zip(starts, blocks_of, lengths))
+    picked = source[:, t[:, :, None, None], h[:, None, :, None], w[:, None, None, :]]
+    return picked.reshape(-1, picked.shape[2] * picked.shape[3] * picked.shape[4], *source.shape[4:]).transpose(1, 2)
+
+
+def windowed_attention(query, key, value, whole, kernel, query_start=(0, 0, 0), key_start=(0, 0, 0)):
+    """Neighbourhood attention of `query` (B, T, H, W, heads, d) over `key` / `value` (B, T', H', W',
+    heads, d), each at global offsets `query_start` / `key_start` in a grid of extents `whole`, the
+    windows of `kernel` (clipped to `whole`) as diffusers' FlexAttention mask defines them; scale 1
+    (the queries come scaled). The same attention as diffusers' processor without its mask over
+    every (query, key) pair, whose size grows with the square of the tokens (167 GiB at a 69 x 64 x 96
+    stage): queries go in blocks (QUERY_BLOCK), each over the keys its windows reach with a mask of
+    that block's windows, blocks of one shape batched into one `scaled_dot_product_attention` call.
+    The keys must hold every window of the queries (a sharded rank's rows and halo rows)."""
+    batch, heads, dim = query.shape[0], query.shape[4], query.shape[5]
     kernel = [min(k, n) for k, n in zip(kernel, whole)]
-    q_hw, k_hw = query_grid[1] * query_grid[2], key_grid[1] * key_grid[2]
-    q_offset = [0, 0, 0]
-    k_offset = [0, 0, 0]
-    q_offset[axis], k_offset[axis] = query_start, key_start
+    axes = [
+        _axis_blocks(query.shape[1 + a], query_start[a], key.shape[1 + a], key_start[a], kernel[a], whole[a],
+                     QUERY_BLOCK[a], query.device)
+        for a in range(3)
+    ]  # fmt: skip
+    (qt, kt, mt, wt, ot), (qh, kh, mh, wh, oh), (qw, kw, mw, ww, ow) = axes
+    bt, bh, bw = mt.shape[1], mh.shape[1], mw.shape[1]
+    st, sh, sw = mt.shape[2], mh.shape[2], mw.shape[2]
+    # every (h, w) block of a T block at once; as many T blocks per call as CHUNK_ELEMENTS allows
+    per_t = len(qh) * len(qw) * st * sh * sw * heads * dim * batch
+    step = max(1, CHUNK_ELEMENTS // per_t)
+    out = query.new_empty(query.shape)
+    for first in range(0, len(qt), step):
+        ts = torch.arange(first, min(first + step, len(qt)), device=query.device)
+        it, ih, iw = torch.meshgrid(ts, torch.arange(len(qh), device=query.device),
+                                    torch.arange(len(qw), device=query.device), indexing="ij")  # fmt: skip
+        it, ih, iw = it.reshape(-1), ih.reshape(-1), iw.reshape(-1)
 
-    def coords(idx, hw, width, offset):
-        rem = idx % hw
-        return idx // hw + offset[0], rem // width + offset[1], rem % width + offset[2]
-
-    def mask_mod(batch_idx, head_idx, q_idx, kv_idx):
-        q = coords(q_idx, q_hw, query_grid[2], q_offset)
-        k = coords(kv_idx, k_hw, key_grid[2], k_offset)
-        inside = None
-        for qc, kc, size, n in zip(q, k, kernel, whole):
-            start = torch.clamp(qc - size // 2, 0, n - size)
-            here = (kc >= start) & (kc < start + size)
-            inside = here if inside is None else inside & here
-        return inside
-
-    q_len, kv_len = query_grid[0] * q_hw, key_grid[0] * k_hw
-    return create_block_mask(mask_mod, B=None, H=None, Q_LEN=q_len, KV_LEN=kv_len, device=device)
+        blocks_of = (it, ih, iw)
+        q = _gather(query, blocks_of, (qt, qh, qw), (bt, bh, bw))
+        k = _gather(key, blocks_of, (kt, kh, kw), (st, sh, sw))
+        v = _gather(value, blocks_of, (kt, kh, kw), (st, sh, sw))
+        mask = (
+            mt[it][:, :, None, None, :, None, None]
+            & mh[ih][:, None, :, None, None, :, None]
+            & mw[iw][:, None, None, :, None, None, :]
+        ).reshape(len(it), 1, bt * bh * bw, st * sh * sw)
+        if batch > 1:
+            mask = mask.repeat(batch, 1, 1, 1)
+        blocks = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        blocks = blocks.transpose(1, 2).reshape(batch, len(ts), len(qh), len(qw), bt, bh, bw, heads, dim)
+        # each query from its own block (the last block of an axis overlaps the one before it)
+        rows = (wt >= ts[0]) & (wt <= ts[-1])
+        picked = blocks[:, (wt[rows] - first)[:, None, None], wh[None, :, None], ww[None, None, :],
+                        ot[rows][:, None, None], oh[None, :, None], ow[None, None, :]]  # fmt: skip
+        out[:, rows] = picked
+    return out
 
 
 def _shard_position(ctx: ShardContext, local: int) -> tuple[int, int, list[int]]:
@@ -98,8 +162,6 @@ class ShardedNeighbourhoodAttention:
         ctx = current()
         if ctx is None:
             return super().forward(hidden_states, block_mask)
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         dim = 2 if ctx.axis == HEIGHT else 3  # (B, T, H, W, C)
         axis = dim - 1
         local = hidden_states.shape[dim]
@@ -120,7 +182,6 @@ class ShardedNeighbourhoodAttention:
                 "ranks, the other spatial axis, or a larger latent"
             )
         padded = ctx.halo_pad(hidden_states, dim, before, after)
-        batch_size = hidden_states.shape[0]
         q_offsets, k_offsets = [0, 0, 0], [0, 0, 0]
         q_offsets[axis], k_offsets[axis] = start, start - before
 
@@ -132,19 +193,7 @@ class ShardedNeighbourhoodAttention:
         query = _rotate(self.rope, self.norm_q(heads(hidden_states, self.to_q)) * self.scale, tuple(q_offsets))
         key = _rotate(self.rope, self.norm_k(heads(padded, self.to_k)), tuple(k_offsets))
         value = heads(padded, self.to_v)
-        mask = _window_mask(
-            hidden_states.shape[1:4], padded.shape[1:4], whole, self.kernel_size, axis, start, start - before,
-            hidden_states.device,
-        )  # fmt: skip
-        out = dispatch_attention_fn(
-            query.reshape(batch_size, -1, self.heads, self.head_dim),
-            key.reshape(batch_size, -1, self.heads, self.head_dim),
-            value.reshape(batch_size, -1, self.heads, self.head_dim),
-            attn_mask=mask,
-            scale=1.0,
-            backend=self.processor._attention_backend,
-            parallel_config=self.processor._parallel_config,
-        )
+        out = windowed_attention(query, key, value, whole, self.kernel_size, tuple(q_offsets), tuple(k_offsets))
         out = out.reshape(*hidden_states.shape[:4], self.heads * self.head_dim)
         return self.to_out[0](out)
 
