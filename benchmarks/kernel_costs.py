@@ -5,6 +5,7 @@ benchmarks/conv_kernel.py).
     python3 benchmarks/kernel_costs.py norm [--json norm_kernel.json] [--no-sweep]   # one CUDA GPU
     python3 benchmarks/kernel_costs.py sass [--channels 96 --dump norm96.sass]      # no GPU needed
     python3 benchmarks/kernel_costs.py launch --calls 400 --decode                  # one CUDA GPU
+    python3 benchmarks/kernel_costs.py windows [--stages 1,2,3 --frames 9]            # one CUDA GPU
 
 norm: the memory bandwidth of the fused norm and bias kernels (`rms_norm`, `add_bias_and_residual_`,
 `add_bias_`) per tile choice (kernels/norm.py's `TILE`), against a plain copy with the same strides
@@ -25,6 +26,13 @@ ships, and counts the instructions of one program. Both kernels have no loops, s
 by the elements one thread handles is the instructions issued per element: where that times the
 elements exceeds what the SMs issue in the time a copy takes, the kernel is bound by its
 instructions, not by memory (`norm` times them).
+
+windows: one neighbourhood attention of each stage of LTX-2.5's diffusion decoder at 1088 x 1920, 121
+frames (bf16, random queries, keys and values): vaeshard's windows in blocks
+(layers/neighbourhood_attention.py) against diffusers' FlexAttention processor's computation
+(`flex_attention` compiled, with its BlockMask) where that mask is built (up to `--flex-tokens`
+tokens: it holds a boolean per (query, key) pair while it is made), each timed as the median of
+`--reps` CUDA-event timings, its peak above what the inputs hold, and the largest difference.
 
 launch: the host's cost of one call of each kernel the fast tier launches, at shapes too small to
 keep the GPU busy: what a decoder call spends on the host per layer, apart from the GPU work. Each
@@ -397,7 +405,95 @@ def launch(argv: list[str] | None = None) -> None:
         )
 
 
-COMMANDS = {"norm": norm, "sass": sass, "launch": launch}
+# --- windows ---------------------------------------------------------------------------------
+
+# LTX-2.5's diffusion decoder (its real config) at 1088 x 1920, 121 frames (latent 16 x 34 x 60): each
+# stage's token grid (T, H, W), window and heads (head_dim 64); the blocks of a stage share the grid
+WINDOW_STAGES = [
+    ("stage 1", (18, 34, 60), (3, 7, 7), 32),
+    ("stage 2", (18, 68, 120), (3, 7, 7), 16),
+    ("stage 3", (35, 68, 120), (3, 5, 5), 8),
+    ("stage 4", (69, 136, 240), (3, 5, 5), 8),
+    ("stage 5", (121, 272, 480), (11, 11, 11), 4),
+]
+
+
+def _peak_and_time(fn, reps: int) -> tuple[float, float]:
+    """(median seconds of `fn`, its peak GiB above what was allocated before it)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    seconds = _time(fn, 1, reps)
+    return seconds, (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def _window_row(name, grid, kernel, heads, args, compiled, windowed_attention, block_mask) -> dict:
+    tokens = grid[0] * grid[1] * grid[2]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(1, *grid, heads, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    q = q * 64**-0.5
+    row = {"stage": name, "grid": grid, "kernel": kernel, "heads": heads, "tokens": tokens}
+    row["vaeshard_s"], row["vaeshard_peak_gib"] = _peak_and_time(
+        lambda: windowed_attention(q, k, v, grid, kernel), args.reps
+    )
+    if tokens > args.flex_tokens:
+        row["flex_s"] = None
+        row["why"] = f"diffusers' mask of {tokens:,}^2 pairs not built (--flex-tokens {args.flex_tokens:,})"
+        return row
+
+    def flex():
+        seq = [x.reshape(1, tokens, heads, 64).transpose(1, 2) for x in (q, k, v)]
+        return compiled(*seq, block_mask=mask, scale=1.0).transpose(1, 2).reshape(q.shape)
+
+    mask = block_mask(*grid, kernel, "cuda")
+    row["flex_s"], row["flex_peak_gib"] = _peak_and_time(flex, args.reps)
+    row["max_abs_diff"] = (windowed_attention(q, k, v, grid, kernel).float() - flex().float()).abs().max().item()
+    return row
+
+
+def windows(argv: list[str] | None = None) -> None:
+    """One neighbourhood attention of each LTX-2.5 stage: vaeshard's windows in blocks against
+    diffusers' FlexAttention (its BlockMask, flex_attention compiled) where its mask fits."""
+    ap = argparse.ArgumentParser(prog="kernel_costs.py windows", description=windows.__doc__)
+    ap.add_argument("--stages", default="1,2,3,4,5", help="which stages (1-5; default all)")
+    ap.add_argument("--frames", type=int, default=None, help="cut every grid to this many frames")
+    ap.add_argument("--flex-tokens", type=int, default=2**17, help="the most tokens diffusers' mask is built for")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    import warnings
+
+    from diffusers.models.autoencoders.ltx2_diffusion_decoder import _neighborhood_block_mask
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from vaeshard.layers.neighbourhood_attention import windowed_attention
+
+    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+    compiled = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    for name, grid, kernel, heads in (WINDOW_STAGES[int(i) - 1] for i in args.stages.split(",")):
+        if args.frames:
+            grid = (min(grid[0], args.frames), *grid[1:])
+        rows.append(
+            _window_row(name, grid, kernel, heads, args, compiled, windowed_attention, _neighborhood_block_mask)
+        )
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    print("stage | grid | kernel | vaeshard s | peak GiB | flex (compiled) s | peak GiB | max|diff|")
+    for r in rows:
+        flex = (
+            f"{r['flex_s']:.4f} | {r['flex_peak_gib']:.2f} | {r['max_abs_diff']:.2e}"
+            if r["flex_s"] is not None
+            else f"- | - | {r['why']}"
+        )
+        ours = f"{r['vaeshard_s']:.4f} | {r['vaeshard_peak_gib']:.2f}"
+        print(f"{r['stage']} | {r['grid']} | {r['kernel']} | {ours} | {flex}")
+
+
+COMMANDS = {"norm": norm, "sass": sass, "launch": launch, "windows": windows}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -187,3 +187,28 @@ def _no_mask_rank(rank, world):
 
 def test_a_sharded_decode_builds_no_mask_of_every_pair():
     run_ranks(_no_mask_rank, 2)
+
+
+def test_one_rank_fast_tier_takes_the_windows_in_blocks(monkeypatch):
+    """One rank, the fast tier: the whole grid's windows in blocks, no mask over every pair, within the
+    CPU fp32 tolerance of diffusers' decode; exact=True is diffusers' own forward, mask and all."""
+    import torch.nn.attention.flex_attention as flex
+
+    vae = build(MODEL)
+    z = latent(Z)
+
+    def decode():
+        torch.manual_seed(SEED)
+        with torch.no_grad():
+            return vae.decode(z).sample
+
+    reference = decode()
+    built = []
+    create = flex.create_block_mask
+    monkeypatch.setattr(flex, "create_block_mask", lambda *a, **k: built.append(1) or create(*a, **k))
+    vaeshard.parallelize(vae)
+    assert "tier: the fast tier" in vaeshard.plan(vae, z.shape, 1).explain()
+    assert_close(decode(), reference, CPU_FP32, "one rank, fast tier")
+    assert not built
+    vaeshard.parallelize(vae, exact=True)
+    assert torch.equal(decode(), reference) and built

@@ -14,7 +14,9 @@ keys their windows reach (`windowed_attention`): diffusers' window predicate, wi
 every (query, key) pair that its FlexAttention processor builds, which grows with the square of the
 tokens and is larger than a GPU at LTX-2.5's production grids.
 
-Outside a sharded request both mixins run diffusers' own forward.
+Outside a sharded request the decoder runs diffusers' own forward, and the attention too in the exact
+tier; in the fast tier its windows are taken in blocks over the whole grid as a rank's are over its
+rows (the same attention, without the mask over every pair).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.spatial import HEIGHT, ShardContext, current
+from . import tier as fast_tier
 
 
 def halo_rows(kernel: int, extent: int) -> tuple[int, int]:
@@ -55,7 +58,7 @@ def _rotate(rope, x: torch.Tensor, offsets: tuple[int, int, int]) -> torch.Tenso
 # (2 + kt - 1)(8 + kh - 1)(8 + kw - 1) keys (1,568 for 7-wide kernels, 4.6 times a window), against
 # FlexAttention's 128-long raster blocks, whose windows span kernel-high bands of whole rows.
 QUERY_BLOCK = (2, 8, 8)
-# Key elements (keys x heads x head_dim) gathered at once: the blocks of one chunk share a gather.
+# Key elements (keys x heads x head_dim x batch) gathered for one attention call: its blocks' keys.
 CHUNK_ELEMENTS = 2**27
 
 
@@ -68,8 +71,8 @@ def _window_start(c: torch.Tensor, kernel: int, extent: int) -> torch.Tensor:
 def _axis_blocks(queries: int, q_start: int, keys: int, k_start: int, kernel: int, extent: int, block: int, device):
     """One axis's query blocks over `queries` positions (global start `q_start`) and the key range
     each needs from `keys` positions (global start `k_start`) of a grid `extent` long: (query starts,
-    key starts (local indices), the window predicate per block (blocks, block, key span), and per
-    query position its block and its offset in it)."""
+    key starts (local indices), the window predicate per block (blocks, block, key span), and the
+    block that owns each query position)."""
     block = min(block, queries)
     span = min(keys, block + kernel - 1)
     count = -(-queries // block)
@@ -80,9 +83,8 @@ def _axis_blocks(queries: int, q_start: int, keys: int, k_start: int, kernel: in
     k_first = torch.clamp(start[:, 0] - k_start, max=keys - span)
     k = k_first[:, None] + torch.arange(span, device=device) + k_start  # (count, span) global key positions
     inside = (k[:, None, :] >= start[:, :, None]) & (k[:, None, :] < start[:, :, None] + kernel)
-    every = torch.arange(queries, device=device)
-    which = torch.clamp(every // block, max=count - 1)
-    return q_first, k_first, inside, which, every - q_first[which]
+    which = torch.clamp(torch.arange(queries, device=device) // block, max=count - 1)
+    return q_first, k_first, inside, which
 
 
 def _gather(source, blocks_of, starts, lengths):
@@ -110,20 +112,20 @@ def windowed_attention(query, key, value, whole, kernel, query_start=(0, 0, 0), 
                      QUERY_BLOCK[a], query.device)
         for a in range(3)
     ]  # fmt: skip
-    (qt, kt, mt, wt, ot), (qh, kh, mh, wh, oh), (qw, kw, mw, ww, ow) = axes
+    (qt, kt, mt, wt), (qh, kh, mh, wh), (qw, kw, mw, ww) = axes
     bt, bh, bw = mt.shape[1], mh.shape[1], mw.shape[1]
     st, sh, sw = mt.shape[2], mh.shape[2], mw.shape[2]
-    # every (h, w) block of a T block at once; as many T blocks per call as CHUNK_ELEMENTS allows
-    per_t = len(qh) * len(qw) * st * sh * sw * heads * dim * batch
-    step = max(1, CHUNK_ELEMENTS // per_t)
+    device = query.device
+    every = torch.stack(
+        torch.meshgrid(*(torch.arange(len(a), device=device) for a in (qt, qh, qw)), indexing="ij")
+    ).reshape(3, -1)  # (T, H, W) block indices of every block
+    # as many blocks per attention call as CHUNK_ELEMENTS of gathered keys allow
+    step = max(1, CHUNK_ELEMENTS // (st * sh * sw * heads * dim * batch))
+    height, width = query.shape[2], query.shape[3]
     out = query.new_empty(query.shape)
-    for first in range(0, len(qt), step):
-        ts = torch.arange(first, min(first + step, len(qt)), device=query.device)
-        it, ih, iw = torch.meshgrid(ts, torch.arange(len(qh), device=query.device),
-                                    torch.arange(len(qw), device=query.device), indexing="ij")  # fmt: skip
-        it, ih, iw = it.reshape(-1), ih.reshape(-1), iw.reshape(-1)
-
-        blocks_of = (it, ih, iw)
+    flat_out = out.view(batch, -1, heads, dim)
+    for first in range(0, every.shape[1], step):
+        it, ih, iw = blocks_of = every[:, first : first + step]
         q = _gather(query, blocks_of, (qt, qh, qw), (bt, bh, bw))
         k = _gather(key, blocks_of, (kt, kh, kw), (st, sh, sw))
         v = _gather(value, blocks_of, (kt, kh, kw), (st, sh, sw))
@@ -135,12 +137,17 @@ def windowed_attention(query, key, value, whole, kernel, query_start=(0, 0, 0), 
         if batch > 1:
             mask = mask.repeat(batch, 1, 1, 1)
         blocks = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        blocks = blocks.transpose(1, 2).reshape(batch, len(ts), len(qh), len(qw), bt, bh, bw, heads, dim)
-        # each query from its own block (the last block of an axis overlaps the one before it)
-        rows = (wt >= ts[0]) & (wt <= ts[-1])
-        picked = blocks[:, (wt[rows] - first)[:, None, None], wh[None, :, None], ww[None, None, :],
-                        ot[rows][:, None, None], oh[None, :, None], ow[None, None, :]]  # fmt: skip
-        out[:, rows] = picked
+        blocks = blocks.transpose(1, 2).reshape(batch, -1, heads, dim)  # (B, blocks x block tokens, heads, d)
+        # each query from the block that owns it (the last block of an axis overlaps the one before)
+        t = (qt[it][:, None] + torch.arange(bt, device=device))[:, :, None, None]
+        h = (qh[ih][:, None] + torch.arange(bh, device=device))[:, None, :, None]
+        w = (qw[iw][:, None] + torch.arange(bw, device=device))[:, None, None, :]
+        owned = (
+            (wt[t] == it[:, None, None, None]) & (wh[h] == ih[:, None, None, None]) & (ww[w] == iw[:, None, None, None])
+        )
+        at = ((t * height + h) * width + w).expand(owned.shape)
+        owned, at = owned.reshape(-1), at.reshape(-1)
+        flat_out.index_copy_(1, at[owned], blocks[:, owned])
     return out
 
 
@@ -149,23 +156,30 @@ def _shard_position(ctx: ShardContext, local: int) -> tuple[int, int, list[int]]
     return sum(extents[: ctx.comm.rank]), sum(extents), extents
 
 
+def _windows_whole(module) -> bool:
+    """Whether an unsharded call runs `windowed_attention` over the whole grid: the fast tier, in
+    inference (elsewhere diffusers' own forward, with its mask over every pair)."""
+    return fast_tier.enabled() and not module.training and not torch.is_grad_enabled()
+
+
 class ShardedNeighbourhoodAttention:
     """Mixin for `LTX2VideoVaeNeighborhoodAttention` (with diffusers' FlexAttention processor): this
-    rank's queries over its rows and the halo rows, the window and rotary positions global."""
+    rank's queries over its rows and the halo rows, the window and rotary positions global. Unsharded
+    in the fast tier, the whole grid's windows the same way (no mask over every pair)."""
 
     def build_block_mask(self, hidden_states):
-        if current() is None:
+        if current() is None and not _windows_whole(self):
             return super().build_block_mask(hidden_states)
-        return None  # the sharded forward builds its own (rectangular, offset) mask
+        return None  # the windows are taken in blocks (windowed_attention)
 
     def forward(self, hidden_states, block_mask=None):
         ctx = current()
-        if ctx is None:
+        if ctx is None and not _windows_whole(self):
             return super().forward(hidden_states, block_mask)
-        dim = 2 if ctx.axis == HEIGHT else 3  # (B, T, H, W, C)
+        dim = 2 if ctx is None or ctx.axis == HEIGHT else 3  # (B, T, H, W, C)
         axis = dim - 1
         local = hidden_states.shape[dim]
-        start, total, extents = _shard_position(ctx, local)
+        start, total, extents = (0, local, [local]) if ctx is None else _shard_position(ctx, local)
         whole = list(hidden_states.shape[1:4])
         whole[axis] = total
         if any(n < k for n, k in zip(whole, self.kernel_size)):
@@ -173,15 +187,15 @@ class ShardedNeighbourhoodAttention:
                 f"Neighborhood attention requires each spatial dim to be at least its kernel size; got "
                 f"(T, H, W) = {tuple(whole)} with kernel_size {self.kernel_size}."
             )
-        before, after = halo_rows(self.kernel_size[axis], total)
+        before, after = halo_rows(self.kernel_size[axis], total) if ctx is not None else (0, 0)
         need = min_rows(self.kernel_size[axis], total)
-        if min(extents) < need:
+        if ctx is not None and min(extents) < need:
             raise ValueError(
                 f"a rank holds {min(extents)} rows of a {total}-row feature map whose neighbourhood attention "
                 f"(kernel {self.kernel_size}) needs at least {need} rows per rank to shard exactly: use fewer "
                 "ranks, the other spatial axis, or a larger latent"
             )
-        padded = ctx.halo_pad(hidden_states, dim, before, after)
+        padded = hidden_states if ctx is None else ctx.halo_pad(hidden_states, dim, before, after)
         q_offsets, k_offsets = [0, 0, 0], [0, 0, 0]
         q_offsets[axis], k_offsets[axis] = start, start - before
 
