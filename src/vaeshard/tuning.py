@@ -167,11 +167,10 @@ TABLE: tuple[Entry, ...] = (
         "MINIMAX_BATCH_TOKENS",
         "the most tokens MiniMax-H3's fast tier decodes in one batch of a rank's tiles of one shape (whole "
         "tiles, at least one): a bound on the batch's activations",
-        "MiniMax-H3 720p 81 frames, batches of 2**16 tokens through diffusers' blocks, one H100, one process "
-        "(benchmarks/minimax_ab.py): BENCHMARKS.md's MiniMax-H3 row, a little faster than diffusers' tiled "
-        "decode at several times its peak (2026-12-06/families-h100/, call 4b). The peak grows with the batch: "
-        "2**14 tokens (ten tiles of 256 pixels and six latent frames) holds about a quarter of those "
-        "activations; its time, and the fused blocks' (fast/token_blocks.py), are not yet measured",
+        "MiniMax-H3 720p 81 frames with the fused blocks (fast/token_blocks.py), one H100, one process "
+        "(benchmarks/minimax_ab.py), A B A B: 2**14 tokens against 2**16, BENCHMARKS.md's MiniMax-H3 rows and "
+        "the paragraph after them (2026-12-06/families-h100/, call 5a): 2**16 tokens gain a few percent for "
+        "about 2.5 times the peak, so the default keeps 2**14 (ten tiles of 256 pixels and six latent frames)",
     ),
     Entry(
         "NORM_INTO_CONV_BUFFER_FAMILIES",
