@@ -322,37 +322,37 @@ EOF
   esac
 }
 
-ab() {  # one process per subject: diffusers' decode against VARIANTS, A B A B (profile_decode.py video)
-  local item config rest shape reps seconds name
+each_subject() {  # each_subject RUN ITEMS: `RUN config shape middle seconds name` per "config=shape@middle@seconds"
+  local run=$1 item config rest shape middle seconds
   mkdir -p "$OUT"
   write_env "$OUT/env.txt"
-  IFS=';' read -ra items <<<"${1:?usage: $0 ab OUT 'config=B,C,[T,]H,W@REPS@SECONDS;...'}"
+  IFS=';' read -ra items <<<"$2"
   for item in "${items[@]}"; do
     [ -z "$item" ] && continue
-    config=${item%%=*}; rest=${item#*=}; shape=${rest%%@*}; rest=${rest#*@}; reps=${rest%@*}; seconds=${rest#*@}
-    name="$config-${shape//,/x}"
-    timeout "$seconds" python3 "$HERE/profile_decode.py" video --subject "$config=$shape" --reps "$reps" \
-      --variants "${VARIANTS:-channels-first,vaeshard-into}" --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1 \
+    config=${item%%=*}; rest=${item#*=}; shape=${rest%%@*}; rest=${rest#*@}; middle=${rest%@*}; seconds=${rest#*@}
+    "$run" "$config" "$shape" "$middle" "$seconds" "$config-${shape//,/x}" \
       || echo "$item failed (or ran past its seconds)" >>"$OUT/notes.txt"
   done
   [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
+}
+
+ab_one() {  # ab_one config shape reps seconds name
+  timeout "$4" python3 "$HERE/profile_decode.py" video --subject "$1=$2" --reps "$3" \
+    --variants "${VARIANTS:-channels-first,vaeshard-into}" --json "$OUT/$5.json" >"$OUT/$5.log" 2>&1
+}
+
+ab() {  # one process per subject: diffusers' decode against VARIANTS, A B A B (profile_decode.py video)
+  each_subject ab_one "${1:?usage: $0 ab OUT 'config=B,C,[T,]H,W@REPS@SECONDS;...'}"
   tail -q -n 2 "$OUT"/*.log | grep "|" | grep -v "^subject"
 }
 
+share_one() {  # share_one config shape ranks seconds name
+  timeout "$4" python3 "$HERE/ranks.py" share --config "$1" --latent "$2" --ranks "${3//:/,}" \
+    --reps "${REPS:-2}" ${EXTRA:-} --json "$OUT/$5.json" >"$OUT/$5.log" 2>&1
+}
+
 shares() {  # one rank's share of each subject's N-rank decode, on one GPU (ranks.py share)
-  local item config rest shape ranks seconds name
-  mkdir -p "$OUT"
-  write_env "$OUT/env.txt"
-  IFS=';' read -ra items <<<"${1:?usage: $0 shares OUT 'config=B,C,[T,]H,W@RANKS@SECONDS;...'}"
-  for item in "${items[@]}"; do
-    [ -z "$item" ] && continue
-    config=${item%%=*}; rest=${item#*=}; shape=${rest%%@*}; rest=${rest#*@}; ranks=${rest%@*}; seconds=${rest#*@}
-    name="$config-${shape//,/x}"
-    timeout "$seconds" python3 "$HERE/ranks.py" share --config "$config" --latent "$shape" --ranks "${ranks//:/,}" \
-      --reps "${REPS:-2}" ${EXTRA:-} --json "$OUT/$name.json" >"$OUT/$name.log" 2>&1 \
-      || echo "$item failed (or ran past its seconds)" >>"$OUT/notes.txt"
-  done
-  [ -f "$OUT/notes.txt" ] && cat "$OUT/notes.txt"
+  each_subject share_one "${1:?usage: $0 shares OUT 'config=B,C,[T,]H,W@RANKS@SECONDS;...'}"
   grep -h "^summary" "$OUT"/*.log  # ranks.py's last lines: each share's median and peak per rank count
 }
 

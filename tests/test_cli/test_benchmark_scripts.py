@@ -197,17 +197,23 @@ def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
         assert f"gpu_runs.sh {stage} OUT" in text and stage in dispatch, stage
 
 
-def test_the_ab_stage_compares_in_one_process(tmp_path):
-    """`gpu_runs.sh ab` on the CPU at a tiny size: diffusers' decode and vaeshard's in one process per
-    subject, a JSON with both variants' figures, and the table's rows printed last."""
-    out = tmp_path / "ab"
-    done = subprocess.run(
-        ["bash", str(BENCH / "gpu_runs.sh"), "ab", str(out), "flux1=1,16,8,8@1@200"],
+def _stage(stage: str, out, subjects: str, **env) -> subprocess.CompletedProcess:
+    """`gpu_runs.sh STAGE OUT SUBJECTS` on this machine, `env` added to the environment."""
+    return subprocess.run(
+        ["bash", str(BENCH / "gpu_runs.sh"), stage, str(out), subjects],
         capture_output=True,
         text=True,
         timeout=240,
         cwd=BENCH.parent,
+        env={**os.environ, **env},
     )
+
+
+def test_the_ab_stage_compares_in_one_process(tmp_path):
+    """`gpu_runs.sh ab` on the CPU at a tiny size: diffusers' decode and vaeshard's in one process per
+    subject, a JSON with both variants' figures, and the table's rows printed last."""
+    out = tmp_path / "ab"
+    done = _stage("ab", out, "flux1=1,16,8,8@1@200")
     assert done.returncode == 0, done.stderr[-2000:]
     row = json.loads((out / "flux1-1x16x8x8.json").read_text())["rows"][0]
     assert set(row["variants"]) == {"channels-first", "vaeshard-into"}, row
@@ -219,14 +225,7 @@ def test_the_shares_stage_times_each_rank_count(tmp_path):
     """`gpu_runs.sh shares` on the CPU with a tiny config: one rank's share per rank count, a JSON row
     for each, and ranks.py's summary printed last."""
     out = tmp_path / "shares"
-    done = subprocess.run(
-        ["bash", str(BENCH / "gpu_runs.sh"), "shares", str(out), "flux1=1,16,8,12@1:2@200"],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=BENCH.parent,
-        env={**os.environ, "REPS": "1", "EXTRA": "--device cpu --small"},
-    )
+    done = _stage("shares", out, "flux1=1,16,8,12@1:2@200", REPS="1", EXTRA="--device cpu --small")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((out / "flux1-1x16x8x12.json").read_text())["rows"]
     assert [r["ranks"] for r in rows] == [1, 2] and all(r["median_s"] > 0 for r in rows), rows

@@ -54,15 +54,22 @@ class TestLTX2DiffusionDecoder(SpatialParity, Refusals):
             return vae.decode(x).sample
 
 
-def _generator_rank(rank, world):
+def _model_and_decode(**decode_kwargs):
+    """The tiny model and a decode of `Z` from the same global RNG state every time."""
     vae = build(MODEL)
     z = latent(Z)
 
     def decode():
         torch.manual_seed(SEED)
+        kwargs = {k: v() if callable(v) else v for k, v in decode_kwargs.items()}
         with torch.no_grad():
-            return vae.decode(z, generator=torch.Generator().manual_seed(5), num_inference_steps=2).sample
+            return vae.decode(z, **kwargs).sample
 
+    return vae, z, decode
+
+
+def _generator_rank(rank, world):
+    vae, _, decode = _model_and_decode(generator=lambda: torch.Generator().manual_seed(5), num_inference_steps=2)
     reference = reference_from_rank0(rank, decode)
     vaeshard.parallelize(vae, mode="spatial_shard_height")
     out = decode()
@@ -167,14 +174,7 @@ def test_windowed_attention_equals_diffusers_flex_windows(grid, kernel, chunk, m
 def _no_mask_rank(rank, world):
     import torch.nn.attention.flex_attention as flex
 
-    vae = build(MODEL)
-    z = latent(Z)
-
-    def decode():
-        torch.manual_seed(SEED)
-        with torch.no_grad():
-            return vae.decode(z).sample
-
+    vae, _, decode = _model_and_decode()
     reference = reference_from_rank0(rank, decode)
 
     def refuse(*args, **kwargs):
@@ -194,14 +194,7 @@ def test_one_rank_fast_tier_takes_the_windows_in_blocks(monkeypatch):
     CPU fp32 tolerance of diffusers' decode; exact=True is diffusers' own forward, mask and all."""
     import torch.nn.attention.flex_attention as flex
 
-    vae = build(MODEL)
-    z = latent(Z)
-
-    def decode():
-        torch.manual_seed(SEED)
-        with torch.no_grad():
-            return vae.decode(z).sample
-
+    vae, z, decode = _model_and_decode()
     reference = decode()
     built = []
     create = flex.create_block_mask
