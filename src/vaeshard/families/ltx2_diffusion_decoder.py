@@ -147,7 +147,7 @@ class _LTX2DiffusionDecoder(Family):
     spatial_decode = True
     spatial_encode = False
     shard_plan = SHARD_PLAN
-    fast_tier = True  # the neighbourhood attention's windows in blocks, unsharded too (layers/neighbourhood_attention.py)
+    fast_tier = True  # its attention's windows in blocks, unsharded too (layers/neighbourhood_attention.py)
 
     def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
         return ShapeFacts(
