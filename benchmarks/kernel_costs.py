@@ -5,7 +5,7 @@ benchmarks/conv_kernel.py).
     python3 benchmarks/kernel_costs.py norm [--json norm_kernel.json] [--no-sweep]   # one CUDA GPU
     python3 benchmarks/kernel_costs.py sass [--channels 96 --dump norm96.sass]      # no GPU needed
     python3 benchmarks/kernel_costs.py launch --calls 400 --decode                  # one CUDA GPU
-    python3 benchmarks/kernel_costs.py windows [--stages 1,2,3 --frames 9]            # one CUDA GPU
+    python3 benchmarks/kernel_costs.py windows [--stages 1,2,3 --frames 9]            # one CUDA GPU (or --device cpu)
 
 norm: the memory bandwidth of the fused norm and bias kernels (`rms_norm`, `add_bias_and_residual_`,
 `add_bias_`) per tile choice (kernels/norm.py's `TILE`), against a plain copy with the same strides
@@ -33,6 +33,7 @@ frames (bf16, random queries, keys and values): vaeshard's windows in blocks
 (`flex_attention` compiled, with its BlockMask) where that mask is built (up to `--flex-tokens`
 tokens: it holds a boolean per (query, key) pair while it is made), each timed as the median of
 `--reps` CUDA-event timings, its peak above what the inputs hold, and the largest difference.
+`--device cpu --frames 3 --crop 12,14`: a check of the script (fp32, eager flex, no peaks).
 
 launch: the host's cost of one call of each kernel the fast tier launches, at shapes too small to
 keep the GPU busy: what a decoder call spends on the host per layer, apart from the GPU work. Each
@@ -418,8 +419,16 @@ WINDOW_STAGES = [
 ]
 
 
-def _peak_and_time(fn, reps: int) -> tuple[float, float]:
-    """(median seconds of `fn`, its peak GiB above what was allocated before it)."""
+def _peak_and_time(fn, reps: int, cuda: bool) -> tuple[float, float | None]:
+    """(median seconds of `fn`, its peak GiB above what was allocated before it; None on the CPU)."""
+    if not cuda:
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times), None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -427,14 +436,16 @@ def _peak_and_time(fn, reps: int) -> tuple[float, float]:
     return seconds, (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def _window_row(name, grid, kernel, heads, args, compiled, windowed_attention, block_mask) -> dict:
+def _window_row(name, grid, kernel, heads, args, flex_attention, windowed_attention, block_mask) -> dict:
+    cuda = args.device == "cuda"
     tokens = grid[0] * grid[1] * grid[2]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(1, *grid, heads, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    g = torch.Generator(device=args.device).manual_seed(0)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    q, k, v = (torch.randn(1, *grid, heads, 64, device=args.device, dtype=dtype, generator=g) for _ in range(3))
     q = q * 64**-0.5
     row = {"stage": name, "grid": grid, "kernel": kernel, "heads": heads, "tokens": tokens}
     row["vaeshard_s"], row["vaeshard_peak_gib"] = _peak_and_time(
-        lambda: windowed_attention(q, k, v, grid, kernel), args.reps
+        lambda: windowed_attention(q, k, v, grid, kernel), args.reps, cuda
     )
     if tokens > args.flex_tokens:
         row["flex_s"] = None
@@ -443,12 +454,16 @@ def _window_row(name, grid, kernel, heads, args, compiled, windowed_attention, b
 
     def flex():
         seq = [x.reshape(1, tokens, heads, 64).transpose(1, 2) for x in (q, k, v)]
-        return compiled(*seq, block_mask=mask, scale=1.0).transpose(1, 2).reshape(q.shape)
+        return flex_attention(*seq, block_mask=mask, scale=1.0).transpose(1, 2).reshape(q.shape)
 
-    mask = block_mask(*grid, kernel, "cuda")
-    row["flex_s"], row["flex_peak_gib"] = _peak_and_time(flex, args.reps)
+    mask = block_mask(*grid, kernel, args.device)
+    row["flex_s"], row["flex_peak_gib"] = _peak_and_time(flex, args.reps, cuda)
     row["max_abs_diff"] = (windowed_attention(q, k, v, grid, kernel).float() - flex().float()).abs().max().item()
     return row
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def windows(argv: list[str] | None = None) -> None:
@@ -457,8 +472,12 @@ def windows(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="kernel_costs.py windows", description=windows.__doc__)
     ap.add_argument("--stages", default="1,2,3,4,5", help="which stages (1-5; default all)")
     ap.add_argument("--frames", type=int, default=None, help="cut every grid to this many frames")
+    ap.add_argument("--crop", default=None, help="H,W: cut every grid to this height and width")
     ap.add_argument("--flex-tokens", type=int, default=2**17, help="the most tokens diffusers' mask is built for")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a check of the script (fp32, eager flex)"
+    )
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     import warnings
@@ -469,28 +488,30 @@ def windows(argv: list[str] | None = None) -> None:
     from vaeshard.layers.neighbourhood_attention import windowed_attention
 
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-    compiled = torch.compile(flex_attention, dynamic=False)
+    cuda = args.device == "cuda"
+    flex = torch.compile(flex_attention, dynamic=False) if cuda else flex_attention
+    crop = tuple(int(n) for n in args.crop.split(",")) if args.crop else None
     rows = []
     for name, grid, kernel, heads in (WINDOW_STAGES[int(i) - 1] for i in args.stages.split(",")):
-        if args.frames:
-            grid = (min(grid[0], args.frames), *grid[1:])
-        rows.append(
-            _window_row(name, grid, kernel, heads, args, compiled, windowed_attention, _neighborhood_block_mask)
-        )
+        grid = (min(grid[0], args.frames or grid[0]), *(min(n, c) for n, c in zip(grid[1:], crop or grid[1:])))
+        rows.append(_window_row(name, grid, kernel, heads, args, flex, windowed_attention, _neighborhood_block_mask))
         print(json.dumps(rows[-1]), flush=True)
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     if args.json:
+        where = torch.cuda.get_device_name() if cuda else "cpu"
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
-    print("stage | grid | kernel | vaeshard s | peak GiB | flex (compiled) s | peak GiB | max|diff|")
+            json.dump({"torch": torch.__version__, "device": where, "rows": rows}, f, indent=1)
+    how = "compiled" if cuda else "eager"
+    print(f"stage | grid | kernel | vaeshard s | peak GiB | flex ({how}) s | peak GiB | max|diff|")
     for r in rows:
-        flex = (
-            f"{r['flex_s']:.4f} | {r['flex_peak_gib']:.2f} | {r['max_abs_diff']:.2e}"
+        ours = f"{r['vaeshard_s']:.4f} | {_gib(r['vaeshard_peak_gib'])}"
+        theirs = (
+            f"{r['flex_s']:.4f} | {_gib(r['flex_peak_gib'])} | {r['max_abs_diff']:.2e}"
             if r["flex_s"] is not None
             else f"- | - | {r['why']}"
         )
-        ours = f"{r['vaeshard_s']:.4f} | {r['vaeshard_peak_gib']:.2f}"
-        print(f"{r['stage']} | {r['grid']} | {r['kernel']} | {ours} | {flex}")
+        print(f"{r['stage']} | {r['grid']} | {r['kernel']} | {ours} | {theirs}")
 
 
 COMMANDS = {"norm": norm, "sass": sass, "launch": launch, "windows": windows}

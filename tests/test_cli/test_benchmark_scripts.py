@@ -209,6 +209,21 @@ def _stage(stage: str, out, subjects: str, **env) -> subprocess.CompletedProcess
     )
 
 
+def test_the_windows_command_checks_itself_on_the_cpu(tmp_path):
+    """`kernel_costs.py windows` at a cropped size on the CPU: every stage's windows in blocks against
+    diffusers' own FlexAttention mask (eager), within the fp32 tolerance."""
+    out = tmp_path / "windows.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "kernel_costs.py"), "windows", "--device", "cpu", "--frames", "3", "--crop",
+         "12,14", "--reps", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=BENCH.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["stage"] for r in rows] == [f"stage {i}" for i in range(1, 6)], rows
+    assert all(r["flex_s"] and r["max_abs_diff"] < 1e-5 for r in rows), rows
+
+
 def test_the_ab_stage_compares_in_one_process(tmp_path):
     """`gpu_runs.sh ab` on the CPU at a tiny size: diffusers' decode and vaeshard's in one process per
     subject, a JSON with both variants' figures, and the table's rows printed last."""
