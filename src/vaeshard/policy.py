@@ -160,11 +160,14 @@ def plan_request(request: Request, world_size: int) -> Request:
 
 def _fast_tiles(chosen: Plan, family, options: FastOptions, op: str) -> Plan:
     """`auto`'s tiles in the fast tier: where the family batches a rank's tiles of one shape
-    (Family.fast_tiles, decode), one batch per shape, within the fast tier's tolerance of diffusers'
+    (Family.fast_tiles, decode), in batches per shape, within the fast tier's tolerance of diffusers'
     tiled decode; elsewhere (and with `exact=True` or mode `tile`) one tile at a time, bit for bit."""
     if not (family.fast_tiles and op == "decode"):
         return chosen
-    why = "each rank decodes its tiles of one shape as one batch (Family.fast_tiles; exact=True: one at a time)"
+    why = (
+        "each rank decodes its tiles of one shape in batches (Family.fast_tiles; MiniMax-H3: at most "
+        "tuning.MINIMAX_BATCH_TOKENS tokens a batch; exact=True: one at a time)"
+    )
     fast = FastPlan(
         cudnn_benchmark=options.cudnn_benchmark, triton_convs=options.triton_convs, reasons=(("tiles", why),)
     )

@@ -333,7 +333,7 @@ class Family(ABC):
     # than diffusers' own on the GPU (BENCHMARKS.md); otherwise every request runs diffusers' layers
     # (tuning.NORM_INTO_CONV_ONLY_FAMILIES: only requests that set FastOptions(norm_into_conv=True))
     fast_tier: bool = False
-    # `auto`'s tiled decode in the fast tier runs a rank's tiles of one shape as one batch
+    # `auto`'s tiled decode in the fast tier runs a rank's tiles of one shape in batches
     # (TileOps.run_many: MiniMax-H3's ViT); `tile` and `exact=True` run them one at a time, bit for bit
     fast_tiles: bool = False
     # norms that write silu(norm(x)) into the next convolution's padded input (fast/producers.py), linked
