@@ -443,6 +443,7 @@ def resolve_fast(
         reasons.append(("kernels", f"PyTorch's layers throughout ({missing})"))
     into_conv, why = _norm_into_conv(family, options)
     reasons.append(("norm into conv", f"{'on' if into_conv else 'off'} ({why})"))
+    reasons.extend(family.fast_notes)
     return FastPlan(
         frames_per_step=steps,
         cuda_graphs=graphed,

@@ -336,6 +336,9 @@ class Family(ABC):
     # `auto`'s tiled decode in the fast tier runs a rank's tiles of one shape in batches
     # (TileOps.run_many: MiniMax-H3's ViT); `tile` and `exact=True` run them one at a time, bit for bit
     fast_tiles: bool = False
+    # what the fast tier runs in place of a diffusers layer beyond the plan's own choices, (layer, what)
+    # pairs that `plan().explain()` lists under the tier
+    fast_notes: tuple[tuple[str, str], ...] = ()
     # norms that write silu(norm(x)) into the next convolution's padded input (fast/producers.py), linked
     # at install; a request runs them where its plan says (FastPlan.norm_into_conv)
     norm_into_conv: tuple[producers.NormIntoConv, ...] = ()

@@ -46,7 +46,7 @@ import torch
 from ..fast.causal_conv import CachedReplicateCausalConv3d
 from ..fast.producers import GlobalGroupNormIntoConv, NormIntoConv, SiLUAfterProducer, fill_edges
 from ..layers import tier as fast_tier
-from ..layers.frame_causal_attention import FrameCausalMidBlock, unsupported_attention
+from ..layers.frame_causal_attention import FAST_NOTE, FrameCausalMidBlock, unsupported_attention
 from ..layers.halo import replicate_causal_problem
 from ..runtime.spatial import current
 from ..runtime.tile import TileGrid, TileOps, TimeChunks
@@ -446,7 +446,8 @@ class _HunyuanVideo(Family):
     latent_ndim = 5
     spatial_decode = True
     spatial_encode = True
-    fast_tier = True  # the mid-block attention without the mask (layers/frame_causal_attention.py)
+    fast_tier = True
+    fast_notes = (FAST_NOTE,)
     norm_into_conv = NORM_INTO_CONV
     layer_parts = False  # diffusers' layers, a whole call's frames at once
     latent_channels = staticmethod(latent_channels)

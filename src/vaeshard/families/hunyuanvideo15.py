@@ -39,7 +39,7 @@ from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
 from ..fast.producers import NormIntoConv, RMSNormSiLUIntoConv, SiLUAfterProducer
 from ..layers import tier as fast
-from ..layers.frame_causal_attention import FrameCausalAttention
+from ..layers.frame_causal_attention import FAST_NOTE, FrameCausalAttention
 from ..layers.halo import replicate_causal_problem
 from .base import (
     CONTAINERS,
@@ -381,6 +381,7 @@ class _HunyuanVideo15(Family):
     layer_parts = False  # diffusers' layers, a whole call's frames at once
     streams_steps = True  # the frame loop's chunks, in the fast tier
     fast_tier = True
+    fast_notes = (FAST_NOTE,)
     latent_channels = staticmethod(latent_channels)
     decode_tile_ops = staticmethod(decode_tile_ops)
     encode_tile_ops = staticmethod(encode_tile_ops)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from ..layers.neighbourhood_attention import ShardedDiffusionDecoder, ShardedNeighbourhoodAttention, min_rows
+from ..layers.neighbourhood_attention import FAST_NOTE, ShardedDiffusionDecoder, ShardedNeighbourhoodAttention, min_rows
 from .base import (
     CONTAINERS,
     HALO,
@@ -147,7 +147,8 @@ class _LTX2DiffusionDecoder(Family):
     spatial_decode = True
     spatial_encode = False
     shard_plan = SHARD_PLAN
-    fast_tier = True  # its attention's windows in blocks, unsharded too (layers/neighbourhood_attention.py)
+    fast_tier = True  # its attention's windows in blocks, unsharded too
+    fast_notes = (FAST_NOTE,)
 
     def shape_facts(self, class_name: str, config: dict) -> ShapeFacts:
         return ShapeFacts(

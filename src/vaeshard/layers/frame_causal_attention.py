@@ -18,6 +18,13 @@ import torch.nn.functional as F
 from ..runtime.spatial import current
 from . import tier as fast_tier
 
+# what a family's fast tier runs here instead of diffusers' layer, as `plan().explain()` says it
+FAST_NOTE = (
+    "attention",
+    "the mid-block attention frame by frame, each query frame over the frames up to it, without diffusers' "
+    "(T*H*W)^2 mask (layers/frame_causal_attention.py)",
+)
+
 # The most attention scores (query rows x keys, over batch and heads) one matmul computes: the query
 # rows are taken in chunks below it, as the scores of a chunk are materialized (in float32).
 SCORES_PER_CALL = 1 << 26

@@ -54,6 +54,13 @@ def _rotate(rope, x: torch.Tensor, offsets: tuple[int, int, int]) -> torch.Tenso
     return torch.cat([rotated_t, rotated_h, rotated_w], dim=-1)
 
 
+# what a family's fast tier runs here instead of diffusers' layer, as `plan().explain()` says it
+FAST_NOTE = (
+    "attention",
+    "each neighbourhood attention's windows in blocks of queries over the keys they reach, without diffusers' "
+    "mask over every (query, key) pair (layers/neighbourhood_attention.py; exact=True: diffusers' forward)",
+)
+
 # Queries per block along (T, H, W) in `windowed_attention`: 128 queries whose union of windows is
 # (2 + kt - 1)(8 + kh - 1)(8 + kw - 1) keys (1,568 for 7-wide kernels, 4.6 times a window), against
 # FlexAttention's 128-long raster blocks, whose windows span kernel-high bands of whole rows.
