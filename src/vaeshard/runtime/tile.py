@@ -147,12 +147,14 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     """
     grid, x_bcthw = ops.grid, ops.source
     tiles = ops.all_tiles()
+    out_shapes = {t.key: tuple(ops.out_shape(t.in_shape(x_bcthw.shape))) for t in tiles}
+    if comm.world == 1:
+        return _run_alone(ops, tiles, out_shapes)
     assignment = balance(tiles, num_ranks)
     mine = assignment[comm.rank] if comm.rank < num_ranks else []
 
     # Every rank knows every tile's output shape from the grid alone, so tiles are padded to one
     # common shape (and each rank to the largest per-rank count) and one gather suffices.
-    out_shapes = {t.key: tuple(ops.out_shape(t.in_shape(x_bcthw.shape))) for t in tiles}
     common = tuple(max(dims) for dims in zip(*out_shapes.values()))
     max_count = max(len(a) for a in assignment)
 
@@ -162,22 +164,14 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     stack = None
     mine_set = set(mine)
     order = tiles if ops.skip is not None else mine
-    request = requests.current()
-    fast = request is not None and request.fast is not None
-    batched = _run_batched(ops, mine, x_bcthw) if fast and ops.run_many is not None and ops.skip is None else None
+    batched = _run_batched(ops, mine, x_bcthw) if _batches(ops) else None
     k = -1
     for t in order:
         if t not in mine_set:
             ops.skip(t.cut(x_bcthw))
             continue
         k += 1
-        out = batched.pop(t.key) if batched is not None else ops.run(t.cut(x_bcthw))
-        if tuple(out.shape) != out_shapes[t.key]:
-            where = f"({t.row}, {t.col})" if ops.time is None else f"({t.row}, {t.col}) of time chunk {t.chunk}"
-            raise RuntimeError(
-                f"tile {where} decoded to shape {tuple(out.shape)}, but the family predicted "
-                f"{out_shapes[t.key]}: the family's out_shape does not match this model"
-            )
+        out = _checked(t, batched.pop(t.key) if batched is not None else ops.run(t.cut(x_bcthw)), out_shapes)
         if stack is None:
             stack = out.new_zeros((max_count, *common))
         stack[k][within(out.shape)] = out
@@ -202,6 +196,41 @@ def run_tiled(ops: TileOps, comm: Comm, num_ranks: int, to_all: bool) -> torch.T
     if ops.time is None:
         return ops.finish(merged(0))
     return ops.finish(ops.time.merge([merged(c) for c in range(len(ops.time.spans))]))
+
+
+def _run_alone(ops: TileOps, tiles: tuple[Tile, ...], out_shapes) -> torch.Tensor:
+    """One process runs every tile: time chunk by time chunk, each chunk's tiles merged as soon as they
+    are done and then let go, as diffusers' own loop holds them (the one gather of several ranks needs
+    every tile at once). The same tiles, in the same order, merged the same way."""
+    x, grid = ops.source, ops.grid
+    merged = []
+    for chunk in range(1 if ops.time is None else len(ops.time.spans)):
+        mine = [t for t in tiles if t.chunk == chunk]
+        batched = _run_batched(ops, mine, x) if _batches(ops) else None
+        done = {t.key: _checked(t, batched.pop(t.key) if batched is not None else ops.run(t.cut(x)), out_shapes)
+                for t in mine}  # fmt: skip
+        rows = [[done[(chunk, i, j)] for j in range(grid.num_cols)] for i in range(grid.num_rows)]
+        del done
+        merged.append(ops.stitch(rows) if ops.stitch is not None else merge(rows, grid, ops))
+        del rows
+    return ops.finish(merged[0] if ops.time is None else ops.time.merge(merged))
+
+
+def _batches(ops: TileOps) -> bool:
+    """Whether this request runs a rank's tiles of one shape as batches (`TileOps.run_many`): the fast
+    tier, where no tile's decode draws from the RNG (`skip`)."""
+    request = requests.current()
+    return request is not None and request.fast is not None and ops.run_many is not None and ops.skip is None
+
+
+def _checked(t: Tile, out: torch.Tensor, out_shapes) -> torch.Tensor:
+    if tuple(out.shape) != out_shapes[t.key]:
+        where = f"({t.row}, {t.col})" if t.t1 is None else f"({t.row}, {t.col}) of time chunk {t.chunk}"
+        raise RuntimeError(
+            f"tile {where} decoded to shape {tuple(out.shape)}, but the family predicted "
+            f"{out_shapes[t.key]}: the family's out_shape does not match this model"
+        )
+    return out
 
 
 def _run_batched(ops: TileOps, mine: list[Tile], x: torch.Tensor) -> dict[tuple[int, int, int], torch.Tensor]:
