@@ -6,6 +6,8 @@ result is bit-identical to the family's single-process tiled decode/encode. Wher
 tiles in time (`TimeChunks`: HunyuanVideo's temporal tiled decode), the grid is cut in every chunk
 of frames, the tiles of all chunks are spread over the ranks together, each chunk's tiles are
 merged as one grid and the chunks are then merged in time by the family's mirror of diffusers' loop.
+One process alone runs and merges the chunks one after the other, holding one chunk's tiles at a
+time as diffusers' loop does.
 """
 
 from __future__ import annotations
