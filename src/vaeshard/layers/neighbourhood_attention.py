@@ -108,8 +108,8 @@ def windowed_attention(query, key, value, whole, kernel, query_start=(0, 0, 0), 
     heads, d), each at global offsets `query_start` / `key_start` in a grid of extents `whole`, the
     windows of `kernel` (clipped to `whole`) as diffusers' FlexAttention mask defines them; scale 1
     (the queries come scaled). The same attention as diffusers' processor without its mask over
-    every (query, key) pair, whose size grows with the square of the tokens (167 GiB at a 69 x 64 x 96
-    stage): queries go in blocks (QUERY_BLOCK), each over the keys its windows reach with a mask of
+    every (query, key) pair, whose size grows with the square of the tokens (larger than a GPU at
+    production grids): queries go in blocks (QUERY_BLOCK), each over the keys its windows reach with a mask of
     that block's windows, blocks of one shape batched into one `scaled_dot_product_attention` call.
     The keys must hold every window of the queries (a sharded rank's rows and halo rows)."""
     batch, heads, dim = query.shape[0], query.shape[4], query.shape[5]
