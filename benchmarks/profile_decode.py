@@ -20,7 +20,8 @@ also attributed to the class of the kernel that ends each gap.
 config, and a latent shape; image VAEs too), interleaved in one process: as it is (channels-first),
 with the model and latent channels-last (`torch.channels_last_3d`, or `torch.channels_last` for 4-D
 latents: cuDNN's NDHWC / NHWC kernels; pads and norms keep whatever layout they produce), and with
-`--variants`, vaeshard's default tier and its norms into the next convolutions (`vaeshard-into`).
+`--variants`, vaeshard's default tier and its norms into the next convolutions (`vaeshard-into`;
+`vaeshard-into-cudnn`: the same with PyTorch's convolutions only, `triton_convs=False`).
 Each variant is timed `--reps` times after a warm-up (medians; its peak and its max |diff| from
 diffusers' output taken on the warm-up), then profiled once: GPU time (CPU time on a machine without
 one) by kernel class. The last lines are a table of every variant.
@@ -540,16 +541,34 @@ def _by_class(vae, z, device, top: int = 0) -> tuple[dict[str, float], list[list
     return dict(out), sorted(kernels, key=lambda k: -k[1])[:top]
 
 
-VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into")
+def _by_op(vae, z, device, top: int) -> list[list]:
+    """The `top` PyTorch operators of one decode by the GPU time of the kernels each launched itself
+    (CPU time without a GPU), grouped by input shapes: [operator, seconds, calls, input shapes],
+    naming what a kernel table's truncated template names do not."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        _decode(vae, z)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages(group_by_input_shape=True):
+        t = evt.self_device_time_total if device.type == "cuda" else evt.self_cpu_time_total
+        if t and evt.key.startswith(("aten::", "triton", "_")):
+            rows.append([evt.key, round(t / 1e6, 5), evt.count, str(evt.input_shapes)[:160]])
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into", "vaeshard-into-cudnn")
 
 
 def _vaeshard(vae, label: str) -> None:
     """Set `vae`'s vaeshard settings for a variant: its default fast tier, with (-into) the norms
-    written into the next convolution's padded input."""
+    written into the next convolution's padded input, (-cudnn) with PyTorch's convolutions only."""
     import vaeshard
 
-    into = True if label == "vaeshard-into" else "auto"
-    vaeshard.parallelize(vae, fast=vaeshard.FastOptions(norm_into_conv=into))
+    into = True if label.startswith("vaeshard-into") else "auto"
+    fast = vaeshard.FastOptions(norm_into_conv=into, triton_convs=not label.endswith("-cudnn"))
+    vaeshard.parallelize(vae, fast=fast)
 
 
 def _model(name: str):
@@ -570,6 +589,7 @@ def run_subject(
     dtype: torch.dtype = torch.bfloat16,
     variants: tuple[str, ...] = VARIANTS[:2],
     top: int = 0,
+    ops: int = 0,
 ) -> dict:
     name, shape_text = spec.split("=")
     shape = tuple(int(v) for v in shape_text.split(","))
@@ -633,6 +653,8 @@ def run_subject(
         }
         if top:
             row["variants"][label]["top_kernels"] = kernels
+        if ops:
+            row["variants"][label]["top_ops"] = _by_op(vae, inputs[label], device, ops)
     row["diffusers_peak_bytes"] = peak
     vae.to("meta")  # its memory back before the next subject (the closures above keep the module)
     if device.type == "cuda":
@@ -655,6 +677,9 @@ def video(argv: list[str] | None = None) -> None:
         help=f"comma-separated, any of {', '.join(VARIANTS)} (default: the first two)",
     )
     ap.add_argument("--top", type=int, default=0, help="also print each variant's N kernels with the most time")
+    ap.add_argument(
+        "--ops", type=int, default=0, help="also print each variant's N operators (by input shapes) with the most time"
+    )
     args = ap.parse_args(argv)
     variants = tuple(args.variants.split(","))
     if not set(variants) <= set(VARIANTS) or variants[0] != "channels-first":
@@ -664,7 +689,7 @@ def video(argv: list[str] | None = None) -> None:
         torch.backends.cudnn.benchmark = True
     rows = []
     for spec in args.subject:
-        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype), variants, args.top)
+        row = run_subject(spec, args.reps, device, getattr(torch, args.dtype), variants, args.top, args.ops)
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.json:
@@ -676,6 +701,10 @@ def video(argv: list[str] | None = None) -> None:
                 print(f"{row['subject']} {label}: kernels with the most time (s, calls)")
                 for name, t, calls in v["top_kernels"]:
                     print(f"  {t:8.4f} {calls:6d}  {name}")
+            if v.get("top_ops"):
+                print(f"{row['subject']} {label}: operators with the most time (s, calls, input shapes)")
+                for name, t, calls, shapes in v["top_ops"]:
+                    print(f"  {t:8.4f} {calls:6d}  {name}  {shapes}")
     print("subject | latent | variant | s | vs channels-first | peak GiB | max|diff| | top classes (s)")
     for row in rows:
         if "error" in row:
