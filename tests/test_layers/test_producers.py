@@ -470,3 +470,33 @@ def _ltx2_sharded(rank, world):
 def test_ltx2_with_producers_sharded_matches_diffusers():
     """Sharded: the halo rows from the neighbours, the reflection at the image's edges from a rank's own rows."""
     assert run_ranks(_ltx2_sharded, 2) == [True, True]
+
+
+@pytest.mark.parametrize("name", ["ltx2", "mochi", "hunyuanvideo15"])
+def test_produced_convolutions_add_their_bias_in_one_pass(monkeypatch, name):
+    """Where the bias kernel runs (CUDA), a convolution that took its produced buffer leaves its bias
+    out of PyTorch's call and adds it in one pass (layers/tier.py `conv_module`): every such
+    convolution's bias goes through `add_bias_`, and the decode still equals diffusers'. Here the
+    kernel's availability is granted on the CPU and `add_bias_` stood in by PyTorch's add, which
+    rounds as the kernel does; the kernel's own values: tests/test_kernels."""
+    from vaeshard.layers import tier
+
+    vae = _ltx2() if name == "ltx2" else build(name)
+    z = latent((1, 4, 3, 4, 5), seed=23)
+    torch.manual_seed(24)
+    reference = _diffusers(vae, z, "decode")
+    passes = []
+
+    def add_bias_(x, bias):
+        passes.append(tuple(x.shape))
+        return x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
+
+    monkeypatch.setattr(tier, "fused_bias_add_available", lambda x: True)
+    monkeypatch.setattr(tier, "add_bias_", add_bias_)
+    _forced(vae)
+    torch.manual_seed(24)
+    with _Spy() as spy, torch.no_grad():
+        out = vae.decode(z).sample
+    assert_close(out, reference, CPU_FP32, name)
+    taken = sum(spy.took.values())
+    assert taken and len(passes) >= taken, (taken, passes)

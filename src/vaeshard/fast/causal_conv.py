@@ -20,9 +20,24 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..layers import tier
 from ..layers.halo import HaloPadThenCachedConv, HaloPadThenConv, extend_padding, safe_conv3d
 from ..runtime.spatial import current
 from . import frame_loop, producers
+
+
+def _unpadded_child(conv, whole: torch.Tensor) -> torch.Tensor:
+    """The unpadded child convolution `conv` of a causal convolution over its padded input `whole`, as
+    `conv(whole)` computes it: diffusers' `CogVideoXSafeConv3d` in its time chunks (layers/halo.py
+    `safe_conv3d`), a plain nn.Conv3d in one call; in the fast tier by the kernel its route names, the
+    bias in one vectorised pass (layers/tier.py `conv_module`)."""
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        return conv(whole)
+    if type(conv).__name__ == "CogVideoXSafeConv3d":
+        return safe_conv3d(conv, whole, conv.padding)
+    if type(conv).forward is not torch.nn.Conv3d.forward:
+        return conv(whole)
+    return tier.conv_module(conv, whole, conv.padding)
 
 
 def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
@@ -52,10 +67,10 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
     def forward(self, hidden_states):
         whole = producers.filled(self, hidden_states)
         if whole is not None:
-            return self.conv(whole)
+            return _unpadded_child(self.conv, whole)
         if not frame_loop.active():
             return super().forward(hidden_states)
-        return self.conv(padded_in_loop(self, hidden_states))
+        return _unpadded_child(self.conv, padded_in_loop(self, hidden_states))
 
 
 def _time_padding(kernel: int, causal: bool) -> tuple[int, int]:
@@ -94,8 +109,7 @@ class ProducedTimePaddedConv3d:
         return _time_padding(self.kernel_size[0], self.is_causal)
 
     def _unpadded(self, whole):
-        conv = self.conv
-        return F.conv3d(whole, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+        return tier.conv_module(self.conv, whole, 0)
 
     def forward(self, hidden_states, *args, **kwargs):
         whole = producers.filled(self, hidden_states)
@@ -134,12 +148,12 @@ class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
     def forward(self, inputs, conv_cache=None):
         whole = producers.filled(self, inputs)
         if whole is not None:
-            return self.conv(whole), None
+            return _unpadded_child(self.conv, whole), None
         if not frame_loop.active():
             return super().forward(inputs, conv_cache)
         if self.pad_mode != "replicate":
             raise ValueError(f"vaeshard's frame loop runs {type(self).__name__} only in its 'replicate' padding mode")
-        return self.conv(padded_in_loop(self, inputs)), None
+        return _unpadded_child(self.conv, padded_in_loop(self, inputs)), None
 
 
 class ProducedHandedCacheConv3d:

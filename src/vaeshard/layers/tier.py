@@ -222,6 +222,20 @@ def conv_with_bias(
     return add_bias_(conv(x, weight, None, *args), bias)
 
 
+def conv_module(conv, x: torch.Tensor, padding) -> torch.Tensor:
+    """`F.conv3d` (`F.conv2d`) of `x` with `conv`'s weight, bias, stride, dilation and groups and zero
+    `padding`. In the fast tier on CUDA PyTorch's convolution without its bias, then `add_bias_`: one
+    vectorised pass where PyTorch's own bias pass over a channels-last 3-D output is a strided one, and
+    the same bits (PyTorch's cuDNN path adds the bias in a pass of its own too, rounding once). It asks
+    for no vaeshard kernel: these convolutions (the other families' than Wan's) keep cuDNN's until
+    their shapes are measured with them. Elsewhere PyTorch's call."""
+    fn = F.conv3d if conv.weight.dim() == 5 else F.conv2d
+    bias = conv.bias
+    if enabled() and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x):
+        return add_bias_(fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups), bias)
+    return fn(x, conv.weight, bias, conv.stride, padding, conv.dilation, conv.groups)
+
+
 def upsample_by_phases(x: torch.Tensor) -> bool:
     """Whether, in this request, the 3x3 convolution after a nearest 2x upsampling of `x`'s frames
     runs by phases from the source (kernels/phases.py, `HaloConv2d.forward_by_phases`): the fast tier,
