@@ -85,8 +85,8 @@ VIT, TOKENS = "ShardedViTDecoder", "ShardedTokenAttention"
 # attention.py halo_rows); the decoder itself draws stage 5's noise whole on every rank (no exchange)
 NEIGHBOURHOOD, DIFFUSION = "ShardedNeighbourhoodAttention", "ShardedDiffusionDecoder"
 # LTX's residual blocks with noise injection draw each noise map whole and keep their rows (layers/
-# noise_slice.py): no exchange of their own (their convolutions are halo layers of their own)
-NOISE = "NoiseSliceResnet"
+# ltx_resnet.py): no exchange of their own (their convolutions are halo layers of their own)
+NOISE = "LTXResnet"
 QUIET = (TOKENS, DIFFUSION, NOISE)  # whole-map layers that exchange nothing themselves
 
 

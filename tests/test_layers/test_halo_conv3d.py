@@ -11,7 +11,7 @@ from ..parity import CPU_FP32
 
 def _sharded(rank, world):
     from vaeshard.layers.halo import HaloPaddedConv as HaloConv3d
-    from vaeshard.layers.noise_slice import whole_map_noise
+    from vaeshard.layers.ltx_resnet import whole_map_noise
     from vaeshard.runtime import spatial, swap
     from vaeshard.runtime.comm import Comm
 

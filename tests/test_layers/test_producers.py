@@ -491,8 +491,12 @@ def test_produced_convolutions_add_their_bias_in_one_pass(monkeypatch, name):
         passes.append(tuple(x.shape))
         return x.add_(bias.reshape(1, -1, *([1] * (x.ndim - 2))))
 
+    def add_bias_and_residual_(x, bias, residual, into_residual=False):  # (LTX's blocks: the test below)
+        return add_bias_(x, bias).add_(residual)
+
     monkeypatch.setattr(tier, "fused_bias_add_available", lambda x: True)
     monkeypatch.setattr(tier, "add_bias_", add_bias_)
+    monkeypatch.setattr(tier, "add_bias_and_residual_", add_bias_and_residual_)
     _forced(vae)
     torch.manual_seed(24)
     with _Spy() as spy, torch.no_grad():
@@ -500,3 +504,39 @@ def test_produced_convolutions_add_their_bias_in_one_pass(monkeypatch, name):
     assert_close(out, reference, CPU_FP32, name)
     taken = sum(spy.took.values())
     assert taken and len(passes) >= taken, (taken, passes)
+
+
+@pytest.mark.parametrize("name", ["ltx", "ltx2"])
+def test_ltx_residual_blocks_add_their_input_in_the_bias_pass(monkeypatch, name):
+    """In the fast tier an LTX residual block whose second convolution took its produced buffer adds
+    the block's input in that convolution's bias pass (layers/ltx_resnet.py, `add_bias_and_residual_`,
+    stood in here by PyTorch's adds on the CPU as in the test above), and the decode and encode still
+    equal diffusers'; blocks that inject noise after it keep the add apart."""
+    from vaeshard.layers import tier
+
+    vae = _ltx2() if name == "ltx2" else _ltx()
+    z = latent((1, 4, 2, 3, 4), seed=25)
+    x = sample((1, 3, 9, 64, 64))
+    torch.manual_seed(26)
+    reference = _diffusers(vae, z, "decode")
+    moments = _diffusers(vae, x, "encode")
+    fused = []
+
+    def add_bias_and_residual_(y, bias, residual, into_residual=False):
+        fused.append(tuple(y.shape))
+        return y.add_(bias.reshape(1, -1, 1, 1, 1)).add_(residual)
+
+    monkeypatch.setattr(tier, "fused_bias_add_available", lambda x: True)
+    monkeypatch.setattr(tier, "add_bias_", lambda y, bias: y.add_(bias.reshape(1, -1, 1, 1, 1)))
+    monkeypatch.setattr(tier, "add_bias_and_residual_", add_bias_and_residual_)
+    _forced(vae)
+    torch.manual_seed(26)
+    with torch.no_grad():
+        out = vae.decode(z).sample
+    assert_close(out, reference, CPU_FP32, name)
+    decoded = len(fused)
+    assert decoded, "no residual block added its input in the bias pass"
+    with torch.no_grad():
+        encoded = vae.encode(x).latent_dist.parameters
+    assert_close(encoded, moments, CPU_FP32, name + " encode")
+    assert len(fused) > decoded, "the encoder's residual blocks added theirs apart"

@@ -4,8 +4,9 @@ Latents are 5-D (B, C, T, H, W). The decoder may be conditioned on a timestep (`
 LTX-2 also takes `causal`), which a request passes on to every rank's decoder, and may inject noise
 drawn from the global RNG. Declared: which layers get which treatment when the feature map is
 sharded. The causal convolutions pad time themselves (local) and leave the spatial padding to an
-inner nn.Conv3d (zeros; reflect in LTX-2's decoder), which takes halo rows (`HaloPaddedConv`); a residual
-block that injects noise draws the whole map and keeps its slice (`NoiseSliceResnet`); the per-channel
+inner nn.Conv3d (zeros; reflect in LTX-2's decoder), which takes halo rows (`HaloPaddedConv`); the
+residual blocks run `LTXResnet`: one that injects noise draws the whole map and keeps its slice, and
+in the fast tier a block adds its residual in its second convolution's bias pass; the per-channel
 RMS and layer norms, the timestep embeddings and scale/shift, and the pixel (un)shuffles of the
 up- and downsamplers are per pixel or local to whole latent rows. Code, because it cannot be data:
 the tile grid and per-tile run, kept line for line with diffusers' `tiled_decode` / `tiled_encode`,
@@ -26,7 +27,7 @@ from ..fast.producers import (
     SiLUAfterProducer,
 )
 from ..layers.halo import PADDING_MODES, HaloPaddedConv
-from ..layers.noise_slice import NoiseSliceResnet
+from ..layers.ltx_resnet import LTXResnet
 from ..runtime.tile import TileOps
 from .base import (
     CONTAINERS,
@@ -103,9 +104,10 @@ SHARD_PLAN = ShardPlan(
         Rule(
             ("LTXVideoResnetBlock3d", "LTX2VideoResnetBlock3d"),
             WHOLE_MAP,
-            NoiseSliceResnet,
+            LTXResnet,
             when=lambda block: getattr(block, "per_channel_scale1", None) is not None,
         ),
+        Rule(("LTXVideoResnetBlock3d", "LTX2VideoResnetBlock3d"), FAST, LTXResnet),
         local("LTXVideoEncoder3d", "LTXVideoDecoder3d", "LTXVideoDownBlock3D", "LTXVideo095DownBlock3D"),
         local("LTXVideoMidBlock3d", "LTXVideoUpBlock3d", "LTXVideoResnetBlock3d"),
         Rule("LTXVideoCausalConv3d", LOCAL, ProducedTimePaddedConv3d),
@@ -293,7 +295,7 @@ def _mirrors(module: str, cls: str, prefix: str, shas: dict[str, str]) -> tuple[
     ours = {
         f"{cls}.tiled_decode": "families/ltx.py decode_tile_ops",
         f"{cls}.tiled_encode": "families/ltx.py encode_tile_ops",
-        f"{prefix}ResnetBlock3d.forward": "layers/noise_slice.py NoiseSliceResnet; families/ltx.py _replay_noise, "
+        f"{prefix}ResnetBlock3d.forward": "layers/ltx_resnet.py LTXResnet; families/ltx.py _replay_noise, "
         "NORM_INTO_CONV",
         f"{prefix}MidBlock3d.forward": "families/ltx.py _replay_noise (order of the noise draws)",
         f"{prefix}UpBlock3d.forward": "families/ltx.py _replay_noise (order of the noise draws)",

@@ -108,14 +108,27 @@ class ProducedTimePaddedConv3d:
         """The frames in front and behind the buffer holds: this convolution's own padding."""
         return _time_padding(self.kernel_size[0], self.is_causal)
 
-    def _unpadded(self, whole):
-        return tier.conv_module(self.conv, whole, 0)
+    def _unpadded(self, whole, residual=None):
+        return tier.conv_module(self.conv, whole, 0, add_to=residual)
+
+    def _filled(self, hidden_states, **kwargs):
+        """Its produced input buffer, padding filled (fast/producers.py), or None."""
+        return producers.filled(self, hidden_states)
 
     def forward(self, hidden_states, *args, **kwargs):
-        whole = producers.filled(self, hidden_states)
+        whole = self._filled(hidden_states, **kwargs)
         if whole is None or args or kwargs:
             return super().forward(hidden_states, *args, **kwargs)
         return self._unpadded(whole)
+
+    def adding(self, hidden_states, residual, **kwargs):
+        """`self(hidden_states, **kwargs) + residual`, as a residual block ends (layers/ltx_resnet.py):
+        given its produced buffer, `residual` added in the convolution's bias pass (layers/tier.py
+        `conv_module`); otherwise this forward, then the add."""
+        whole = self._filled(hidden_states, **kwargs)
+        if whole is None:
+            return self.forward(hidden_states, **kwargs) + residual
+        return self._unpadded(whole, residual)
 
 
 class ProducedRuntimeCausalConv3d(ProducedTimePaddedConv3d):
@@ -127,8 +140,11 @@ class ProducedRuntimeCausalConv3d(ProducedTimePaddedConv3d):
         k = self.kernel_size[0]
         return _time_padding(k, True)[0], _time_padding(k, False)[1]
 
+    def _filled(self, hidden_states, causal: bool = True):
+        return producers.filled(self, hidden_states, time=_time_padding(self.kernel_size[0], causal))
+
     def forward(self, hidden_states, causal: bool = True):
-        whole = producers.filled(self, hidden_states, time=_time_padding(self.kernel_size[0], causal))
+        whole = self._filled(hidden_states, causal=causal)
         if whole is None:
             return super().forward(hidden_states, causal=causal)
         return self._unpadded(whole)

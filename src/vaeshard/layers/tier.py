@@ -222,18 +222,25 @@ def conv_with_bias(
     return add_bias_(conv(x, weight, None, *args), bias)
 
 
-def conv_module(conv, x: torch.Tensor, padding) -> torch.Tensor:
+def conv_module(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = None) -> torch.Tensor:
     """`F.conv3d` (`F.conv2d`) of `x` with `conv`'s weight, bias, stride, dilation and groups and zero
-    `padding`. In the fast tier on CUDA PyTorch's convolution without its bias, then `add_bias_`: one
-    vectorised pass where PyTorch's own bias pass over a channels-last 3-D output is a strided one, and
-    the same bits (PyTorch's cuDNN path adds the bias in a pass of its own too, rounding once). It asks
-    for no vaeshard kernel: these convolutions (the other families' than Wan's) keep cuDNN's until
-    their shapes are measured with them. Elsewhere PyTorch's call."""
+    `padding`, plus `add_to` where given (a residual: `conv(x) + add_to`, `add_to` left as it is). In
+    the fast tier on CUDA PyTorch's convolution without its bias, then `add_bias_` (with `add_to` of the
+    output's shape, dtype and strides, `add_bias_and_residual_`): one vectorised pass where PyTorch's
+    own bias pass over a channels-last 3-D output is a strided one, and the same bits (PyTorch's cuDNN
+    path adds the bias in a pass of its own too, rounding once, and each add rounds as PyTorch's).
+    It asks for no vaeshard kernel: these convolutions (the other families' than Wan's) keep cuDNN's
+    until their shapes are measured with them. Elsewhere PyTorch's calls."""
     fn = F.conv3d if conv.weight.dim() == 5 else F.conv2d
     bias = conv.bias
     if enabled() and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x):
-        return add_bias_(fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups), bias)
-    return fn(x, conv.weight, bias, conv.stride, padding, conv.dilation, conv.groups)
+        y = fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
+        if add_to is not None and add_to.shape == y.shape and add_to.dtype == y.dtype and add_to.stride() == y.stride():
+            return add_bias_and_residual_(y, bias, add_to)
+        y = add_bias_(y, bias)
+    else:
+        y = fn(x, conv.weight, bias, conv.stride, padding, conv.dilation, conv.groups)
+    return y if add_to is None else y + add_to
 
 
 def upsample_by_phases(x: torch.Tensor) -> bool:
