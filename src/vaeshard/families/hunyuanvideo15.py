@@ -38,6 +38,7 @@ import math
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
 from ..fast.producers import NormIntoConv, RMSNormSiLUIntoConv, SiLUAfterProducer
+from ..fast.residual_blocks import HunyuanVideo15Resnet
 from ..layers import tier as fast
 from ..layers.frame_causal_attention import FAST_NOTE, FrameCausalAttention
 from ..layers.halo import replicate_causal_problem
@@ -257,7 +258,8 @@ SHARD_PLAN = ShardPlan(
         ),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
         local("HunyuanVideo15Encoder3D", "HunyuanVideo15Decoder3D", "HunyuanVideo15DownBlock3D"),
-        local("HunyuanVideo15UpBlock3D", "HunyuanVideo15MidBlock", "HunyuanVideo15ResnetBlock"),
+        Rule("HunyuanVideo15ResnetBlock", FAST, HunyuanVideo15Resnet),
+        local("HunyuanVideo15UpBlock3D", "HunyuanVideo15MidBlock"),
         local("HunyuanVideo15Downsample"),
         CONTAINERS,
     ),
@@ -344,7 +346,8 @@ class _HunyuanVideo15(Family):
         ),
         Mirror(
             _HV + "HunyuanVideo15ResnetBlock.forward",
-            "families/hunyuanvideo15.py NORM_INTO_CONV (norm1 -> nonlinearity -> conv1, norm2 -> conv2)",
+            "families/hunyuanvideo15.py NORM_INTO_CONV (norm1 -> nonlinearity -> conv1, norm2 -> conv2); "
+            "fast/residual_blocks.py HunyuanVideo15Resnet",
             "f497ee2b21603ff9",
         ),
         Mirror(

@@ -40,12 +40,14 @@ import math
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCachedCausalConv3d, loop_problem
 from ..fast.producers import FrameGroupNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer
+from ..fast.residual_blocks import MochiResnet
 from ..layers import tier as fast
 from ..layers.halo import HaloPadThenCachedConv, replicate_causal_problem
 from ..layers.norms import GlobalGroupNorm
 from ..runtime.tile import TileOps
 from .base import (
     CONTAINERS,
+    FAST,
     GLOBAL_NORM,
     HALO,
     LOCAL,
@@ -303,7 +305,8 @@ SHARD_PLAN = ShardPlan(
         local("MochiEncoder3D", "MochiDecoder3D", "MochiMidBlock3D", "MochiDownBlock3D", "MochiUpBlock3D"),
         Rule("MochiChunkedGroupNorm3D", LOCAL, FrameGroupNormSiLUIntoConv),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
-        local("MochiResnetBlock3D", "FourierFeatures", "Linear"),
+        Rule("MochiResnetBlock3D", FAST, MochiResnet),
+        local("FourierFeatures", "Linear"),
         CONTAINERS,
     ),
 )
@@ -382,7 +385,8 @@ class _Mochi(Family):
         ),
         Mirror(
             _M + "MochiResnetBlock3D.forward",
-            "families/mochi.py NORM_INTO_CONV (norm -> SiLU -> causal convolution, nothing else reads the norm)",
+            "families/mochi.py NORM_INTO_CONV (norm -> SiLU -> causal convolution, nothing else reads the norm); "
+            "fast/residual_blocks.py MochiResnet",
             "dccba3b81b0e45c2",
         ),
         Mirror(

@@ -26,18 +26,20 @@ from ..runtime.spatial import current
 from . import frame_loop, producers
 
 
-def _unpadded_child(conv, whole: torch.Tensor) -> torch.Tensor:
+def _unpadded_child(conv, whole: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """The unpadded child convolution `conv` of a causal convolution over its padded input `whole`, as
-    `conv(whole)` computes it: diffusers' `CogVideoXSafeConv3d` in its time chunks (layers/halo.py
-    `safe_conv3d`), a plain nn.Conv3d in one call; in the fast tier by the kernel its route names, the
-    bias in one vectorised pass (layers/tier.py `conv_module`)."""
+    `conv(whole)` computes it, plus `residual` where given: diffusers' `CogVideoXSafeConv3d` in its
+    time chunks (layers/halo.py `safe_conv3d`), a plain nn.Conv3d in one call; in the fast tier the
+    bias (and the residual) in one vectorised pass (layers/tier.py `conv_module`)."""
     if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-        return conv(whole)
-    if type(conv).__name__ == "CogVideoXSafeConv3d":
-        return safe_conv3d(conv, whole, conv.padding)
-    if type(conv).forward is not torch.nn.Conv3d.forward:
-        return conv(whole)
-    return tier.conv_module(conv, whole, conv.padding)
+        out = conv(whole)
+    elif type(conv).__name__ == "CogVideoXSafeConv3d":
+        return safe_conv3d(conv, whole, conv.padding, add_to=residual)
+    elif type(conv).forward is not torch.nn.Conv3d.forward:
+        out = conv(whole)
+    else:
+        return tier.conv_module(conv, whole, conv.padding, add_to=residual)
+    return out if residual is None else out + residual
 
 
 def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
@@ -68,9 +70,21 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
         whole = producers.filled(self, hidden_states)
         if whole is not None:
             return _unpadded_child(self.conv, whole)
+        return self._unproduced(hidden_states)
+
+    def _unproduced(self, hidden_states):
         if not frame_loop.active():
             return super().forward(hidden_states)
         return _unpadded_child(self.conv, padded_in_loop(self, hidden_states))
+
+    def adding(self, hidden_states, residual):
+        """`self(hidden_states) + residual`, as a residual block ends (fast/residual_blocks.py): given its
+        produced buffer, `residual` added in the convolution's bias pass; otherwise this forward, then
+        the add."""
+        whole = producers.filled(self, hidden_states)
+        if whole is None:
+            return self._unproduced(hidden_states) + residual
+        return _unpadded_child(self.conv, whole, residual)
 
 
 def _time_padding(kernel: int, causal: bool) -> tuple[int, int]:
@@ -127,7 +141,7 @@ class ProducedTimePaddedConv3d:
         `conv_module`); otherwise this forward, then the add."""
         whole = self._filled(hidden_states, **kwargs)
         if whole is None:
-            return self.forward(hidden_states, **kwargs) + residual
+            return super().forward(hidden_states, **kwargs) + residual
         return self._unpadded(whole, residual)
 
 
@@ -165,11 +179,24 @@ class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
         whole = producers.filled(self, inputs)
         if whole is not None:
             return _unpadded_child(self.conv, whole), None
+        return self._unproduced(inputs, conv_cache)
+
+    def _unproduced(self, inputs, conv_cache):
         if not frame_loop.active():
             return super().forward(inputs, conv_cache)
         if self.pad_mode != "replicate":
             raise ValueError(f"vaeshard's frame loop runs {type(self).__name__} only in its 'replicate' padding mode")
         return _unpadded_child(self.conv, padded_in_loop(self, inputs)), None
+
+    def adding(self, inputs, residual, conv_cache=None):
+        """`(output + residual, next cache)` of `self(inputs, conv_cache)`, as a residual block ends
+        (fast/residual_blocks.py): given its produced buffer, `residual` added in the convolution's
+        bias pass; otherwise this forward, then the add."""
+        whole = producers.filled(self, inputs)
+        if whole is None:
+            out, cache = self._unproduced(inputs, conv_cache)
+            return out + residual, cache
+        return _unpadded_child(self.conv, whole, residual), None
 
 
 class ProducedHandedCacheConv3d:

@@ -113,26 +113,28 @@ class HaloSafeConv3d(HaloPaddedConv):
         return safe_conv3d(self, x, padding)
 
 
-def safe_conv3d(conv, x: torch.Tensor, padding) -> torch.Tensor:
+def safe_conv3d(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = None) -> torch.Tensor:
     """`conv` (an nn.Conv3d with zeros padding, stride 1 in time) of `x` with `padding`, in diffusers'
     CogVideoXSafeConv3d time chunks: above SAFE_CONV_GIB, `int(GiB / 2) + 1` chunks, each after the
     first led by the previous chunk's last `k_t - 1` frames; at most one chunk per `k_t` frames (where
     diffusers' chunks would be shorter than the kernel, and fail). The chunk count comes from this
-    rank's input, which changes no value: each output frame sees the same input frames."""
+    rank's input, which changes no value: each output frame sees the same input frames. `add_to`: a
+    residual added to the result (in the bias pass of a single chunk, layers/tier.py `conv_module`)."""
 
-    def run(part):
-        return fast_tier.conv_module(conv, part, padding)
+    def run(part, residual=None):
+        return fast_tier.conv_module(conv, part, padding, add_to=residual)
 
     gib = x.numel() * 2 / 1024**3
     if gib <= SAFE_CONV_GIB:
-        return run(x)
+        return run(x, add_to)
     kt = conv.kernel_size[0]
     # torch.chunk's frames, each chunk after the first led by the frames before it: views of `x`,
     # the same frames diffusers concatenates
     size = -(-x.shape[2] // min(int(gib / SAFE_CONV_GIB) + 1, max(1, x.shape[2] // kt)))
     starts = range(0, x.shape[2], size)
     parts = [x.narrow(2, max(t - kt + 1, 0), min(t + size, x.shape[2]) - max(t - kt + 1, 0)) for t in starts]
-    return torch.cat([run(part) for part in parts], dim=2)
+    out = torch.cat([run(part) for part in parts], dim=2)
+    return out if add_to is None else out + add_to
 
 
 class HaloPadThenConv:

@@ -1,0 +1,57 @@
+"""Residual blocks whose last convolution adds the block's input in its bias pass (the fast tier).
+
+diffusers ends these blocks with `conv2(silu(norm2(h))) + residual`: a convolution whose bias PyTorch
+adds in a pass of its own, then a pass for the sum. Where the convolution takes its input from the norm
+before it (fast/producers.py), its `adding` adds the residual in its bias pass instead (layers/tier.py
+`conv_module`: one pass, each add rounded as PyTorch's), the same bits. Each mixin is its block's
+diffusers forward step for step, but for computing the shortcut before the last convolution; the
+families list it in their mirrors. Outside the fast tier, with autograd, or where the convolution
+offers no `adding`, the original forward runs. (LTX's blocks: layers/ltx_resnet.py, which also draws
+their noise when sharded.)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..layers import tier
+
+
+def _adds(block) -> bool:
+    return tier.enabled() and not torch.is_grad_enabled() and hasattr(block.conv2, "adding")
+
+
+class MochiResnet:
+    """Mixin for diffusers' `MochiResnetBlock3D` (`forward(inputs, conv_cache)` -> `(output, caches)`)."""
+
+    def forward(self, inputs, conv_cache=None):
+        if not _adds(self):
+            return super().forward(inputs, conv_cache)
+        new_conv_cache = {}
+        conv_cache = conv_cache or {}
+        hidden_states = self.norm1(inputs)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states, new_conv_cache["conv1"] = self.conv1(hidden_states, conv_cache=conv_cache.get("conv1"))
+        hidden_states = self.norm2(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states, new_conv_cache["conv2"] = self.conv2.adding(
+            hidden_states, inputs, conv_cache=conv_cache.get("conv2")
+        )
+        return hidden_states, new_conv_cache
+
+
+class HunyuanVideo15Resnet:
+    """Mixin for diffusers' `HunyuanVideo15ResnetBlock` (`forward(hidden_states)`)."""
+
+    def forward(self, hidden_states):
+        if not _adds(self):
+            return super().forward(hidden_states)
+        residual = hidden_states
+        hidden_states = self.norm1(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states = self.conv1(hidden_states)
+        hidden_states = self.norm2(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        if self.conv_shortcut is not None:
+            residual = self.conv_shortcut(residual)
+        return self.conv2.adding(hidden_states, residual)
