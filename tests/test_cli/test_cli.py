@@ -670,6 +670,36 @@ def _hangs(ctx):
     time.sleep(600)
 
 
+class _ReportedLate(RuntimeError):
+    """An error whose report reaches the launcher after a peer's (as a real one's may: the queue's
+    feeder threads race): while the launcher describes it, its rank's connections close, so the peer
+    fails, and its message is ready only once the peer is reporting (`reported`)."""
+
+    def __init__(self, reported):
+        super().__init__()
+        self.reported = reported
+
+    def __str__(self):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()  # rank 1's barrier fails now, after this failure
+        self.reported.wait(60)
+        return "rank 0 broke"
+
+
+def _rank_breaks_and_its_peer_reports_first(ctx, reported):
+    import torch.distributed as dist
+
+    ctx.barrier()
+    if ctx.rank == 0:
+        raise _ReportedLate(reported)
+    try:
+        dist.barrier()
+    finally:
+        reported.set()  # (as rank 1's own failure is being reported)
+
+
 def _echo(ctx, value):
     return {"rank": ctx.rank, "world": ctx.world, "value": value, "tensor": torch.full((2,), float(ctx.rank))}
 
@@ -695,6 +725,20 @@ def test_launch_stops_every_rank_when_one_fails(fn, words):
         launch.run(fn, 2, timeout=80, group_timeout=300)
     assert words in str(info.value)
     assert time.monotonic() - t0 < 40  # far below the group timeout: the waiting rank was killed
+
+
+@pytest.mark.timeout(90)
+def test_launch_names_the_rank_that_failed_first():
+    """Rank 0 fails and closes its connections; rank 1's collective then fails and its report reaches
+    the launcher first. The launcher names rank 0's failure, the cause, not rank 1's lost connection."""
+    import multiprocessing
+
+    from vaeshard.cli import launch
+
+    reported = multiprocessing.get_context("spawn").Event()
+    with pytest.raises(launch.WorkerFailed) as info:
+        launch.run(_rank_breaks_and_its_peer_reports_first, 2, reported, timeout=80, group_timeout=60)
+    assert "rank 0 failed" in str(info.value) and "rank 0 broke" in str(info.value), str(info.value)
 
 
 @pytest.mark.timeout(90)

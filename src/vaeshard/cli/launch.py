@@ -54,6 +54,9 @@ DEFAULT_GROUP_TIMEOUT_S = 600.0
 _POLL_S = 0.2
 _KILL_GRACE_S = 3.0
 _EXIT_GRACE_S = 10.0
+# after a rank's failure, how long the others' reports may take to arrive: a rank's failure makes its
+# peers fail too (a closed connection), and their reports can overtake its own in the queue
+_REPORT_GRACE_S = 2.0
 
 
 class LaunchError(RuntimeError):
@@ -394,24 +397,27 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_fa
 def _collect(procs, results, nproc: int, timeout: float | None) -> list:
     deadline = None if timeout is None else time.monotonic() + timeout
     values: dict[int, object] = {}
+    failures: list[tuple[float, int, tuple]] = []  # (when, rank, _describe_failure's tuple)
 
     def take(item) -> None:
         rank, ok, payload = item
-        if not ok:
-            exc_type, message, detail, user_error = payload
-            raise WorkerFailed(rank, exc_type, message, detail, user_error)
-        values[rank] = pickle.loads(payload)
+        if ok:
+            values[rank] = pickle.loads(payload)
+        else:
+            failures.append((payload[-1], rank, payload[:-1]))
 
-    while len(values) < nproc:
+    def waiting() -> list[int]:
+        return [r for r in range(nproc) if r not in values and r not in {f[1] for f in failures}]
+
+    while len(values) < nproc and not failures:
         if deadline is not None and time.monotonic() >= deadline:
-            waiting = [r for r in range(nproc) if r not in values]
-            raise LaunchTimeout(f"ranks {waiting} did not finish within {timeout:g} s; all ranks were stopped")
+            raise LaunchTimeout(f"ranks {waiting()} did not finish within {timeout:g} s; all ranks were stopped")
         try:
             take(results.get(timeout=_POLL_S))
             continue
         except queue_mod.Empty:
             pass
-        dead = [r for r, p in enumerate(procs) if r not in values and not p.is_alive()]
+        dead = [r for r in waiting() if not procs[r].is_alive()]
         if dead:
             # A rank that reported and then exited may still have its report in the pipe.
             try:
@@ -419,8 +425,8 @@ def _collect(procs, results, nproc: int, timeout: float | None) -> list:
                     take(results.get(timeout=_POLL_S))
             except queue_mod.Empty:
                 pass
-            dead = [r for r in dead if r not in values]
-            if dead:
+            dead = [r for r in dead if r in waiting()]
+            if dead and not failures:
                 r = dead[0]
                 code = procs[r].exitcode
                 if code is not None and code < 0:
@@ -428,7 +434,19 @@ def _collect(procs, results, nproc: int, timeout: float | None) -> list:
                 else:
                     how = f"exited with code {code}"
                 raise WorkerFailed(r, "", f"the process {how} before reporting a result")
-    return [values[r] for r in range(nproc)]
+    if not failures:
+        return [values[r] for r in range(nproc)]
+    # A rank's failure makes its peers fail too (a closed connection), and their reports can overtake
+    # its own in the queue: the reports of the ranks still running are awaited a little (or their
+    # end), and the failure that happened first is the one named.
+    end = time.monotonic() + _REPORT_GRACE_S
+    while time.monotonic() < end and any(procs[r].is_alive() for r in waiting()):
+        try:
+            take(results.get(timeout=_POLL_S))
+        except queue_mod.Empty:
+            pass
+    _, rank, (exc_type, message, detail, user_error) = min(failures)
+    raise WorkerFailed(rank, exc_type, message, detail, user_error)
 
 
 def stop_processes(procs, wait: float) -> None:
@@ -500,7 +518,9 @@ def _worker(rank, world, device, init_file, fn, args, results, group_timeout, th
         value = fn(ctx, *args)
         results.put((rank, True, pickle.dumps(value)))
     except BaseException as exc:  # report everything, also KeyboardInterrupt and SystemExit
-        results.put((rank, False, _describe_failure(exc)))
+        # when it failed (CLOCK_MONOTONIC, shared by the machine's processes): the earliest is the cause
+        failed_at = time.monotonic()
+        results.put((rank, False, (*_describe_failure(exc), failed_at)))
     finally:
         if dist.is_initialized():
             try:
