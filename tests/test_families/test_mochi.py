@@ -280,3 +280,24 @@ def test_frame_wise_decoding_is_refused_before_swapping():
     with pytest.raises(ValueError, match="frame-wise"):
         vaeshard.parallelize(vae, mode="tile")
     assert not any(vaeshard.runtime.swap.is_swapped(m) for m in vae.modules()) and "decode" not in vae.__dict__
+
+
+@pytest.mark.parametrize("phases", [(3, 2, 2), (2, 2, 2), (1, 2, 2)])
+def test_depth_to_space_comes_out_channels_last_with_diffusers_values(phases):
+    """The fast tier's up-block projection (fast/depth_to_space.py): diffusers' up block with no resnets
+    (its Linear and unpatchify alone) gives the same values, and the fast tier's map is channels-last
+    (the layout the next norms and convolutions read) where diffusers' is channels-first."""
+    from diffusers.models.autoencoders.autoencoder_kl_mochi import MochiUpBlock3D
+
+    from vaeshard.fast.depth_to_space import depth_to_space
+
+    st, sh, _ = phases
+    torch.manual_seed(31)
+    block = MochiUpBlock3D(16, 8, num_layers=0, temporal_expansion=st, spatial_expansion=sh).eval()
+    x = latent((2, 16, 3, 5, 7), seed=32)
+    with torch.no_grad():
+        reference, _ = block(x)
+        out = depth_to_space(block.proj, x, phases)
+    assert reference.shape == out.shape == (2, 8, 3 * st, 5 * sh, 7 * sh)
+    assert out.is_contiguous(memory_format=torch.channels_last_3d) and not out.is_contiguous()
+    assert_close(out, reference, CPU_FP32, f"phases {phases}")

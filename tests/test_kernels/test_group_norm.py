@@ -22,7 +22,12 @@ from vaeshard.kernels import group_norm as gn, triton_support
 assert triton_support.interpreting()
 torch.manual_seed(0)
 cases = [((2, 32, 3, 5, 7), 8, "3d"), ((1, 64, 9, 11), 32, "2d"), ((1, 16, 2, 4, 6), 4, None), ((2, 8, 37), 2, None)]
-for shape, groups, layout in cases:
+# 7.5 tiles of 32 voxels (128 channels): with every program reading up to 8 tiles, one reads all
+cases.append(((1, 128, 6, 40), 32, "2d"))
+# each case twice: one tile per program (these small maps' own choice), then as many as a large map
+# takes (gn._BUSY_TILES at 1), a partial tile and tiles past the map's end among them
+for (shape, groups, layout), busy in [(case, busy) for busy in (gn._BUSY_TILES, 1) for case in cases]:
+    gn._BUSY_TILES = busy
     x = torch.randn(*shape) * 0.5 + 40.0  # far from zero: E[x^2] - E[x]^2 would lose every digit
     if layout == "3d":
         x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -179,3 +184,28 @@ def _sharded_through_the_kernels(rank, world):
 def test_sharded_groupnorms_take_the_whole_maps_statistics_through_the_kernels(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # new ranks (fresh), spawned with it
     assert run_ranks(_sharded_through_the_kernels, 2, fresh=True) == [True, True]
+
+
+def test_partials_kernel_compiles_for_hopper():
+    """`_partials_kernel` reading one and several tiles a program compiles for sm_90 (H100, H200) with
+    Triton's own ptxas and no GPU, at Mochi's full-resolution width (what it computes: the interpreter
+    tests above)."""
+    import pytest
+
+    pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
+
+    from vaeshard.kernels import group_norm
+
+    kernel = group_norm._partials_kernel
+    names = kernel.arg_names
+    for blocks in (1, group_norm.PARTIAL_BLOCKS):
+        constants = dict(BLOCK_S=group_norm._tile(128), BLOCK_C=128, G=32, BLOCKS=blocks, WIDE=False)
+        types = {"x_ptr": "*bf16", "sum_ptr": "*fp32", "m2_ptr": "*fp32"}
+        signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+        source = ASTSource(kernel, signature, constexprs={(names.index(c),): v for c, v in constants.items()})
+        target = GPUTarget("cuda", 90, 32)
+        cubin = triton_compile(source, target=target, options={"num_warps": group_norm.NUM_WARPS}).asm["cubin"]
+        assert len(cubin) > 0, blocks

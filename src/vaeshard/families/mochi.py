@@ -39,6 +39,7 @@ import math
 
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCachedCausalConv3d, loop_problem
+from ..fast.depth_to_space import MochiUpBlock
 from ..fast.producers import FrameGroupNormSiLUIntoConv, NormIntoConv, SiLUAfterProducer
 from ..fast.residual_blocks import MochiResnet
 from ..layers import tier as fast
@@ -302,7 +303,8 @@ SHARD_PLAN = ShardPlan(
         Rule("GroupNorm", GLOBAL_NORM, GlobalGroupNorm, layer=Layer(norm="group")),
         Rule("Attention", LOCAL, check=_plain_attention, subtree=True),
         Rule("Conv3d", LOCAL, check=pointwise_problem),
-        local("MochiEncoder3D", "MochiDecoder3D", "MochiMidBlock3D", "MochiDownBlock3D", "MochiUpBlock3D"),
+        local("MochiEncoder3D", "MochiDecoder3D", "MochiMidBlock3D", "MochiDownBlock3D"),
+        Rule("MochiUpBlock3D", FAST, MochiUpBlock),
         Rule("MochiChunkedGroupNorm3D", LOCAL, FrameGroupNormSiLUIntoConv),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
         Rule("MochiResnetBlock3D", FAST, MochiResnet),
@@ -367,7 +369,7 @@ class _Mochi(Family):
         ),
         Mirror(
             _M + "MochiUpBlock3D.forward",
-            "families/mochi.py _decoded_shape; depth-to-space kept local",
+            "families/mochi.py _decoded_shape; depth-to-space kept local; fast/depth_to_space.py MochiUpBlock",
             "aa044c20321c63b9",
         ),
         Mirror(

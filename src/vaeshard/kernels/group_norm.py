@@ -4,9 +4,10 @@ PyTorch's CUDA GroupNorm takes a channels-first map: given the fast tier's chann
 first copies the input to channels-first and returns a channels-first output, which the next
 convolution copies back, and diffusers' SiLU after it is a pass of its own. Here:
 
-1. `_partials_kernel` reads the map once: each program takes a block of voxels of one sample, all
-   channels, and stores per group the block's sum and its sum of squared deviations from the
-   block's own mean;
+1. `_partials_kernel` reads the map once: each program takes consecutive blocks of voxels of one
+   sample, all channels (one block, or up to `PARTIAL_BLOCKS` where the map is large), and stores
+   per group their sum and their sum of squared deviations from their own mean (each block's about
+   its mean, merged by Chan's formula in fp32);
 2. the blocks are combined per (sample, group) in float64 (Chan's formula: the deviations of each
    block's mean from the whole's weighted by the block's count; no E[x^2] - E[x]^2 cancellation;
    a sharded map's ranks then add their float64 sums in one all-reduce), giving GroupNorm's mean and
@@ -34,7 +35,7 @@ ELEMENTS = 4096  # a program's tile: all channels of up to ELEMENTS // C voxels
 NUM_WARPS = 4
 
 if triton is not None:
-    from .voxels import offsets, voxel_block
+    from .voxels import offsets, voxel_block, voxel_block_at
 
     @triton.jit
     def _partials_kernel(
@@ -54,21 +55,34 @@ if triton is not None:
         BLOCK_S: tl.constexpr,
         BLOCK_C: tl.constexpr,
         G: tl.constexpr,
+        BLOCKS: tl.constexpr,
         WIDE: tl.constexpr,
     ):
-        # per group of this block of voxels: the sum, and the sum of squared deviations from its mean
-        n, offs_c, i0, i1, i2, mask = voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
-        x = tl.load(x_ptr + offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
-        x = tl.reshape(x.to(tl.float32), (BLOCK_S, G, BLOCK_C // G))
+        # per group of this program's BLOCKS consecutive blocks of voxels: the sum, and the sum of
+        # squared deviations from its mean (each block's about its own mean, merged by Chan's formula)
         p = tl.program_id(0)
-        rows = tl.minimum(S - p * BLOCK_S, BLOCK_S)
-        total = tl.sum(tl.sum(x, axis=2), axis=0)  # (G,)
-        mean = total / (rows * (BLOCK_C // G))
-        valid = tl.reshape(mask, (BLOCK_S, G, BLOCK_C // G))
-        d = tl.where(valid, x - mean[None, :, None], 0.0)
-        m2 = tl.sum(tl.sum(d * d, axis=2), axis=0)
+        count = 0.0
+        mean = tl.zeros((G,), dtype=tl.float32)
+        m2 = tl.zeros((G,), dtype=tl.float32)
+        for i in tl.static_range(BLOCKS):
+            block = p * BLOCKS + i
+            n, offs_c, i0, i1, i2, mask = voxel_block_at(block, S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
+            x = tl.load(x_ptr + offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
+            x = tl.reshape(x.to(tl.float32), (BLOCK_S, G, BLOCK_C // G))
+            rows = tl.minimum(tl.maximum(S - block * BLOCK_S, 0), BLOCK_S)
+            size = (rows * (BLOCK_C // G)).to(tl.float32)
+            block_mean = tl.sum(tl.sum(x, axis=2), axis=0) / tl.maximum(size, 1.0)  # (G,)
+            valid = tl.reshape(mask, (BLOCK_S, G, BLOCK_C // G))
+            d = tl.where(valid, x - block_mean[None, :, None], 0.0)
+            block_m2 = tl.sum(tl.sum(d * d, axis=2), axis=0)
+            total = count + size
+            share = size / tl.maximum(total, 1.0)
+            delta = block_mean - mean
+            mean = mean + delta * share
+            m2 = m2 + block_m2 + delta * delta * (count * share)
+            count = total
         at = (n * P + p) * G + tl.arange(0, G)
-        tl.store(sum_ptr + at, total)
+        tl.store(sum_ptr + at, mean * count)
         tl.store(m2_ptr + at, m2)
 
     @triton.jit
@@ -192,6 +206,20 @@ def _tile(c: int) -> int:
     return max(1, ELEMENTS // c)
 
 
+# Tiles each `_partials_kernel` program reads, by the tiles of the whole map: one where the map has
+# too few to keep every SM busy otherwise, up to PARTIAL_BLOCKS, so that a large map's partial
+# statistics (which the host combines in float64, pass by pass) are that many times fewer.
+PARTIAL_BLOCKS = 8
+_BUSY_TILES = 8192  # tiles of a map at which each program takes two
+
+
+def _blocks_per_program(tiles: int) -> int:
+    blocks = 1
+    while blocks < PARTIAL_BLOCKS and tiles >= _BUSY_TILES * blocks:
+        blocks *= 2
+    return blocks
+
+
 def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float, reduce=None):
     """(scale, shift), (N, C) fp32 each: GroupNorm's statistics of `x` folded with its weight and bias.
     `reduce`: sums a float64 tensor over the ranks holding the rest of the map, in place (a sharded
@@ -224,7 +252,8 @@ def _local_statistics(x: torch.Tensor, num_groups: int):
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = spatial_strides(x)
     s = d0 * d1 * d2
     block_s = _tile(c)
-    programs = triton.cdiv(s, block_s)
+    blocks = _blocks_per_program(n * triton.cdiv(s, block_s))
+    programs = triton.cdiv(s, block_s * blocks)
     sums = torch.empty(n, programs, num_groups, dtype=torch.float32, device=x.device)
     m2 = torch.empty_like(sums)
     launch(
@@ -246,12 +275,13 @@ def _local_statistics(x: torch.Tensor, num_groups: int):
         BLOCK_S=block_s,
         BLOCK_C=c,
         G=num_groups,
+        BLOCKS=blocks,
         WIDE=wide(x),
         num_warps=NUM_WARPS,
     )
     per = c // num_groups
-    counts = torch.full((programs,), block_s * per, dtype=torch.float64, device=x.device)
-    counts[-1] = (s - (programs - 1) * block_s) * per
+    counts = torch.full((programs,), blocks * block_s * per, dtype=torch.float64, device=x.device)
+    counts[-1] = (s - (programs - 1) * blocks * block_s) * per
     sums, m2 = sums.double(), m2.double()
     total = s * per
     mean = sums.sum(1) / total  # (N, G)

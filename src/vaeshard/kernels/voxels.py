@@ -13,16 +13,21 @@ if triton is not None:
     @triton.jit
     def voxel_block(S, C, D1, D2, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
         # This program's sample n, its BLOCK_S voxels split into (i0, i1, i2) over the spatial dims
-        # (D0 x D1 x D2 = S), all channels, and the mask of the ones that exist. Index arithmetic in
-        # 64 bits only where an element offset can pass 2**31 (WIDE); 32-bit division is cheaper.
-        # (the channel index too: a channels-first map's channel stride times the channel passes 2**31)
+        # (D0 x D1 x D2 = S), all channels, and the mask of the ones that exist.
+        return voxel_block_at(tl.program_id(0), S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
+
+    @triton.jit
+    def voxel_block_at(block, S, C, D1, D2, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, WIDE: tl.constexpr):
+        # `voxel_block` for the program's `block`-th block of voxels. Index arithmetic in 64 bits only
+        # where an element offset can pass 2**31 (WIDE); 32-bit division is cheaper. (the channel
+        # index too: a channels-first map's channel stride times the channel passes 2**31)
         if WIDE:
             n = tl.program_id(1).to(tl.int64)
-            offs_s = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
+            offs_s = block.to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
             offs_c = tl.arange(0, BLOCK_C).to(tl.int64)
         else:
             n = tl.program_id(1)
-            offs_s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+            offs_s = block * BLOCK_S + tl.arange(0, BLOCK_S)
             offs_c = tl.arange(0, BLOCK_C)
         i2 = offs_s % D2
         i1 = (offs_s // D2) % D1

@@ -226,7 +226,7 @@ def conv_module(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = No
     """`F.conv3d` (`F.conv2d`) of `x` with `conv`'s weight, bias, stride, dilation and groups and zero
     `padding`, plus `add_to` where given (a residual: `conv(x) + add_to`, `add_to` left as it is). In
     the fast tier on CUDA PyTorch's convolution without its bias, then `add_bias_` (with `add_to` of the
-    output's shape, dtype and strides, `add_bias_and_residual_`): one vectorised pass where PyTorch's
+    output's shape and dtype, in any layout, `add_bias_and_residual_`): one vectorised pass where PyTorch's
     own bias pass over a channels-last 3-D output is a strided one, and the same bits (PyTorch's cuDNN
     path adds the bias in a pass of its own too, rounding once, and each add rounds as PyTorch's).
     It asks for no vaeshard kernel: these convolutions (the other families' than Wan's) keep cuDNN's
@@ -235,7 +235,7 @@ def conv_module(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = No
     bias = conv.bias
     if enabled() and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x):
         y = fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
-        if add_to is not None and add_to.shape == y.shape and add_to.dtype == y.dtype and add_to.stride() == y.stride():
+        if add_to is not None and add_to.shape == y.shape and add_to.dtype == y.dtype:
             return add_bias_and_residual_(y, bias, add_to)
         y = add_bias_(y, bias)
     else:
