@@ -47,6 +47,16 @@ for (shape, groups, layout), busy in [(case, busy) for busy in (gn._BUSY_TILES, 
         view = buf[(slice(None), slice(None)) + tuple(slice(1, 1 + d) for d in shape[2:])]
         assert gn.group_norm(x, groups, w, b, 1e-6, silu, out=view).data_ptr() == view.data_ptr()
         assert (view - want).abs().max() <= 1e-4 and buf.isnan().sum() == buf.numel() - view.numel(), shape
+# a convolution's bias added first (pre_bias), with one and with several tiles a program
+for busy in (8192, 1):
+    gn._BUSY_TILES = busy
+    x = torch.randn(1, 128, 6, 40).contiguous(memory_format=torch.channels_last)
+    pb, w, b = torch.randn(128) * 3, torch.randn(128), torch.randn(128)
+    for silu in (False, True):
+        want = F.group_norm((x + pb[:, None, None]).double(), 32, w.double(), b.double(), 1e-6)
+        want = (F.silu(want) if silu else want).float()
+        got = gn.group_norm(x, 32, w, b, 1e-6, silu, pre_bias=pb)
+        assert (got - want).abs().max() <= 1e-4, (busy, silu, (got - want).abs().max())
 # CogVideoX's conditioning: m and k at a half of the rows and a quarter of the columns
 x = (torch.randn(1, 16, 3, 4, 8) * 2 + 1).contiguous(memory_format=torch.channels_last_3d)
 m, k = torch.randn(1, 16, 3, 2, 2), torch.randn(1, 16, 3, 2, 2)
@@ -164,7 +174,7 @@ def _sharded_through_the_kernels(rank, world):
     assert triton_support.interpreting()
     reduced = []
     scale_shift = group_norm._scale_shift
-    group_norm._scale_shift = lambda *a: reduced.append(a[-1] is not None) or scale_shift(*a)
+    group_norm._scale_shift = lambda *a: reduced.append(a[5] is not None) or scale_shift(*a)  # a[5]: reduce
     for name, size in (("hunyuanvideo", (2, 5, 7)), ("cogvideox", (3, 5, 7))):
         vae = build(name)
         z = latent((1, vae.config.latent_channels, *size), seed=4)
@@ -187,7 +197,8 @@ def test_sharded_groupnorms_take_the_whole_maps_statistics_through_the_kernels(m
 
 
 def test_partials_kernel_compiles_for_hopper():
-    """`_partials_kernel` reading one and several tiles a program compiles for sm_90 (H100, H200) with
+    """`_partials_kernel` reading one and several tiles a program, with a convolution's bias added as it
+    reads (`pre_bias`) as `_apply_kernel` adds it, compiles for sm_90 (H100, H200) with
     Triton's own ptxas and no GPU, at Mochi's full-resolution width (what it computes: the interpreter
     tests above)."""
     import pytest
@@ -201,11 +212,21 @@ def test_partials_kernel_compiles_for_hopper():
 
     kernel = group_norm._partials_kernel
     names = kernel.arg_names
-    for blocks in (1, group_norm.PARTIAL_BLOCKS):
-        constants = dict(BLOCK_S=group_norm._tile(128), BLOCK_C=128, G=32, BLOCKS=blocks, WIDE=False)
-        types = {"x_ptr": "*bf16", "sum_ptr": "*fp32", "m2_ptr": "*fp32"}
+    for blocks, pre_bias in ((1, False), (group_norm.PARTIAL_BLOCKS, True)):
+        constants = dict(BLOCK_S=group_norm._tile(128), BLOCK_C=128, G=32, BLOCKS=blocks, PRE_BIAS=pre_bias)
+        constants["WIDE"] = False
+        types = {"x_ptr": "*bf16", "sum_ptr": "*fp32", "m2_ptr": "*fp32", "pb_ptr": "*bf16"}
         signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
         source = ASTSource(kernel, signature, constexprs={(names.index(c),): v for c, v in constants.items()})
         target = GPUTarget("cuda", 90, 32)
         cubin = triton_compile(source, target=target, options={"num_warps": group_norm.NUM_WARPS}).asm["cubin"]
         assert len(cubin) > 0, blocks
+    kernel = group_norm._apply_kernel  # and the second pass adding the bias as it reads
+    names = kernel.arg_names
+    constants = dict(BLOCK_S=group_norm._tile(128), BLOCK_C=128, SILU=True, CONDITIONED=False, PRE_BIAS=True)
+    constants["WIDE"] = False
+    types = {n: "*bf16" for n in ("x_ptr", "y_ptr", "m_ptr", "k_ptr", "pb_ptr")} | {"a_ptr": "*fp32", "b_ptr": "*fp32"}
+    signature = {n: "constexpr" if n in constants else types.get(n, "i32") for n in names}
+    source = ASTSource(kernel, signature, constexprs={(names.index(c),): v for c, v in constants.items()})
+    cubin = triton_compile(source, target=target, options={"num_warps": group_norm.NUM_WARPS}).asm["cubin"]
+    assert len(cubin) > 0

@@ -26,20 +26,37 @@ from ..runtime.spatial import current
 from . import frame_loop, producers
 
 
-def _unpadded_child(conv, whole: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+def _by_module(conv) -> str | None:
+    """How `_unpadded_child` runs `conv`: "safe" (CogVideoXSafeConv3d's time chunks), "plain" (one
+    call), or None (the module's own forward: another padding mode, or another forward)."""
+    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+        return None
+    if type(conv).__name__ == "CogVideoXSafeConv3d":
+        return "safe"
+    return "plain" if type(conv).forward is torch.nn.Conv3d.forward else None
+
+
+def _unpadded_child(
+    conv, whole: torch.Tensor, residual: torch.Tensor | None = None, leave_bias: bool = False
+) -> torch.Tensor:
     """The unpadded child convolution `conv` of a causal convolution over its padded input `whole`, as
     `conv(whole)` computes it, plus `residual` where given: diffusers' `CogVideoXSafeConv3d` in its
     time chunks (layers/halo.py `safe_conv3d`), a plain nn.Conv3d in one call; in the fast tier the
-    bias (and the residual) in one vectorised pass (layers/tier.py `conv_module`)."""
-    if conv.padding_mode != "zeros" or isinstance(conv.padding, str):
-        out = conv(whole)
-    elif type(conv).__name__ == "CogVideoXSafeConv3d":
-        return safe_conv3d(conv, whole, conv.padding, add_to=residual)
-    elif type(conv).forward is not torch.nn.Conv3d.forward:
-        out = conv(whole)
-    else:
-        return tier.conv_module(conv, whole, conv.padding, add_to=residual)
+    bias (and the residual) in one vectorised pass (layers/tier.py `conv_module`), or with
+    `leave_bias` (where `_leaves_bias`) no bias."""
+    way = _by_module(conv)
+    if way == "safe":
+        return safe_conv3d(conv, whole, conv.padding, add_to=residual, leave_bias=leave_bias)
+    if way == "plain":
+        return tier.conv_module(conv, whole, conv.padding, add_to=residual, leave_bias=leave_bias)
+    if leave_bias:
+        raise ValueError(f"{type(conv).__name__} runs its own forward, which adds its bias")
+    out = conv(whole)
     return out if residual is None else out + residual
+
+
+def _leaves_bias(conv, whole: torch.Tensor) -> bool:
+    return _by_module(conv) is not None and tier.leaves_bias(conv, whole)
 
 
 def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
@@ -197,6 +214,19 @@ class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
             out, cache = self._unproduced(inputs, conv_cache)
             return out + residual, cache
         return _unpadded_child(self.conv, whole, residual), None
+
+    def leaving_bias(self, inputs, conv_cache=None):
+        """`(output, next cache, bias)` of `self(inputs, conv_cache)` for a norm that adds the bias as
+        it reads (fast/residual_blocks.py): given its produced buffer and where the fast tier adds
+        biases in a pass of their own (layers/tier.py `leaves_bias`), the output without the bias,
+        and the bias; otherwise this forward, and None."""
+        whole = producers.filled(self, inputs)
+        if whole is None:
+            out, cache = self._unproduced(inputs, conv_cache)
+            return out, cache, None
+        if not _leaves_bias(self.conv, whole):
+            return _unpadded_child(self.conv, whole), None, None
+        return _unpadded_child(self.conv, whole, leave_bias=True), None, self.conv.bias
 
 
 class ProducedHandedCacheConv3d:

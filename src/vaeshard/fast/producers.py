@@ -378,23 +378,30 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
     through SiLU straight into that convolution's buffer, with no copy of the map into frame-major
     order and none back; elsewhere the norm's own forward. A
     GroupNorm normalises each sample alone, so the chunks' values do not depend on how frames are
-    grouped into chunks."""
+    grouped into chunks. `pre_bias` (one value per channel): the bias of the convolution that made x,
+    which left it out (fast/residual_blocks.py), added to x first and rounded as its bias pass would
+    have (by the kernels as they read x, else by an add)."""
 
-    def forward(self, x):
-        view = self.produce(x, self._write) if x.dim() == 5 else None
-        return super().forward(x) if view is None else view
+    def forward(self, x, pre_bias=None):
+        view = self.produce(x, lambda x, view: self._write(x, view, pre_bias)) if x.dim() == 5 else None
+        if view is not None:
+            return view
+        return super().forward(x if pre_bias is None else x + pre_bias.reshape(1, -1, 1, 1, 1))
 
-    def _write(self, x: torch.Tensor, view: torch.Tensor) -> None:
+    def _write(self, x: torch.Tensor, view: torch.Tensor, pre_bias=None) -> None:
         step = max(1, int(self.chunk_size))
         gn = self.norm_layer
         for n in range(x.shape[0]):
             frames, out = x[n].transpose(0, 1), view[n].transpose(0, 1)  # (T, C, H, W) views
             if group_norm.takes(frames, gn.num_groups):  # the kernels: every frame at once
                 gn_args = (gn.num_groups, gn.weight, gn.bias, gn.eps)
-                group_norm.group_norm(frames, *gn_args, silu=True, out=out, reduce=whole_map_sum())
+                reduce = whole_map_sum()
+                group_norm.group_norm(frames, *gn_args, silu=True, out=out, reduce=reduce, pre_bias=pre_bias)
                 continue
             for start in range(0, frames.shape[0], step):
-                torch.ops.aten.silu.out(self.norm_layer(frames[start : start + step]), out=out[start : start + step])
+                chunk = frames[start : start + step]
+                chunk = chunk if pre_bias is None else chunk + pre_bias.reshape(1, -1, 1, 1)
+                torch.ops.aten.silu.out(self.norm_layer(chunk), out=out[start : start + step])
 
 
 class SpatialNormSiLUIntoConv(ProducingNorm):

@@ -52,10 +52,12 @@ if triton is not None:
         sx1,
         sx2,
         P,
+        pb_ptr,
         BLOCK_S: tl.constexpr,
         BLOCK_C: tl.constexpr,
         G: tl.constexpr,
         BLOCKS: tl.constexpr,
+        PRE_BIAS: tl.constexpr,
         WIDE: tl.constexpr,
     ):
         # per group of this program's BLOCKS consecutive blocks of voxels: the sum, and the sum of
@@ -68,6 +70,9 @@ if triton is not None:
             block = p * BLOCKS + i
             n, offs_c, i0, i1, i2, mask = voxel_block_at(block, S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
             x = tl.load(x_ptr + offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
+            if PRE_BIAS:  # a convolution's bias, added and rounded as its own pass would have
+                pb = tl.load(pb_ptr + offs_c).to(tl.float32)
+                x = tl.where(mask, (x.to(tl.float32) + pb[None, :]).to(x_ptr.dtype.element_ty), 0.0)
             x = tl.reshape(x.to(tl.float32), (BLOCK_S, G, BLOCK_C // G))
             rows = tl.minimum(tl.maximum(S - block * BLOCK_S, 0), BLOCK_S)
             size = (rows * (BLOCK_C // G)).to(tl.float32)
@@ -114,10 +119,12 @@ if triton is not None:
         sm2,
         BH,
         BW,
+        pb_ptr,
         BLOCK_S: tl.constexpr,
         BLOCK_C: tl.constexpr,
         SILU: tl.constexpr,
         CONDITIONED: tl.constexpr,
+        PRE_BIAS: tl.constexpr,
         WIDE: tl.constexpr,
     ):
         # y = silu?(x * a + b), a and b per (sample, channel) in fp32; rounded as GroupNorm's output is,
@@ -126,6 +133,8 @@ if triton is not None:
         dt = y_ptr.dtype.element_ty
         n, offs_c, i0, i1, i2, mask = voxel_block(S, C, D1, D2, BLOCK_S, BLOCK_C, WIDE)
         x = tl.load(x_ptr + offsets(n, offs_c, i0, i1, i2, sxn, sxc, sx0, sx1, sx2), mask=mask, other=0.0)
+        if PRE_BIAS:  # as in _partials_kernel
+            x = (x.to(tl.float32) + tl.load(pb_ptr + offs_c).to(tl.float32)[None, :]).to(dt)
         a = tl.load(a_ptr + n * C + offs_c)
         b = tl.load(b_ptr + n * C + offs_c)
         y = (x.to(tl.float32) * a[None, :] + b[None, :]).to(dt).to(tl.float32)
@@ -168,6 +177,7 @@ def group_norm(
     out: torch.Tensor | None = None,
     conditioning: tuple[torch.Tensor, torch.Tensor] | None = None,
     reduce=None,
+    pre_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """silu?(F.group_norm(x, num_groups, weight, bias, eps) [* m + k]), each step rounded to x's dtype
     as PyTorch's separate operations round, into a new tensor in x's memory format or into `out`
@@ -176,7 +186,9 @@ def group_norm(
     whole multiple of, each entry standing for its block of x (CogVideoX's spatial norm, whose
     conditioning is nearest-interpolated to x: fast/producers.py). `reduce`, where x is a rank's part
     of a sharded map: sums a small float64 tensor over the ranks in place (one all-reduce), so the
-    statistics are the whole map's; with PyTorch's steps, `reduce` must be None."""
+    statistics are the whole map's; with PyTorch's steps, `reduce` must be None. `pre_bias` (one value
+    per channel, x's dtype): added to x first and rounded, as the bias pass of the convolution that
+    made x would have (its output left without it: fast/residual_blocks.py)."""
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype):
         raise ValueError(f"group_norm: out must match x ({tuple(x.shape)}, {x.dtype}), got {tuple(out.shape)}")
     if conditioning is not None:
@@ -187,6 +199,8 @@ def group_norm(
     if not takes(x, num_groups):
         if reduce is not None:
             raise ValueError("group_norm: a sharded map's statistics need the kernels (group_norm.takes)")
+        if pre_bias is not None:
+            x = x + pre_bias.reshape(1, -1, *([1] * (x.dim() - 2)))
         # (channels-first: PyTorch's CPU GroupNorm of a channels-last map loses digits where the mean is
         # far from zero; its CUDA GroupNorm makes that copy itself)
         y = F.group_norm(x.contiguous(), num_groups, weight, bias, eps)
@@ -196,9 +210,11 @@ def group_norm(
             y = y + k.repeat_interleave(bh, dim=3).repeat_interleave(bw, dim=4)
         y = F.silu(y) if silu else y
         return y if out is None else out.copy_(y)
-    scale, shift = _scale_shift(x, num_groups, weight, bias, eps, reduce)
+    if pre_bias is not None and (pre_bias.shape != (x.shape[1],) or pre_bias.dtype != x.dtype):
+        raise ValueError(f"group_norm: pre_bias must be ({x.shape[1]},) {x.dtype}, got {tuple(pre_bias.shape)}")
+    scale, shift = _scale_shift(x, num_groups, weight, bias, eps, reduce, pre_bias)
     y = torch.empty_like(x) if out is None else out
-    _apply(x, y, scale, shift, silu, conditioning)
+    _apply(x, y, scale, shift, silu, conditioning, pre_bias)
     return y
 
 
@@ -220,11 +236,11 @@ def _blocks_per_program(tiles: int) -> int:
     return blocks
 
 
-def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float, reduce=None):
+def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float, reduce=None, pre_bias=None):
     """(scale, shift), (N, C) fp32 each: GroupNorm's statistics of `x` folded with its weight and bias.
     `reduce`: sums a float64 tensor over the ranks holding the rest of the map, in place (a sharded
     request's whole-map statistics)."""
-    count, mean, m2 = _local_statistics(x, num_groups)
+    count, mean, m2 = _local_statistics(x, num_groups, pre_bias)
     if reduce is None:
         var = m2 / count
     else:
@@ -246,7 +262,7 @@ def _scale_shift(x: torch.Tensor, num_groups: int, weight, bias, eps: float, red
     return scale.contiguous(), shift.contiguous()
 
 
-def _local_statistics(x: torch.Tensor, num_groups: int):
+def _local_statistics(x: torch.Tensor, num_groups: int, pre_bias=None):
     """(count, mean, sum of squared deviations), (N, G) float64 each, of this tensor's part of the map:
     `_partials_kernel`'s blocks combined by Chan's formula."""
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = spatial_strides(x)
@@ -272,10 +288,12 @@ def _local_statistics(x: torch.Tensor, num_groups: int):
         sx1,
         sx2,
         programs,
+        sums if pre_bias is None else pre_bias,  # (a pointer the kernel never reads without it)
         BLOCK_S=block_s,
         BLOCK_C=c,
         G=num_groups,
         BLOCKS=blocks,
+        PRE_BIAS=pre_bias is not None,
         WIDE=wide(x),
         num_warps=NUM_WARPS,
     )
@@ -290,7 +308,7 @@ def _local_statistics(x: torch.Tensor, num_groups: int):
     return torch.full_like(mean, float(total)), mean, m2
 
 
-def _apply(x, y, scale, shift, silu: bool, conditioning) -> None:
+def _apply(x, y, scale, shift, silu: bool, conditioning, pre_bias=None) -> None:
     n, c, (d0, d1, d2), (sxn, sxc, sx0, sx1, sx2) = spatial_strides(x)
     _, _, _, (syn, syc, sy0, sy1, sy2) = spatial_strides(y)
     s = d0 * d1 * d2
@@ -327,10 +345,12 @@ def _apply(x, y, scale, shift, silu: bool, conditioning) -> None:
         *strides,
         bh,
         bw,
+        scale if pre_bias is None else pre_bias,
         BLOCK_S=block_s,
         BLOCK_C=c,
         SILU=silu,
         CONDITIONED=conditioning is not None,
+        PRE_BIAS=pre_bias is not None,
         WIDE=wide(x, y) if conditioning is None else wide(x, y, m),
         num_warps=NUM_WARPS,
     )

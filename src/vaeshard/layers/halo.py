@@ -113,16 +113,19 @@ class HaloSafeConv3d(HaloPaddedConv):
         return safe_conv3d(self, x, padding)
 
 
-def safe_conv3d(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = None) -> torch.Tensor:
+def safe_conv3d(
+    conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = None, leave_bias: bool = False
+) -> torch.Tensor:
     """`conv` (an nn.Conv3d with zeros padding, stride 1 in time) of `x` with `padding`, in diffusers'
     CogVideoXSafeConv3d time chunks: above SAFE_CONV_GIB, `int(GiB / 2) + 1` chunks, each after the
     first led by the previous chunk's last `k_t - 1` frames; at most one chunk per `k_t` frames (where
     diffusers' chunks would be shorter than the kernel, and fail). The chunk count comes from this
     rank's input, which changes no value: each output frame sees the same input frames. `add_to`: a
-    residual added to the result (in the bias pass of a single chunk, layers/tier.py `conv_module`)."""
+    residual added to the result (in the bias pass of a single chunk, layers/tier.py `conv_module`);
+    `leave_bias`: every chunk without the bias (`conv_module`)."""
 
     def run(part, residual=None):
-        return fast_tier.conv_module(conv, part, padding, add_to=residual)
+        return fast_tier.conv_module(conv, part, padding, add_to=residual, leave_bias=leave_bias)
 
     gib = x.numel() * 2 / 1024**3
     if gib <= SAFE_CONV_GIB:

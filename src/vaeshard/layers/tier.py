@@ -222,7 +222,17 @@ def conv_with_bias(
     return add_bias_(conv(x, weight, None, *args), bias)
 
 
-def conv_module(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = None) -> torch.Tensor:
+def leaves_bias(conv, x: torch.Tensor) -> bool:
+    """Whether `conv_module(conv, x, ..., leave_bias=True)` leaves `conv`'s bias out of its output (for
+    the reader of that output to add as it reads, rounded as the bias pass rounds: kernels/group_norm.py
+    `pre_bias`): where the fast tier adds the bias in a pass of its own anyway."""
+    bias = conv.bias
+    return enabled() and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
+
+
+def conv_module(
+    conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = None, leave_bias: bool = False
+) -> torch.Tensor:
     """`F.conv3d` (`F.conv2d`) of `x` with `conv`'s weight, bias, stride, dilation and groups and zero
     `padding`, plus `add_to` where given (a residual: `conv(x) + add_to`, `add_to` left as it is). In
     the fast tier on CUDA PyTorch's convolution without its bias, then `add_bias_` (with `add_to` of the
@@ -230,11 +240,16 @@ def conv_module(conv, x: torch.Tensor, padding, add_to: torch.Tensor | None = No
     own bias pass over a channels-last 3-D output is a strided one, and the same bits (PyTorch's cuDNN
     path adds the bias in a pass of its own too, rounding once, and each add rounds as PyTorch's).
     It asks for no vaeshard kernel: these convolutions (the other families' than Wan's) keep cuDNN's
-    until their shapes are measured with them. Elsewhere PyTorch's calls."""
+    until their shapes are measured with them. Elsewhere PyTorch's calls. `leave_bias` (no `add_to`):
+    where `leaves_bias`, the output without the bias (ValueError elsewhere: the caller asks first)."""
     fn = F.conv3d if conv.weight.dim() == 5 else F.conv2d
     bias = conv.bias
-    if enabled() and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x):
+    if leave_bias and (add_to is not None or not leaves_bias(conv, x)):
+        raise ValueError("conv_module: the bias is left out only where leaves_bias(conv, x), without add_to")
+    if leaves_bias(conv, x):
         y = fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
+        if leave_bias:
+            return y
         if add_to is not None and add_to.shape == y.shape and add_to.dtype == y.dtype:
             return add_bias_and_residual_(y, bias, add_to)
         y = add_bias_(y, bias)
