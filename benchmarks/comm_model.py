@@ -284,16 +284,17 @@ def operations(traced, world: int) -> int:
 
 # Each family's common resolution, its latent (bf16) and its one-GPU decode on vaeshard's default tier
 # where BENCHMARKS.md has one (seconds, and the row it comes from); None: bytes only.
-_H100 = "BENCHMARKS.md, every family, one H100"
+_ONE = "BENCHMARKS.md, every family, one GPU:"
+_H100, _H200 = f"{_ONE} H100", f"{_ONE} H200"
 PRESETS = {
     "wan21-720p": ("wan21", (1, 16, 21, 90, 160), 1.460, f"Wan 2.1 720p 81 frames, {_H100}"),
     "wan22-720p": ("wan22", (1, 48, 31, 44, 80), 3.095, "Wan 2.2 720p, 1 GPU, one H200 (0.2.0)"),
-    "hunyuanvideo15-720p": ("hunyuanvideo15", (1, 32, 9, 45, 80), 1.829, f"HunyuanVideo 1.5 720p 33 frames, {_H100}"),
+    "hunyuanvideo15-720p": ("hunyuanvideo15", (1, 32, 9, 45, 80), 1.626, f"HunyuanVideo 1.5 720p 33 frames, {_H200}"),
     "hunyuanvideo-720p": ("hunyuanvideo", (1, 16, 9, 90, 160), 3.899, f"HunyuanVideo 720p 33 frames, {_H100}"),
     "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 2.278, f"CogVideoX 720 x 480 49 frames, {_H100}"),
-    "mochi-480p": ("mochi", (1, 12, 14, 60, 106), 1.287, f"Mochi 848 x 480 79 frames, {_H100}"),
-    "ltx-704p": ("ltx", (1, 128, 16, 22, 38), 0.208, f"LTX-Video 704 x 1216 121 frames, {_H100}"),
-    "ltx2-1088p": ("ltx2", (1, 128, 16, 34, 60), 0.685, f"LTX-2 1088 x 1920 121 frames, {_H100}"),
+    "mochi-480p": ("mochi", (1, 12, 14, 60, 106), 1.058, f"Mochi 848 x 480 79 frames, {_H200}"),
+    "ltx-704p": ("ltx", (1, 128, 16, 22, 38), 0.192, f"LTX-Video 704 x 1216 121 frames, {_H100}"),
+    "ltx2-1088p": ("ltx2", (1, 128, 16, 34, 60), 0.624, f"LTX-2 1088 x 1920 121 frames, {_H100}"),
     "flux1-2048": ("flux1", (1, 16, 256, 256), 0.423, f"FLUX.1 2048^2, {_H100}"),
     "flux2-1024": ("flux2", (1, 32, 128, 128), 0.086, "FLUX.2 1024^2, one H200"),
     "sdxl-1024": ("sdxl", (1, 4, 128, 128), 0.094, f"SDXL 1024^2, {_H100}"),
