@@ -103,6 +103,18 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
             return self._unproduced(hidden_states) + residual
         return _unpadded_child(self.conv, whole, residual)
 
+    def leaving_bias(self, hidden_states):
+        """`(output, bias)` of `self(hidden_states)` for a norm that adds the bias as it reads
+        (fast/residual_blocks.py): given its produced buffer and where the fast tier adds biases in a
+        pass of their own (layers/tier.py `leaves_bias`), the output without the bias, and the bias;
+        otherwise this forward, and None."""
+        whole = producers.filled(self, hidden_states)
+        if whole is None:
+            return self._unproduced(hidden_states), None
+        if not _leaves_bias(self.conv, whole):
+            return _unpadded_child(self.conv, whole), None
+        return _unpadded_child(self.conv, whole, leave_bias=True), self.conv.bias
+
 
 def _time_padding(kernel: int, causal: bool) -> tuple[int, int]:
     """(frames in front, frames behind) a time kernel of `kernel` frames pads with: all in front where

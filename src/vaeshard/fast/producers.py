@@ -310,11 +310,18 @@ class RMSNormSiLUIntoConv(ProducingNorm):
     """Mixin for an RMS norm over channels (`gamma`, `bias`, `scale` as diffusers' RMS norms keep
     them) that a family declares followed by SiLU and a padding convolution: where the request runs
     the protocol, silu(norm(x)) written into that convolution's buffer (`interior`); elsewhere the
-    norm's own forward."""
+    norm's own forward. `pre_bias` (one value per channel): the bias of the convolution that made x,
+    which left it out (fast/residual_blocks.py), added to x first and rounded as its bias pass would
+    have (by the kernel as it reads x, else by an add)."""
 
-    def forward(self, x):
-        view = self.produce(x, lambda x, view: rms_norm(x, self.gamma, self.bias, self.scale, silu=True, out=view))
-        return super().forward(x) if view is None else view
+    def forward(self, x, pre_bias=None):
+        def write(x, view):
+            rms_norm(x, self.gamma, self.bias, self.scale, silu=True, pre_bias=pre_bias, out=view)
+
+        view = self.produce(x, write)
+        if view is not None:
+            return view
+        return super().forward(x if pre_bias is None else x + pre_bias.reshape(1, -1, *([1] * (x.dim() - 2))))
 
 
 class ChannelsLastRMSNormSiLUIntoConv(ProducingNorm):

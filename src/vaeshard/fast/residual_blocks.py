@@ -3,12 +3,12 @@
 diffusers ends these blocks with `conv2(silu(norm2(h))) + residual`: a convolution whose bias PyTorch
 adds in a pass of its own, then a pass for the sum. Where the convolution takes its input from the norm
 before it (fast/producers.py), its `adding` adds the residual in its bias pass instead (layers/tier.py
-`conv_module`: one pass, each add rounded as PyTorch's), the same bits. Mochi's block also leaves
-conv1's bias to norm2, which adds it as it reads conv1's output, rounded as the bias pass would: no
-pass for it at all. Each mixin is its block's diffusers forward step for step, but for computing the
-shortcut before the last convolution; the families list it in their mirrors. Outside the fast tier,
-with autograd, or where the convolution offers no `adding`, the original forward runs. (LTX's blocks:
-layers/ltx_resnet.py, which also draws their noise when sharded.)
+`conv_module`: one pass, each add rounded as PyTorch's), the same bits. Mochi's and HunyuanVideo 1.5's
+blocks also leave conv1's bias to norm2, which adds it as it reads conv1's output, rounded as the bias
+pass would: no pass for it at all. Each mixin is its block's diffusers forward step for step, but for
+computing the shortcut before the last convolution; the families list it in their mirrors. Outside the
+fast tier, with autograd, or where the convolution offers no `adding`, the original forward runs.
+(LTX's blocks: layers/ltx_resnet.py, which also draws their noise when sharded.)
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ..layers import tier
-from .producers import FrameGroupNormSiLUIntoConv
+from .producers import FrameGroupNormSiLUIntoConv, RMSNormSiLUIntoConv
 
 
 def _adds(block) -> bool:
@@ -26,7 +26,8 @@ def _adds(block) -> bool:
 def _leaves_bias(block) -> bool:
     """Whether the block's first convolution can leave its bias to the norm after it: both swapped
     for the fast tier's (fast/causal_conv.py `leaving_bias`, fast/producers.py `pre_bias`)."""
-    return hasattr(block.conv1, "leaving_bias") and isinstance(block.norm2, FrameGroupNormSiLUIntoConv)
+    norms = (FrameGroupNormSiLUIntoConv, RMSNormSiLUIntoConv)
+    return hasattr(block.conv1, "leaving_bias") and isinstance(block.norm2, norms)
 
 
 class MochiResnet:
@@ -63,8 +64,12 @@ class HunyuanVideo15Resnet:
         residual = hidden_states
         hidden_states = self.norm1(hidden_states)
         hidden_states = self.nonlinearity(hidden_states)
-        hidden_states = self.conv1(hidden_states)
-        hidden_states = self.norm2(hidden_states)
+        if _leaves_bias(self):  # conv1's bias added by norm2 as it reads conv1's output
+            hidden_states, bias = self.conv1.leaving_bias(hidden_states)
+            hidden_states = self.norm2(hidden_states, pre_bias=bias)
+        else:
+            hidden_states = self.conv1(hidden_states)
+            hidden_states = self.norm2(hidden_states)
         hidden_states = self.nonlinearity(hidden_states)
         if self.conv_shortcut is not None:
             residual = self.conv_shortcut(residual)
