@@ -151,7 +151,7 @@ TABLE: tuple[Entry, ...] = (
         "size (frames_per_step='auto'; the others: only up to AUTO_STEP_MAX_PIXELS)",
         "Mochi 848 x 480 79 frames (1, 12, 14, 60, 106), one H100, against diffusers' untiled decode in the same "
         "call: 1 frame per call 2.308 s (0.98x diffusers' 2.253 s), peak 7.17 GiB; 2 frames per call: "
-        "BENCHMARKS.md's Mochi row (2026-12-06/families-h100/)",
+        "1.287 s (1.74x), 7.78 GiB (2026-12-06/families-h100/, call 3; BENCHMARKS.md's Mochi row: later code)",
     ),
     Entry(
         "FAST_TIER_SLOWER_FAMILIES",
@@ -160,8 +160,8 @@ TABLE: tuple[Entry, ...] = (
         "the bf16 rule there (norm_into_conv=True runs it)",
         "CogVideoX with its norms into the next convolutions, one H100: faster, but at gpu_parity.py's shape "
         "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
-        "diffusers' own (BENCHMARKS.md's CogVideoX rows and the paragraph after them; "
-        "2026-12-06/families-h100/, call 3)",
+        "diffusers' own (2.61x at 720 x 480 49 frames, 2026-12-06/families-h100/, call 3; BENCHMARKS.md's "
+        "CogVideoX rows and the paragraph after them)",
     ),
     Entry(
         "MINIMAX_BATCH_TOKENS",
@@ -177,12 +177,12 @@ TABLE: tuple[Entry, ...] = (
         "the families whose declared norm + SiLU write into the next convolution's padded input buffer "
         "(fast/producers.py) with norm_into_conv='auto'",
         "HunyuanVideo 1.5 480p 61 frames (1, 32, 16, 30, 53), one H100, against diffusers' untiled decode in the "
-        "same call: `--norm-into-conv off` 2.582 s (1.05x), 5.93 GiB; `on`: BENCHMARKS.md's row "
-        "(2026-12-06/families-h100/). LTX-Video 704 x 1216 121 frames and Mochi 848 x 480 79 frames, `on`, "
-        "against diffusers' decode in one process (`profile_decode.py video`): BENCHMARKS.md's rows, both within "
-        "the bf16 rule at gpu_parity.py's shapes (call 3); LTX-2 1088 x 1920 121 frames the same way, and "
-        "within the rule (call 4; without its norms into convolutions it ran 0.96x, call 1). A family joins "
-        "after such an A/B",
+        "same call: `--norm-into-conv off` 2.582 s (1.05x), 5.93 GiB; `on` 1.537 s (1.64x), 4.59 GiB "
+        "(2026-12-06/families-h100/, call 1). LTX-Video 704 x 1216 121 frames and Mochi 848 x 480 79 frames, "
+        "`on`, against diffusers' decode in one process (`profile_decode.py video`): 1.89x and 1.74x, both "
+        "within the bf16 rule at gpu_parity.py's shapes (call 3); LTX-2 1088 x 1920 121 frames the same way, "
+        "1.86x and within the rule (call 4; without its norms into convolutions it ran 0.96x, call 1). "
+        "BENCHMARKS.md's rows: the current code. A family joins after such an A/B",
     ),
     Entry(
         "NORM_INTO_CONV_ONLY_FAMILIES",
