@@ -37,6 +37,8 @@
 #   the default tier with norm_into_conv=True) timed A B A B, with peaks and max |diff| (NAME.json /
 #   .log). One model build and no process per side, so the figures come in a fraction of `families`'s
 #   time (its benches spawn a process per side; each needs about a minute more than its decodes).
+#   DTYPE: the decodes' dtype (default bfloat16; float32 for a check on a CPU, whose bf16 convolutions
+#   can run hundreds of times slower than fp32 ones where it lacks AVX-512).
 # shares: SUBJECTS "config=B,C,[T,]H,W@RANKS@SECONDS;...", RANKS colon-separated (1:2:4:8), each by
 #   `ranks.py share` bounded by SECONDS: the default tier's share of one rank of N, its communication
 #   stood in (NAME.json / .log; REPS timed decodes, default 2; EXTRA: more `ranks.py share` arguments, e.g.
@@ -337,7 +339,7 @@ each_subject() {  # each_subject RUN ITEMS: `RUN config shape middle seconds nam
 }
 
 ab_one() {  # ab_one config shape reps seconds name
-  timeout "$4" python3 "$HERE/profile_decode.py" video --subject "$1=$2" --reps "$3" \
+  timeout "$4" python3 "$HERE/profile_decode.py" video --subject "$1=$2" --reps "$3" --dtype "${DTYPE:-bfloat16}" \
     --variants "${VARIANTS:-channels-first,vaeshard-into}" --json "$OUT/$5.json" >"$OUT/$5.log" 2>&1
 }
 
