@@ -21,7 +21,8 @@ config, and a latent shape; image VAEs too), interleaved in one process: as it i
 with the model and latent channels-last (`torch.channels_last_3d`, or `torch.channels_last` for 4-D
 latents: cuDNN's NDHWC / NHWC kernels; pads and norms keep whatever layout they produce), and with
 `--variants`, vaeshard's default tier and its norms into the next convolutions (`vaeshard-into`;
-`vaeshard-into-cudnn`: the same with PyTorch's convolutions only, `triton_convs=False`).
+`vaeshard-into-cudnn`: the same with PyTorch's convolutions only, `triton_convs=False`; any vaeshard
+variant + `-stepN`: with `frames_per_step=N`, e.g. `vaeshard-step2`).
 Each variant is timed `--reps` times after a warm-up (medians; its peak and its max |diff| from
 diffusers' output taken on the warm-up), then profiled once: GPU time (CPU time on a machine without
 one) by kernel class. The last lines are a table of every variant.
@@ -561,13 +562,28 @@ def _by_op(vae, z, device, top: int) -> list[list]:
 VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into", "vaeshard-into-cudnn")
 
 
+def _step(label: str) -> tuple[str, int | None]:
+    """A variant's name without its `-stepN` suffix, and N (None: no suffix)."""
+    m = re.fullmatch(r"(.+)-step([1-9][0-9]*)", label)
+    return (label, None) if m is None else (m.group(1), int(m.group(2)))
+
+
+def _known(label: str) -> bool:
+    base, step = _step(label)
+    return base in VARIANTS and (step is None or base.startswith("vaeshard"))
+
+
 def _vaeshard(vae, label: str) -> None:
     """Set `vae`'s vaeshard settings for a variant: its default fast tier, with (-into) the norms
-    written into the next convolution's padded input, (-cudnn) with PyTorch's convolutions only."""
+    written into the next convolution's padded input, (-cudnn) with PyTorch's convolutions only,
+    (-stepN) N latent frames per decoder call."""
     import vaeshard
 
+    label, step = _step(label)
     into = True if label.startswith("vaeshard-into") else "auto"
-    fast = vaeshard.FastOptions(norm_into_conv=into, triton_convs=not label.endswith("-cudnn"))
+    fast = vaeshard.FastOptions(
+        norm_into_conv=into, triton_convs=not label.endswith("-cudnn"), frames_per_step=step or "auto"
+    )
     vaeshard.parallelize(vae, fast=fast)
 
 
@@ -674,7 +690,8 @@ def video(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--variants",
         default=",".join(VARIANTS[:2]),
-        help=f"comma-separated, any of {', '.join(VARIANTS)} (default: the first two)",
+        help=f"comma-separated, any of {', '.join(VARIANTS)}; a vaeshard one + -stepN: frames_per_step=N "
+        "(default: the first two)",
     )
     ap.add_argument("--top", type=int, default=0, help="also print each variant's N kernels with the most time")
     ap.add_argument(
@@ -682,8 +699,8 @@ def video(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     variants = tuple(args.variants.split(","))
-    if not set(variants) <= set(VARIANTS) or variants[0] != "channels-first":
-        ap.error(f"--variants: channels-first first, then any of {', '.join(VARIANTS[1:])}")
+    if not all(map(_known, variants)) or variants[0] != "channels-first":
+        ap.error(f"--variants: channels-first first, then any of {', '.join(VARIANTS[1:])} (vaeshard ones + -stepN)")
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
