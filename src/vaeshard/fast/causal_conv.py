@@ -43,7 +43,7 @@ def _unpadded_child(
     `conv(whole)` computes it, plus `residual` where given: diffusers' `CogVideoXSafeConv3d` in its
     time chunks (layers/halo.py `safe_conv3d`), a plain nn.Conv3d in one call; in the fast tier the
     bias (and the residual) in one vectorised pass (layers/tier.py `conv_module`), or with
-    `leave_bias` (where `_leaves_bias`) no bias."""
+    `leave_bias` (where layers/tier.py `leaves_bias`) no bias."""
     way = _by_module(conv)
     if way == "safe":
         return safe_conv3d(conv, whole, conv.padding, add_to=residual, leave_bias=leave_bias)
@@ -55,8 +55,13 @@ def _unpadded_child(
     return out if residual is None else out + residual
 
 
-def _leaves_bias(conv, whole: torch.Tensor) -> bool:
-    return _by_module(conv) is not None and tier.leaves_bias(conv, whole)
+def _child_leaving_bias(conv, whole: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`(output, bias)` of the unpadded child `conv` over `whole`: without its bias, and the bias, where
+    the fast tier adds biases in a pass of their own (layers/tier.py `leaves_bias`); else the output
+    with it, and None."""
+    if _by_module(conv) is not None and tier.leaves_bias(conv, whole):
+        return _unpadded_child(conv, whole, leave_bias=True), conv.bias
+    return _unpadded_child(conv, whole), None
 
 
 def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
@@ -111,9 +116,7 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
         whole = producers.filled(self, hidden_states)
         if whole is None:
             return self._unproduced(hidden_states), None
-        if not _leaves_bias(self.conv, whole):
-            return _unpadded_child(self.conv, whole), None
-        return _unpadded_child(self.conv, whole, leave_bias=True), self.conv.bias
+        return _child_leaving_bias(self.conv, whole)
 
 
 def _time_padding(kernel: int, causal: bool) -> tuple[int, int]:
@@ -236,9 +239,8 @@ class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
         if whole is None:
             out, cache = self._unproduced(inputs, conv_cache)
             return out, cache, None
-        if not _leaves_bias(self.conv, whole):
-            return _unpadded_child(self.conv, whole), None, None
-        return _unpadded_child(self.conv, whole, leave_bias=True), None, self.conv.bias
+        out, bias = _child_leaving_bias(self.conv, whole)
+        return out, None, bias
 
 
 class ProducedHandedCacheConv3d:

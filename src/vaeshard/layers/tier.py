@@ -244,9 +244,10 @@ def conv_module(
     where `leaves_bias`, the output without the bias (ValueError elsewhere: the caller asks first)."""
     fn = F.conv3d if conv.weight.dim() == 5 else F.conv2d
     bias = conv.bias
-    if leave_bias and (add_to is not None or not leaves_bias(conv, x)):
+    separate = leaves_bias(conv, x)  # the bias in a pass of its own
+    if leave_bias and (add_to is not None or not separate):
         raise ValueError("conv_module: the bias is left out only where leaves_bias(conv, x), without add_to")
-    if leaves_bias(conv, x):
+    if separate:
         y = fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
         if leave_bias:
             return y
