@@ -498,7 +498,7 @@ def test_a_client_gone_mid_upload_logs_one_line(server):
 
 @pytest.mark.timeout(150)
 def test_queued_requests_cost_their_body_and_freed_bodies_leave_rank0(server):
-    """Rank 1 is stopped (SIGSTOP), so the group holds one small request in flight and admitted requests
+    """Rank 1 is stopped (SIGSTOP), so the group holds one request in flight and admitted requests
     stay queued; rank 0's resident memory then grows by about the queued bodies' size. Bodies refused
     after they arrived leave nothing resident. Rank 1 is then killed: the service fails and exits."""
     try:
@@ -517,15 +517,16 @@ def test_queued_requests_cost_their_body_and_freed_bodies_leave_rank0(server):
             assert list(pool.map(refuse, range(4 * MAX_UPLOADS))) == [400] * 4 * MAX_UPLOADS
         freed_growth = _rss_mib(rank0) - start
 
-        os.kill(rank1, signal.SIGSTOP)
         pending = []
-        small = threading.Thread(
-            target=lambda: pending.append(server.post("/v1/decode", {"latents": latent((1, 4, 1, 4, 4))}, timeout=90))
-        )
+        held = {"latents": latent((1, 4, 2, 32, 32))}  # a decode of a second or more on these two ranks
+        small = threading.Thread(target=lambda: pending.append(server.post("/v1/decode", held, timeout=90)))
         small.start()
-        # the small request in flight (not still queued: it would leave the queue after `places` is
-        # taken, and the queue would never fill), held there by the stopped rank
+        # the first request in flight (not still queued: it would leave the queue after `places` is
+        # taken, and the queue would never fill), then held there by rank 1, stopped within its decode.
+        # Stopped before the request arrived, rank 1 could instead hold an idle rank 0's ping, sent
+        # while nothing is in flight, and the request would wait in the queue behind it.
         _until(lambda: (s := _state(server))["in_flight"] == 1 and s["queue_depth"] == 0, 30, "the first in flight")
+        os.kill(rank1, signal.SIGSTOP)
         places = MAX_QUEUE
         before = _rss_mib(rank0)
         body = save({"latents": latent(big, seed=9)})
