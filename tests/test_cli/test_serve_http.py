@@ -519,8 +519,8 @@ def test_queued_requests_cost_their_body_and_freed_bodies_leave_rank0(server):
 
         pending = []
         held = {"latents": latent((1, 4, 2, 32, 32))}  # a decode of a second or more on these two ranks
-        small = threading.Thread(target=lambda: pending.append(server.post("/v1/decode", held, timeout=90)))
-        small.start()
+        first = threading.Thread(target=lambda: pending.append(server.post("/v1/decode", held, timeout=90)))
+        first.start()
         # the first request in flight (not still queued: it would leave the queue after `places` is
         # taken, and the queue would never fill), then held there by rank 1, stopped within its decode.
         # Stopped before the request arrived, rank 1 could instead hold an idle rank 0's ping, sent
@@ -543,7 +543,7 @@ def test_queued_requests_cost_their_body_and_freed_bodies_leave_rank0(server):
         assert ratio < 1.5, (before, after, queued_mib)  # each queued request holds its body, once
         assert freed_growth < 16, (start, freed_growth)  # refused bodies were unmapped, not kept for reuse
         os.kill(rank1, signal.SIGKILL)
-        for t in [small, *threads]:
+        for t in [first, *threads]:
             t.join(90)
         assert sorted(p.status_code for p in pending) == [503] * (places + 1), [p.text for p in pending]
         r = httpx.get(server.url + "/health", timeout=5)
