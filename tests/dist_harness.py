@@ -1,27 +1,25 @@
 """Run a function on N gloo ranks on CPU, bounded in time; the test fails if any rank fails.
 
-Ranks are spawned processes (no state shared with pytest) with a one-thread torch, a file-store
+Ranks are processes of their own (no state shared with pytest) with a one-thread torch, a file-store
 rendezvous in a temporary directory (no ports to collide) and a process-group timeout, so a rank
 stuck in a collective raises instead of hanging; the parent kills whatever is left at the deadline.
 
 Importing torch and diffusers costs seconds per process (on two cores, eight ranks took half a
-minute to start), so ranks are forked from a forkserver that has imported them once, and by default
-a pool of ranks per world size is kept for the whole test session and each call runs on it. A pool
-whose run failed or timed out is discarded (its group may be half-way through a collective) and the
-next call starts a new one. `fresh=True` runs on new processes, for tests that deliberately break
-their group. A forked rank has the forkserver's environment, so where a test has changed the
-environment since the forkserver started (an environment variable the ranks must read at import),
-its ranks are spawned afresh instead.
+minute to start), so ranks come from the launcher's forkserver (`processes.rank_context`: forked from a
+process that has imported them once, or spawned where the test changed what a forked rank would
+inherit), and by default a pool of ranks per world size is kept for the whole test session and each
+call runs on it. A pool whose run failed or timed out is discarded (its group may be half-way through
+a collective) and the next call starts a new one. `fresh=True` runs on new processes, for tests that
+deliberately break their group.
 
-The ranks join their group, are tied to the process that started them and are stopped by the command
-line's launcher (vaeshard/cli/launch.py: `join_group`, `die_with_parent`, `stop_processes`); only the
-pool, which outlives one call, is the harness's own.
+The ranks join their group, are tied to the process that started them and are stopped as the command
+line's are (vaeshard/cli/launch.py's `join_group`; cli/processes.py's `die_with_launcher` and `stop`);
+only the pool, which outlives one call, is the harness's own.
 """
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
@@ -29,41 +27,14 @@ import tempfile
 import time
 import traceback
 
-from vaeshard.cli import launch
+from vaeshard.cli import launch, processes
 
 GROUP_TIMEOUT_S = 60
 _STOP = "stop"
 
 
-def _preload() -> list[str]:
-    """What the forkserver imports before it forks any rank: what every rank function needs (the
-    diffusers modules of every registered class, from the registry)."""
-    from vaeshard.families import diffusers_modules
-
-    return ["torch", "torch.distributed", *diffusers_modules(), "tests.models", "vaeshard", "vaeshard.cli"]
-
-
-_forkserver_env: dict | None = None  # the environment the forkserver was started with
-
-
-def _environment() -> dict:
-    """os.environ less what pytest sets per test (PYTEST_CURRENT_TEST), which no rank reads."""
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-
-
-def _context():
-    """The forkserver context where the environment is the forkserver's, else a spawn context."""
-    global _forkserver_env
-    if _forkserver_env is None:
-        _forkserver_env = _environment()
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_preload())
-        return ctx
-    return mp.get_context("forkserver" if _environment() == _forkserver_env else "spawn")
-
-
-def _worker(rank, world, init_file, tasks, results, group_timeout):
-    launch.die_with_parent(os.getppid())  # (the forkserver, or pytest for a spawned rank)
+def _worker(rank, world, init_file, tasks, results, group_timeout, launcher):
+    processes.die_with_launcher(launcher)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -105,14 +76,16 @@ def _give_back_memory() -> None:
 class _Pool:
     def __init__(self, world: int, group_timeout: float):
         self.world = world
-        self.ctx = _context()
+        self.ctx = processes.rank_context(preload=("tests.models",))
         self.tmp = tempfile.mkdtemp(prefix="vaeshard-ranks-")
         self.results = self.ctx.Queue()
         self.tasks = [self.ctx.Queue() for _ in range(world)]
         init_file = os.path.join(self.tmp, "rendezvous")
         self.procs = [
             self.ctx.Process(
-                target=_worker, args=(r, world, init_file, self.tasks[r], self.results, group_timeout), daemon=True
+                target=_worker,
+                args=(r, world, init_file, self.tasks[r], self.results, group_timeout, os.getpid()),
+                daemon=True,
             )
             for r in range(world)
         ]
@@ -146,7 +119,7 @@ class _Pool:
         if graceful:
             for q in self.tasks:
                 q.put(_STOP)
-        launch.stop_processes(self.procs, wait=5 if graceful else 0.1)
+        processes.stop(self.procs, wait=5 if graceful else 0.1)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

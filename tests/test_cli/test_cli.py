@@ -714,6 +714,30 @@ def test_launch_returns_values_in_rank_order():
     assert torch.equal(values[1]["tensor"], torch.ones(2))
 
 
+def _writes_and_reads(ctx, name):
+    print(f"rank {ctx.rank} writes here", flush=True)
+    return os.environ.get(name)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_write_to_the_callers_output_and_see_its_environment(capfd, monkeypatch):
+    """Ranks are forked from the launcher's forkserver, which imported torch and diffusers once: each
+    writes where the caller's output goes at the launch (here this test's capture, opened after the
+    forkserver started), and a variable the caller set after the forkserver started reaches them (they
+    are spawned then)."""
+    from vaeshard.cli import launch, processes
+
+    launch.prestart()  # the forkserver runs (started here, or by an earlier launch of this process)
+    assert processes.rank_context().get_start_method() == "forkserver"
+    assert launch.run(_writes_and_reads, 2, "VAESHARD_TEST_MARK", timeout=80) == [None, None]
+    out = capfd.readouterr().out
+    assert "rank 0 writes here" in out and "rank 1 writes here" in out, out
+    monkeypatch.setenv("VAESHARD_TEST_MARK", "set later")
+    assert processes.rank_context().get_start_method() == "spawn"
+    assert launch.run(_writes_and_reads, 1, "VAESHARD_TEST_MARK", timeout=80) == ["set later"]
+    assert "rank 0 writes here" in capfd.readouterr().out
+
+
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     "fn, words", [(_rank_fails_while_peer_waits, "rank 1 broke"), (_rank_dies, "exited with code 3")]

@@ -68,9 +68,9 @@ def _alive(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")  # a zombie has ended: it only awaits its reaper
 
 
-def _ranks_of(parent: int) -> list[int]:
-    """The ranks the launcher spawned (multiprocessing's spawn_main), not its resource tracker."""
-    ranks = []
+def _children(parent: int) -> list[tuple[int, bytes]]:
+    """(pid, command line) of each living child of `parent`."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -78,11 +78,21 @@ def _ranks_of(parent: int) -> list[int]:
         if fields is None or int(fields[1]) != parent:
             continue
         try:
-            cmdline = (entry / "cmdline").read_bytes()
+            found.append((int(entry.name), (entry / "cmdline").read_bytes()))
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if b"spawn_main" in cmdline:
-            ranks.append(int(entry.name))
+    return found
+
+
+def _ranks_of(launcher: int) -> list[int]:
+    """The ranks the launcher started: its forkserver's children, or the processes it spawned
+    (multiprocessing's spawn_main); not the forkserver itself nor the resource tracker."""
+    ranks = []
+    for pid, cmdline in _children(launcher):
+        if b"multiprocessing.forkserver" in cmdline:
+            ranks += [rank for rank, _ in _children(pid)]
+        elif b"spawn_main" in cmdline:
+            ranks.append(pid)
     return sorted(ranks)
 
 

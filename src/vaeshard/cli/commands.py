@@ -35,6 +35,7 @@ def demo(args) -> int:
 
     nproc = launch.torchrun_world() or args.nproc
     device = pick_device(args.device, nproc)
+    launch.prestart()
     ok = run_demo(nproc=nproc, device=device, group_timeout=args.timeout, timeout=args.timeout, out=main_print)
     return EXIT_OK if ok else EXIT_FAILED
 
@@ -43,11 +44,13 @@ def demo(args) -> int:
 
 
 def decode(args) -> int:
-    from . import decode, io
+    from . import decode, io, launch
 
     started = time.time()
     nproc = process_count(args.nproc)
     device = pick_device(args.device, nproc)
+    if nproc > 1:
+        launch.prestart()
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     out_kind = io.output_kind(args.out)
     z = io.load_latents(args.latents, args.key)
@@ -141,6 +144,8 @@ def serve(args) -> int:
     api_key = httplimits.api_key(args)  # first: a refused key stops the command before anything loads
     nproc = process_count(args.nproc)
     device = pick_device(args.device, nproc)
+    if nproc > 1:
+        launch.prestart()
     model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
     job = serve.ServeJob(
         model=model,
@@ -195,10 +200,11 @@ def _serve_exit_code(rank0: dict, job) -> int:
 
 
 def bench(args) -> int:
-    from . import bench, report
+    from . import bench, launch, report
 
     nprocs = _bench_ranks(args.nproc)
     device = pick_device(args.device, max(nprocs))
+    launch.prestart()  # every point runs on ranks of its own
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     model, shape, subject_flops = _bench_subject(args, device)
     _check_bench_outputs(args)

@@ -103,6 +103,7 @@ def run_demo(
     )
     out(f"latent {DEMO_SHAPE} (seeded torch.randn), {dtype} on {device}, {world} ranks ({backend})")
     t_start = time.perf_counter()
+    source = named_model("wan21")  # (imports diffusers here while the ranks' forkserver imports it too)
     values = launch.run(_demo_worker, world, spec, device=device, timeout=timeout, group_timeout=group_timeout)
     if launch.torchrun_env() and int(os.environ["RANK"]) != 0:
         return True
@@ -111,7 +112,7 @@ def run_demo(
     ref_device = "cuda:0" if device == "cuda" else "cpu"
     ctx = launch.inline_context(ref_device)
     memory = PeakMemory(ctx)
-    vae = named_model("wan21").load(dtype=torch_dtype(dtype), device=ref_device)
+    vae = source.load(dtype=torch_dtype(dtype), device=ref_device)
     z = make_latent(DEMO_SHAPE, seed=1).to(ref_device, torch_dtype(dtype))
     threads = torch.get_num_threads()
     if device == "cpu" and not launch.torchrun_env():

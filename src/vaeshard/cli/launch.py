@@ -15,8 +15,9 @@ and every rank gets every rank's value.
 This module owns the process group of a command-line run; the library itself (`runtime/comm.py`) only ever
 uses a group it is given. It is the one launcher: the command line's commands, the service (`run` with
 `signals="rank0"`: a SIGTERM drains through rank 0) and the tests' rank pools (tests/dist_harness.py, which
-keeps its ranks alive between tests but joins their group, ties them to the parent and stops them with
-`join_group`, `die_with_parent` and `stop_processes`).
+keeps its ranks alive between tests but joins their group with `join_group`). Where a rank's process comes
+from (forked from a forkserver that imported torch and diffusers once) and how it is tied to the process
+that started it: cli/processes.py.
 
 Why not torch's own launcher, `torch.distributed.launcher.api.elastic_launch(LaunchConfig(...), fn)`: it
 was tried (torch 2.13, two CPU ranks, start_method "spawn") and fails what the command line must do.
@@ -41,7 +42,6 @@ import os
 import pickle
 import queue as queue_mod
 import signal
-import sys
 import tempfile
 import threading
 import time
@@ -49,10 +49,11 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
+from . import processes
+
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 DEFAULT_GROUP_TIMEOUT_S = 600.0
 _POLL_S = 0.2
-_KILL_GRACE_S = 3.0
 _EXIT_GRACE_S = 10.0
 # after a rank's failure, how long the others' reports may take to arrive: a rank's failure makes its
 # peers fail too (a closed connection), and their reports can overtake its own in the queue
@@ -355,11 +356,19 @@ def _forward_to_rank0(signum, frame) -> None:
             os.kill(child.pid, signum)
 
 
-# --- spawned workers -------------------------------------------------------------------------------
+# --- started workers -------------------------------------------------------------------------------
+
+
+def prestart() -> None:
+    """Start the forkserver now, so that it imports while this process goes on: the command line calls it
+    once its arguments say it will start ranks, before it loads the model. A no-op under torchrun, where
+    there is no forkserver, or where it is running."""
+    if not torchrun_env():
+        processes.start_forkserver()
 
 
 def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death) -> list:
-    ctx = mp.get_context("spawn")
+    ctx = processes.rank_context()
     results = ctx.Queue()
     threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
     # A signal to this process stops the ranks here, in one place, as a rank's failure does: the ranks
@@ -371,7 +380,20 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_fa
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(rank, nproc, device, init_file, fn, args, results, group_timeout, threads, os.getpid(), death),
+                args=(
+                    rank,
+                    nproc,
+                    device,
+                    init_file,
+                    fn,
+                    args,
+                    results,
+                    group_timeout,
+                    threads,
+                    os.getpid(),
+                    death,
+                    processes.Streams(),
+                ),
                 daemon=True,
                 name=f"vaeshard-rank{rank}",
             )
@@ -386,7 +408,7 @@ def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_fa
         finally:
             with stop.held():
                 # After success the ranks are only tearing down: let them exit on their own first.
-                stop_processes(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
+                processes.stop(procs, wait=_EXIT_GRACE_S if values is not None else failure_grace)
                 results.close()
                 results.join_thread()
                 if (values is None or stop.signum is not None) and on_failure is not None:
@@ -449,42 +471,6 @@ def _collect(procs, results, nproc: int, timeout: float | None) -> list:
     raise WorkerFailed(rank, exc_type, message, detail, user_error)
 
 
-def stop_processes(procs, wait: float) -> None:
-    """Let the ranks exit within `wait` seconds, then terminate, then kill whatever is left."""
-    end = time.monotonic() + wait
-    for p in procs:
-        if p.pid is not None:
-            p.join(timeout=max(0.0, end - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    end = time.monotonic() + _KILL_GRACE_S
-    for p in procs:
-        if p.pid is None:
-            continue
-        p.join(timeout=max(0.0, end - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=_KILL_GRACE_S)
-
-
-def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
-    """On Linux, have the kernel send `signum` to this process when `parent`, the process that started it,
-    ends, however it ends (SIGKILL included): a rank must never run on, and write, after its command
-    reported a failure. SIGKILL by default, because nothing a rank runs can delay or ignore it; the parent
-    cleans up after its ranks. Exits at once if the parent already ended."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:  # the parent ended before the request took effect
-        os._exit(1)
-
-
 def join_group(rank: int, world: int, init_file: str, group_timeout: float, device: str = "cpu") -> RankContext:
     """Join a fresh process group of `world` ranks through the file store `init_file` (gloo on CPU; NCCL on
     cuda, rank r on cuda:r); this rank's context."""
@@ -506,8 +492,9 @@ def join_group(rank: int, world: int, init_file: str, group_timeout: float, devi
     return RankContext(rank, world, rank, where, backend)
 
 
-def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads, parent, death) -> None:
-    die_with_parent(parent, death)
+def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads, launcher, death, streams):
+    processes.die_with_launcher(launcher, death)
+    streams.adopt()
     import torch
     import torch.distributed as dist
 
@@ -600,12 +587,11 @@ __all__ = [
     "WorkerFailed",
     "close_group",
     "cpu_threads_per_rank",
-    "die_with_parent",
     "inline_context",
     "interruptible",
     "join_group",
+    "prestart",
     "run",
-    "stop_processes",
     "torchrun_env",
     "torchrun_world",
 ]
