@@ -729,6 +729,7 @@ def test_ranks_write_to_the_callers_output_and_see_its_environment(capfd, monkey
 
     launch.prestart()  # the forkserver runs (started here, or by an earlier launch of this process)
     assert processes.rank_context().get_start_method() == "forkserver"
+    assert processes.rank_context(device="cuda").get_start_method() == "spawn"
     assert launch.run(_writes_and_reads, 2, "VAESHARD_TEST_MARK", timeout=80) == [None, None]
     out = capfd.readouterr().out
     assert "rank 0 writes here" in out and "rank 1 writes here" in out, out

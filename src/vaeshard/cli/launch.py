@@ -359,16 +359,16 @@ def _forward_to_rank0(signum, frame) -> None:
 # --- started workers -------------------------------------------------------------------------------
 
 
-def prestart() -> None:
-    """Start the forkserver now, so that it imports while this process goes on: the command line calls it
-    once its arguments say it will start ranks, before it loads the model. A no-op under torchrun, where
-    there is no forkserver, or where it is running."""
+def prestart(device: str = "cpu") -> None:
+    """Start the forkserver for ranks on `device` now, so that it imports while this process goes on: the
+    command line calls it once its arguments say it will start ranks, before it loads the model. A no-op
+    under torchrun, where the ranks are not forked (`processes.rank_context`), or where it is running."""
     if not torchrun_env():
-        processes.start_forkserver()
+        processes.start_forkserver(device)
 
 
 def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death) -> list:
-    ctx = processes.rank_context()
+    ctx = processes.rank_context(device=device)
     results = ctx.Queue()
     threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
     # A signal to this process stops the ranks here, in one place, as a rank's failure does: the ranks

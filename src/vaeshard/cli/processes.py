@@ -2,7 +2,7 @@
 and the tests' rank pools in tests/dist_harness.py).
 
 Starting a rank is mostly importing torch and diffusers: seconds of CPU per process, paid by every rank
-of every launch when each is spawned. Ranks are therefore forked from multiprocessing's forkserver, a
+of every launch when each is spawned. CPU ranks are therefore forked from multiprocessing's forkserver, a
 clean process (it never touched a GPU, ran no thread pool and holds no process group) that imported them
 once, started at this process's first launch (or earlier, `start_forkserver`): the first launch pays one
 import in all instead of one per rank, and later ones none. A rank writes to its launcher's standard
@@ -82,12 +82,14 @@ def _received_streams(open_fds) -> Streams:
     return streams
 
 
-def rank_context(preload: tuple[str, ...] = ()):
-    """The multiprocessing context to start ranks from: the forkserver (started here on first use, importing
-    `preload` too) while this process's environment, directory and module path are what they were when it
-    started, else spawn. `preload` counts only on the first call of the process."""
+def rank_context(preload: tuple[str, ...] = (), device: str = "cpu"):
+    """The multiprocessing context to start ranks on `device` from: the forkserver (started here on first
+    use, importing `preload` too) while this process's environment, directory and module path are what they
+    were when it started, else spawn. `preload` counts only on the first call of the process. CUDA ranks
+    are spawned: that a rank forked from a forkserver which imported torch, Triton and diffusers starts CUDA
+    and NCCL as a spawned one does is not yet verified on a GPU machine."""
     global _forkserver_state
-    if "forkserver" not in mp.get_all_start_methods():  # not POSIX
+    if device != "cpu" or "forkserver" not in mp.get_all_start_methods():  # CUDA (above), or not POSIX
         return mp.get_context("spawn")
     state = _process_state()
     if _forkserver_state is None:
@@ -98,10 +100,10 @@ def rank_context(preload: tuple[str, ...] = ()):
     return mp.get_context("forkserver" if state == _forkserver_state else "spawn")
 
 
-def start_forkserver() -> None:
-    """Start the forkserver now, so that it imports while this process goes on (a no-op where there is
-    none, or where it is running)."""
-    if rank_context().get_start_method() == "forkserver":
+def start_forkserver(device: str = "cpu") -> None:
+    """Start the forkserver for ranks on `device` now, so that it imports while this process goes on (a
+    no-op where its ranks are spawned, or where it is running)."""
+    if rank_context(device=device).get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
