@@ -54,7 +54,7 @@ def run(job: DecodeJob, nproc: int, device: str, group_timeout: float) -> dict:
         remove_temporary(job.out, job.tag)
 
     # a SIGTERM to a process that writes unwinds it as Ctrl-C does, so that its writer aborts; the launcher
-    # of spawned ranks stops them on either and calls `cleanup`
+    # of started ranks stops them on either and calls `cleanup`
     with launch.interruptible() as stop:
         try:
             if nproc > 1 or launch.torchrun_env():

@@ -1,6 +1,6 @@
 """Run a function on N ranks of a fresh process group, bounded in time, and collect the results.
 
-The command line uses this to start its own workers: `run(fn, nproc, *args)` spawns `nproc`
+The command line uses this to start its own workers: `run(fn, nproc, *args)` starts `nproc`
 processes, gives each a process group (gloo on CPU through a file store in a temporary directory, so
 no port can collide; NCCL with one GPU per rank on CUDA), calls `fn(ctx, *args)` on every rank and
 returns the values in rank order. If a rank raises, dies, or the deadline passes, every other rank
@@ -9,7 +9,7 @@ to the parent does the same (it raises `Interrupted` once every rank has ended),
 also ends when the parent is killed outright: no rank outlives the command that started it.
 
 When the process was started by torchrun (RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR set), `run`
-does not spawn: this process is one of torchrun's ranks, the group comes from torchrun's rendezvous,
+starts none: this process is one of torchrun's ranks, the group comes from torchrun's rendezvous,
 and every rank gets every rank's value.
 
 This module owns the process group of a command-line run; the library itself (`runtime/comm.py`) only ever
@@ -311,7 +311,7 @@ def run(
 ) -> list:
     """Call `fn(ctx, *args)` on `nproc` ranks; return the values in rank order.
 
-    fn:            a module-level function (it is pickled into spawned processes); its return value
+    fn:            a module-level function (it is pickled into the rank processes); its return value
                    must be picklable and hold CPU tensors only.
     device:        "cpu" (gloo) or "cuda" (NCCL, rank r on cuda:r).
     timeout:       deadline for the whole run in seconds (None: no deadline; a rank that raises or
@@ -347,7 +347,7 @@ def run(
         death = signal.SIGTERM
         signal.signal(signal.SIGTERM, _forward_to_rank0)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death)
+    return _start(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death)
 
 
 def _forward_to_rank0(signum, frame) -> None:
@@ -367,7 +367,7 @@ def prestart(device: str = "cpu") -> None:
         processes.start_forkserver(device)
 
 
-def _spawn(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death) -> list:
+def _start(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death) -> list:
     ctx = processes.rank_context(device=device)
     results = ctx.Queue()
     threads = cpu_threads_per_rank(nproc) if device == "cpu" else None
