@@ -15,9 +15,9 @@ and every rank gets every rank's value.
 This module owns the process group of a command-line run; the library itself (`runtime/comm.py`) only ever
 uses a group it is given. It is the one launcher: the command line's commands, the service (`run` with
 `signals="rank0"`: a SIGTERM drains through rank 0) and the tests' rank pools (tests/dist_harness.py, which
-keeps its ranks alive between tests but joins their group with `join_group`). Where a rank's process comes
-from (forked from a forkserver that imported torch and diffusers once) and how it is tied to the process
-that started it: cli/processes.py.
+keeps its ranks alive between tests but joins their group with `join_group`). Where a rank's process
+comes from (a CPU rank is forked from a forkserver that imported torch and diffusers once) and how it is
+tied to the process that started it: cli/processes.py.
 
 Why not torch's own launcher, `torch.distributed.launcher.api.elastic_launch(LaunchConfig(...), fn)`: it
 was tried (torch 2.13, two CPU ranks, start_method "spawn") and fails what the command line must do.

@@ -3,12 +3,14 @@ and the tests' rank pools in tests/dist_harness.py).
 
 Starting a rank is mostly importing torch and diffusers: seconds of CPU per process, paid by every rank
 of every launch when each is spawned. CPU ranks are therefore forked from multiprocessing's forkserver, a
-clean process (it never touched a GPU, ran no thread pool and holds no process group) that imported them
-once, started at this process's first launch (or earlier, `start_forkserver`): the first launch pays one
-import in all instead of one per rank, and later ones none. A rank writes to its launcher's standard
-output and error as they are at the launch (`Streams`); a forked one otherwise has what the forkserver had
-when it started: its environment (which torch, Triton and diffusers read as they are imported), working
-directory and module path. Where any of these has changed since, the ranks are spawned instead, as they
+process of its own (it ran no thread pool and holds no process group) that imported them once, started at
+this process's first launch (or earlier, `start_forkserver`): the first launch pays one import in all
+instead of one per rank, and later ones none. CUDA ranks are spawned: on a GPU machine those imports
+leave CUDA initialised in the forkserver, and a rank forked from it cannot use CUDA ("Cannot
+re-initialize CUDA in forked subprocess", benchmarks/results/2026-12-06/shares/, call F). A rank writes
+to its launcher's standard output and error as they are at the launch (`Streams`); a forked one
+otherwise has what the forkserver had when it started: its environment (which torch, Triton and
+diffusers read as they are imported), working directory and module path. Where any of these has changed since, the ranks are spawned instead, as they
 would be without a forkserver.
 
 A rank must never run on, and write, after its command reported a failure: `die_with_launcher` ties it
@@ -86,10 +88,9 @@ def rank_context(preload: tuple[str, ...] = (), device: str = "cpu"):
     """The multiprocessing context to start ranks on `device` from: the forkserver (started here on first
     use, importing `preload` too) while this process's environment, directory and module path are what they
     were when it started, else spawn. `preload` counts only on the first call of the process. CUDA ranks
-    are spawned: that a rank forked from a forkserver which imported torch, Triton and diffusers starts CUDA
-    and NCCL as a spawned one does is not yet verified on a GPU machine."""
+    are spawned (see above)."""
     global _forkserver_state
-    if device != "cpu" or "forkserver" not in mp.get_all_start_methods():  # CUDA (above), or not POSIX
+    if device != "cpu" or "forkserver" not in mp.get_all_start_methods():  # CUDA, or not POSIX
         return mp.get_context("spawn")
     state = _process_state()
     if _forkserver_state is None:

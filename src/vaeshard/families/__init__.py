@@ -140,14 +140,6 @@ def shape_facts(class_name: str, config: dict) -> ShapeFacts:
     return family.shape_facts(class_name, full_config(class_name, config))
 
 
-def diffusers_modules() -> list[str]:
-    """The diffusers modules that define the supported classes (what a process that builds any of
-    them may import ahead)."""
-    import diffusers
-
-    return sorted({getattr(diffusers, name).__module__ for name in _REGISTRY})
-
-
 def support_table() -> str:
     """The markdown table of what each registered class supports, as docs/families.md shows it.
 
