@@ -10,8 +10,8 @@ leave CUDA initialised in the forkserver, and a rank forked from it cannot use C
 re-initialize CUDA in forked subprocess", benchmarks/results/2026-12-06/shares/, call F). A rank writes
 to its launcher's standard output and error as they are at the launch (`Streams`); a forked one
 otherwise has what the forkserver had when it started: its environment (which torch, Triton and
-diffusers read as they are imported), working directory and module path. Where any of these has changed since, the ranks are spawned instead, as they
-would be without a forkserver.
+diffusers read as they are imported), working directory and module path. Where any of these has
+changed since, the ranks are spawned instead, as they would be without a forkserver.
 
 A rank must never run on, and write, after its command reported a failure: `die_with_launcher` ties it
 to the launcher, and `stop` ends the ranks a launcher started.
