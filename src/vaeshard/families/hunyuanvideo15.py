@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ..fast import frame_loop
 from ..fast.causal_conv import CachedReplicateCausalConv3d, loop_problem
 from ..fast.producers import NormIntoConv, RMSNormSiLUIntoConv, SiLUAfterProducer
 from ..fast.residual_blocks import HunyuanVideo15Resnet
+from ..kernels.d2s_shortcut import d2s_add
 from ..layers import tier as fast
 from ..layers.frame_causal_attention import FAST_NOTE, FrameCausalAttention
 from ..layers.halo import replicate_causal_problem
@@ -188,15 +191,27 @@ LOOP = frame_loop.FrameLoop(head=_head, body=_body, frames_out=lambda vae, t: _d
 
 
 class ChunkedUpsample:
-    """Mixin for `HunyuanVideo15Upsample`: in a frame loop's later chunks, which hold no clip's first
-    frame, every frame is upsampled as diffusers upsamples the frames after the first (time, then
-    the channel-repeat shortcut); elsewhere diffusers' forward (the first chunk is frame 0 alone)."""
+    """Mixin for `HunyuanVideo15Upsample` in the fast tier: the upsampled map and its channel-repeat
+    shortcut made and added in one pass (kernels/d2s_shortcut.py, where it runs; else diffusers'
+    steps). In a frame loop's later chunks, which hold no clip's first frame, every frame is
+    upsampled as diffusers upsamples the frames after the first (time, then the channel-repeat
+    shortcut); the first chunk (frame 0 alone) of a temporal upsampler, and the exact tier, run
+    diffusers' forward."""
 
     def forward(self, x):
-        if frame_loop.first_chunk() or not self.add_temporal_upsample:
+        temporal = self.add_temporal_upsample
+        if not fast.enabled() or torch.is_grad_enabled() or (temporal and frame_loop.first_chunk()):
             return super().forward(x)
-        h = self._dcae_upsample_rearrange(self.conv(x), r1=2, r2=2, r3=2)
-        shortcut = self._dcae_upsample_rearrange(x, r1=2, r2=2, r3=2).repeat_interleave(repeats=self.repeats, dim=1)
+        factor_t = 2 if temporal else 1
+        h = self.conv(x)
+        out = d2s_add(h, x, factor_t, 2)
+        if out is not None:
+            return out
+        h = self._dcae_upsample_rearrange(h, r1=factor_t, r2=2, r3=2)
+        if temporal:  # diffusers' frames after the first
+            shortcut = self._dcae_upsample_rearrange(x, r1=2, r2=2, r3=2).repeat_interleave(self.repeats, dim=1)
+        else:
+            shortcut = self._dcae_upsample_rearrange(x.repeat_interleave(self.repeats, dim=1), r1=1, r2=2, r3=2)
         return h + shortcut
 
 

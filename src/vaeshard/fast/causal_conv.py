@@ -71,7 +71,28 @@ def padded_in_loop(module, x: torch.Tensor) -> torch.Tensor:
     ctx = current()
     if ctx is not None:
         x, padding = extend_padding(ctx, x, padding, "replicate")
+    elif x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return frame_loop.cached_front(module, _replicate_padded(x, padding), padding[4])
     return frame_loop.cached_front(module, F.pad(x, padding, mode="replicate"), padding[4])
+
+
+def _replicate_padded(x: torch.Tensor, padding: tuple) -> torch.Tensor:
+    """`F.pad(x, padding, mode="replicate")` of a channels-last `x`, channels-last: `x` copied into a
+    new buffer's interior and the padding filled in place as fast/producers.py fills it (PyTorch's
+    replicate pad reads a channels-last map several times slower and returns it channels-first). A
+    frame loop's later chunk leaves the front frames to its cache."""
+    w_left, w_right, h_top, h_bottom, front, back = padding
+    n, c, t, h, w = x.shape
+    buf = torch.empty(
+        (n, c, t + front + back, h + h_top + h_bottom, w + w_left + w_right),
+        dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d,
+    )  # fmt: skip
+    buf[:, :, front : front + t, h_top : h_top + h, w_left : w_left + w].copy_(x)
+    frames = buf[:, :, front : front + t]
+    producers.fill_edges(frames, 3, h_top, h_bottom, "replicate")
+    producers.fill_edges(frames, 4, w_left, w_right, "replicate")
+    producers.fill_edges(buf, 2, front if frame_loop.first_chunk() else 0, back, "replicate")
+    return buf
 
 
 class CachedReplicateCausalConv3d(HaloPadThenConv):
