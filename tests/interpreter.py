@@ -1,5 +1,6 @@
 """Running the fast tier's Triton kernels in Triton's CPU interpreter (how CI checks what they compute):
-one way to start such a process, and the settings a whole-model decode there runs with.
+such a process as a background job of the suite (tests/background.py), and the settings a whole-model
+decode there runs with.
 
 The interpreter executes every program of a launch one after another, each operation through
 Python, so a test's time is about (programs) x (operations per program). Two settings cut it for
@@ -17,46 +18,24 @@ the tests that decode a whole small model through the kernels (wiring, not arith
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import background
 
 # the norm kernels' per-program tile for whole-model decodes in the interpreter (see above)
 MODEL_NORM_TILE = {"elements": 1 << 15, "max_voxels": 1024, "num_warps": 2}
 
 
-def run(script: str, timeout: float) -> subprocess.CompletedProcess:
-    """`python -c script` from the repository root with TRITON_INTERPRET=1 (set before Triton is
-    imported, as it must be), bounded by `timeout` seconds."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
-    )
+def script(name: str, text: str) -> str:
+    """Register `python -c text` with TRITON_INTERPRET=1 (set before Triton is imported, as it must be)
+    as the background job `name` (tests/background.py): started once the run is collected where a
+    test marked `@pytest.mark.background(name)` reads it with `result`. Returns `name`."""
+    return background.python(name, text, {"TRITON_INTERPRET": "1"})
 
 
-def run_together(scripts: dict[str, str], timeout: float) -> dict[str, subprocess.CompletedProcess]:
-    """`run` of several scripts at once, each its own process (the interpreter runs one Python
-    thread: two scripts use two cores), every one bounded by `timeout` seconds; by name."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
-        )
-        for name, script in scripts.items()
-    }
-    results = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=timeout)
-            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    return results
+def result(name: str, timeout: float) -> subprocess.CompletedProcess:
+    """The finished interpreter script `name`, waiting at most `timeout` seconds from now."""
+    return background.result(name, timeout)
 
 
 def for_model_decodes() -> None:

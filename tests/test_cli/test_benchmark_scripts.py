@@ -5,16 +5,21 @@ synthetic figures, and in a CPU run of tiny configs). The GPU measurements run e
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+from .. import background
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
@@ -92,18 +97,6 @@ print(json.dumps(results))
 """
 
 
-def _drive(runs: list, timeout: float) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps(runs)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.splitlines()[-1])
-
-
 def _skipped_for(code) -> str | None:
     if isinstance(code, str) and code.startswith("ModuleNotFoundError") and code.split()[1].split(".")[0] in OPTIONAL:
         return code
@@ -114,9 +107,12 @@ MINIMAX_VARIANTS = "diffusers,vaeshard,vaeshard-tile"
 _ONE_RANK = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
 
 
-@pytest.fixture(scope="module")
-def driven(tmp_path_factory):
-    """Every --help, then the commands that need no GPU at a tiny size on CPU, in one interpreter."""
+_DRIVEN_OUT: list[Path] = []  # the folder the background job below writes its runs' files to
+
+
+def _driven_job():
+    """The background job (tests/background.py) of `driven`: every --help, then the commands that need no
+    GPU at a tiny size on CPU, in one interpreter; (argv, environment)."""
     import socket
 
     helps = [
@@ -128,7 +124,9 @@ def driven(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     rank = {**_ONE_RANK, "MASTER_PORT": port}
-    out = tmp_path_factory.mktemp("cpu-runs")
+    out = Path(tempfile.mkdtemp(prefix="vaeshard-cpu-runs-"))
+    atexit.register(shutil.rmtree, out, True)
+    _DRIVEN_OUT.append(out)
     tiny = ["--small", "--device", "cpu", "--config", "wan21", "--shape", "1,4,3,4,6"]
     runs = [
         ("host", "profile_decode.py", ["host", "--frames", "2", "--reps", "1"], rank),
@@ -161,10 +159,21 @@ def driven(tmp_path_factory):
         args = [*share, "--config", config, "--latent", latent, "--ranks", ranks, *more]
         runs.append((f"share {key}", "ranks.py", [*args, "--json", str(out / f"share-{key}.json")], {}))
     runs = [(f"run {key}", str(BENCH / name), args, env) for key, name, args, env in runs]
-    results = _drive([*helps, *runs], timeout=280)
+    return [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps([*helps, *runs])], {}
+
+
+DRIVEN_JOB = background.job("benchmark-scripts", _driven_job)
+
+
+@pytest.fixture(scope="module")
+def driven():
+    """The results of `_driven_job`: ({--help key: [code, output]}, its output folder, {run key: ...})."""
+    done = background.result(DRIVEN_JOB, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.splitlines()[-1])
     return (
         {k: v for k, v in results.items() if not k.startswith("run ")},
-        out,
+        _DRIVEN_OUT[-1],
         {k[4:]: v for k, v in results.items() if k.startswith("run ")},
     )
 
@@ -173,6 +182,7 @@ HELPS = [f"{name} {command}".strip() for name, commands in ENTRY_POINTS.items() 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.background(DRIVEN_JOB)
 @pytest.mark.parametrize("key", HELPS)
 def test_every_entry_point_and_command_shows_its_help(driven, key):
     code, output = driven[0][key]
@@ -249,6 +259,7 @@ def test_the_shares_stage_times_each_rank_count(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.background(DRIVEN_JOB)
 def test_the_cpu_commands_run_at_a_tiny_size(driven):
     _, out, results = driven
     for key in ("host", "halo", "agreement", "stream", "bits"):
@@ -285,6 +296,7 @@ def test_the_cpu_commands_run_at_a_tiny_size(driven):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.background(DRIVEN_JOB)
 def test_rank_shares_of_every_kind_run_on_cpu_at_a_tiny_size(driven):
     """ranks.py share on tiny configs: one row per rank count and share, each timed where its strategy
     shards or tiles that many ranks, and the count that cannot be sharded said so with its reason."""

@@ -347,10 +347,14 @@ print("ok")
 """
 
 
+FUSED_BLOCKS_JOB = interpreter.script("minimax-fused-blocks", FUSED_BLOCKS)
+
+
+@pytest.mark.background(FUSED_BLOCKS_JOB)
 def test_fused_token_blocks_match_diffusers_in_the_interpreter():
     """The fast tier's batched tiles run the ViT blocks with their elementwise passes fused
     (fast/token_blocks.py, kernels/token_block.py: Q/K norms with the rotary embedding, residual
     updates with the next norm), in Triton's interpreter: fp32 within CPU tolerance of diffusers' tiled
     decode, and the bf16 model as diffusers loads it within the bf16 rule."""
-    run = interpreter.run(FUSED_BLOCKS, timeout=300)
+    run = interpreter.result(FUSED_BLOCKS_JOB, timeout=300)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]

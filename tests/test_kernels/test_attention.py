@@ -56,9 +56,13 @@ VALUES = textwrap.dedent(
 )
 
 
+VALUES_JOB = interpreter.script("attention-values", VALUES)
+
+
+@pytest.mark.background(VALUES_JOB)
 def test_attention_values_through_the_interpreter():
     pytest.importorskip("triton")
-    run = interpreter.run(VALUES, timeout=240)
+    run = interpreter.result(VALUES_JOB, timeout=240)
     assert run.returncode == 0 and "attention ok" in run.stdout, run.stdout + run.stderr
 
 

@@ -159,16 +159,13 @@ KERNEL_VALUES = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """This module's two interpreter scripts, run at once (one core each) the first time either is
-    needed: {"values": ..., "model": ...} completed processes."""
+VALUES_JOB = interpreter.script("conv-kernel-values", KERNEL_VALUES)
+
+
+@pytest.mark.background(VALUES_JOB)
+def test_conv_kernel_values_through_the_interpreter():
     pytest.importorskip("triton")
-    return interpreter.run_together({"values": KERNEL_VALUES, "model": MODEL_THROUGH_CONV_KERNEL}, timeout=280)
-
-
-def test_conv_kernel_values_through_the_interpreter(interpreted):
-    run = interpreted["values"]
+    run = interpreter.result(VALUES_JOB, timeout=280)
     assert run.returncode == 0 and "conv kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -278,12 +275,17 @@ MODEL_THROUGH_CONV_KERNEL = textwrap.dedent(
 )
 
 
-def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu(interpreted):
+MODEL_JOB = interpreter.script("conv-kernel-model", MODEL_THROUGH_CONV_KERNEL)
+
+
+@pytest.mark.background(MODEL_JOB)
+def test_fast_tier_decode_and_encode_through_the_conv_kernel_on_cpu():
     # Wan's decoder (and encoder) with its 32-channel convolutions on the Triton kernel (the interpreter,
     # fp16), within the half-precision tolerance (tests/parity.py) of diffusers' fp32 decode (encode), rows the
     # row tiles do not fit taken by the wrapping tiles through zero columns, and none of them with
     # triton_convs=False
-    run = interpreted["model"]
+    pytest.importorskip("triton")
+    run = interpreter.result(MODEL_JOB, timeout=280)
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 

@@ -9,6 +9,7 @@ same call runs PyTorch's steps."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -131,21 +132,29 @@ print("ok")
 """
 
 
+OFFSETS_JOB = interpreter.script("group-norm-offsets", OFFSETS)
+VALUES_JOB = interpreter.script("group-norm-values", VALUES)
+MODELS_JOB = interpreter.script("group-norm-models", MODELS)
+
+
+@pytest.mark.background(OFFSETS_JOB)
 def test_wide_addressing_keeps_channel_offsets_past_2_31_in_the_interpreter():
     """In 64-bit mode (voxels.wide) the kernels' element offsets are exact where a channels-first
     map's channel stride times the channel passes 2**31 (found on the GPU by a HunyuanVideo decode;
     no tensor that large is built here: the offsets are stored, not loaded)."""
-    run = interpreter.run(OFFSETS, timeout=120)
+    run = interpreter.result(OFFSETS_JOB, timeout=120)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
 
 
+@pytest.mark.background(VALUES_JOB)
 def test_group_norm_kernels_match_pytorch_in_the_interpreter():
-    run = interpreter.run(VALUES, timeout=240)
+    run = interpreter.result(VALUES_JOB, timeout=240)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
 
 
+@pytest.mark.background(MODELS_JOB)
 def test_groupnorm_families_decode_through_the_kernels_in_the_interpreter():
-    run = interpreter.run(MODELS, timeout=300)
+    run = interpreter.result(MODELS_JOB, timeout=300)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
 
 

@@ -276,19 +276,17 @@ DECODE_WITH_ADDEND = textwrap.dedent(
 )
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """This module's three interpreter scripts, run at once (the interpreter runs one Python thread:
-    they share the cores) the first time any is needed: {"interleave", "addend", "decode"}."""
+INTERLEAVE_JOB = interpreter.script("upsample-interleave", INTERLEAVE_CHECK)
+ADDEND_JOB = interpreter.script("upsample-addend", ADDEND_CHECK)
+DECODE_JOB = interpreter.script("upsample-decode", DECODE_WITH_ADDEND)
+
+
+@pytest.mark.background(ADDEND_JOB, DECODE_JOB)
+def test_interleave_kernel_adds_the_duplicating_shortcut():
     pytest.importorskip("triton")
-    scripts = {"interleave": INTERLEAVE_CHECK, "addend": ADDEND_CHECK, "decode": DECODE_WITH_ADDEND}
-    return interpreter.run_together(scripts, timeout=400)
-
-
-def test_interleave_kernel_adds_the_duplicating_shortcut(interpreted):
-    run = interpreted["addend"]
+    run = interpreter.result(ADDEND_JOB, timeout=400)
     assert run.returncode == 0 and "addend ok" in run.stdout, run.stdout + run.stderr
-    run = interpreted["decode"]
+    run = interpreter.result(DECODE_JOB, timeout=400)
     assert run.returncode == 0 and "decode ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -303,8 +301,10 @@ def test_addend_only_where_the_triton_pass_runs():
         upsample.interleave_phases(torch.zeros(4, 32, 4, 4), None, torch.zeros(4, 8, 6, 6), addend)
 
 
-def test_interleave_kernel_through_the_interpreter(interpreted):
-    run = interpreted["interleave"]
+@pytest.mark.background(INTERLEAVE_JOB)
+def test_interleave_kernel_through_the_interpreter():
+    pytest.importorskip("triton")
+    run = interpreter.result(INTERLEAVE_JOB, timeout=400)
     assert run.returncode == 0 and "interleave ok" in run.stdout, run.stdout + run.stderr
 
 

@@ -193,6 +193,20 @@ def test_dup_up_shortcut_as_views(cin, cout, ft, channels_last, viewable):
         assert torch.equal(out, want)
 
 
+@pytest.mark.parametrize("padding", [(1, 1, 1, 1, 2, 0), (0, 2, 1, 0, 1, 1), (1, 1, 1, 1, 0, 0)])
+def test_replicate_padding_of_a_channels_last_map_is_pytorchs(padding):
+    # a frame loop's causal convolution pads a channels-last input by copying it into a new buffer and
+    # filling the padding in place (fast/causal_conv.py `_replicate_padded`): F.pad's values, channels-last
+    import torch.nn.functional as F
+
+    from vaeshard.fast import causal_conv
+
+    x = torch.randn(2, 5, 3, 4, 6).contiguous(memory_format=torch.channels_last_3d)
+    got = causal_conv._replicate_padded(x, padding)
+    assert got.is_contiguous(memory_format=torch.channels_last_3d)
+    assert torch.equal(got, F.pad(x, padding, mode="replicate"))
+
+
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_unpadded_causal_convolution_reads_its_input_where_it_lies(monkeypatch, channels_last):
     # a residual block's 1x1x1 shortcut (no padding at all) convolves its input as it lies, no input
@@ -418,6 +432,22 @@ KERNEL_CHECK = textwrap.dedent(
             want = out + shortcut(x)
             assert norm_kernels.add_duplicated_(out, x, ft, 2, shortcut.repeats)
             assert torch.equal(out, want), (dtype, cin, cout, ft)
+    # HunyuanVideo 1.5's upsampler: the upsampled map and its channel-repeat shortcut in one pass
+    # (d2s_shortcut.d2s_add): the bits of diffusers' forward given its convolution's output, space only
+    # and time and space (the frames after the first), channel counts past one channel block
+    from diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15 import HunyuanVideo15Upsample
+    from vaeshard.kernels.d2s_shortcut import d2s_add
+    for dtype in (torch.float16, torch.float32):
+        for cin, cout, temporal in [(16, 16, True), (16, 8, True), (8, 8, False), (16, 8, False), (320, 160, False)]:
+            up = HunyuanVideo15Upsample(cin, cout, add_temporal_upsample=temporal).to(dtype)
+            x = tier.to_channels_last(torch.randn(2, cin, 3, 4, 5)).to(dtype)
+            with torch.no_grad():
+                want, h = up(x), tier.to_channels_last(up.conv(x))
+            skip = 1 if temporal else 0  # (diffusers upsamples the first frame in space only)
+            got = d2s_add(h[:, :, skip:], x[:, :, skip:], 2 if temporal else 1, 2)
+            assert got is not None and got.is_contiguous(memory_format=torch.channels_last_3d)
+            assert torch.equal(got, want[:, :, skip:]), (dtype, cin, cout, temporal)
+    assert d2s_add(torch.zeros(1, 32, 2, 3, 3), torch.zeros(1, 8, 2, 3, 3), 2, 2) is None  # not channels-last
     # not channels-last
     assert not norm_kernels.add_duplicated_(torch.zeros(1, 8, 2, 4, 4), torch.zeros(1, 8, 1, 2, 2), 2, 2, 8)
     # a convolution's bias moved into the norm: the same as adding it first (fp32: no rounding between)
@@ -498,16 +528,13 @@ def test_kernels_index_in_64_bits_only_where_offsets_can_pass_2_31():
     assert norm_kernels._wide(torch.empty(8, device="meta").as_strided((2, 4), (2**31, 1)))  # one far-apart stride
 
 
-@pytest.fixture(scope="module")
-def interpreted():
-    """This module's two interpreter scripts, run at once (one core each) the first time either is
-    needed: {"kernel": ..., "model": ...} completed processes."""
+KERNEL_JOB = interpreter.script("fast-kernels", KERNEL_CHECK)
+
+
+@pytest.mark.background(KERNEL_JOB)
+def test_triton_rms_norm_kernel_through_the_interpreter():
     pytest.importorskip("triton")
-    return interpreter.run_together({"kernel": KERNEL_CHECK, "model": MODEL_THROUGH_KERNELS}, timeout=300)
-
-
-def test_triton_rms_norm_kernel_through_the_interpreter(interpreted):
-    run = interpreted["kernel"]
+    run = interpreter.result(KERNEL_JOB, timeout=300)
     assert run.returncode == 0 and "kernel ok" in run.stdout, run.stdout + run.stderr
 
 
@@ -534,12 +561,15 @@ MODEL_THROUGH_KERNELS = textwrap.dedent(
     print("model ok", err)
     """
 )
+MODEL_JOB = interpreter.script("fast-model", MODEL_THROUGH_KERNELS)
 
 
-def test_fast_tier_decode_through_the_triton_kernels_on_cpu(interpreted):
+@pytest.mark.background(MODEL_JOB)
+def test_fast_tier_decode_through_the_triton_kernels_on_cpu():
     # the CUDA code path of the residual blocks (Triton kernels, conv2 without its bias), run by
     # Triton's CPU interpreter in fp32 against diffusers' decode
-    run = interpreted["model"]
+    pytest.importorskip("triton")
+    run = interpreter.result(MODEL_JOB, timeout=300)
     assert run.returncode == 0 and "model ok" in run.stdout, run.stdout + run.stderr
 
 

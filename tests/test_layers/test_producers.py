@@ -229,8 +229,12 @@ print("ok")
 """
 
 
+INTERIOR_JOB = interpreter.script("producers-interior", INTERIOR)
+
+
+@pytest.mark.background(INTERIOR_JOB)
 def test_norm_kernel_writes_into_a_buffers_interior_in_the_interpreter():
-    run = interpreter.run(INTERIOR, timeout=240)
+    run = interpreter.result(INTERIOR_JOB, timeout=240)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
 
 

@@ -1,0 +1,113 @@
+"""Commands whose results some tests read, started in the background as soon as the run is collected,
+so that they run while the tests before them wait on ranks, sockets and timeouts.
+
+Such a command is a process of its own whose result does not depend on how fast it runs: Triton's CPU
+interpreter running a kernel check (tests/interpreter.py), the benchmark scripts' --help and tiny CPU
+runs. A test module registers it by name at import (`job`), marks the tests that read it
+(`@pytest.mark.background("name", ...)`), and a test reads its outcome with `result`. tests/conftest.py
+starts every job a collected test reads, in the order of the tests, at most `AT_ONCE` at a time, at the
+lowest CPU priority (`nice`): they take the cores the tests leave idle and slow no timing-bound test.
+A job's own time limit counts from when a test starts waiting for it; a job no collected test named
+starts when a test first asks for it, at normal priority.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+AT_ONCE = 2  # background jobs running at once (each is one busy Python thread)
+
+# name -> () -> (argv, extra environment): what to run, built when it starts (its ports, its folders)
+_JOBS: dict[str, Callable[[], tuple[list[str], dict[str, str]]]] = {}
+_runs: dict[str, _Run] = {}
+_lock = threading.Lock()
+_slots = threading.Semaphore(AT_ONCE)
+
+
+class _Run:
+    def __init__(self, name: str, nice: bool):
+        argv, env = _JOBS[name]()
+        if nice and shutil.which("nice"):
+            argv = ["nice", "-n", "19", *argv]
+        self.out = tempfile.TemporaryFile(mode="w+")
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            argv, stdout=self.out, stderr=self.err, text=True, env={**os.environ, **env}, cwd=ROOT
+        )
+
+    def outcome(self, timeout: float) -> subprocess.CompletedProcess:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        self.out.seek(0)
+        self.err.seek(0)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.out.read(), self.err.read())
+
+
+def job(name: str, build: Callable[[], tuple[list[str], dict[str, str]]]) -> str:
+    """Register a command under `name` (unique in the suite): `build()` gives its argv and the
+    variables to add to the environment, called when it starts. Returns `name`."""
+    if name in _JOBS and _JOBS[name] is not build:
+        raise ValueError(f"background job {name!r} registered twice")
+    _JOBS[name] = build
+    return name
+
+
+def python(name: str, script: str, env: dict[str, str] | None = None) -> str:
+    """`job` of `python -c script` from the repository root, with `env` added."""
+    return job(name, lambda: ([sys.executable, "-c", script], dict(env or {})))
+
+
+def _start(name: str, nice: bool) -> _Run:
+    with _lock:
+        run = _runs.get(name)
+        if run is None:
+            run = _runs[name] = _Run(name, nice)
+        return run
+
+
+def prestart(names: list[str]) -> None:
+    """Start the named jobs (each once, in this order) in a thread of their own, `AT_ONCE` at a time,
+    at the lowest priority."""
+    order = [n for i, n in enumerate(names) if n in _JOBS and n not in names[:i]]
+    if not order:
+        return
+
+    def feed() -> None:
+        for name in order:
+            _slots.acquire()
+            with _lock:
+                started = name in _runs
+            if started:  # a test asked for it first
+                _slots.release()
+                continue
+            run = _start(name, nice=True)
+            threading.Thread(target=lambda r=run: (r.proc.wait(), _slots.release()), daemon=True).start()
+
+    threading.Thread(target=feed, name="background-jobs", daemon=True).start()
+
+
+def result(name: str, timeout: float) -> subprocess.CompletedProcess:
+    """The finished job `name` (started now if it was not), waiting at most `timeout` seconds from
+    now; subprocess.TimeoutExpired past it (the job killed)."""
+    return _start(name, nice=False).outcome(timeout)
+
+
+def stop() -> None:
+    """Kill whatever job still runs (the end of the run)."""
+    with _lock:
+        runs = list(_runs.values())
+    for run in runs:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
