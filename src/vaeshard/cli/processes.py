@@ -5,9 +5,10 @@ Starting a rank is mostly importing torch and diffusers: seconds of CPU per proc
 of every launch when each is spawned. CPU ranks are therefore forked from multiprocessing's forkserver, a
 process of its own (it ran no thread pool and holds no process group) that imported them once, started at
 this process's first launch (or earlier, `start_forkserver`): the first launch pays one import in all
-instead of one per rank, and later ones none. CUDA ranks are spawned: on a GPU machine those imports
-leave CUDA initialised in the forkserver, and a rank forked from it cannot use CUDA ("Cannot
-re-initialize CUDA in forked subprocess", benchmarks/results/2026-12-06/shares/, call F). A rank writes
+instead of one per rank, and later ones none. CUDA ranks are spawned: on a GPU machine importing
+diffusers asks the CUDA runtime for its device count (`torch.accelerator.is_available()`), after which a
+process forked from the forkserver cannot start CUDA ("Cannot re-initialize CUDA in forked subprocess";
+benchmarks/results/2026-12-06/shares/, calls F and I). A rank writes
 to its launcher's standard output and error as they are at the launch (`Streams`); a forked one
 otherwise has what the forkserver had when it started: its environment (which torch, Triton and
 diffusers read as they are imported), working directory and module path. Where any of these has
