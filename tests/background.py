@@ -3,12 +3,13 @@ so that they run while the tests before them wait on ranks, sockets and timeouts
 
 Such a command is a process of its own whose result does not depend on how fast it runs: Triton's CPU
 interpreter running a kernel check (tests/interpreter.py), the benchmark scripts' --help and tiny CPU
-runs. A test module registers it by name at import (`job`), marks the tests that read it
-(`@pytest.mark.background("name", ...)`), and a test reads its outcome with `result`. tests/conftest.py
-starts every job a collected test reads, in the order of the tests, at most `AT_ONCE` at a time, at the
-lowest CPU priority (`nice`): they take the cores the tests leave idle and slow no timing-bound test.
-A job's own time limit counts from when a test starts waiting for it; a job no collected test named
-starts when a test first asks for it, at normal priority.
+runs, the demo. A test module registers it by name at import (`job`), marks the tests that read it
+(`@pytest.mark.background("name", ...)`), and a test reads its outcome with `result` (and the files it
+wrote in its own folder, `folder`). tests/conftest.py starts every job a collected test reads, in the
+order of the tests, at most `AT_ONCE` at a time, at the lowest CPU priority (`nice`): they take the
+cores the tests leave idle and slow no timing-bound test; and it runs the tests that read them last. A
+job's time limit counts from when a test starts waiting for it; a job no collected test named starts
+when a test first asks for it, at normal priority.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from collections.abc import Callable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AT_ONCE = 2  # background jobs running at once (each is one busy Python thread)
 
-# name -> () -> (argv, extra environment): what to run, built when it starts (its ports, its folders)
-_JOBS: dict[str, Callable[[], tuple[list[str], dict[str, str]]]] = {}
+# name -> (its folder) -> (argv, extra environment): what to run, built when it starts (its ports, its files)
+_JOBS: dict[str, Callable[[str], tuple[list[str], dict[str, str]]]] = {}
 _runs: dict[str, _Run] = {}
 _lock = threading.Lock()
 _slots = threading.Semaphore(AT_ONCE)
@@ -33,7 +34,8 @@ _slots = threading.Semaphore(AT_ONCE)
 
 class _Run:
     def __init__(self, name: str, nice: bool):
-        argv, env = _JOBS[name]()
+        self.folder = tempfile.mkdtemp(prefix=f"vaeshard-{name}-")
+        argv, env = _JOBS[name](self.folder)
         if nice and shutil.which("nice"):
             argv = ["nice", "-n", "19", *argv]
         self.out = tempfile.TemporaryFile(mode="w+")
@@ -54,9 +56,10 @@ class _Run:
         return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self.out.read(), self.err.read())
 
 
-def job(name: str, build: Callable[[], tuple[list[str], dict[str, str]]]) -> str:
-    """Register a command under `name` (unique in the suite): `build()` gives its argv and the
-    variables to add to the environment, called when it starts. Returns `name`."""
+def job(name: str, build: Callable[[str], tuple[list[str], dict[str, str]]]) -> str:
+    """Register a command under `name` (unique in the suite): `build(folder)` gives its argv and the
+    variables to add to the environment, called when it starts with a new folder of its own (removed
+    at the end of the run). Returns `name`."""
     if name in _JOBS and _JOBS[name] is not build:
         raise ValueError(f"background job {name!r} registered twice")
     _JOBS[name] = build
@@ -65,7 +68,7 @@ def job(name: str, build: Callable[[], tuple[list[str], dict[str, str]]]) -> str
 
 def python(name: str, script: str, env: dict[str, str] | None = None) -> str:
     """`job` of `python -c script` from the repository root, with `env` added."""
-    return job(name, lambda: ([sys.executable, "-c", script], dict(env or {})))
+    return job(name, lambda folder: ([sys.executable, "-c", script], dict(env or {})))
 
 
 def _start(name: str, nice: bool) -> _Run:
@@ -103,11 +106,24 @@ def result(name: str, timeout: float) -> subprocess.CompletedProcess:
     return _start(name, nice=False).outcome(timeout)
 
 
+def folder(name: str) -> str:
+    """The folder of job `name` (started now if it was not)."""
+    return _start(name, nice=False).folder
+
+
+def reads_last(items: list) -> list:
+    """`items` (pytest's collected tests) with the tests that read a background job moved to the end, in
+    their order: their jobs then have the whole run to finish."""
+    reads = [item for item in items if any(True for _ in item.iter_markers("background"))]
+    return [item for item in items if item not in reads] + reads
+
+
 def stop() -> None:
-    """Kill whatever job still runs (the end of the run)."""
+    """Kill whatever job still runs and remove the jobs' folders (the end of the run)."""
     with _lock:
         runs = list(_runs.values())
     for run in runs:
         if run.proc.poll() is None:
             run.proc.kill()
             run.proc.wait()
+        shutil.rmtree(run.folder, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""The suite's background jobs (tests/background.py): started once the run is collected, stopped at
-its end."""
+"""The suite's background jobs (tests/background.py): the tests that read them run last, the jobs start
+once the run is collected and stop at its end."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "background(*names): the test reads these background jobs' results (tests/background.py)"
     )
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items[:] = background.reads_last(items)
 
 
 def pytest_collection_finish(session):

@@ -5,16 +5,13 @@ synthetic figures, and in a CPU run of tiny configs). The GPU measurements run e
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -107,10 +104,7 @@ MINIMAX_VARIANTS = "diffusers,vaeshard,vaeshard-tile"
 _ONE_RANK = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
 
 
-_DRIVEN_OUT: list[Path] = []  # the folder the background job below writes its runs' files to
-
-
-def _driven_job():
+def _driven_job(folder: str):
     """The background job (tests/background.py) of `driven`: every --help, then the commands that need no
     GPU at a tiny size on CPU, in one interpreter; (argv, environment)."""
     import socket
@@ -124,9 +118,7 @@ def _driven_job():
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
     rank = {**_ONE_RANK, "MASTER_PORT": port}
-    out = Path(tempfile.mkdtemp(prefix="vaeshard-cpu-runs-"))
-    atexit.register(shutil.rmtree, out, True)
-    _DRIVEN_OUT.append(out)
+    out = Path(folder)
     tiny = ["--small", "--device", "cpu", "--config", "wan21", "--shape", "1,4,3,4,6"]
     runs = [
         ("host", "profile_decode.py", ["host", "--frames", "2", "--reps", "1"], rank),
@@ -173,7 +165,7 @@ def driven():
     results = json.loads(done.stdout.splitlines()[-1])
     return (
         {k: v for k, v in results.items() if not k.startswith("run ")},
-        _DRIVEN_OUT[-1],
+        Path(background.folder(DRIVEN_JOB)),
         {k[4:]: v for k, v in results.items() if k.startswith("run ")},
     )
 
@@ -207,39 +199,46 @@ def test_the_shell_stages_parse_and_an_unknown_stage_is_refused(tmp_path):
         assert f"gpu_runs.sh {stage} OUT" in text and stage in dispatch, stage
 
 
-def _stage(stage: str, out, subjects: str, **env) -> subprocess.CompletedProcess:
-    """`gpu_runs.sh STAGE OUT SUBJECTS` on this machine, `env` added to the environment."""
-    return subprocess.run(
-        ["bash", str(BENCH / "gpu_runs.sh"), stage, str(out), subjects],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=BENCH.parent,
-        env={**os.environ, **env},
+def _stage(stage: str, subjects: str, **env) -> str:
+    """The background job of `gpu_runs.sh STAGE FOLDER SUBJECTS` on this machine, `env` added to the
+    environment (FOLDER: the job's own)."""
+    return background.job(
+        f"gpu-runs-{stage}", lambda folder: (["bash", str(BENCH / "gpu_runs.sh"), stage, folder, subjects], env)
     )
 
 
-def test_the_windows_command_checks_itself_on_the_cpu(tmp_path):
+AB_JOB = _stage("ab", "flux1=1,16,8,8@1@200", DTYPE="float32")
+SHARES_JOB = _stage("shares", "flux1=1,16,8,12@1:2@200", REPS="1", EXTRA="--device cpu --small")
+
+
+WINDOWS_JOB = background.job(
+    "benchmark-windows",
+    lambda folder: (
+        [sys.executable, str(BENCH / "kernel_costs.py"), "windows", "--device", "cpu", "--frames", "3", "--crop",
+         "12,14", "--reps", "1", "--json", os.path.join(folder, "windows.json")],
+        {},
+    ),
+)  # fmt: skip
+
+
+@pytest.mark.background(WINDOWS_JOB)
+def test_the_windows_command_checks_itself_on_the_cpu():
     """`kernel_costs.py windows` at a cropped size on the CPU: every stage's windows in blocks against
     diffusers' own FlexAttention mask (eager), within the fp32 tolerance."""
-    out = tmp_path / "windows.json"
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "kernel_costs.py"), "windows", "--device", "cpu", "--frames", "3", "--crop",
-         "12,14", "--reps", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=BENCH.parent,
-    )  # fmt: skip
+    done = background.result(WINDOWS_JOB, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
+    rows = json.loads((Path(background.folder(WINDOWS_JOB)) / "windows.json").read_text())["rows"]
     assert [r["stage"] for r in rows] == [f"stage {i}" for i in range(1, 6)], rows
     assert all(r["flex_s"] and r["max_abs_diff"] < 1e-5 for r in rows), rows
 
 
-def test_the_ab_stage_compares_in_one_process(tmp_path):
+@pytest.mark.background(AB_JOB)
+def test_the_ab_stage_compares_in_one_process():
     """`gpu_runs.sh ab` on the CPU at a tiny size: diffusers' decode and vaeshard's in one process per
     subject, a JSON with both variants' figures, and the table's rows printed last. In fp32: a CPU
     without AVX-512 runs bf16 convolutions hundreds of times slower."""
-    out = tmp_path / "ab"
-    done = _stage("ab", out, "flux1=1,16,8,8@1@200", DTYPE="float32")
+    done = background.result(AB_JOB, timeout=240)
+    out = Path(background.folder(AB_JOB))
     assert done.returncode == 0, done.stderr[-2000:]
     row = json.loads((out / "flux1-1x16x8x8.json").read_text())["rows"][0]
     assert set(row["variants"]) == {"channels-first", "vaeshard-into"}, row
@@ -247,11 +246,12 @@ def test_the_ab_stage_compares_in_one_process(tmp_path):
     assert "flux1 | [1, 16, 8, 8] | vaeshard-into" in done.stdout, done.stdout
 
 
-def test_the_shares_stage_times_each_rank_count(tmp_path):
+@pytest.mark.background(SHARES_JOB)
+def test_the_shares_stage_times_each_rank_count():
     """`gpu_runs.sh shares` on the CPU with a tiny config: one rank's share per rank count, a JSON row
     for each, and ranks.py's summary printed last."""
-    out = tmp_path / "shares"
-    done = _stage("shares", out, "flux1=1,16,8,12@1:2@200", REPS="1", EXTRA="--device cpu --small")
+    done = background.result(SHARES_JOB, timeout=240)
+    out = Path(background.folder(SHARES_JOB))
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads((out / "flux1-1x16x8x12.json").read_text())["rows"]
     assert [r["ranks"] for r in rows] == [1, 2] and all(r["median_s"] > 0 for r in rows), rows
