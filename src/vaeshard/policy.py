@@ -20,7 +20,7 @@ from .runtime import comm as comm_mod
 from .runtime import graphs
 from .runtime.requests import Expected, Request, check_shape, size_message
 from .runtime.spatial import split_extents
-from .runtime.swap import replaced_forwards
+from .runtime.swap import replaced_forwards, submodules
 
 log = logging.getLogger("vaeshard")
 
@@ -180,7 +180,7 @@ def _fast_tiles(chosen: Plan, family, options: FastOptions, op: str) -> Plan:
 
 def expected_of(family, vae, op: str) -> Expected:
     """What a request's input must be for this VAE (runtime.requests.validate)."""
-    params = list(vae.parameters())
+    params = [p for m in submodules(vae) for p in m._parameters.values() if p is not None]
     return Expected(
         cls=type(vae).__name__,
         ndim=family.latent_ndim,

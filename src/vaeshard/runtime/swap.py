@@ -38,6 +38,16 @@ def is_swapped(module: nn.Module) -> bool:
     return getattr(type(module), "_vaeshard_base", None) is not None
 
 
+def submodules(root: nn.Module):
+    """`root` and every module inside it (a module held twice, twice): `root.modules()` without its
+    names and its set of those seen, which cost a request more than a millisecond of a large VAE's."""
+    stack = [root]
+    while stack:
+        module = stack.pop()
+        yield module
+        stack.extend(child for child in module._modules.values() if child is not None)
+
+
 def replaced_forwards(vae: nn.Module) -> list[str]:
     """The names of the modules inside `vae` whose `forward` a hook has replaced on the instance
     (diffusers' layerwise casting and group offloading, accelerate's offloading hooks, a wrapper of
@@ -45,4 +55,6 @@ def replaced_forwards(vae: nn.Module) -> list[str]:
     behaviour, swapped in by class, may never run, and the fast tier's blocks, which call their
     layers' computations directly, would skip the hook (its casting, its weight loading). The VAE
     itself is not counted: vaeshard's decode and encode do not go through its forward."""
+    if not any(m is not vae and "forward" in m.__dict__ for m in submodules(vae)):
+        return []  # (every request asks: the names only where there are some)
     return [name for name, m in vae.named_modules() if m is not vae and "forward" in m.__dict__]
