@@ -729,13 +729,19 @@ def test_ranks_write_to_the_callers_output_and_see_its_environment(capfd, monkey
     """Ranks are forked from the launcher's forkserver, which imported torch and diffusers once: each
     writes where the caller's output goes at the launch (here this test's capture, opened after the
     forkserver started), and a variable the caller set after the forkserver started reaches them (they
-    are spawned then)."""
+    are spawned then). CUDA ranks are forked where a forked probe can start CUDA (this CPU build of
+    torch: never a bad fork), else spawned; the variable the forkserver sets for itself (torch's
+    NVML-based device count) is the launcher's again in a rank."""
     from vaeshard.cli import launch, processes
 
     launch.prestart()  # the forkserver runs (started here, or by an earlier launch of this process)
     assert processes.rank_context().get_start_method() == "forkserver"
+    monkeypatch.setattr(processes, "_cuda_forks", None)  # asked anew of a probe
+    assert processes.rank_context(device="cuda").get_start_method() == "forkserver"
+    monkeypatch.setattr(processes, "_cuda_forks", False)  # a forkserver whose forks cannot start CUDA
     assert processes.rank_context(device="cuda").get_start_method() == "spawn"
     assert launch.run(_writes_and_reads, 2, "VAESHARD_TEST_MARK", timeout=80) == [None, None]
+    assert launch.run(_writes_and_reads, 1, "PYTORCH_NVML_BASED_CUDA_CHECK", timeout=80) == [None]
     out = capfd.readouterr().out
     assert "rank 0 writes here" in out and "rank 1 writes here" in out, out
     monkeypatch.setenv("VAESHARD_TEST_MARK", "set later")

@@ -35,7 +35,7 @@ def demo(args) -> int:
 
     nproc = launch.torchrun_world() or args.nproc
     device = pick_device(args.device, nproc)
-    launch.prestart(device)
+    launch.prestart()
     ok = run_demo(nproc=nproc, device=device, group_timeout=args.timeout, timeout=args.timeout, out=main_print)
     return EXIT_OK if ok else EXIT_FAILED
 
@@ -50,7 +50,7 @@ def decode(args) -> int:
     nproc = process_count(args.nproc)
     device = pick_device(args.device, nproc)
     if nproc > 1:
-        launch.prestart(device)
+        launch.prestart()
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     out_kind = io.output_kind(args.out)
     z = io.load_latents(args.latents, args.key)
@@ -145,7 +145,7 @@ def serve(args) -> int:
     nproc = process_count(args.nproc)
     device = pick_device(args.device, nproc)
     if nproc > 1:
-        launch.prestart(device)
+        launch.prestart()
     model = io.named_model(args.config) if args.config else io.resolve_model(args.model, args.subfolder, args.offline)
     job = serve.ServeJob(
         model=model,
@@ -204,7 +204,7 @@ def bench(args) -> int:
 
     nprocs = _bench_ranks(args.nproc)
     device = pick_device(args.device, max(nprocs))
-    launch.prestart(device)  # every point runs on ranks of its own
+    launch.prestart()  # every point runs on ranks of its own
     dtype = args.dtype or ("bf16" if device == "cuda" else "fp32")
     model, shape, subject_flops = _bench_subject(args, device)
     _check_bench_outputs(args)

@@ -359,12 +359,13 @@ def _forward_to_rank0(signum, frame) -> None:
 # --- started workers -------------------------------------------------------------------------------
 
 
-def prestart(device: str = "cpu") -> None:
-    """Start the forkserver for ranks on `device` now, so that it imports while this process goes on: the
-    command line calls it once its arguments say it will start ranks, before it loads the model. A no-op
-    under torchrun, where the ranks are not forked (`processes.rank_context`), or where it is running."""
+def prestart() -> None:
+    """Start the forkserver the ranks are forked from now, so that it imports while this process goes on:
+    the command line calls it once its arguments say it will start ranks, before it loads the model. A
+    no-op under torchrun, where the ranks are not forked (`processes.rank_context`), or where it is
+    running."""
     if not torchrun_env():
-        processes.start_forkserver(device)
+        processes.start_forkserver()
 
 
 def _start(fn, nproc, args, device, timeout, group_timeout, failure_grace, on_failure, death) -> list:

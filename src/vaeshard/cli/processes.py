@@ -5,10 +5,14 @@ Starting a rank is mostly importing torch and diffusers: seconds of CPU per proc
 of every launch when each is spawned. CPU ranks are therefore forked from multiprocessing's forkserver, a
 process of its own (it ran no thread pool and holds no process group) that imported them once, started at
 this process's first launch (or earlier, `start_forkserver`): the first launch pays one import in all
-instead of one per rank, and later ones none. CUDA ranks are spawned: on a GPU machine importing
-diffusers asks the CUDA runtime for its device count (`torch.accelerator.is_available()`), after which a
-process forked from the forkserver cannot start CUDA ("Cannot re-initialize CUDA in forked subprocess";
-benchmarks/results/2026-12-06/shares/, calls F and I). A rank writes
+instead of one per rank, and later ones none. CUDA ranks too: on a GPU machine importing diffusers asks
+for the device count (`torch.accelerator.is_available()`), and asked of the CUDA runtime that leaves no
+process forked afterwards able to start CUDA ("Cannot re-initialize CUDA in forked subprocess";
+benchmarks/results/2026-12-06/shares/, calls F and I), so the forkserver starts with torch's
+NVML-based check (PYTORCH_NVML_BASED_CUDA_CHECK=1), which counts the devices without the runtime (its
+ranks get the launcher's value of that variable back). Whether a rank forked from it can start CUDA is
+asked once, of a forked probe, before the first CUDA ranks are forked from it (a main module that
+used CUDA as it was imported, say); where it cannot, CUDA ranks are spawned. A rank writes
 to its launcher's standard output and error as they are at the launch (`Streams`); a forked one
 otherwise has what the forkserver had when it started: its environment (which torch, Triton and
 diffusers read as they are imported), working directory and module path. Where any of these has
@@ -34,6 +38,9 @@ _KILL_GRACE_S = 3.0
 # and in the forkserver alike
 _IGNORED_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 _forkserver_state: tuple | None = None  # what `_process_state` was when this process started its forkserver
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+_cuda_forks: bool | None = None  # whether a process forked from the forkserver can start CUDA (asked once)
+_PROBE_TIMEOUT_S = 60.0
 
 
 def _process_state() -> tuple:
@@ -70,45 +77,96 @@ class Streams:
                 open_fds.append((fd, DupFd(fd)))
             except OSError:
                 pass
-        return _received_streams, (open_fds,)
+        return _received_streams, (open_fds, os.environ.get(_NVML_CHECK))
 
     def adopt(self) -> None:
+        """In the rank: the launcher's output and error in place of its own, and the launcher's value of
+        the one variable the forkserver sets for itself (above)."""
         for fd, received in self.received:
             if received != fd:
                 os.dup2(received, fd)
                 os.close(received)
+        if self.nvml_check is None:
+            os.environ.pop(_NVML_CHECK, None)
+        else:
+            os.environ[_NVML_CHECK] = self.nvml_check
 
 
-def _received_streams(open_fds) -> Streams:
+def _received_streams(open_fds, nvml_check) -> Streams:
     streams = Streams()
     streams.received = [(fd, dup.detach()) for fd, dup in open_fds]
+    streams.nvml_check = nvml_check
     return streams
 
 
 def rank_context(preload: tuple[str, ...] = (), device: str = "cpu"):
     """The multiprocessing context to start ranks on `device` from: the forkserver (started here on first
     use, importing `preload` too) while this process's environment, directory and module path are what they
-    were when it started, else spawn. `preload` counts only on the first call of the process. CUDA ranks
-    are spawned (see above)."""
+    were when it started, and for CUDA ranks where a process forked from it can start CUDA; else spawn.
+    `preload` counts only on the first call of the process."""
     global _forkserver_state
-    if device != "cpu" or "forkserver" not in mp.get_all_start_methods():  # CUDA, or not POSIX
+    if "forkserver" not in mp.get_all_start_methods():  # not POSIX
         return mp.get_context("spawn")
     state = _process_state()
     if _forkserver_state is None:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(_preload(preload))
         _forkserver_state = state
-        return ctx
-    return mp.get_context("forkserver" if state == _forkserver_state else "spawn")
+        _ensure_running()
+    elif state != _forkserver_state:
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    if device != "cpu" and not _forks_start_cuda(ctx):
+        return mp.get_context("spawn")
+    return ctx
 
 
-def start_forkserver(device: str = "cpu") -> None:
-    """Start the forkserver for ranks on `device` now, so that it imports while this process goes on (a
-    no-op where its ranks are spawned, or where it is running)."""
-    if rank_context(device=device).get_start_method() == "forkserver":
-        from multiprocessing import forkserver
+def _ensure_running() -> None:
+    """Start the forkserver (where it is not running) with torch's NVML-based device count (above)."""
+    from multiprocessing import forkserver
 
+    before = os.environ.get(_NVML_CHECK)
+    os.environ[_NVML_CHECK] = "1"
+    try:
         forkserver.ensure_running()
+    finally:
+        if before is None:
+            os.environ.pop(_NVML_CHECK, None)
+        else:
+            os.environ[_NVML_CHECK] = before
+
+
+def _forks_start_cuda(ctx) -> bool:
+    """Whether a process forked from the forkserver can start CUDA: asked once, of a forked probe (False
+    where it cannot, or does not answer in time)."""
+    global _cuda_forks
+    if _cuda_forks is None:
+        reader, writer = ctx.Pipe(duplex=False)
+        probe = ctx.Process(target=_probe_cuda_fork, args=(writer,), daemon=True, name="vaeshard-cuda-probe")
+        probe.start()
+        writer.close()
+        try:
+            _cuda_forks = bool(reader.poll(_PROBE_TIMEOUT_S) and reader.recv())
+        except EOFError:  # it died before it answered
+            _cuda_forks = False
+        finally:
+            reader.close()
+            stop([probe], 1.0)
+    return _cuda_forks
+
+
+def _probe_cuda_fork(writer) -> None:
+    import torch
+
+    writer.send(not torch.cuda._is_in_bad_fork())
+    writer.close()
+
+
+def start_forkserver() -> None:
+    """Start the forkserver now, so that it imports while this process goes on (a no-op where ranks are
+    spawned, or where it is running; whether CUDA ranks can be forked from it is asked at their launch)."""
+    if rank_context().get_start_method() == "forkserver":
+        _ensure_running()
 
 
 def stop(procs, wait: float) -> None:
