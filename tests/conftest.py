@@ -17,6 +17,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
     background.prestart([name for item in session.items for m in item.iter_markers("background") for name in m.args])
 
 
