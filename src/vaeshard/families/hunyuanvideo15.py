@@ -377,7 +377,8 @@ class _HunyuanVideo15(Family):
         ),
         Mirror(
             _HV + "HunyuanVideo15Upsample.forward",
-            "families/hunyuanvideo15.py ChunkedUpsample.forward (the frames after the first)",
+            "families/hunyuanvideo15.py ChunkedUpsample.forward (every frame of a space-only upsampler, the frames "
+            "after the first of a temporal one); kernels/d2s_shortcut.py d2s_add",
             "bf66976547324bb3",
         ),
         Mirror(
