@@ -59,7 +59,8 @@ class _Run:
 def job(name: str, build: Callable[[str], tuple[list[str], dict[str, str]]]) -> str:
     """Register a command under `name` (unique in the suite): `build(folder)` gives its argv and the
     variables to add to the environment, called when it starts with a new folder of its own (removed
-    at the end of the run). Returns `name`."""
+    at the end of the run), in a thread of the test process while tests run: it must leave global state
+    alone (torch's RNG and settings; build models in the job's own process). Returns `name`."""
     if name in _JOBS and _JOBS[name] is not build:
         raise ValueError(f"background job {name!r} registered twice")
     _JOBS[name] = build
