@@ -619,6 +619,18 @@ def test_triton_kernels_compile_for_hopper():
             source = ASTSource(kernel, types, constexprs={(names.index(c),): v for c, v in constants.items()})
             compiled = triton_compile(source, target=GPUTarget("cuda", 90, 32))
             assert len(compiled.asm["cubin"]) > 0
+    # the upsampled maps' kernels (kernels/voxels.py `upsampled_block`: 64-bit voxel offsets always)
+    from vaeshard.kernels import d2s_shortcut
+
+    for kernel, constants in (
+        (d2s_shortcut._d2s_add_kernel, dict(FT=2, FS=2, R=4, BLOCK_V=32, BLOCK_C=128)),
+        (norm_kernels._add_duplicated_kernel, dict(FT=2, FS=2, PER=2, REPEATS=4, BLOCK_V=32, BLOCK_C=128)),
+    ):
+        names = kernel.arg_names
+        for ints in ("i32", "i64"):
+            types = {n: "*bf16" if n.endswith("_ptr") else "constexpr" if n in constants else ints for n in names}
+            source = ASTSource(kernel, types, constexprs={(names.index(c),): v for c, v in constants.items()})
+            assert len(triton_compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]) > 0
 
 
 # --- frames per decoder step --------------------------------------------------------------------------

@@ -21,6 +21,9 @@ import torch
 
 from .triton_support import launch, runs_on, tl, triton
 
+if triton is not None:
+    from .voxels import upsampled_block
+
 
 def _channels_dense(t: torch.Tensor) -> bool:
     return t.dim() == 5 and t.stride(1) == 1
@@ -108,19 +111,12 @@ if triton is not None:
         BLOCK_V: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
-        # a program takes BLOCK_V output voxels of sample program_id(2) and BLOCK_C channels; every
-        # tensor has dense channels (stride 1); 64-bit voxel offsets (a 720p map passes 2**31 elements
-        # over a few frames)
+        # a program takes BLOCK_V output voxels of sample program_id(2) and BLOCK_C channels
+        # (voxels.upsampled_block: 64-bit voxel offsets, as a 720p map passes 2**31 elements over a few
+        # frames); every tensor has dense channels (stride 1)
         dt = out_ptr.dtype.element_ty
-        nn = tl.program_id(2).to(tl.int64)
-        v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        w2 = v % W2
-        h2 = (v // W2) % H2
-        t2 = v // (W2 * H2)
-        q = ((t2 % FT) * FS + h2 % FS) * FS + w2 % FS  # the phase
+        nn, c, t2, h2, w2, q, mask = upsampled_block(V, C, H2, W2, FT, FS, BLOCK_V, BLOCK_C)
         t, h, w = t2 // FT, h2 // FS, w2 // FS
-        mask = (v < V)[:, None] & (c < C)[None, :]
         y_at = nn * syn + t * syt + h * syh + w * syw + q * C
         val = tl.load(y_ptr + y_at[:, None] + c[None, :], mask=mask, other=0.0)
         x_at = nn * sxn + t * sxt + h * sxh + w * sxw

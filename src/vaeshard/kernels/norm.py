@@ -19,6 +19,7 @@ from .voxels import wide as _wide
 
 if triton is not None:
     from .voxels import offsets as _offsets
+    from .voxels import upsampled_block as _upsampled_block
     from .voxels import voxel_block as _voxel_block
 
     @triton.jit
@@ -239,16 +240,9 @@ if triton is not None:
         # (T2 x H2 x W2 of sample n = program_id(2)) and BLOCK_C channels, both tensors channels-last;
         # the sum in fp32, rounded once, as PyTorch's add
         dt = out_ptr.dtype.element_ty
-        n = tl.program_id(2).to(tl.int64)
-        v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
-        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-        w2 = v % W2
-        h2 = (v // W2) % H2
-        t2 = v // (W2 * H2)
-        q = ((t2 % FT) * FS + h2 % FS) * FS + w2 % FS
+        n, c, t2, h2, w2, q, mask = _upsampled_block(V, C, H2, W2, FT, FS, BLOCK_V, BLOCK_C)
         out_at = n * son + t2 * sot + h2 * soh + w2 * sow
         src_at = n * ssn + (t2 // FT) * sst + (h2 // FS) * ssh + (w2 // FS) * ssw + q // REPEATS
-        mask = (v < V)[:, None] & (c < C)[None, :]
         o = tl.load(out_ptr + out_at[:, None] + c[None, :], mask=mask, other=0.0).to(tl.float32)
         x = tl.load(src_ptr + src_at[:, None] + (c * PER)[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + out_at[:, None] + c[None, :], (o + x).to(dt), mask=mask)

@@ -1,6 +1,7 @@
-"""The voxel addressing the fast tier's elementwise kernels share (norm.py, group_norm.py): a program's
-block of voxels of one sample, all channels, over a 3- to 5-D tensor of any strides, and when its
-index arithmetic needs 64 bits."""
+"""The voxel addressing the fast tier's elementwise kernels share (norm.py, group_norm.py,
+d2s_shortcut.py): a program's block of voxels of one sample, all channels, over a 3- to 5-D tensor of
+any strides; a block of an upsampled map's voxels with each one's phase; and when index arithmetic
+needs 64 bits."""
 
 from __future__ import annotations
 
@@ -34,6 +35,22 @@ if triton is not None:
         i0 = offs_s // (D2 * D1)
         mask = (offs_s[:, None] < S) & (offs_c[None, :] < C)
         return n, offs_c, i0, i1, i2, mask
+
+    @triton.jit
+    def upsampled_block(V, C, H2, W2, FT: tl.constexpr, FS: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr):
+        # This program's BLOCK_V voxels (64-bit offsets) of a map upsampled FT x FS x FS (V = T2 x H2 x
+        # W2 voxels of sample program_id(2)) and BLOCK_C channels: (sample, channels, frame, row and
+        # column of each voxel, its phase (i * FS + j) * FS + k in its source voxel, the mask of the ones
+        # that exist).
+        n = tl.program_id(2).to(tl.int64)
+        v = tl.program_id(0).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
+        c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+        w2 = v % W2
+        h2 = (v // W2) % H2
+        t2 = v // (W2 * H2)
+        q = ((t2 % FT) * FS + h2 % FS) * FS + w2 % FS
+        mask = (v < V)[:, None] & (c < C)[None, :]
+        return n, c, t2, h2, w2, q, mask
 
     @triton.jit
     def offsets(n, offs_c, i0, i1, i2, sn, sc, s0, s1, s2):
