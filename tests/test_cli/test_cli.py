@@ -738,7 +738,8 @@ def test_ranks_write_to_the_callers_output_and_see_its_environment(capfd, monkey
     assert processes.rank_context().get_start_method() == "forkserver"
     monkeypatch.setattr(processes, "_cuda_forks", None)  # asked anew of a probe
     assert processes.rank_context(device="cuda").get_start_method() == "forkserver"
-    monkeypatch.setattr(processes, "_cuda_forks", False)  # a forkserver whose forks cannot start CUDA
+    server = processes._cuda_forks[0]
+    monkeypatch.setattr(processes, "_cuda_forks", (server, False))  # a forkserver whose forks cannot start CUDA
     assert processes.rank_context(device="cuda").get_start_method() == "spawn"
     assert launch.run(_writes_and_reads, 2, "VAESHARD_TEST_MARK", timeout=80) == [None, None]
     assert launch.run(_writes_and_reads, 1, "PYTORCH_NVML_BASED_CUDA_CHECK", timeout=80) == [None]

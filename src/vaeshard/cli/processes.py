@@ -39,7 +39,7 @@ _KILL_GRACE_S = 3.0
 _IGNORED_VARIABLES = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"})
 _forkserver_state: tuple | None = None  # what `_process_state` was when this process started its forkserver
 _NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
-_cuda_forks: bool | None = None  # whether a process forked from the forkserver can start CUDA (asked once)
+_cuda_forks: tuple | None = None  # (the forkserver's pid, whether a process it forks can start CUDA)
 _PROBE_TIMEOUT_S = 60.0
 
 
@@ -109,12 +109,11 @@ def rank_context(preload: tuple[str, ...] = (), device: str = "cpu"):
         return mp.get_context("spawn")
     state = _process_state()
     if _forkserver_state is None:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_preload(preload))
+        mp.get_context("forkserver").set_forkserver_preload(_preload(preload))
         _forkserver_state = state
-        _ensure_running()
     elif state != _forkserver_state:
         return mp.get_context("spawn")
+    _ensure_running()  # (here, not at the first rank's start: restarted too with the check above)
     ctx = mp.get_context("forkserver")
     if device != "cpu" and not _forks_start_cuda(ctx):
         return mp.get_context("spawn")
@@ -137,22 +136,26 @@ def _ensure_running() -> None:
 
 
 def _forks_start_cuda(ctx) -> bool:
-    """Whether a process forked from the forkserver can start CUDA: asked once, of a forked probe (False
-    where it cannot, or does not answer in time)."""
+    """Whether a process forked from the forkserver can start CUDA: asked once per forkserver, of a forked
+    probe (False where it cannot, or does not answer in time)."""
     global _cuda_forks
-    if _cuda_forks is None:
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if _cuda_forks is None or _cuda_forks[0] != server:
         reader, writer = ctx.Pipe(duplex=False)
         probe = ctx.Process(target=_probe_cuda_fork, args=(writer,), daemon=True, name="vaeshard-cuda-probe")
         probe.start()
         writer.close()
         try:
-            _cuda_forks = bool(reader.poll(_PROBE_TIMEOUT_S) and reader.recv())
+            answer = bool(reader.poll(_PROBE_TIMEOUT_S) and reader.recv())
         except EOFError:  # it died before it answered
-            _cuda_forks = False
+            answer = False
         finally:
             reader.close()
             stop([probe], 1.0)
-    return _cuda_forks
+        _cuda_forks = (server, answer)
+    return _cuda_forks[1]
 
 
 def _probe_cuda_fork(writer) -> None:
@@ -165,8 +168,7 @@ def _probe_cuda_fork(writer) -> None:
 def start_forkserver() -> None:
     """Start the forkserver now, so that it imports while this process goes on (a no-op where ranks are
     spawned, or where it is running; whether CUDA ranks can be forked from it is asked at their launch)."""
-    if rank_context().get_start_method() == "forkserver":
-        _ensure_running()
+    rank_context()
 
 
 def stop(procs, wait: float) -> None:
