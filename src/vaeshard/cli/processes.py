@@ -121,9 +121,17 @@ def rank_context(preload: tuple[str, ...] = (), device: str = "cpu"):
 
 
 def _ensure_running() -> None:
-    """Start the forkserver (where it is not running) with torch's NVML-based device count (above)."""
+    """Start the forkserver (where it is not running) with torch's NVML-based device count (above). The
+    environment is changed only while one starts: every launch asks, and another thread may be reading it."""
     from multiprocessing import forkserver
 
+    pid = _server_pid()
+    if pid is not None:
+        try:  # (without reaping it: multiprocessing waits for it itself)
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return  # running
+        except (AttributeError, ChildProcessError):
+            pass
     before = os.environ.get(_NVML_CHECK)
     os.environ[_NVML_CHECK] = "1"
     try:
@@ -139,9 +147,7 @@ def _forks_start_cuda(ctx) -> bool:
     """Whether a process forked from the forkserver can start CUDA: asked once per forkserver, of a forked
     probe (False where it cannot, or does not answer in time)."""
     global _cuda_forks
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    server = _server_pid()
     if _cuda_forks is None or _cuda_forks[0] != server:
         reader, writer = ctx.Pipe(duplex=False)
         probe = ctx.Process(target=_probe_cuda_fork, args=(writer,), daemon=True, name="vaeshard-cuda-probe")
@@ -156,6 +162,13 @@ def _forks_start_cuda(ctx) -> bool:
             stop([probe], 1.0)
         _cuda_forks = (server, answer)
     return _cuda_forks[1]
+
+
+def _server_pid() -> int | None:
+    """The pid of this process's forkserver (None before it started; multiprocessing keeps it privately)."""
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def _probe_cuda_fork(writer) -> None:
