@@ -695,6 +695,13 @@ def video(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--top", type=int, default=0, help="also print each variant's N kernels with the most time")
     ap.add_argument(
+        "--cudnn-benchmark",
+        choices=("on", "off"),
+        default="on",
+        help="cuDNN's benchmark mode for diffusers' side (default on, as every earlier record of this "
+        "command; BENCHMARKS.md's protocol rows: off). vaeshard's variants set it per request (FastOptions)",
+    )
+    ap.add_argument(
         "--ops", type=int, default=0, help="also print each variant's N operators (by input shapes) with the most time"
     )
     args = ap.parse_args(argv)
@@ -703,7 +710,7 @@ def video(argv: list[str] | None = None) -> None:
         ap.error(f"--variants: channels-first first, then any of {', '.join(VARIANTS[1:])} (vaeshard ones + -stepN)")
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.benchmark = args.cudnn_benchmark == "on"
     rows = []
     for spec in args.subject:
         row = run_subject(spec, args.reps, device, getattr(torch, args.dtype), variants, args.top, args.ops)

@@ -257,3 +257,40 @@ def _hooks_differ(rank, world):
 
 def test_ranks_hooked_differently_fail_on_every_rank():
     run_ranks(_hooks_differ, 2, timeout=120)
+
+
+def test_each_request_sees_the_vae_as_it_is_now():
+    """The modules a request walks are cached per VAE; a cast, a hook, a replaced layer or a deleted
+    one after a request must still be seen by the next (runtime.swap.inventory)."""
+    import vaeshard
+
+    vae = vaeshard.parallelize(build("wan21"))
+    z = latent((1, 4, 3, 4, 8))
+    with torch.no_grad():
+        first = vae.decode(z).sample
+    vae.double()  # a cast in place: the same parameter objects, another dtype
+    with pytest.raises(ValueError, match="parameters are float64"):
+        vaeshard.check(vae, z)
+    vae.float()
+    conv = vae.decoder.conv_out
+    conv.forward = conv.forward  # a hook added after a request
+    assert "replaced by a hook" in vaeshard.plan(vae, z.shape).reason
+    del conv.forward
+    assert "replaced by a hook" not in vaeshard.plan(vae, z.shape).reason
+    with pytest.raises(ValueError, match="parameters are float32"):
+        vaeshard.check(vae, z.half())
+    old = vae.decoder.conv_in
+    vae.decoder.conv_in = torch.nn.Conv2d(1, 1, 1).half()  # a layer replaced: half is one of its dtypes now
+    vaeshard.check(vae, z.half())
+    vae.decoder.conv_in = old
+    with torch.no_grad():
+        again = vae.decode(z).sample
+    assert torch.equal(again, first)
+    with pytest.raises(ValueError, match="parameters are float32"):
+        vaeshard.check(vae, z.half())
+    blocks = vae.decoder.up_blocks[0]
+    blocks.add_module("spare", torch.nn.Linear(1, 1).half())  # a module added to a container
+    vaeshard.check(vae, z.half())
+    del blocks.spare  # and deleted (no registration hook: the count of children tells)
+    with pytest.raises(ValueError, match="parameters are float32"):
+        vaeshard.check(vae, z.half())

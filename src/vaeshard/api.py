@@ -29,7 +29,7 @@ from .policy import expected_of, hooks_reason, plan_request
 from .runtime import comm as comm_mod
 from .runtime import graphs, requests, spatial
 from .runtime.requests import DTYPES, PROBLEMS, Request, agree, describe, describe_verify, size_message, validate
-from .runtime.swap import replaced_forwards
+from .runtime.swap import inventory, replaced_forwards
 from .runtime.tile import run_tiled
 
 log = logging.getLogger("vaeshard")
@@ -319,11 +319,12 @@ def admit(vae, op: str, x, inputs: dict, record) -> Request:
             f"was parallelized on: call {op} only on the group's ranks, or parallelize with group=None"
         )
     comm = comm_mod.Comm.for_group(group, timeout=config.timeout_seconds)
+    held = inventory(vae)
     if config.size is not None and config.size > comm.world:
         code, error = 9, size_message(config.size, comm.world)
     else:
-        code, error = validate(op, x, expected_of(family, vae, op))
-    hooked = tuple(replaced_forwards(vae))
+        code, error = validate(op, x, expected_of(family, vae, op, held))
+    hooked = tuple(replaced_forwards(vae, held.hooked))
     request = Request(
         op=op, x=x, vae=vae, family=family, config=config, comm=comm, inputs=dict(inputs), record=record, hooked=hooked
     )

@@ -20,7 +20,7 @@ from .runtime import comm as comm_mod
 from .runtime import graphs
 from .runtime.requests import Expected, Request, check_shape, size_message
 from .runtime.spatial import split_extents
-from .runtime.swap import replaced_forwards, submodules
+from .runtime.swap import Inventory, inventory, replaced_forwards
 
 log = logging.getLogger("vaeshard")
 
@@ -90,7 +90,8 @@ def plan(
         fast=config.fast if fast is None else fast,
     )
     shape = tuple(int(s) for s in latent_shape)
-    code, why = check_shape(op, shape, expected_of(family, vae, op))
+    held = inventory(vae)
+    code, why = check_shape(op, shape, expected_of(family, vae, op, held))
     if code == 0 and config.size is not None and config.size > world_size:
         why = size_message(config.size, world_size)
     if why is not None:
@@ -102,7 +103,7 @@ def plan(
         vae=vae,
         family=family,
         config=config,
-        hooked=tuple(replaced_forwards(vae)),
+        hooked=tuple(replaced_forwards(vae, held.hooked)),
         own=family.own_result(vae, op, shape),
     )
     return plan_request(request, world_size).plan
@@ -178,16 +179,17 @@ def _fast_tiles(chosen: Plan, family, options: FastOptions, op: str) -> Plan:
     )
 
 
-def expected_of(family, vae, op: str) -> Expected:
-    """What a request's input must be for this VAE (runtime.requests.validate)."""
-    params = [p for m in submodules(vae) for p in m._parameters.values() if p is not None]
+def expected_of(family, vae, op: str, held: Inventory | None = None) -> Expected:
+    """What a request's input must be for this VAE (runtime.requests.validate); `held`: the
+    request's `inventory(vae)`, where it has taken one."""
+    held = inventory(vae) if held is None else held
     return Expected(
         cls=type(vae).__name__,
         ndim=family.latent_ndim,
         layout=family.layout,
         channels=family.latent_channels(vae) if op == "decode" else None,
-        devices=frozenset(p.device for p in params),
-        dtypes=frozenset(p.dtype for p in params),
+        devices=held.devices,
+        dtypes=held.dtypes,
     )
 
 
