@@ -294,3 +294,17 @@ def test_each_request_sees_the_vae_as_it_is_now():
     del blocks.spare  # and deleted (no registration hook: the count of children tells)
     with pytest.raises(ValueError, match="parameters are float32"):
         vaeshard.check(vae, z.half())
+
+
+def test_a_vae_walked_by_requests_can_still_be_freed():
+    import gc
+    import weakref
+
+    from vaeshard.runtime.swap import inventory
+
+    vae = build("wan21")
+    inventory(vae)
+    gone = weakref.ref(vae)
+    del vae
+    gc.collect()
+    assert gone() is None

@@ -61,26 +61,36 @@ class Inventory(NamedTuple):
     hooked: bool
 
 
-# A module assigned, added or replaced anywhere (nn.Module.__setattr__, add_module, register_module)
-# bumps this; a VAE's list of modules is kept while it stays the same and the number of children
-# seen in the walk below does not change (a deletion, or a child put straight into `_modules`).
-_registrations = 0
+# A VAE's list of modules is kept until a module is assigned, added or replaced inside it
+# (nn.Module.__setattr__, add_module, register_module: torch's global module registration hook, which
+# looks the parent up among the modules of the VAEs listed) or the count of children seen in a walk
+# changes (a deletion, or a child put straight into `_modules`). Registrations elsewhere (diffusers'
+# blocks slice their ModuleLists in every forward, each slice a new ModuleList) leave it.
 _hook_handle = None
+# VAE -> (the modules inside it, without itself: a value holding its key would keep it alive; children)
 _modules_of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_vaes_holding: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> [weakref(VAE)]
 
 
-def _registered(module, name, value):
-    global _registrations
-    _registrations += 1
+def _registered(parent, name, value):
+    for held in _vaes_holding.get(parent, ()):
+        vae = held()
+        if vae is not None:
+            _modules_of.pop(vae, None)
 
 
-def _module_list(vae: nn.Module) -> tuple[int, list[nn.Module], int]:
+def _module_list(vae: nn.Module) -> tuple[list[nn.Module], int]:
     global _hook_handle
     if _hook_handle is None:
         _hook_handle = register_module_module_registration_hook(_registered)
     modules = list(submodules(vae))
-    children = sum(len(m._modules) for m in modules)
-    _modules_of[vae] = (_registrations, modules, children)
+    mine = weakref.ref(vae)
+    for module in modules:
+        holders = _vaes_holding.setdefault(module, [])
+        if not any(held() is vae for held in holders):
+            holders.append(mine)
+    inside = [m for m in modules[1:] if m is not vae]
+    _modules_of[vae] = (inside, sum(len(m._modules) for m in modules))
     return _modules_of[vae]
 
 
@@ -91,11 +101,11 @@ def inventory(vae: nn.Module) -> Inventory:
     the parameters and forwards are read again on every call, so a cast, a move or a hook added
     after the last request is seen."""
     cached = _modules_of.get(vae)
-    if cached is None or cached[0] != _registrations:
+    if cached is None:
         cached = _module_list(vae)
     while True:
-        _, modules, children = cached
-        states = [module.__dict__ for module in modules]
+        inside, children = cached
+        states = [vae.__dict__] + [module.__dict__ for module in inside]
         if sum(len(state["_modules"]) for state in states) == children:
             params = [p for state in states for p in state["_parameters"].values() if p is not None]
             hooked = any("forward" in state for state in states[1:])  # (states[0]: the VAE's own)
