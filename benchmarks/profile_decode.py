@@ -65,7 +65,7 @@ CLASSES = [
     ("attention", r"[Aa]ttention|flash|fmha|softmax"),  # before convolution: fmha kernels are cutlass ones
     ("convolution", r"conv|implicit|sm90_xmma|cudnn|winograd|fprop|dgrad|cutlass|gemm|nhwc|wgrad"),
     ("cat / pad / copy", r"cat|pad|copy|Copy|[Mm]emcpy|CatArray|reflection|constant_pad"),
-    ("norm (fp32)", r"norm|reduce|Reduce|sqrt|rsqrt"),
+    ("norm (fp32)", r"norm|reduce|Reduce|sqrt|rsqrt|RowwiseMoments|ComputeFusedParams"),  # PyTorch's GroupNorm
     ("elementwise", r"elementwise|vectorized|silu|mul|add|clamp|fill|bias_residual"),
     ("upsample", r"upsample|nearest"),
 ]

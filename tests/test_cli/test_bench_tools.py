@@ -108,6 +108,9 @@ def test_timeline_splits_kernels_by_decoder_call_at_the_marker_kernels():
     )
     assert prof.classify("Memcpy DtoD (Device -> Device)") == "cat / pad / copy"
     assert prof.classify("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc") == "convolution"
+    # PyTorch's GroupNorm statistics (before: "other", half of an image VAE's decode at 1024^2)
+    name = "void at::native::(anonymous namespace)::RowwiseMomentsCUDAKernel<c10::BFloat16, float>(long, float*)"
+    assert prof.classify(name) == "norm (fp32)"
 
 
 def test_memory_model_counts_storages_until_their_last_tensor_is_gone():
