@@ -2,6 +2,7 @@
 
 The subclass keeps the module's parameters, buffers, names and state_dict (only `__class__`
 changes), so checkpoints load with `strict=True` before and after; `unswap` restores the class.
+Also the walks over a VAE's modules every request makes (`inventory`, `replaced_forwards`).
 """
 
 from __future__ import annotations
