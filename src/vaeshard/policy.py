@@ -37,6 +37,9 @@ class Plan(NamedTuple):
     result: str = ""  # what the result equals, one line
     changes_result: bool = False  # the result is not what the VAE's own decode / encode, as configured, gives
     memory: str = ""  # what a rank holds beyond its share of the feature maps (Family.memory_note), one line
+    # the exact tier of a request that asked for the fast tier: PyTorch's GroupNorm by vaeshard's kernels,
+    # the same arithmetic (kernels/group_norm_same.py), where they agree with PyTorch on the device
+    same_kernels: bool = False
 
     def explain(self) -> str:
         """The strategy and every choice with its reason, one per line; for a request that would be
@@ -45,6 +48,11 @@ class Plan(NamedTuple):
             return f"{REFUSED}: {self.reason}"
         tier = "the fast tier" if self.fast is not None else "the exact tier (diffusers' own layers)"
         tier += f": {self.tier_reason}" if self.tier_reason else ""
+        if self.same_kernels:
+            tier += (
+                "; its GroupNorms by vaeshard's kernels in PyTorch's arithmetic, bit for bit "
+                "(kernels/group_norm_same.py; where they disagree with PyTorch on the device, PyTorch's)"
+            )
         lines = [f"strategy: {self.strategy} ({self.reason})", f"result: {self.result}", f"tier: {tier}"]
         if self.fast is not None:
             lines += [f"  {name}: {why}" for name, why in self.fast.reasons]
@@ -156,6 +164,8 @@ def plan_request(request: Request, world_size: int) -> Request:
                 request.vae, request.x.shape, world_size, chosen.strategy, config.fast, op=request.op, family=family
             )
             chosen = chosen._replace(fast=fast)
+        if chosen.fast is None:
+            chosen = chosen._replace(same_kernels=True)
     return dataclasses.replace(request, plan=chosen, tile_ops=built[0] if built else None)
 
 

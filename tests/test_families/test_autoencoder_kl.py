@@ -274,6 +274,11 @@ def test_plan_answers_for_4d_latents():
     assert sharded.fast is None and "runs only with FastOptions(norm_into_conv=True)" in sharded.explain()
     forced = vaeshard.plan(vae, (1, 4, 16, 24), 4, fast=vaeshard.FastOptions(norm_into_conv=True))
     assert forced.fast is not None and forced.fast.norm_into_conv
+    # diffusers' layers, its GroupNorms by the kernels that give PyTorch's bits; never with exact=True
+    one = vaeshard.plan(vae, (1, 4, 16, 24), 1)
+    assert one.fast is None and one.same_kernels and "in PyTorch's arithmetic, bit for bit" in one.explain()
+    assert not vaeshard.plan(vae, (1, 4, 16, 24), 1, exact=True).same_kernels
+    assert not vaeshard.plan(vae, (1, 4, 16, 24), 4, "tile").same_kernels
     encode = vaeshard.plan(vae, (1, 3, 64, 64), 2, "spatial_shard_width", op="encode")
     assert (encode.strategy, encode.fallback) == ("tile", True)
     assert "no spatial-shard encode" in encode.reason

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
-from ..kernels import group_norm
+from ..kernels import group_norm, group_norm_same
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
@@ -356,7 +356,10 @@ class GroupNormSiLUIntoConv(ProducingNorm):
     runs the protocol, silu(norm(x)) straight into that convolution's buffer: by kernels/group_norm.py
     (two reads of x, one write; sharded, one all-reduce makes the statistics the whole map's) where
     they take x, else the norm's own output (the next forward in line: a sharded request's takes the
-    whole map's statistics) through SiLU in one pass (`silu.out`); elsewhere the norm's own forward."""
+    whole map's statistics) through SiLU in one pass (`silu.out`). Elsewhere, unsharded where the
+    request allows PyTorch's arithmetic by vaeshard's kernels (tier.same_kernels), silu(norm(x)) in one
+    pass with PyTorch's bits (kernels/group_norm_same.py), the SiLU module told to pass it on; else the
+    norm's own forward."""
 
     def forward(self, x):
         norm = super().forward
@@ -369,7 +372,19 @@ class GroupNormSiLUIntoConv(ProducingNorm):
                 torch.ops.aten.silu.out(norm(x), out=view)
 
         view = self.produce(x, write)
+        if view is None:
+            view = self._with_silu_same(x)
         return norm(x) if view is None else view
+
+    def _with_silu_same(self, x: torch.Tensor) -> torch.Tensor | None:
+        linked = self.__dict__.get(_FEEDS)
+        if linked is None or current() is not None or not tier.same_kernels() or not _plain((self, *linked)):
+            return None
+        if not (group_norm_same.takes(x, self.num_groups) and group_norm_same.agrees(x.device, x.dtype)):
+            return None
+        y = group_norm_same.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu=True)
+        linked[0].__dict__[_PENDING] = _record(y)
+        return y
 
 
 class GlobalGroupNormIntoConv(GroupNormSiLUIntoConv, GlobalGroupNorm):

@@ -12,11 +12,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import group_norm
+from ..kernels import group_norm, group_norm_same
 from ..kernels.norm import rms_norm
 from ..runtime.comm import all_reduce_sum
 from ..runtime.spatial import ShardContext, current
-from .tier import enabled
+from .tier import enabled, same_kernels
 
 
 class FusedRMSNormSiLU:
@@ -138,12 +138,17 @@ class GlobalGroupNorm:
     in the fast tier one, by kernels/group_norm.py where its kernels take the map; else two).
 
     A GroupNorm couples every pixel of a group, so per-slice statistics would differ from the
-    unsharded decode; the normalization itself stays local.
+    unsharded decode; the normalization itself stays local. Unsharded, where the request allows it
+    (tier.same_kernels): PyTorch's GroupNorm bit for bit by kernels/group_norm_same.py, where those
+    kernels agree with PyTorch on the device.
     """
 
     def forward(self, x):
         ctx = current()
         if ctx is None:
+            same = same_kernels() and group_norm_same.takes(x, self.num_groups)
+            if same and group_norm_same.agrees(x.device, x.dtype):
+                return group_norm_same.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
             return super().forward(x)
         if enabled() and group_norm.takes(x, self.num_groups):
             args = (self.num_groups, self.weight, self.bias, self.eps)

@@ -78,6 +78,16 @@ def enabled() -> bool:
     return current() is not None
 
 
+def same_kernels() -> bool:
+    """Whether this request's layers may run PyTorch's arithmetic through vaeshard's kernels that give
+    its bits (kernels/group_norm_same.py): the fast tier, and the exact tier of a request that asked
+    for the fast tier (policy.Plan.same_kernels); never with exact=True, in mode `tile` or with hooks."""
+    request = requests.current()
+    if request is None:
+        return False
+    return request.fast is not None or (request.plan is not None and request.plan.same_kernels)
+
+
 @contextlib.contextmanager
 def active(plan: FastPlan | None):
     """Run a request with `plan` (None: exactly as diffusers computes). With `cudnn_benchmark`, cuDNN's

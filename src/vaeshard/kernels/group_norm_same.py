@@ -1,0 +1,313 @@
+"""PyTorch's CUDA GroupNorm, the same arithmetic in the same order, with more of the map in flight.
+
+PyTorch's forward (ATen's cuda/group_norm_kernel.cu) gives each (sample, group) row of R = C/G * T*H*W
+elements one block of L threads (L = 512, or 32 where R < 512). Thread t folds elements t, t + L,
+t + 2L, ... into a Welford state (mean, m2, count) one after another; the block then combines the L
+states by a warp shuffle-down tree (offsets 16 to 1), the 16 warps' results through shared memory
+into warp 0's tree; var = m2 / count, rstd = rsqrt(var + eps) with eps cast to the input dtype; a
+per-channel fold a = rstd * gamma, b = -a * mean + beta; and y = a * x + b in fp32, rounded to the
+input dtype. Each thread has one load in flight, and 32 rows of 512 threads is all a typical decoder
+map gives it: its statistics pass runs at a small fraction of the memory's bandwidth, and in an image
+VAE's decode it takes about half of the GPU time (BENCHMARKS.md).
+
+Here the same L chains run, each in its own lane, `UNROLL` loads in flight per lane and `LANES`
+lanes per program, so that every SM has work; `_tree_kernel` then combines the L states in the same
+tree. Where nvcc contracts a multiply and an add into one fused multiply-add (FMA), these kernels use
+`tl.fma` and compile with contraction off otherwise, so each rounding is PyTorch's. The result is
+PyTorch's output bit for bit; `agrees` checks that on the device before any request relies on it (a
+PyTorch version whose kernel differs is then left to run its own), and the GPU parity benchmark
+compares whole decodes with diffusers'. PyTorch before 2.12 rounds a bf16 or fp16 map's mean and
+rstd to that dtype between its statistics and its fold; `agrees` finds which of the two it does.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from .triton_support import launch, runs_on, tl, triton
+
+LANES = 64  # chains per program of `_chains_kernel`
+UNROLL = 8  # loads in flight per chain
+APPLY_BLOCK = 1024  # elements of one channel per program of `_apply_kernel`
+_BIG = 512  # PyTorch's threads per row (cuda_utils::kCUDABlockReduceNumThreads); 32 below it
+
+if triton is not None:
+    try:
+        from triton.language.extra import libdevice
+    except ImportError:  # pragma: no cover - older layouts
+        from triton.language.extra.cuda import libdevice
+
+    @triton.jit
+    def _fold(x, mean, m2, n, ok):
+        # WelfordOps::reduce: new_mean = mean + (x - mean) / (n + 1); m2 + delta * (x - new_mean), one FMA
+        nn = n + 1.0
+        delta = x - mean
+        new_mean = mean + tl.math.div_rn(delta, nn)
+        new_m2 = tl.fma(delta, x - new_mean, m2)
+        return tl.where(ok, new_mean, mean), tl.where(ok, new_m2, m2), tl.where(ok, nn, n)
+
+    @triton.jit
+    def _chains_kernel(
+        x_ptr, mean_ptr, m2_ptr, n_ptr, R, THREADS: tl.constexpr, LANES: tl.constexpr, UNROLL: tl.constexpr
+    ):
+        row = tl.program_id(0)
+        lane = tl.program_id(1) * LANES + tl.arange(0, LANES)
+        mean = tl.zeros([LANES], tl.float32)
+        m2 = tl.zeros([LANES], tl.float32)
+        n = tl.zeros([LANES], tl.float32)
+        base = x_ptr + row.to(tl.int64) * R
+        for start in range(0, R, THREADS * UNROLL):
+            for u in tl.static_range(UNROLL):
+                j = start + u * THREADS + lane
+                ok = j < R
+                x = tl.load(base + j, mask=ok, other=0.0).to(tl.float32)
+                mean, m2, n = _fold(x, mean, m2, n, ok)
+        at = row * THREADS + lane
+        tl.store(mean_ptr + at, mean)
+        tl.store(m2_ptr + at, m2)
+        tl.store(n_ptr + at, n)
+
+    @triton.jit
+    def _combine(am, a2, an, bm, b2, bn):
+        # WelfordOps::combine (a state with no elements gives the other), its two FMAs as nvcc makes them
+        delta = bm - am
+        count = an + bn
+        nb = tl.math.div_rn(bn, tl.where(count == 0, 1.0, count))
+        mean = tl.fma(delta, nb, am)
+        m2 = tl.fma(delta * delta * an, nb, a2 + b2)
+        mean = tl.where(an == 0, bm, tl.where(bn == 0, am, mean))
+        m2 = tl.where(an == 0, b2, tl.where(bn == 0, a2, m2))
+        return mean, m2, count
+
+    @triton.jit
+    def _shuffle_down(m, m2, n, W: tl.constexpr, L: tl.constexpr):
+        # [W, L] -> [W, L // 2]: lane i combined with lane i + L // 2 in each of W warps
+        m = tl.permute(tl.reshape(m, [W, 2, L // 2]), (0, 2, 1))
+        m2 = tl.permute(tl.reshape(m2, [W, 2, L // 2]), (0, 2, 1))
+        n = tl.permute(tl.reshape(n, [W, 2, L // 2]), (0, 2, 1))
+        am, bm = tl.split(m)
+        a2, b2 = tl.split(m2)
+        an, bn = tl.split(n)
+        return _combine(am, a2, an, bm, b2, bn)
+
+    @triton.jit
+    def _warp_tree(m, m2, n, W: tl.constexpr):
+        # cuda_utils::WarpReduce in each of W warps: offsets 16, 8, 4, 2, 1 -> [W, 1]
+        m, m2, n = _shuffle_down(m, m2, n, W, 32)
+        m, m2, n = _shuffle_down(m, m2, n, W, 16)
+        m, m2, n = _shuffle_down(m, m2, n, W, 8)
+        m, m2, n = _shuffle_down(m, m2, n, W, 4)
+        return _shuffle_down(m, m2, n, W, 2)
+
+    @triton.jit
+    def _tree_kernel(mean_ptr, m2_ptr, n_ptr, stats_ptr, eps, THREADS: tl.constexpr, LIBDEVICE: tl.constexpr):
+        row = tl.program_id(0)
+        at = row * THREADS + tl.arange(0, THREADS)
+        W: tl.constexpr = THREADS // 32
+        m = tl.reshape(tl.load(mean_ptr + at), [W, 32])
+        m2 = tl.reshape(tl.load(m2_ptr + at), [W, 32])
+        n = tl.reshape(tl.load(n_ptr + at), [W, 32])
+        m, m2, n = _warp_tree(m, m2, n, W)
+        if W > 1:
+            # cuda_utils::BlockReduce: the W warps' results in warp 0's lanes, identities above them; its
+            # offset-16 step meets only identities, then offsets 8..1 (W = 16)
+            m = tl.reshape(m, [1, W])
+            m2 = tl.reshape(m2, [1, W])
+            n = tl.reshape(n, [1, W])
+            m, m2, n = _shuffle_down(m, m2, n, 1, 16)
+            m, m2, n = _shuffle_down(m, m2, n, 1, 8)
+            m, m2, n = _shuffle_down(m, m2, n, 1, 4)
+            m, m2, n = _shuffle_down(m, m2, n, 1, 2)
+        var = tl.math.div_rn(tl.sum(m2, axis=1), tl.sum(n, axis=1))
+        if LIBDEVICE:
+            rstd = libdevice.rsqrt(var + eps)
+        else:  # (Triton's interpreter has no libdevice)
+            rstd = tl.math.rsqrt(var + eps)
+        one = tl.arange(0, 1)
+        tl.store(stats_ptr + row * 2 + one, tl.sum(m, axis=1))
+        tl.store(stats_ptr + row * 2 + 1 + one, rstd)
+
+    @triton.jit
+    def _apply_kernel(
+        x_ptr,
+        y_ptr,
+        stats_ptr,
+        w_ptr,
+        b_ptr,
+        C,
+        HW,
+        PER,
+        HAS_W: tl.constexpr,
+        HAS_B: tl.constexpr,
+        SILU: tl.constexpr,
+        BLOCK: tl.constexpr,
+        LIBDEVICE: tl.constexpr,
+        ROUNDED_STATS: tl.constexpr,
+    ):
+        # ComputeFusedParamsCUDAKernel's fold, then a * x + b (one FMA each), rounded to the dtype; SiLU
+        # of that (PyTorch's x / (1 + exp(-x)) in fp32, rounded again) where the norm's SiLU is fused
+        nc = tl.program_id(1)
+        c = nc % C
+        g = nc // PER  # the (sample, group) row
+        mean = tl.load(stats_ptr + g * 2)
+        rstd = tl.load(stats_ptr + g * 2 + 1)
+        if ROUNDED_STATS:  # PyTorch before 2.12 keeps the statistics in the input dtype in between
+            mean = mean.to(y_ptr.dtype.element_ty).to(tl.float32)
+            rstd = rstd.to(y_ptr.dtype.element_ty).to(tl.float32)
+        a = rstd * tl.load(w_ptr + c).to(tl.float32) if HAS_W else rstd
+        beta = tl.load(b_ptr + c).to(tl.float32) if HAS_B else 0.0
+        b = tl.fma(-a, mean, beta)
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < HW
+        at = nc.to(tl.int64) * HW + offs
+        dt = y_ptr.dtype.element_ty
+        y = tl.fma(a, tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32), b).to(dt)
+        if SILU:
+            yf = y.to(tl.float32)
+            if LIBDEVICE:
+                e = libdevice.exp(-yf)
+            else:
+                e = tl.exp(-yf)
+            y = tl.math.div_rn(yf, 1.0 + e).to(dt)
+        tl.store(y_ptr + at, y, mask=ok)
+
+
+def takes(x: torch.Tensor, num_groups: int) -> bool:
+    """Whether the kernels take `x`: a contiguous (N, C, ...) map of 3 to 5 dims in fp32, bf16 or fp16
+    whose C divides into `num_groups` groups, each row short enough for a chain's fp32 count."""
+    if x.dim() not in (3, 4, 5) or not runs_on(x) or not x.is_contiguous() or x.numel() == 0:
+        return False
+    c = x.shape[1]
+    if num_groups <= 0 or c % num_groups or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    return x.numel() // (x.shape[0] * num_groups) < 2**31 and x.numel() < 2**62
+
+
+def statistics(x: torch.Tensor, num_groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, rstd), fp32 (N * num_groups,) each: PyTorch's per-row statistics, as its kernel computes
+    them (the module docstring); `takes(x, num_groups)` must hold."""
+    rows = x.shape[0] * num_groups
+    r = x.numel() // rows
+    threads = _BIG if r >= _BIG else 32
+    lanes = min(LANES, threads)
+    mean = torch.empty(rows * threads, dtype=torch.float32, device=x.device)
+    m2, count = torch.empty_like(mean), torch.empty_like(mean)
+    fused = {"enable_fp_fusion": False}  # every FMA is a tl.fma: PyTorch's, and no other
+    grid = (rows, threads // lanes)
+    launch(
+        _chains_kernel,
+        grid,
+        x,
+        mean,
+        m2,
+        count,
+        r,
+        THREADS=threads,
+        LANES=lanes,
+        UNROLL=UNROLL,
+        num_warps=max(1, lanes // 32),
+        **fused,
+    )
+    stats = torch.empty(rows, 2, dtype=torch.float32, device=x.device)
+    eps_t = float(torch.tensor(eps, dtype=x.dtype))  # PyTorch casts eps to the input dtype first
+    launch(
+        _tree_kernel,
+        (rows,),
+        mean,
+        m2,
+        count,
+        stats,
+        eps_t,
+        THREADS=threads,
+        LIBDEVICE=x.is_cuda,
+        num_warps=threads // 32,
+        **fused,
+    )
+    return stats[:, 0], stats[:, 1]
+
+
+def group_norm(
+    x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool = False, rounded_stats: bool | None = None
+) -> torch.Tensor:
+    """F.group_norm(x, num_groups, weight, bias, eps), then F.silu of it where `silu`, as PyTorch's CUDA
+    kernels compute them (the module docstring); `takes(x, num_groups)` must hold. `rounded_stats`:
+    whether the mean and rstd pass through x's dtype before the fold, as PyTorch's kernel before 2.12
+    does with bf16 and fp16 input (None: as `agrees` found PyTorch doing on x's device; else not)."""
+    if rounded_stats is None:
+        rounded_stats = _verdicts.get((x.device.type, x.device.index, x.dtype)) == _ROUNDED
+    n, c = x.shape[:2]
+    hw = x[0, 0].numel()
+    stats = torch.stack(statistics(x, num_groups, eps), dim=1)
+    y = torch.empty_like(x)
+    w = weight if weight is not None else stats  # (a pointer the kernel never reads)
+    b = bias if bias is not None else stats
+    launch(
+        _apply_kernel,
+        (triton.cdiv(hw, APPLY_BLOCK), n * c),
+        x,
+        y,
+        stats,
+        w,
+        b,
+        c,
+        hw,
+        c // num_groups,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        SILU=silu,
+        BLOCK=APPLY_BLOCK,
+        LIBDEVICE=x.is_cuda,
+        ROUNDED_STATS=rounded_stats and x.dtype != torch.float32,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )
+    return y
+
+
+# --- the check on the device ----------------------------------------------------------------------
+
+# Maps that take both of PyTorch's block sizes, rows that are and are not a multiple of 512, a count
+# of elements per lane that is not a multiple of UNROLL, and 3- to 5-D shapes.
+_CHECK_SHAPES = ((2, 64, 24, 40), (1, 32, 3, 5, 7), (1, 128, 3, 41, 37), (3, 96, 100))
+_verdicts: dict = {}  # (device type, index, dtype) -> False, _FLOAT or _ROUNDED
+_FLOAT, _ROUNDED = "float", "rounded"  # PyTorch's statistics between its kernels: as they are, or rounded
+_lock = threading.Lock()
+
+
+def agrees(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether these kernels give PyTorch's CUDA GroupNorm (and GroupNorm + SiLU) bit for bit on the
+    CUDA `device` in `dtype`: checked once per device and dtype on small random maps (a few milliseconds
+    once the kernels are compiled), with the statistics kept in fp32 between the kernels and, failing
+    that, rounded to the dtype (PyTorch before 2.12); never during a CUDA graph capture (False there
+    until checked outside)."""
+    if device.type != "cuda":  # (PyTorch's CPU GroupNorm sums in another order)
+        return False
+    key = (device.type, device.index, dtype)
+    verdict = _verdicts.get(key)
+    if verdict is not None:
+        return bool(verdict)
+    if torch.cuda.is_current_stream_capturing():
+        return False
+    with _lock:
+        if key not in _verdicts:
+            _verdicts[key] = next((v for v in (_FLOAT, _ROUNDED) if _check(device, dtype, v == _ROUNDED)), False)
+    return bool(_verdicts[key])
+
+
+def _check(device, dtype, rounded: bool) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    for shape in _CHECK_SHAPES:
+        x = (torch.randn(shape, generator=gen) * 3 + 0.5).to(device=device, dtype=dtype)
+        w = (torch.randn(shape[1], generator=gen) * 0.5 + 1).to(device=device, dtype=dtype)
+        b = (torch.randn(shape[1], generator=gen) * 0.2).to(device=device, dtype=dtype)
+        for weight, bias in ((w, b), (None, None)):
+            ref = F.group_norm(x, 16, weight, bias, 1e-6)
+            if not takes(x, 16) or not torch.equal(group_norm(x, 16, weight, bias, 1e-6, rounded_stats=rounded), ref):
+                return False
+        fused = group_norm(x, 16, w, b, 1e-6, silu=True, rounded_stats=rounded)
+        if not torch.equal(fused, F.silu(F.group_norm(x, 16, w, b, 1e-6))):
+            return False
+    return True

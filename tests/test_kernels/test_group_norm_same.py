@@ -1,0 +1,169 @@
+"""kernels/group_norm_same.py, PyTorch's CUDA GroupNorm computed in PyTorch's order, in Triton's
+interpreter against an emulation of ATen's kernel written here from its source (one float32 rounding
+per operation; nvcc's fused multiply-adds as the interpreter computes them): each of the L = 512 (or 32) lanes'
+Welford chain, the warp shuffle-down trees and the block's combination of the warps. The statistics
+must match it bit for bit; a tree in another order must not (the test's own check that the order is
+what it sees). On a GPU the same kernels are checked against PyTorch itself (`agrees`, before a
+request uses them) and whole decodes against diffusers' by benchmarks/gpu_parity.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from .. import interpreter
+
+VALUES = r"""
+import numpy as np
+import torch
+import torch.nn.functional as F
+from vaeshard.kernels import group_norm_same as same, triton_support
+assert triton_support.interpreting()
+f32 = np.float32
+
+
+def fma(a, b, c):
+    # nvcc's fused multiply-add rounds once; Triton's interpreter computes tl.fma as a * b + c in
+    # float32, rounding the product first, and so does this emulation (the single rounding on a GPU is
+    # what `agrees` checks there, against PyTorch itself)
+    return f32(f32(a * b) + c)
+
+
+def fold(acc, x):  # WelfordOps::reduce
+    mean, m2, n = acc
+    nn = f32(n + f32(1))
+    delta = f32(x - mean)
+    new_mean = f32(mean + f32(delta / nn))
+    return new_mean, fma(delta, f32(x - new_mean), m2), nn
+
+
+def combine(a, b):  # WelfordOps::combine
+    if a[2] == 0:
+        return b
+    if b[2] == 0:
+        return a
+    delta = f32(b[0] - a[0])
+    count = f32(a[2] + b[2])
+    nb = f32(b[2] / count)
+    return fma(delta, nb, a[0]), fma(f32(f32(delta * delta) * a[2]), nb, f32(a[1] + b[1])), count
+
+
+def warp_reduce(states, order):  # cuda_utils::WarpReduce: lane i takes lane i + offset
+    states = list(states)
+    for off in order:
+        states = [combine(states[i], states[i + off]) if i + off < 32 else states[i] for i in range(32)]
+    return states[0]
+
+
+def statistics(row, order=(16, 8, 4, 2, 1)):
+    L = 512 if len(row) >= 512 else 32
+    zero = (f32(0), f32(0), f32(0))
+    lanes = []
+    for t in range(L):
+        acc = zero
+        for x in row[t::L]:
+            acc = fold(acc, f32(x))
+        lanes.append(acc)
+    if L == 32:
+        final = warp_reduce(lanes, order)
+    else:  # cuda_utils::BlockReduce
+        warps = [warp_reduce(lanes[w * 32 : (w + 1) * 32], order) for w in range(16)]
+        final = warp_reduce(warps + [zero] * 16, order)
+    return final[0], f32(final[1] / final[2])
+
+
+torch.manual_seed(0)
+# rows of 1,320 (not a multiple of 512; lanes of 2 and 3 elements, fewer than UNROLL), of 35 (PyTorch's
+# 32-thread block) and of 5,000 (10 elements a lane), 3- to 5-D; and one with every lane's count past
+# UNROLL and programs of fewer lanes
+cases = (((2, 32, 11, 15), 4, 64), ((1, 16, 5, 7), 16, 64), ((1, 8, 2, 25, 50), 2, 64), ((3, 4, 5000), 4, 32))
+for shape, groups, lanes in cases:
+    same.LANES = lanes
+    x = torch.randn(*shape) * 3 + 0.5
+    eps = 1e-6
+    mean, rstd = same.statistics(x, groups, eps)
+    rows = x.reshape(shape[0] * groups, -1).numpy()
+    for r, row in enumerate(rows):
+        m, var = statistics(row)
+        assert mean[r].item() == m, (shape, r, mean[r].item(), m)
+        # (the interpreter's rsqrt is NumPy's 1 / sqrt; a GPU's is its own approximation, as PyTorch's)
+        assert rstd[r].item() == f32(1) / np.sqrt(f32(var + f32(eps))), (shape, r)
+    # a tree in another order gives other means (so the check above sees the order)
+    if shape[0] * groups > 4:
+        other = [statistics(row, order=(1, 2, 4, 8, 16))[0] for row in rows]
+        assert any(o != mean[r].item() for r, o in enumerate(other)), shape
+    # the whole norm: statistics folded with weight and bias, one rounding to the dtype, SiLU after it
+    w, b = torch.randn(shape[1]), torch.randn(shape[1])
+    for weight, bias in ((w, b), (None, None)):
+        for silu in (False, True):
+            want = F.group_norm(x, groups, weight, bias, eps)
+            want = F.silu(want) if silu else want
+            got = same.group_norm(x, groups, weight, bias, eps, silu=silu)
+            assert got.shape == x.shape and got.dtype == x.dtype
+            assert (got - want).abs().max() <= 2e-5, (shape, silu, (got - want).abs().max())
+# what the kernels take: contiguous maps of fp32, bf16 or fp16 whose channels divide into the groups
+x = torch.randn(1, 8, 4, 4)
+assert same.takes(x, 4) and same.takes(x.half(), 4)
+assert not same.takes(x.contiguous(memory_format=torch.channels_last), 4)
+assert not same.takes(x.double(), 4) and not same.takes(x, 3) and not same.takes(x[..., :3], 4)
+# CPU tensors are never taken as PyTorch's: its CPU GroupNorm sums in another order
+assert not same.agrees(torch.device("cpu"), torch.float32)
+print("ok")
+"""
+
+# The layers that call the kernels, in a whole decode: AutoencoderKL's default request (diffusers' layers,
+# its GroupNorms by these kernels, the resnets' SiLU fused into them and the SiLU module passing the
+# result on) and CogVideoX's on the CPU (the fast tier without norm_into_conv: its spatial norms'
+# GroupNorms), against diffusers' decode. The kernels'
+# check against PyTorch (`agrees`) is for CUDA only, where it compares bits; here it is taken as passed,
+# and the values are compared within CPU fp32's tolerance: the interpreter's statistics follow PyTorch's
+# CUDA order, not its CPU one.
+MODELS = """
+import torch
+import vaeshard
+from vaeshard.kernels import group_norm_same
+from tests import interpreter
+from tests.models import build, latent
+from tests.parity import CPU_FP32, assert_close
+interpreter.unsanitized()
+group_norm_same.agrees = lambda device, dtype: True
+calls = []
+norm = group_norm_same.group_norm
+group_norm_same.group_norm = lambda *args, **kw: calls.append(kw.get("silu", False)) or norm(*args, **kw)
+for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6))):
+    vae = build(name)
+    z = latent((1, vae.config.latent_channels, *size), seed=3)
+    with torch.no_grad():
+        want = vae.decode(z).sample
+    vaeshard.parallelize(vae)
+    plan = vaeshard.plan(vae, z.shape)
+    # (AutoencoderKL's fast tier runs only with norm_into_conv=True; CogVideoX's is off on a GPU only)
+    assert plan.same_kernels if name == "autoencoder_kl" else plan.fast is not None, (name, plan.explain())
+    calls.clear()
+    with torch.no_grad():
+        got = vae.decode(z).sample
+    assert calls, name  # the norms went through the kernels
+    if name == "autoencoder_kl":
+        assert True in calls and False in calls, calls  # resnets' norms with SiLU, the attention's without
+    assert_close(got, want, CPU_FP32, name)
+    with torch.no_grad():  # exact=True: diffusers' layers, bit for bit
+        vaeshard.unparallelize(vae)
+        vaeshard.parallelize(vae, exact=True)
+        calls.clear()
+        assert torch.equal(vae.decode(z).sample, want) and not calls, name
+print("ok")
+"""
+
+VALUES_JOB = interpreter.script("group-norm-same-values", VALUES)
+MODELS_JOB = interpreter.script("group-norm-same-models", MODELS)
+
+
+@pytest.mark.background(VALUES_JOB)
+def test_statistics_are_pytorchs_cuda_algorithm_bit_for_bit():
+    done = interpreter.result(VALUES_JOB, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+@pytest.mark.background(MODELS_JOB)
+def test_default_requests_decode_through_the_kernels_as_diffusers_does():
+    done = interpreter.result(MODELS_JOB, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
