@@ -21,8 +21,9 @@ config, and a latent shape; image VAEs too), interleaved in one process: as it i
 with the model and latent channels-last (`torch.channels_last_3d`, or `torch.channels_last` for 4-D
 latents: cuDNN's NDHWC / NHWC kernels; pads and norms keep whatever layout they produce), and with
 `--variants`, vaeshard's default tier and its norms into the next convolutions (`vaeshard-into`;
-`vaeshard-into-cudnn`: the same with PyTorch's convolutions only, `triton_convs=False`; any vaeshard
-variant + `-stepN`: with `frames_per_step=N`, e.g. `vaeshard-step2`).
+`vaeshard-into-cudnn`: the same with PyTorch's convolutions only, `triton_convs=False`; `vaeshard-same`:
+diffusers' layers with the GroupNorms in PyTorch's arithmetic by vaeshard's kernels, as a family whose
+fast tier is off runs; any vaeshard variant + `-stepN`: with `frames_per_step=N`, e.g. `vaeshard-step2`).
 Each variant is timed `--reps` times after a warm-up (medians; its peak and its max |diff| from
 diffusers' output taken on the warm-up), then profiled once: GPU time (CPU time on a machine without
 one) by kernel class. The last lines are a table of every variant.
@@ -559,7 +560,7 @@ def _by_op(vae, z, device, top: int) -> list[list]:
     return sorted(rows, key=lambda r: -r[1])[:top]
 
 
-VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into", "vaeshard-into-cudnn")
+VARIANTS = ("channels-first", "channels-last", "vaeshard", "vaeshard-into", "vaeshard-into-cudnn", "vaeshard-same")
 
 
 def _step(label: str) -> tuple[str, int | None]:
@@ -573,13 +574,22 @@ def _known(label: str) -> bool:
     return base in VARIANTS and (step is None or base.startswith("vaeshard"))
 
 
+_SLOWER = None  # tuning.FAST_TIER_SLOWER_FAMILIES as vaeshard defines it
+
+
 def _vaeshard(vae, label: str) -> None:
     """Set `vae`'s vaeshard settings for a variant: its default fast tier, with (-into) the norms
     written into the next convolution's padded input, (-cudnn) with PyTorch's convolutions only,
-    (-stepN) N latent frames per decoder call."""
+    (-stepN) N latent frames per decoder call; (-same) diffusers' layers with the GroupNorms of
+    kernels/group_norm_same.py, the family counted among tuning.FAST_TIER_SLOWER_FAMILIES meanwhile."""
     import vaeshard
+    from vaeshard import tuning
+    from vaeshard.families import family_for
 
     label, step = _step(label)
+    global _SLOWER
+    _SLOWER = tuning.FAST_TIER_SLOWER_FAMILIES if _SLOWER is None else _SLOWER
+    tuning.FAST_TIER_SLOWER_FAMILIES = _SLOWER + ((family_for(vae).name,) if label == "vaeshard-same" else ())
     into = True if label.startswith("vaeshard-into") else "auto"
     fast = vaeshard.FastOptions(
         norm_into_conv=into, triton_convs=not label.endswith("-cudnn"), frames_per_step=step or "auto"
