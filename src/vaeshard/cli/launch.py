@@ -474,7 +474,9 @@ def _collect(procs, results, nproc: int, timeout: float | None) -> list:
 
 def join_group(rank: int, world: int, init_file: str, group_timeout: float, device: str = "cpu") -> RankContext:
     """Join a fresh process group of `world` ranks through the file store `init_file` (gloo on CPU; NCCL on
-    cuda, rank r on cuda:r); this rank's context."""
+    cuda, rank r on cuda:r); this rank's context, once every rank has joined (a barrier: gloo's rank 0
+    can finish connecting before a peer has, and a rank done early would otherwise close its
+    connections while that peer still makes them)."""
     import torch
     import torch.distributed as dist
 
@@ -490,7 +492,9 @@ def join_group(rank: int, world: int, init_file: str, group_timeout: float, devi
         timeout=timedelta(seconds=group_timeout),
         **extra,
     )
-    return RankContext(rank, world, rank, where, backend)
+    ctx = RankContext(rank, world, rank, where, backend)
+    ctx.barrier()
+    return ctx
 
 
 def _worker(rank, world, device, init_file, fn, args, results, group_timeout, threads, launcher, death, streams):
