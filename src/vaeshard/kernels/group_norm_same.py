@@ -158,7 +158,7 @@ if triton is not None:
             mean = mean.to(y_ptr.dtype.element_ty).to(tl.float32)
             rstd = rstd.to(y_ptr.dtype.element_ty).to(tl.float32)
         a = rstd * tl.load(w_ptr + c).to(tl.float32) if HAS_W else rstd
-        beta = tl.load(b_ptr + c).to(tl.float32) if HAS_B else 0.0
+        beta = tl.load(b_ptr + c).to(tl.float32) if HAS_B else tl.zeros_like(rstd)  # (+0, as PyTorch adds)
         b = tl.fma(-a, mean, beta)
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < HW
