@@ -574,22 +574,26 @@ def _known(label: str) -> bool:
     return base in VARIANTS and (step is None or base.startswith("vaeshard"))
 
 
-_SLOWER = None  # tuning.FAST_TIER_SLOWER_FAMILIES as vaeshard defines it
+_SLOWER = _SAME = None  # tuning.FAST_TIER_SLOWER_FAMILIES and GROUP_NORM_SAME_KERNELS as vaeshard defines them
 
 
 def _vaeshard(vae, label: str) -> None:
     """Set `vae`'s vaeshard settings for a variant: its default fast tier, with (-into) the norms
     written into the next convolution's padded input, (-cudnn) with PyTorch's convolutions only,
     (-stepN) N latent frames per decoder call; (-same) diffusers' layers with the GroupNorms of
-    kernels/group_norm_same.py, the family counted among tuning.FAST_TIER_SLOWER_FAMILIES meanwhile."""
+    kernels/group_norm_same.py: tuning.GROUP_NORM_SAME_KERNELS on and the family counted among
+    tuning.FAST_TIER_SLOWER_FAMILIES meanwhile."""
     import vaeshard
     from vaeshard import tuning
     from vaeshard.families import family_for
 
     label, step = _step(label)
-    global _SLOWER
-    _SLOWER = tuning.FAST_TIER_SLOWER_FAMILIES if _SLOWER is None else _SLOWER
-    tuning.FAST_TIER_SLOWER_FAMILIES = _SLOWER + ((family_for(vae).name,) if label == "vaeshard-same" else ())
+    global _SLOWER, _SAME
+    if _SLOWER is None:
+        _SLOWER, _SAME = tuning.FAST_TIER_SLOWER_FAMILIES, tuning.GROUP_NORM_SAME_KERNELS
+    same = label == "vaeshard-same"
+    tuning.FAST_TIER_SLOWER_FAMILIES = _SLOWER + ((family_for(vae).name,) if same else ())
+    tuning.GROUP_NORM_SAME_KERNELS = True if same else _SAME
     into = True if label.startswith("vaeshard-into") else "auto"
     fast = vaeshard.FastOptions(
         norm_into_conv=into, triton_convs=not label.endswith("-cudnn"), frames_per_step=step or "auto"

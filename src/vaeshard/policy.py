@@ -164,7 +164,7 @@ def plan_request(request: Request, world_size: int) -> Request:
                 request.vae, request.x.shape, world_size, chosen.strategy, config.fast, op=request.op, family=family
             )
             chosen = chosen._replace(fast=fast)
-        if chosen.fast is None:
+        if chosen.fast is None and tuning.GROUP_NORM_SAME_KERNELS:
             chosen = chosen._replace(same_kernels=True)
     return dataclasses.replace(request, plan=chosen, tile_ops=built[0] if built else None)
 

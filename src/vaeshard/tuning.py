@@ -54,6 +54,11 @@ NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 # says so
 FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox",)
 
+# --- GroupNorm in PyTorch's arithmetic (kernels/group_norm_same.py) -------------------------------------
+# whether requests that may (layers/tier.py `same_kernels`) run their unsharded GroupNorms through the kernels
+# that give PyTorch's bits: off until measured faster than PyTorch's on a GPU
+GROUP_NORM_SAME_KERNELS = False
+
 # --- batched tiles (Family.fast_tiles) ------------------------------------------------------------------
 # the most tokens MiniMax-H3's fast tier decodes in one batch of tiles (whole tiles, at least one)
 MINIMAX_BATCH_TOKENS = 1 << 14
@@ -162,6 +167,17 @@ TABLE: tuple[Entry, ...] = (
         "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
         "diffusers' own (2.61x at 720 x 480 49 frames, 2026-12-06/families-h100/, call 3; BENCHMARKS.md's "
         "CogVideoX rows and the paragraph after them)",
+    ),
+    Entry(
+        "GROUP_NORM_SAME_KERNELS",
+        "whether requests that may (the fast tier, and the exact tier of a request that asked for the fast "
+        "tier) run their unsharded GroupNorms, with a declared SiLU after them, through "
+        "kernels/group_norm_same.py: PyTorch's CUDA GroupNorm in its own order of operations, checked against "
+        "it bit for bit on the device before use",
+        "not yet on a GPU, so off: its bits against PyTorch's and its speed are to be measured with "
+        "`benchmarks/profile_decode.py video --variants channels-first,vaeshard-same` (that variant turns it "
+        "on); in Triton's interpreter its statistics match an emulation of PyTorch's kernel bit for bit "
+        "(tests/test_kernels/test_group_norm_same.py)",
     ),
     Entry(
         "MINIMAX_BATCH_TOKENS",

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import vaeshard
+from vaeshard import tuning
 
 from ..dist_harness import run_ranks
 from ..family_parity import Refusals, SpatialParity, TileParity, setting
@@ -255,7 +256,7 @@ def test_unsupported_attention_processor_fails_on_every_rank():
 # -- plan, install -------------------------------------------------------------------------------------
 
 
-def test_plan_answers_for_4d_latents():
+def test_plan_answers_for_4d_latents(monkeypatch):
     vae = _build("autoencoder_kl", (16, 8, 0.25))
     assert vaeshard.plan(vae, (1, 4, 16, 24), 4).strategy == "spatial_shard_width"
     assert vaeshard.plan(vae, (1, 4, 24, 16), 4).strategy == "spatial_shard_height"
@@ -274,7 +275,10 @@ def test_plan_answers_for_4d_latents():
     assert sharded.fast is None and "runs only with FastOptions(norm_into_conv=True)" in sharded.explain()
     forced = vaeshard.plan(vae, (1, 4, 16, 24), 4, fast=vaeshard.FastOptions(norm_into_conv=True))
     assert forced.fast is not None and forced.fast.norm_into_conv
-    # diffusers' layers, its GroupNorms by the kernels that give PyTorch's bits; never with exact=True
+    # diffusers' layers; their GroupNorms by the kernels that give PyTorch's bits once those are switched
+    # on (tuning.GROUP_NORM_SAME_KERNELS), never with exact=True or in mode tile
+    assert not vaeshard.plan(vae, (1, 4, 16, 24), 1).same_kernels
+    monkeypatch.setattr(tuning, "GROUP_NORM_SAME_KERNELS", True)
     one = vaeshard.plan(vae, (1, 4, 16, 24), 1)
     assert one.fast is None and one.same_kernels and "in PyTorch's arithmetic, bit for bit" in one.explain()
     assert not vaeshard.plan(vae, (1, 4, 16, 24), 1, exact=True).same_kernels

@@ -113,18 +113,20 @@ print("ok")
 # The layers that call the kernels, in a whole decode: AutoencoderKL's default request (diffusers' layers,
 # its GroupNorms by these kernels, the resnets' SiLU fused into them and the SiLU module passing the
 # result on) and CogVideoX's on the CPU (the fast tier without norm_into_conv: its spatial norms'
-# GroupNorms), against diffusers' decode. The kernels'
-# check against PyTorch (`agrees`) is for CUDA only, where it compares bits; here it is taken as passed,
-# and the values are compared within CPU fp32's tolerance: the interpreter's statistics follow PyTorch's
-# CUDA order, not its CPU one.
+# GroupNorms), against diffusers' decode. The kernels' switch (tuning.GROUP_NORM_SAME_KERNELS) is turned
+# on; their check against PyTorch (`agrees`) is for CUDA only, where it compares bits; here it is taken as
+# passed, and the values are compared within CPU fp32's tolerance: the interpreter's statistics follow
+# PyTorch's CUDA order, not its CPU one.
 MODELS = """
 import torch
 import vaeshard
+from vaeshard import tuning
 from vaeshard.kernels import group_norm_same
 from tests import interpreter
 from tests.models import build, latent
 from tests.parity import CPU_FP32, assert_close
 interpreter.unsanitized()
+tuning.GROUP_NORM_SAME_KERNELS = True
 group_norm_same.agrees = lambda device, dtype: True
 calls = []
 norm = group_norm_same.group_norm

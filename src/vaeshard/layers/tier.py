@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .. import tuning
 from ..kernels import attention as attention_kernel
 from ..kernels import conv3d as conv_kernel
 from ..kernels import triton_support
@@ -81,9 +82,10 @@ def enabled() -> bool:
 def same_kernels() -> bool:
     """Whether this request's layers may run PyTorch's arithmetic through vaeshard's kernels that give
     its bits (kernels/group_norm_same.py): the fast tier, and the exact tier of a request that asked
-    for the fast tier (policy.Plan.same_kernels); never with exact=True, in mode `tile` or with hooks."""
+    for the fast tier (policy.Plan.same_kernels); never with exact=True, in mode `tile` or with hooks;
+    nowhere while tuning.GROUP_NORM_SAME_KERNELS is off."""
     request = requests.current()
-    if request is None:
+    if request is None or not tuning.GROUP_NORM_SAME_KERNELS:
         return False
     return request.fast is not None or (request.plan is not None and request.plan.same_kernels)
 
