@@ -49,11 +49,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
-from ..kernels import group_norm, group_norm_same
+from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
-from ..layers.norms import GlobalGroupNorm, whole_map_sum
+from ..layers.norms import GlobalGroupNorm, same_group_norm, whole_map_sum
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
 
@@ -378,12 +378,11 @@ class GroupNormSiLUIntoConv(ProducingNorm):
 
     def _with_silu_same(self, x: torch.Tensor) -> torch.Tensor | None:
         linked = self.__dict__.get(_FEEDS)
-        if linked is None or current() is not None or not tier.same_kernels() or not _plain((self, *linked)):
+        if linked is None or not _plain((self, *linked)):
             return None
-        if not (group_norm_same.takes(x, self.num_groups) and group_norm_same.agrees(x.device, x.dtype)):
-            return None
-        y = group_norm_same.group_norm(x, self.num_groups, self.weight, self.bias, self.eps, silu=True)
-        linked[0].__dict__[_PENDING] = _record(y)
+        y = same_group_norm(self, x, silu=True)
+        if y is not None:
+            linked[0].__dict__[_PENDING] = _record(y)
         return y
 
 

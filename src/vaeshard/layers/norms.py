@@ -133,6 +133,17 @@ def whole_map_sum():
     return None if ctx is None else functools.partial(all_reduce_sum, ctx.comm)
 
 
+def same_group_norm(norm, x: torch.Tensor, silu: bool = False) -> torch.Tensor | None:
+    """The nn.GroupNorm `norm` of `x` (then SiLU, where `silu`) by kernels/group_norm_same.py, PyTorch's
+    bits; None where the request does not allow those kernels (tier.same_kernels), or it is sharded, or
+    they do not take `x` or disagree with PyTorch on its device."""
+    if current() is not None or not same_kernels() or not group_norm_same.takes(x, norm.num_groups):
+        return None
+    if not group_norm_same.agrees(x.device, x.dtype):
+        return None
+    return group_norm_same.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu)
+
+
 class GlobalGroupNorm:
     """Mixin for nn.GroupNorm: sharded, the statistics are those of the whole map (small all-reduces:
     in the fast tier one, by kernels/group_norm.py where its kernels take the map; else two).
@@ -146,10 +157,8 @@ class GlobalGroupNorm:
     def forward(self, x):
         ctx = current()
         if ctx is None:
-            same = same_kernels() and group_norm_same.takes(x, self.num_groups)
-            if same and group_norm_same.agrees(x.device, x.dtype):
-                return group_norm_same.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
-            return super().forward(x)
+            y = same_group_norm(self, x)
+            return super().forward(x) if y is None else y
         if enabled() and group_norm.takes(x, self.num_groups):
             args = (self.num_groups, self.weight, self.bias, self.eps)
             return group_norm.group_norm(x, *args, silu=False, reduce=whole_map_sum())
