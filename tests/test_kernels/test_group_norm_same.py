@@ -72,9 +72,9 @@ def statistics(row, order=(16, 8, 4, 2, 1)):
 
 
 torch.manual_seed(0)
-# rows of 1,320 (not a multiple of 512; lanes of 2 and 3 elements, fewer than UNROLL), of 35 (PyTorch's
-# 32-thread block) and of 5,000 (10 elements a lane), 3- to 5-D; and one with every lane's count past
-# UNROLL and programs of fewer lanes. The whole norm in every variant on the first, with SiLU on the rest.
+# rows of 1,320 (not a multiple of 512; lanes of 2 and 3 elements, fewer than the 8 a chain loads at once), of 35 (PyTorch's
+# 32-thread block) and of 5,000 (10 elements a lane: a second group of 8, loaded ahead), 3- to 5-D, one
+# with programs of fewer lanes. The whole norm in every variant on the first, with SiLU on the rest.
 cases = (((2, 32, 11, 15), 4, 64), ((1, 16, 5, 7), 16, 64), ((1, 8, 2, 25, 50), 2, 64), ((1, 4, 5000), 4, 32))
 for shape, groups, lanes in cases:
     same.LANES = lanes
@@ -112,8 +112,10 @@ print("ok")
 
 # The layers that call the kernels, in a whole decode: AutoencoderKL's default request (diffusers' layers,
 # its GroupNorms by these kernels, the resnets' SiLU fused into them and the SiLU module passing the
-# result on) and CogVideoX's on the CPU (the fast tier without norm_into_conv: its spatial norms'
-# GroupNorms), against diffusers' decode. The kernels' switch (tuning.GROUP_NORM_SAME_KERNELS) is turned
+# result on), CogVideoX's on the CPU (the fast tier without norm_into_conv: its spatial norms'
+# GroupNorms) and HunyuanVideo's exact tier (its fast tier counted off as on a GPU where it is slower:
+# the resnets' norm + SiLU written into their causal convolutions' channels-first padded inputs, which
+# the convolutions pad at the border and convolve as diffusers does), against diffusers' decode. The kernels' switch (tuning.GROUP_NORM_SAME_KERNELS) is turned
 # on; their check against PyTorch (`agrees`) is for CUDA only, where it compares bits; here it is taken as
 # passed, and the values are compared within CPU fp32's tolerance: the interpreter's statistics follow
 # PyTorch's CUDA order, not its CPU one.
@@ -121,6 +123,7 @@ MODELS = """
 import torch
 import vaeshard
 from vaeshard import tuning
+from vaeshard.fast import producers
 from vaeshard.kernels import group_norm_same
 from tests import interpreter
 from tests.models import build, latent
@@ -131,7 +134,11 @@ group_norm_same.agrees = lambda device, dtype: True
 calls = []
 norm = group_norm_same.group_norm
 group_norm_same.group_norm = lambda *args, **kw: calls.append(kw.get("silu", False)) or norm(*args, **kw)
-for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6))):
+buffers = []  # the layouts of the produced padded inputs the convolutions ran on
+fill = producers.filled
+producers.filled = lambda *a, **kw: (lambda b: (b is None or buffers.append(b.is_contiguous()), b)[1])(fill(*a, **kw))
+tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("hunyuanvideo",)
+for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyuanvideo", (2, 5, 6))):
     vae = build(name)
     z = latent((1, vae.config.latent_channels, *size), seed=3)
     with torch.no_grad():
@@ -139,13 +146,16 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6))):
     vaeshard.parallelize(vae)
     plan = vaeshard.plan(vae, z.shape)
     # (AutoencoderKL's fast tier runs only with norm_into_conv=True; CogVideoX's is off on a GPU only)
-    assert plan.same_kernels if name == "autoencoder_kl" else plan.fast is not None, (name, plan.explain())
+    assert plan.same_kernels if name != "cogvideox" else plan.fast is not None, (name, plan.explain())
     calls.clear()
+    buffers.clear()
     with torch.no_grad():
         got = vae.decode(z).sample
     assert calls, name  # the norms went through the kernels
-    if name == "autoencoder_kl":
+    if name != "cogvideox":
         assert True in calls and False in calls, calls  # resnets' norms with SiLU, the attention's without
+    # HunyuanVideo's convolutions ran on channels-first buffers the norms wrote, one per norm with SiLU
+    assert buffers == ([True] * calls.count(True) if name == "hunyuanvideo" else []), (name, buffers)
     assert_close(got, want, CPU_FP32, name)
     with torch.no_grad():  # exact=True: diffusers' layers, bit for bit
         vaeshard.unparallelize(vae)

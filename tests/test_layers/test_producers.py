@@ -149,13 +149,15 @@ class _PadConv(torch.nn.Module):
         return self.padding, self.mode, self.mode
 
 
+@pytest.mark.parametrize("channels_last", [True, False])
 @pytest.mark.parametrize("mode", ["replicate", "zeros"])
-def test_a_produced_buffer_is_padded_as_f_pad_pads(mode):
+def test_a_produced_buffer_is_padded_as_f_pad_pads(mode, channels_last):
     x = latent((2, 3, 4, 5, 6), seed=1)
     padding = (1, 2, 2, 1, 2, 0)
     conv = _PadConv(padding, mode)
-    view = producers.interior(conv, x)
-    assert view.shape == x.shape and view._base.is_contiguous(memory_format=torch.channels_last_3d)
+    view = producers.interior(conv, x, channels_last=channels_last)
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+    assert view.shape == x.shape and view._base.is_contiguous(memory_format=layout)
     view.copy_(x)
     expected = F.pad(x, padding, mode="replicate" if mode == "replicate" else "constant")
     assert torch.equal(producers.filled(conv, view), expected)

@@ -53,7 +53,7 @@ from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
-from ..layers.norms import GlobalGroupNorm, same_group_norm, whole_map_sum
+from ..layers.norms import GlobalGroupNorm, runs_same, same_group_norm, whole_map_sum
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
 
@@ -171,15 +171,16 @@ def _interior_of(buf: torch.Tensor, x_shape, start) -> torch.Tensor:
     return view
 
 
-def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
+def interior(conv, x: torch.Tensor, channels_last: bool = True) -> torch.Tensor | None:
     """The view of a new input buffer of `conv` that an input like `x` fills, recorded as produced
     for `conv` (None where the protocol does not take this input: not 5-D, the convolution offers no
     padding it fills, `producer_padding()` None, or time padding behind the frames in a frame loop).
     A convolution that builds its own input buffer (`produced_input`: the 2-D ones, whose padding
-    cuDNN applies) gives the view itself."""
+    cuDNN applies) gives the view itself. `channels_last` False: a contiguous (channels-first) buffer,
+    the layout diffusers' own padding gives its convolution (never one a convolution builds itself)."""
     own = getattr(conv, "produced_input", None)
     if own is not None:
-        view = own(x)
+        view = own(x) if channels_last else None
         if view is not None:
             conv.__dict__[_PENDING] = _record(view)
         return view
@@ -192,7 +193,8 @@ def interior(conv, x: torch.Tensor) -> torch.Tensor | None:
     if padding[5] and frame_loop.active():
         return None
     shape, start = _geometry(x.shape, padding)
-    buf = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last_3d)
+    layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+    buf = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
     view = _interior_of(buf, x.shape, start)
     conv.__dict__[_PENDING] = _record(view)
     return view
@@ -217,7 +219,9 @@ def filled(conv, x: torch.Tensor, time: tuple[int, int] | None = None, cache=_LO
     padding, mode, space_mode = conv.producer_padding()
     ctx = current()
     shape, start = _geometry(x.shape, padding)
-    if buf is None or tuple(buf.shape) != shape or not buf.is_contiguous(memory_format=torch.channels_last_3d):
+    if buf is None or tuple(buf.shape) != shape:
+        return None
+    if not (buf.is_contiguous(memory_format=torch.channels_last_3d) or buf.is_contiguous()):
         return None
     expected = _interior_of(buf, x.shape, start)
     if expected.data_ptr() != x.data_ptr() or expected.stride() != x.stride():
@@ -377,12 +381,18 @@ class GroupNormSiLUIntoConv(ProducingNorm):
         return norm(x) if view is None else view
 
     def _with_silu_same(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(norm(x)) with PyTorch's bits where the request allows it (`runs_same`), the SiLU module
+        told to pass it on; in the exact tier, written into the interior of a channels-first padded
+        input of the convolution (`interior`), whose own path then pads only the border and runs
+        PyTorch's convolution as diffusers calls it, on the input diffusers' padding gives it. None
+        where those kernels do not run (nothing written)."""
         linked = self.__dict__.get(_FEEDS)
-        if linked is None or not _plain((self, *linked)):
+        if linked is None or not _plain((self, *linked)) or not runs_same(self, x):
             return None
-        y = same_group_norm(self, x, silu=True)
-        if y is not None:
-            linked[0].__dict__[_PENDING] = _record(y)
+        silu, conv = linked
+        view = None if tier.enabled() else interior(conv, x, channels_last=False)
+        y = same_group_norm(self, x, silu=True, out=view)
+        silu.__dict__[_PENDING] = _record(y)
         return y
 
 

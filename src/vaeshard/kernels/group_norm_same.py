@@ -10,8 +10,8 @@ input dtype. Each thread has one load in flight, and 32 rows of 512 threads is a
 map gives it: its statistics pass runs at a small fraction of the memory's bandwidth, and in an image
 VAE's decode it takes about half of the GPU time (BENCHMARKS.md).
 
-Here the same L chains run, each in its own lane, `UNROLL` loads in flight per lane and `LANES`
-lanes per program, so that every SM has work; `_tree_kernel` then combines the L states in the same
+Here the same L chains run, each in its own lane, the next 8 elements loaded while 8 are folded,
+`LANES` lanes per program, so that every SM has work; `_tree_kernel` then combines the L states in the same
 tree. Where nvcc contracts a multiply and an add into one fused multiply-add (FMA), these kernels use
 `tl.fma` and compile with contraction off otherwise, so each rounding is PyTorch's. The result is
 PyTorch's output bit for bit; `agrees` checks that on the device before any request relies on it (a
@@ -22,6 +22,7 @@ rstd to that dtype between its statistics and its fold; `agrees` finds which of 
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from .triton_support import launch, runs_on, tl, triton
 
 LANES = 64  # chains per program of `_chains_kernel`
-UNROLL = 8  # loads in flight per chain
+WIDE = False  # `_chains_kernel` folds 16 elements a lane per step (else 8), the next as many loaded ahead
 APPLY_BLOCK = 1024  # elements of one channel per program of `_apply_kernel`
 _BIG = 512  # PyTorch's threads per row (cuda_utils::kCUDABlockReduceNumThreads); 32 below it
 
@@ -50,21 +51,60 @@ if triton is not None:
         return tl.where(ok, new_mean, mean), tl.where(ok, new_m2, m2), tl.where(ok, nn, n)
 
     @triton.jit
+    def _load8(base, j, R, THREADS: tl.constexpr):
+        # elements j, j + THREADS, ..., j + 7 * THREADS of a row (0 past its end) in one load, then
+        # taken apart: u = 4a + 2b + c in the (LANES, 2, 2, 2) view
+        LANES: tl.constexpr = j.shape[0]
+        at = j[:, None] + tl.arange(0, 8)[None, :] * THREADS
+        xs = tl.reshape(tl.load(base + at, mask=at < R, other=0.0).to(tl.float32), [LANES, 2, 2, 2])
+        c0, c1 = tl.split(xs)
+        b0c0, b1c0 = tl.split(c0)
+        b0c1, b1c1 = tl.split(c1)
+        x0, x4 = tl.split(b0c0)
+        x2, x6 = tl.split(b1c0)
+        x1, x5 = tl.split(b0c1)
+        x3, x7 = tl.split(b1c1)
+        return x0, x1, x2, x3, x4, x5, x6, x7
+
+    @triton.jit
+    def _fold8(x0, x1, x2, x3, x4, x5, x6, x7, mean, m2, n, j, R, THREADS: tl.constexpr):
+        # elements j, j + THREADS, ... folded in that order (those past the row's end left out)
+        mean, m2, n = _fold(x0, mean, m2, n, j < R)
+        mean, m2, n = _fold(x1, mean, m2, n, j + THREADS < R)
+        mean, m2, n = _fold(x2, mean, m2, n, j + 2 * THREADS < R)
+        mean, m2, n = _fold(x3, mean, m2, n, j + 3 * THREADS < R)
+        mean, m2, n = _fold(x4, mean, m2, n, j + 4 * THREADS < R)
+        mean, m2, n = _fold(x5, mean, m2, n, j + 5 * THREADS < R)
+        mean, m2, n = _fold(x6, mean, m2, n, j + 6 * THREADS < R)
+        return _fold(x7, mean, m2, n, j + 7 * THREADS < R)
+
+    @triton.jit
     def _chains_kernel(
-        x_ptr, mean_ptr, m2_ptr, n_ptr, R, THREADS: tl.constexpr, LANES: tl.constexpr, UNROLL: tl.constexpr
+        x_ptr, mean_ptr, m2_ptr, n_ptr, R, THREADS: tl.constexpr, LANES: tl.constexpr, WIDE: tl.constexpr
     ):
+        # each lane's chain 8 (WIDE: 16) elements at a time, the next ones loaded before these are
+        # folded: a chain is a sequence of dependent divisions, so its loads must be issued well ahead
         row = tl.program_id(0)
         lane = tl.program_id(1) * LANES + tl.arange(0, LANES)
         mean = tl.zeros([LANES], tl.float32)
         m2 = tl.zeros([LANES], tl.float32)
         n = tl.zeros([LANES], tl.float32)
         base = x_ptr + row.to(tl.int64) * R
-        for start in range(0, R, THREADS * UNROLL):
-            for u in tl.static_range(UNROLL):
-                j = start + u * THREADS + lane
-                ok = j < R
-                x = tl.load(base + j, mask=ok, other=0.0).to(tl.float32)
-                mean, m2, n = _fold(x, mean, m2, n, ok)
+        HALF: tl.constexpr = THREADS * 8
+        STEP: tl.constexpr = HALF * 2 if WIDE else HALF
+        x0, x1, x2, x3, x4, x5, x6, x7 = _load8(base, lane, R, THREADS)
+        if WIDE:
+            z0, z1, z2, z3, z4, z5, z6, z7 = _load8(base, lane + HALF, R, THREADS)
+        for start in range(0, R, STEP):
+            j = start + lane
+            y0, y1, y2, y3, y4, y5, y6, y7 = _load8(base, j + STEP, R, THREADS)
+            if WIDE:
+                w0, w1, w2, w3, w4, w5, w6, w7 = _load8(base, j + STEP + HALF, R, THREADS)
+            mean, m2, n = _fold8(x0, x1, x2, x3, x4, x5, x6, x7, mean, m2, n, j, R, THREADS)
+            x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
+            if WIDE:
+                mean, m2, n = _fold8(z0, z1, z2, z3, z4, z5, z6, z7, mean, m2, n, j + HALF, R, THREADS)
+                z0, z1, z2, z3, z4, z5, z6, z7 = w0, w1, w2, w3, w4, w5, w6, w7
         at = row * THREADS + lane
         tl.store(mean_ptr + at, mean)
         tl.store(m2_ptr + at, m2)
@@ -140,6 +180,14 @@ if triton is not None:
         C,
         HW,
         PER,
+        H_OUT,  # (to s_w: y's last two sizes and its strides, where y is a strided view)
+        W_OUT,
+        s_n,
+        s_c,
+        s_t,
+        s_h,
+        s_w,
+        STRIDED: tl.constexpr,
         HAS_W: tl.constexpr,
         HAS_B: tl.constexpr,
         SILU: tl.constexpr,
@@ -172,6 +220,12 @@ if triton is not None:
             else:
                 e = tl.exp(-yf)
             y = tl.math.div_rn(yf, 1.0 + e).to(dt)
+        if STRIDED:  # y a view (a padded buffer's interior): element (n, c, t, h, w) at its strides
+            o = offs.to(tl.int64)
+            w = o % W_OUT
+            h = (o // W_OUT) % H_OUT
+            t = o // (W_OUT * H_OUT)
+            at = (nc // C).to(tl.int64) * s_n + c.to(tl.int64) * s_c + t * s_t + h * s_h + w * s_w
         tl.store(y_ptr + at, y, mask=ok)
 
 
@@ -189,12 +243,22 @@ def takes(x: torch.Tensor, num_groups: int) -> bool:
 def statistics(x: torch.Tensor, num_groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, rstd), fp32 (N * num_groups,) each: PyTorch's per-row statistics, as its kernel computes
     them (the module docstring); `takes(x, num_groups)` must hold."""
+    stats = _statistics(x, num_groups, eps)
+    return stats[:, 0], stats[:, 1]
+
+
+@functools.lru_cache(maxsize=64)
+def _eps_in(eps: float, dtype: torch.dtype) -> float:
+    return float(torch.tensor(eps, dtype=dtype))  # PyTorch casts eps to the input dtype first
+
+
+def _statistics(x: torch.Tensor, num_groups: int, eps: float) -> torch.Tensor:
+    """`statistics` as one fp32 (N * num_groups, 2) tensor of (mean, rstd) rows."""
     rows = x.shape[0] * num_groups
     r = x.numel() // rows
     threads = _BIG if r >= _BIG else 32
     lanes = min(LANES, threads)
-    mean = torch.empty(rows * threads, dtype=torch.float32, device=x.device)
-    m2, count = torch.empty_like(mean), torch.empty_like(mean)
+    mean, m2, count = torch.empty(3, rows * threads, dtype=torch.float32, device=x.device)  # each lane's state
     fused = {"enable_fp_fusion": False}  # every FMA is a tl.fma: PyTorch's, and no other
     grid = (rows, threads // lanes)
     launch(
@@ -207,12 +271,11 @@ def statistics(x: torch.Tensor, num_groups: int, eps: float) -> tuple[torch.Tens
         r,
         THREADS=threads,
         LANES=lanes,
-        UNROLL=UNROLL,
+        WIDE=WIDE,
         num_warps=max(1, lanes // 32),
         **fused,
     )
     stats = torch.empty(rows, 2, dtype=torch.float32, device=x.device)
-    eps_t = float(torch.tensor(eps, dtype=x.dtype))  # PyTorch casts eps to the input dtype first
     launch(
         _tree_kernel,
         (rows,),
@@ -220,28 +283,43 @@ def statistics(x: torch.Tensor, num_groups: int, eps: float) -> tuple[torch.Tens
         m2,
         count,
         stats,
-        eps_t,
+        _eps_in(eps, x.dtype),
         THREADS=threads,
         LIBDEVICE=x.is_cuda,
         num_warps=threads // 32,
         **fused,
     )
-    return stats[:, 0], stats[:, 1]
+    return stats
 
 
 def group_norm(
-    x: torch.Tensor, num_groups: int, weight, bias, eps: float, silu: bool = False, rounded_stats: bool | None = None
+    x: torch.Tensor,
+    num_groups: int,
+    weight,
+    bias,
+    eps: float,
+    silu: bool = False,
+    rounded_stats: bool | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.group_norm(x, num_groups, weight, bias, eps), then F.silu of it where `silu`, as PyTorch's CUDA
     kernels compute them (the module docstring); `takes(x, num_groups)` must hold. `rounded_stats`:
     whether the mean and rstd pass through x's dtype before the fold, as PyTorch's kernel before 2.12
-    does with bf16 and fp16 input (None: as `agrees` found PyTorch doing on x's device; else not)."""
+    does with bf16 and fp16 input (None: as `agrees` found PyTorch doing on x's device; else not).
+    `out`: where to write the result (x's shape and dtype, any strides: the interior of a convolution's
+    padded input, say), returned; else a new tensor."""
     if rounded_stats is None:
-        rounded_stats = _verdicts.get((x.device.type, x.device.index, x.dtype)) == _ROUNDED
+        rounded_stats = _verdicts.get(_key(x.device, x.dtype)) == _ROUNDED
     n, c = x.shape[:2]
     hw = x[0, 0].numel()
-    stats = torch.stack(statistics(x, num_groups, eps), dim=1)
-    y = torch.empty_like(x)
+    if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
+        raise ValueError(f"group_norm: out {tuple(out.shape)} {out.dtype} does not match x {tuple(x.shape)} {x.dtype}")
+    y = torch.empty_like(x) if out is None else out
+    strided = not y.is_contiguous()
+    # y's (h, w) sizes and (n, c, t, h, w) strides, missing spatial axes of size 1
+    sizes = ((1,) * (5 - y.dim()) + tuple(y.shape[2:]))[1:] if strided else (1, 1)
+    strides = y.stride()[:2] + (0,) * (5 - y.dim()) + y.stride()[2:] if strided else (0,) * 5
+    stats = _statistics(x, num_groups, eps)
     w = weight if weight is not None else stats  # (a pointer the kernel never reads)
     b = bias if bias is not None else stats
     launch(
@@ -255,6 +333,9 @@ def group_norm(
         c,
         hw,
         c // num_groups,
+        *sizes,
+        *strides,
+        STRIDED=strided,
         HAS_W=weight is not None,
         HAS_B=bias is not None,
         SILU=silu,
@@ -270,7 +351,7 @@ def group_norm(
 # --- the check on the device ----------------------------------------------------------------------
 
 # Maps that take both of PyTorch's block sizes, rows that are and are not a multiple of 512, a count
-# of elements per lane that is not a multiple of UNROLL, and 3- to 5-D shapes.
+# of elements per lane that is not a multiple of 8, and 3- to 5-D shapes.
 _CHECK_SHAPES = ((2, 64, 24, 40), (1, 32, 3, 5, 7), (1, 128, 3, 41, 37), (3, 96, 100))
 _verdicts: dict = {}  # (device type, index, dtype) -> False, _FLOAT or _ROUNDED
 _FLOAT, _ROUNDED = "float", "rounded"  # PyTorch's statistics between its kernels: as they are, or rounded
@@ -285,7 +366,7 @@ def agrees(device: torch.device, dtype: torch.dtype) -> bool:
     until checked outside)."""
     if device.type != "cuda":  # (PyTorch's CPU GroupNorm sums in another order)
         return False
-    key = (device.type, device.index, dtype)
+    key = _key(device, dtype)
     verdict = _verdicts.get(key)
     if verdict is not None:
         return bool(verdict)
@@ -295,6 +376,14 @@ def agrees(device: torch.device, dtype: torch.dtype) -> bool:
         if key not in _verdicts:
             _verdicts[key] = next((v for v in (_FLOAT, _ROUNDED) if _check(device, dtype, v == _ROUNDED)), False)
     return bool(_verdicts[key])
+
+
+def _key(device: torch.device, dtype: torch.dtype) -> tuple:
+    """`_verdicts`' key: a CUDA device named without its index is the current one."""
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    return device.type, index, dtype
 
 
 def _check(device, dtype, rounded: bool) -> bool:

@@ -133,15 +133,20 @@ def whole_map_sum():
     return None if ctx is None else functools.partial(all_reduce_sum, ctx.comm)
 
 
-def same_group_norm(norm, x: torch.Tensor, silu: bool = False) -> torch.Tensor | None:
-    """The nn.GroupNorm `norm` of `x` (then SiLU, where `silu`) by kernels/group_norm_same.py, PyTorch's
-    bits; None where the request does not allow those kernels (tier.same_kernels), or it is sharded, or
-    they do not take `x` or disagree with PyTorch on its device."""
+def runs_same(norm, x: torch.Tensor) -> bool:
+    """Whether `same_group_norm(norm, x)` runs kernels/group_norm_same.py: the request allows those
+    kernels (tier.same_kernels), it is not sharded, they take `x` and agree with PyTorch on its device."""
     if current() is not None or not same_kernels() or not group_norm_same.takes(x, norm.num_groups):
+        return False
+    return group_norm_same.agrees(x.device, x.dtype)
+
+
+def same_group_norm(norm, x: torch.Tensor, silu: bool = False, out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The nn.GroupNorm `norm` of `x` (then SiLU, where `silu`) by kernels/group_norm_same.py, PyTorch's
+    bits, written into `out` where given; None (nothing written) where not `runs_same(norm, x)`."""
+    if not runs_same(norm, x):
         return None
-    if not group_norm_same.agrees(x.device, x.dtype):
-        return None
-    return group_norm_same.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu)
+    return group_norm_same.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu, out=out)
 
 
 class GlobalGroupNorm:
