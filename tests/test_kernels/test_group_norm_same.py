@@ -72,9 +72,10 @@ def statistics(row, order=(16, 8, 4, 2, 1)):
 
 
 torch.manual_seed(0)
-# rows of 1,320 (not a multiple of 512; lanes of 2 and 3 elements, fewer than the 8 a chain loads at once), of 35 (PyTorch's
-# 32-thread block) and of 5,000 (10 elements a lane: a second group of 8, loaded ahead), 3- to 5-D, one
-# with programs of fewer lanes. The whole norm in every variant on the first, with SiLU on the rest.
+# rows of 1,320 (not a multiple of 512; lanes of 2 and 3 elements, fewer than the 8 a chain loads at
+# once), of 35 (PyTorch's 32-thread block) and of 5,000 (10 elements a lane: a second group of 8, loaded
+# ahead), 3- to 5-D, one with programs of fewer lanes. The whole norm in every variant on the first,
+# with SiLU on the rest.
 cases = (((2, 32, 11, 15), 4, 64), ((1, 16, 5, 7), 16, 64), ((1, 8, 2, 25, 50), 2, 64), ((1, 4, 5000), 4, 32))
 for shape, groups, lanes in cases:
     same.LANES = lanes
@@ -115,10 +116,10 @@ print("ok")
 # result on), CogVideoX's on the CPU (the fast tier without norm_into_conv: its spatial norms'
 # GroupNorms) and HunyuanVideo's exact tier (its fast tier counted off as on a GPU where it is slower:
 # the resnets' norm + SiLU written into their causal convolutions' channels-first padded inputs, which
-# the convolutions pad at the border and convolve as diffusers does), against diffusers' decode. The kernels' switch (tuning.GROUP_NORM_SAME_KERNELS) is turned
-# on; their check against PyTorch (`agrees`) is for CUDA only, where it compares bits; here it is taken as
-# passed, and the values are compared within CPU fp32's tolerance: the interpreter's statistics follow
-# PyTorch's CUDA order, not its CPU one.
+# the convolutions pad at the border and convolve as diffusers does), against diffusers' decode. The
+# kernels' switch (tuning.GROUP_NORM_SAME_KERNELS) is turned on; their check against PyTorch (`agrees`)
+# is for CUDA only, where it compares bits; here it is taken as passed, and the values are compared
+# within CPU fp32's tolerance: the interpreter's statistics follow PyTorch's CUDA order, not its CPU one.
 MODELS = """
 import torch
 import vaeshard
