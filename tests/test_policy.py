@@ -242,7 +242,7 @@ def test_a_family_measured_slower_runs_diffusers_layers_on_cuda_and_says_why(mon
     from vaeshard import policy, tuning
 
     shape = (1, 4, 2, 3, 4)
-    vaes = {name: vaeshard.parallelize(build(name)) for name in ("cogvideox",)}
+    vaes = {name: vaeshard.parallelize(build(name)) for name in ("cogvideox", "hunyuanvideo")}
     for vae in vaes.values():
         assert vaeshard.plan(vae, shape).fast is not None  # CPU: the gate is a GPU measurement's
     monkeypatch.setattr(policy, "_device_of", lambda vae: torch.device("cuda"))
@@ -252,6 +252,7 @@ def test_a_family_measured_slower_runs_diffusers_layers_on_cuda_and_says_why(mon
         plan = vaeshard.plan(vae, shape)
         assert plan.fast is None, name
         assert f"{name}'s fast tier is off on a GPU by default" in plan.explain(), name
+        assert plan.same_kernels and "in PyTorch's arithmetic" in plan.explain(), name  # its GroupNorms faster
         assert vaeshard.plan(vae, shape, fast=forced).fast.norm_into_conv, name
     monkeypatch.setattr(tuning, "FAST_TIER_SLOWER_FAMILIES", ())
     assert all(vaeshard.plan(vae, shape).fast is not None for vae in vaes.values())

@@ -52,12 +52,14 @@ NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 # families whose fast tier measured slower than diffusers' decode on one GPU, or whose bf16 output there
 # is not within the bf16 rule: their CUDA requests run diffusers' layers (the exact tier), and explain()
 # says so
-FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox",)
+FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox", "hunyuanvideo")
 
 # --- GroupNorm in PyTorch's arithmetic (kernels/group_norm_same.py) -------------------------------------
 # whether requests that may (layers/tier.py `same_kernels`) run their unsharded GroupNorms through the kernels
-# that give PyTorch's bits: off until measured faster than PyTorch's on a GPU
-GROUP_NORM_SAME_KERNELS = False
+# that give PyTorch's bits
+GROUP_NORM_SAME_KERNELS = True
+# the fewest elements of a map those kernels normalise (smaller ones: PyTorch's kernel, the same bits)
+GROUP_NORM_SAME_MIN_ELEMENTS = 1 << 22
 
 # --- batched tiles (Family.fast_tiles) ------------------------------------------------------------------
 # the most tokens MiniMax-H3's fast tier decodes in one batch of tiles (whole tiles, at least one)
@@ -166,7 +168,9 @@ TABLE: tuple[Entry, ...] = (
         "CogVideoX with its norms into the next convolutions, one H100: faster, but at gpu_parity.py's shape "
         "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
         "diffusers' own (2.61x at 720 x 480 49 frames, 2026-12-06/families-h100/, call 3; BENCHMARKS.md's "
-        "CogVideoX rows and the paragraph after them)",
+        "CogVideoX rows and the paragraph after them). HunyuanVideo, one H100, 480 x 832 33 frames: its fast "
+        "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output; diffusers' layers with GroupNorm in "
+        "PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) 1.44x, bit for bit (2026-12-06/shares/, call V)",
     ),
     Entry(
         "GROUP_NORM_SAME_KERNELS",
@@ -174,10 +178,18 @@ TABLE: tuple[Entry, ...] = (
         "tier) run their unsharded GroupNorms, with a declared SiLU after them, through "
         "kernels/group_norm_same.py: PyTorch's CUDA GroupNorm in its own order of operations, checked against "
         "it bit for bit on the device before use",
-        "not yet on a GPU, so off: its bits against PyTorch's and its speed are to be measured with "
-        "`benchmarks/profile_decode.py video --variants channels-first,vaeshard-same` (that variant turns it "
-        "on); in Triton's interpreter its statistics match an emulation of PyTorch's kernel bit for bit "
-        "(tests/test_kernels/test_group_norm_same.py)",
+        "one H100, bf16, PyTorch 2.11: bit for bit with PyTorch (fp16 and fp32 not: PyTorch's kernel runs "
+        "there); GroupNorm + SiLU of a (1, 128, 1024, 1024) map 1.19 ms against PyTorch's 3.95 ms; whole "
+        "decodes bit for bit with diffusers, SDXL, FLUX.1 and FLUX.2 at 1024^2 1.61x, FLUX.1 2048^2 1.56x, "
+        "CogVideoX 720 x 480 49 frames 1.30x, HunyuanVideo 480 x 832 33 frames 1.44x (2026-12-06/shares/, "
+        "call V; `profile_decode.py video --variants channels-first,vaeshard-same`)",
+    ),
+    Entry(
+        "GROUP_NORM_SAME_MIN_ELEMENTS",
+        "the fewest elements of a map whose GroupNorm kernels/group_norm_same.py computes; a smaller map's "
+        "runs PyTorch's kernel (the same bits): the three launches cost more than they save there",
+        "one H100, bf16, GroupNorm + SiLU: a (1, 96, 100, 77) map 0.174 ms against PyTorch's 0.040 ms, a "
+        "(1, 512, 128, 128) map 0.216 ms against 0.267 ms (2026-12-06/shares/, call V)",
     ),
     Entry(
         "MINIMAX_BATCH_TOKENS",

@@ -275,12 +275,13 @@ def test_plan_answers_for_4d_latents(monkeypatch):
     assert sharded.fast is None and "runs only with FastOptions(norm_into_conv=True)" in sharded.explain()
     forced = vaeshard.plan(vae, (1, 4, 16, 24), 4, fast=vaeshard.FastOptions(norm_into_conv=True))
     assert forced.fast is not None and forced.fast.norm_into_conv
-    # diffusers' layers; their GroupNorms by the kernels that give PyTorch's bits once those are switched
-    # on (tuning.GROUP_NORM_SAME_KERNELS), never with exact=True or in mode tile
-    assert not vaeshard.plan(vae, (1, 4, 16, 24), 1).same_kernels
-    monkeypatch.setattr(tuning, "GROUP_NORM_SAME_KERNELS", True)
+    # diffusers' layers; their GroupNorms by the kernels that give PyTorch's bits while those are switched
+    # on (tuning.GROUP_NORM_SAME_KERNELS, the default), never with exact=True or in mode tile
     one = vaeshard.plan(vae, (1, 4, 16, 24), 1)
     assert one.fast is None and one.same_kernels and "in PyTorch's arithmetic, bit for bit" in one.explain()
+    monkeypatch.setattr(tuning, "GROUP_NORM_SAME_KERNELS", False)
+    assert not vaeshard.plan(vae, (1, 4, 16, 24), 1).same_kernels
+    monkeypatch.setattr(tuning, "GROUP_NORM_SAME_KERNELS", True)
     assert not vaeshard.plan(vae, (1, 4, 16, 24), 1, exact=True).same_kernels
     assert not vaeshard.plan(vae, (1, 4, 16, 24), 4, "tile").same_kernels
     encode = vaeshard.plan(vae, (1, 3, 64, 64), 2, "spatial_shard_width", op="encode")

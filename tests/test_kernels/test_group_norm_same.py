@@ -131,6 +131,7 @@ from tests.models import build, latent
 from tests.parity import CPU_FP32, assert_close
 interpreter.unsanitized()
 tuning.GROUP_NORM_SAME_KERNELS = True
+tuning.GROUP_NORM_SAME_MIN_ELEMENTS = 0  # (the tests' maps are small)
 group_norm_same.agrees = lambda device, dtype: True
 calls = []
 norm = group_norm_same.group_norm
@@ -158,6 +159,12 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
     # HunyuanVideo's convolutions ran on channels-first buffers the norms wrote, one per norm with SiLU
     assert buffers == ([True] * calls.count(True) if name == "hunyuanvideo" else []), (name, buffers)
     assert_close(got, want, CPU_FP32, name)
+    with torch.no_grad():  # maps smaller than GROUP_NORM_SAME_MIN_ELEMENTS: PyTorch's kernel
+        tuning.GROUP_NORM_SAME_MIN_ELEMENTS = z.numel() * 10**6
+        calls.clear()
+        assert_close(vae.decode(z).sample, want, CPU_FP32, name)
+        assert not calls, (name, calls)
+        tuning.GROUP_NORM_SAME_MIN_ELEMENTS = 0
     with torch.no_grad():  # exact=True: diffusers' layers, bit for bit
         vaeshard.unparallelize(vae)
         vaeshard.parallelize(vae, exact=True)

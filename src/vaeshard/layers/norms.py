@@ -12,6 +12,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from .. import tuning
 from ..kernels import group_norm, group_norm_same
 from ..kernels.norm import rms_norm
 from ..runtime.comm import all_reduce_sum
@@ -135,8 +136,11 @@ def whole_map_sum():
 
 def runs_same(norm, x: torch.Tensor) -> bool:
     """Whether `same_group_norm(norm, x)` runs kernels/group_norm_same.py: the request allows those
-    kernels (tier.same_kernels), it is not sharded, they take `x` and agree with PyTorch on its device."""
-    if current() is not None or not same_kernels() or not group_norm_same.takes(x, norm.num_groups):
+    kernels (tier.same_kernels), it is not sharded, `x` is large enough for them to pay
+    (tuning.GROUP_NORM_SAME_MIN_ELEMENTS), and they take it and agree with PyTorch on its device."""
+    if current() is not None or not same_kernels() or x.numel() < tuning.GROUP_NORM_SAME_MIN_ELEMENTS:
+        return False
+    if not group_norm_same.takes(x, norm.num_groups):
         return False
     return group_norm_same.agrees(x.device, x.dtype)
 
