@@ -10,8 +10,8 @@ input dtype. Each thread has one load in flight, and 32 rows of 512 threads is a
 map gives it: its statistics pass runs at a small fraction of the memory's bandwidth, and in an image
 VAE's decode it takes about half of the GPU time (BENCHMARKS.md).
 
-Here the same L chains run, each in its own lane, the next 8 elements loaded while 8 are folded,
-`LANES` lanes per program, so that every SM has work; `_tree_kernel` then combines the L states in the same
+Here the same L chains run, each in its own lane, the next `WIDTH` elements loaded while `WIDTH` are
+folded, `LANES` lanes per program, so that every SM has work; `_tree_kernel` then combines the L states in the same
 tree. Where nvcc contracts a multiply and an add into one fused multiply-add (FMA), these kernels use
 `tl.fma` and compile with contraction off otherwise, so each rounding is PyTorch's. The result is
 PyTorch's output bit for bit; `agrees` checks that on the device before any request relies on it (a
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from .triton_support import launch, runs_on, tl, triton
 
 LANES = 64  # chains per program of `_chains_kernel`
-WIDE = False  # `_chains_kernel` folds 16 elements a lane per step (else 8), the next as many loaded ahead
+WIDTH = 8  # elements a lane of `_chains_kernel` folds per step (8, 16 or 32), the next as many loaded ahead
 APPLY_BLOCK = 1024  # elements of one channel per program of `_apply_kernel`
 _BIG = 512  # PyTorch's threads per row (cuda_utils::kCUDABlockReduceNumThreads); 32 below it
 
@@ -51,24 +51,22 @@ if triton is not None:
         return tl.where(ok, new_mean, mean), tl.where(ok, new_m2, m2), tl.where(ok, nn, n)
 
     @triton.jit
-    def _load8(base, j, R, THREADS: tl.constexpr):
-        # elements j, j + THREADS, ..., j + 7 * THREADS of a row (0 past its end) in one load, then
-        # taken apart: u = 4a + 2b + c in the (LANES, 2, 2, 2) view
-        LANES: tl.constexpr = j.shape[0]
-        at = j[:, None] + tl.arange(0, 8)[None, :] * THREADS
-        xs = tl.reshape(tl.load(base + at, mask=at < R, other=0.0).to(tl.float32), [LANES, 2, 2, 2])
-        c0, c1 = tl.split(xs)
+    def _tile(base, j, R, THREADS: tl.constexpr, WIDTH: tl.constexpr):
+        # each lane's next WIDTH elements, j, j + THREADS, ..., in one load (0 past the row's end)
+        at = j[:, None] + tl.arange(0, WIDTH)[None, :] * THREADS
+        return tl.load(base + at, mask=at < R, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _fold8(xs, mean, m2, n, j, R, THREADS: tl.constexpr):
+        # the 8 columns of xs (LANES, 8), elements j, j + THREADS, ..., folded in that order (those past
+        # the row's end left out); the columns taken apart by splits: u = 4a + 2b + c in (LANES, 2, 2, 2)
+        c0, c1 = tl.split(tl.reshape(xs, [xs.shape[0], 2, 2, 2]))
         b0c0, b1c0 = tl.split(c0)
         b0c1, b1c1 = tl.split(c1)
         x0, x4 = tl.split(b0c0)
         x2, x6 = tl.split(b1c0)
         x1, x5 = tl.split(b0c1)
         x3, x7 = tl.split(b1c1)
-        return x0, x1, x2, x3, x4, x5, x6, x7
-
-    @triton.jit
-    def _fold8(x0, x1, x2, x3, x4, x5, x6, x7, mean, m2, n, j, R, THREADS: tl.constexpr):
-        # elements j, j + THREADS, ... folded in that order (those past the row's end left out)
         mean, m2, n = _fold(x0, mean, m2, n, j < R)
         mean, m2, n = _fold(x1, mean, m2, n, j + THREADS < R)
         mean, m2, n = _fold(x2, mean, m2, n, j + 2 * THREADS < R)
@@ -79,32 +77,44 @@ if triton is not None:
         return _fold(x7, mean, m2, n, j + 7 * THREADS < R)
 
     @triton.jit
+    def _fold_tile(xs, mean, m2, n, j, R, THREADS: tl.constexpr, WIDTH: tl.constexpr):
+        # a (LANES, WIDTH) tile's columns in order, 8 at a time
+        L: tl.constexpr = xs.shape[0]
+        if WIDTH == 8:
+            mean, m2, n = _fold8(xs, mean, m2, n, j, R, THREADS)
+        elif WIDTH == 16:  # u = 8a + r: (LANES, 2, 8) -> (LANES, 8, 2), split on a
+            lo, hi = tl.split(tl.permute(tl.reshape(xs, [L, 2, 8]), (0, 2, 1)))
+            mean, m2, n = _fold8(lo, mean, m2, n, j, R, THREADS)
+            mean, m2, n = _fold8(hi, mean, m2, n, j + 8 * THREADS, R, THREADS)
+        else:  # WIDTH 32, u = 16a + 8b + r: (LANES, 2, 2, 8) -> (LANES, 8, 2, 2), split on b, then a
+            b0, b1 = tl.split(tl.permute(tl.reshape(xs, [L, 2, 2, 8]), (0, 3, 1, 2)))
+            a0b0, a1b0 = tl.split(b0)
+            a0b1, a1b1 = tl.split(b1)
+            mean, m2, n = _fold8(a0b0, mean, m2, n, j, R, THREADS)
+            mean, m2, n = _fold8(a0b1, mean, m2, n, j + 8 * THREADS, R, THREADS)
+            mean, m2, n = _fold8(a1b0, mean, m2, n, j + 16 * THREADS, R, THREADS)
+            mean, m2, n = _fold8(a1b1, mean, m2, n, j + 24 * THREADS, R, THREADS)
+        return mean, m2, n
+
+    @triton.jit
     def _chains_kernel(
-        x_ptr, mean_ptr, m2_ptr, n_ptr, R, THREADS: tl.constexpr, LANES: tl.constexpr, WIDE: tl.constexpr
+        x_ptr, mean_ptr, m2_ptr, n_ptr, R, THREADS: tl.constexpr, LANES: tl.constexpr, WIDTH: tl.constexpr
     ):
-        # each lane's chain 8 (WIDE: 16) elements at a time, the next ones loaded before these are
-        # folded: a chain is a sequence of dependent divisions, so its loads must be issued well ahead
+        # each lane's chain WIDTH elements at a time, the next WIDTH loaded before these are folded: a
+        # chain is a sequence of dependent divisions, so its loads must be issued well ahead of their use
         row = tl.program_id(0)
         lane = tl.program_id(1) * LANES + tl.arange(0, LANES)
         mean = tl.zeros([LANES], tl.float32)
         m2 = tl.zeros([LANES], tl.float32)
         n = tl.zeros([LANES], tl.float32)
         base = x_ptr + row.to(tl.int64) * R
-        HALF: tl.constexpr = THREADS * 8
-        STEP: tl.constexpr = HALF * 2 if WIDE else HALF
-        x0, x1, x2, x3, x4, x5, x6, x7 = _load8(base, lane, R, THREADS)
-        if WIDE:
-            z0, z1, z2, z3, z4, z5, z6, z7 = _load8(base, lane + HALF, R, THREADS)
+        STEP: tl.constexpr = THREADS * WIDTH
+        cur = _tile(base, lane, R, THREADS, WIDTH)
         for start in range(0, R, STEP):
             j = start + lane
-            y0, y1, y2, y3, y4, y5, y6, y7 = _load8(base, j + STEP, R, THREADS)
-            if WIDE:
-                w0, w1, w2, w3, w4, w5, w6, w7 = _load8(base, j + STEP + HALF, R, THREADS)
-            mean, m2, n = _fold8(x0, x1, x2, x3, x4, x5, x6, x7, mean, m2, n, j, R, THREADS)
-            x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
-            if WIDE:
-                mean, m2, n = _fold8(z0, z1, z2, z3, z4, z5, z6, z7, mean, m2, n, j + HALF, R, THREADS)
-                z0, z1, z2, z3, z4, z5, z6, z7 = w0, w1, w2, w3, w4, w5, w6, w7
+            nxt = _tile(base, j + STEP, R, THREADS, WIDTH)
+            mean, m2, n = _fold_tile(cur, mean, m2, n, j, R, THREADS, WIDTH)
+            cur = nxt
         at = row * THREADS + lane
         tl.store(mean_ptr + at, mean)
         tl.store(m2_ptr + at, m2)
@@ -271,7 +281,7 @@ def _statistics(x: torch.Tensor, num_groups: int, eps: float) -> torch.Tensor:
         r,
         THREADS=threads,
         LANES=lanes,
-        WIDE=WIDE,
+        WIDTH=WIDTH,
         num_warps=max(1, lanes // 32),
         **fused,
     )
