@@ -59,7 +59,7 @@ FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox", "hunyuanvideo")
 # that give PyTorch's bits
 GROUP_NORM_SAME_KERNELS = True
 # the fewest elements of a map those kernels normalise (smaller ones: PyTorch's kernel, the same bits)
-GROUP_NORM_SAME_MIN_ELEMENTS = 1 << 22
+GROUP_NORM_SAME_MIN_ELEMENTS = 1 << 23
 
 # --- batched tiles (Family.fast_tiles) ------------------------------------------------------------------
 # the most tokens MiniMax-H3's fast tier decodes in one batch of tiles (whole tiles, at least one)
@@ -169,8 +169,8 @@ TABLE: tuple[Entry, ...] = (
         "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
         "diffusers' own (2.61x at 720 x 480 49 frames, 2026-12-06/families-h100/, call 3; BENCHMARKS.md's "
         "CogVideoX rows and the paragraph after them). HunyuanVideo, one H100, 480 x 832 33 frames: its fast "
-        "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output; diffusers' layers with GroupNorm in "
-        "PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) 1.44x, bit for bit (2026-12-06/shares/, call V)",
+        "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output (call V); diffusers' layers with GroupNorm "
+        "in PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) 1.52x, bit for bit (2026-12-06/shares/, call Y)",
     ),
     Entry(
         "GROUP_NORM_SAME_KERNELS",
@@ -179,17 +179,25 @@ TABLE: tuple[Entry, ...] = (
         "kernels/group_norm_same.py: PyTorch's CUDA GroupNorm in its own order of operations, checked against "
         "it bit for bit on the device before use",
         "one H100, bf16, PyTorch 2.11: bit for bit with PyTorch (fp16 and fp32 not: PyTorch's kernel runs "
-        "there); GroupNorm + SiLU of a (1, 128, 1024, 1024) map 1.19 ms against PyTorch's 3.95 ms; whole "
-        "decodes bit for bit with diffusers, SDXL, FLUX.1 and FLUX.2 at 1024^2 1.61x, FLUX.1 2048^2 1.56x, "
-        "CogVideoX 720 x 480 49 frames 1.30x, HunyuanVideo 480 x 832 33 frames 1.44x (2026-12-06/shares/, "
-        "call V; `profile_decode.py video --variants channels-first,vaeshard-same`)",
+        "there); GroupNorm + SiLU of a (1, 128, 9, 368, 640) map 1.41 ms against PyTorch's 7.97 ms; whole "
+        "decodes bit for bit with diffusers: SDXL, FLUX.1, FLUX.2 1024^2 1.75x, 1.80x, 1.81x, FLUX.1 and "
+        "FLUX.2 2048^2 1.71x, SDXL 512^2 1.47x, HunyuanVideo 480 x 832 33 frames 1.52x, CogVideoX 720 x 480 "
+        "49 frames 1.36x (2026-12-06/shares/, call Y)",
     ),
     Entry(
         "GROUP_NORM_SAME_MIN_ELEMENTS",
         "the fewest elements of a map whose GroupNorm kernels/group_norm_same.py computes; a smaller map's "
         "runs PyTorch's kernel (the same bits): the three launches cost more than they save there",
-        "one H100, bf16, GroupNorm + SiLU: a (1, 96, 100, 77) map 0.174 ms against PyTorch's 0.040 ms, a "
-        "(1, 512, 128, 128) map 0.216 ms against 0.267 ms (2026-12-06/shares/, call V)",
+        "one H100, bf16, GroupNorm + SiLU against PyTorch's: 2^20 to 2^22 elements 0.20-0.21 ms against "
+        "0.06-0.10 ms, 6.3 M 0.22 against 0.21 ms, 2^23 0.19 against 0.29 ms (2026-12-06/shares/, call X)",
+    ),
+    Entry(
+        "kernels/group_norm_same.py WIDTH",
+        "how many of its elements a lane of the GroupNorm statistics kernel folds per step, as many more "
+        "loaded ahead (8, 16 or 32)",
+        "one H100, bf16, statistics of a (1, 128, 9, 368, 640) map: 8 1.144 ms, 16 0.851, 32 0.889; of "
+        "(1, 256, 512, 512): 0.776, 0.385, 0.353; SDXL 1024^2 decodes 1.81x diffusers with 16 and 32, "
+        "1.73x with 8 (2026-12-06/shares/, call X)",
     ),
     Entry(
         "MINIMAX_BATCH_TOKENS",

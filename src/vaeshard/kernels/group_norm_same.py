@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from .triton_support import launch, runs_on, tl, triton
 
 LANES = 64  # chains per program of `_chains_kernel`
-WIDTH = 8  # elements a lane of `_chains_kernel` folds per step (8, 16 or 32), the next as many loaded ahead
+WIDTH = 16  # elements a lane of `_chains_kernel` folds per step (8, 16 or 32), the next as many loaded ahead
 APPLY_BLOCK = 1024  # elements of one channel per program of `_apply_kernel`
 _BIG = 512  # PyTorch's threads per row (cuda_utils::kCUDABlockReduceNumThreads); 32 below it
 
