@@ -22,6 +22,7 @@ rstd to that dtype between its statistics and its fold; `agrees` finds which of 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -262,6 +263,14 @@ def _eps_in(eps: float, dtype: torch.dtype) -> float:
     return float(torch.tensor(eps, dtype=dtype))  # PyTorch casts eps to the input dtype first
 
 
+def _on(device: torch.device):
+    """The context that makes `device` current for Triton's launches (which go to the current CUDA
+    device): a VAE may sit on another GPU than the current one."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def _statistics(x: torch.Tensor, num_groups: int, eps: float) -> torch.Tensor:
     """`statistics` as one fp32 (N * num_groups, 2) tensor of (mean, rstd) rows."""
     rows = x.shape[0] * num_groups
@@ -329,32 +338,33 @@ def group_norm(
     # y's (h, w) sizes and (n, c, t, h, w) strides, missing spatial axes of size 1
     sizes = ((1,) * (5 - y.dim()) + tuple(y.shape[2:]))[1:] if strided else (1, 1)
     strides = y.stride()[:2] + (0,) * (5 - y.dim()) + y.stride()[2:] if strided else (0,) * 5
-    stats = _statistics(x, num_groups, eps)
-    w = weight if weight is not None else stats  # (a pointer the kernel never reads)
-    b = bias if bias is not None else stats
-    launch(
-        _apply_kernel,
-        (triton.cdiv(hw, APPLY_BLOCK), n * c),
-        x,
-        y,
-        stats,
-        w,
-        b,
-        c,
-        hw,
-        c // num_groups,
-        *sizes,
-        *strides,
-        STRIDED=strided,
-        HAS_W=weight is not None,
-        HAS_B=bias is not None,
-        SILU=silu,
-        BLOCK=APPLY_BLOCK,
-        LIBDEVICE=x.is_cuda,
-        ROUNDED_STATS=rounded_stats and x.dtype != torch.float32,
-        num_warps=4,
-        enable_fp_fusion=False,
-    )
+    with _on(x.device):
+        stats = _statistics(x, num_groups, eps)
+        w = weight if weight is not None else stats  # (a pointer the kernel never reads)
+        b = bias if bias is not None else stats
+        launch(
+            _apply_kernel,
+            (triton.cdiv(hw, APPLY_BLOCK), n * c),
+            x,
+            y,
+            stats,
+            w,
+            b,
+            c,
+            hw,
+            c // num_groups,
+            *sizes,
+            *strides,
+            STRIDED=strided,
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            SILU=silu,
+            BLOCK=APPLY_BLOCK,
+            LIBDEVICE=x.is_cuda,
+            ROUNDED_STATS=rounded_stats and x.dtype != torch.float32,
+            num_warps=4,
+            enable_fp_fusion=False,
+        )
     return y
 
 
@@ -382,7 +392,7 @@ def agrees(device: torch.device, dtype: torch.dtype) -> bool:
         return bool(verdict)
     if torch.cuda.is_current_stream_capturing():
         return False
-    with _lock:
+    with _lock, _on(torch.device(device.type, key[1])):
         if key not in _verdicts:
             _verdicts[key] = next((v for v in (_FLOAT, _ROUNDED) if _check(device, dtype, v == _ROUNDED)), False)
     return bool(_verdicts[key])
