@@ -140,10 +140,11 @@ def test_plan_says_why_the_producers_run_or_not(monkeypatch):
 class _PadConv(torch.nn.Module):
     """A convolution that pads its input by an F.pad tuple in a mode, as the protocol asks."""
 
-    def __init__(self, padding, mode):
+    def __init__(self, padding, mode, input_as_diffusers=True):
         super().__init__()
         self.conv = torch.nn.Conv3d(2, 2, 1)
         self.padding, self.mode = padding, mode
+        self.input_as_diffusers = input_as_diffusers
 
     def producer_padding(self):
         return self.padding, self.mode, self.mode
@@ -164,6 +165,8 @@ def test_a_produced_buffer_is_padded_as_f_pad_pads(mode, channels_last):
     # anything but that very view takes the convolution's own path
     assert producers.filled(conv, x) is None and producers.filled(conv, view.clone()) is None
     assert producers.filled(_PadConv(padding, mode), view) is None
+    # a channels-first buffer only for a convolution that convolves what diffusers' own padding gives it
+    assert producers.interior(_PadConv(padding, mode, input_as_diffusers=False), x, channels_last=False) is None
 
 
 def _sharded_decodes_match(rank, vae, z, per_step=1, seed=None, tol=CPU_FP32) -> bool:

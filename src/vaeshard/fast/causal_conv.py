@@ -101,6 +101,9 @@ class CachedReplicateCausalConv3d(HaloPadThenConv):
     interior of its own padded input buffer (fast/producers.py: a norm wrote it), that buffer with its
     padding filled in place."""
 
+    # the filled buffer is the tensor diffusers' F.pad hands the unpadded child (fast/producers.py)
+    input_as_diffusers = True
+
     def producer_padding(self):
         """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py; None
         where its child is strided (a sharded strided child needs `HaloPadThenConv`'s check of the
@@ -220,6 +223,8 @@ class ProducedRuntimeCausalConv3d(ProducedTimePaddedConv3d):
 class CachedReplicateCachedCausalConv3d(HaloPadThenCachedConv):
     """The same for `CogVideoXCausalConv3d` in "replicate" mode (`forward(x, conv_cache)` ->
     `(output, None)`: diffusers ignores the cache in that mode), as Mochi 1's decoder uses it."""
+
+    input_as_diffusers = True
 
     def producer_padding(self):
         """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py; None

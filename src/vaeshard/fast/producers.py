@@ -177,7 +177,11 @@ def interior(conv, x: torch.Tensor, channels_last: bool = True) -> torch.Tensor 
     padding it fills, `producer_padding()` None, or time padding behind the frames in a frame loop).
     A convolution that builds its own input buffer (`produced_input`: the 2-D ones, whose padding
     cuDNN applies) gives the view itself. `channels_last` False: a contiguous (channels-first) buffer,
-    the layout diffusers' own padding gives its convolution (never one a convolution builds itself)."""
+    the layout diffusers' own padding gives its convolution, only for a convolution whose filled buffer
+    is exactly the tensor diffusers' forward convolves (`input_as_diffusers`: F.pad makes all of its
+    padding and its child convolves unpadded), so PyTorch's convolution of it gives diffusers' bits."""
+    if not channels_last and not getattr(conv, "input_as_diffusers", False):
+        return None
     own = getattr(conv, "produced_input", None)
     if own is not None:
         view = own(x) if channels_last else None
