@@ -145,7 +145,9 @@ group_norm_same.agrees = lambda device, dtype: True
 group_norm_same.WIDTH = 8  # (the interpreter's time grows with the width; the widths agree: VALUES)
 calls = []
 norm = group_norm_same.group_norm
-group_norm_same.group_norm = lambda *args, **kw: calls.append(kw.get("silu", False)) or norm(*args, **kw)
+group_norm_same.group_norm = lambda *args, **kw: calls.append(  # ("cond": with a scale and a shift)
+    "cond" if kw.get("scale") is not None else kw.get("silu", False)
+) or norm(*args, **kw)
 buffers = []  # the layouts of the produced padded inputs the convolutions ran on
 fill = producers.filled
 producers.filled = lambda *a, **kw: (lambda b: (b is None or buffers.append(b.is_contiguous()), b)[1])(fill(*a, **kw))
@@ -180,21 +182,24 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
         vaeshard.parallelize(vae, exact=True)
         calls.clear()
         assert torch.equal(vae.decode(z).sample, want) and not calls, name
-# CogVideoX's encoder in the exact tier (its fast tier counted off): its GroupNorms by the kernels, but
-# into no padded buffer (its convolutions leave the spatial padding to cuDNN, which a buffer padded
-# beforehand would not reproduce bit for bit on a GPU), against diffusers' encode
+# CogVideoX in the exact tier (its fast tier counted off), against diffusers: the decoder's spatial norms
+# with their product, sum and SiLU in the kernels' apply pass; the encoder's GroupNorms by the kernels,
+# but into no padded buffer (its convolutions leave the spatial padding to cuDNN, which a buffer padded
+# beforehand would not reproduce bit for bit on a GPU)
 tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("cogvideox",)
 vae = build("cogvideox")
+z = latent((1, vae.config.latent_channels, 3, 5, 6), seed=4)
 x = torch.randn(1, 3, 5, 16, 24, generator=torch.Generator().manual_seed(5))
 with torch.no_grad():
-    want = vae.encode(x).latent_dist.parameters
+    want = vae.decode(z).sample, vae.encode(x).latent_dist.parameters
 vaeshard.parallelize(vae)
-calls.clear()
-buffers.clear()
-with torch.no_grad():
-    got = vae.encode(x).latent_dist.parameters
-assert True in calls and buffers == [], (calls, buffers)
-assert_close(got, want, CPU_FP32, "cogvideox encode")
+for op, run in (("decode", lambda: vae.decode(z).sample), ("encode", lambda: vae.encode(x).latent_dist.parameters)):
+    calls.clear()
+    buffers.clear()
+    with torch.no_grad():
+        got = run()
+    assert ("cond" in calls if op == "decode" else True in calls) and buffers == [], (op, calls, buffers)
+    assert_close(got, want[op == "encode"], CPU_FP32, f"cogvideox {op}")
 print("ok")
 """
 

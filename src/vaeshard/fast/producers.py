@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
-from ..kernels import group_norm
+from ..kernels import group_norm, group_norm_same
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
@@ -477,13 +477,37 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
             torch.ops.aten.silu.out(norm, out=view)
 
         view = None if blocks is None else self.produce(f, write)
+        if view is None:
+            same = self._with_silu_same(f, zq, conv_cache)
+            if same is not None:
+                return same
         return super().forward(f, zq, conv_cache) if view is None else (view, caches)
 
-    def conditioning(self, f, zq, conv_cache: dict, caches: dict):
+    def _with_silu_same(self, f, zq, conv_cache):
+        """Where the request allows PyTorch's arithmetic by vaeshard's kernels (`runs_same`) and the
+        norm is linked: diffusers' forward with its product and sum and the SiLU after it in the norm's
+        apply pass (kernels/group_norm_same.py, each step rounded as PyTorch rounds it), the SiLU module
+        told to pass it on: `(output, caches)`; else None (nothing computed)."""
+        linked = self.__dict__.get(_FEEDS)
+        gn = self.norm_layer
+        if linked is None or f.dim() != 5 or not _plain((self, *linked)) or not runs_same(gn, f):
+            return None
+        caches: dict = {}
+        # diffusers' conditioning at f's size (zq interpolated as diffusers interpolates it)
+        scale, shift = self.conditioning(f, zq, conv_cache or {}, caches, size=f.shape[3:])
+        if not all(t.shape == f.shape and t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift)):
+            return same_group_norm(gn, f) * scale + shift, caches  # (the SiLU module applies its own)
+        y = group_norm_same.group_norm(
+            f, gn.num_groups, gn.weight, gn.bias, gn.eps, silu=True, scale=scale, shift=shift
+        )
+        linked[0].__dict__[_PENDING] = _record(y)
+        return y, caches
+
+    def conditioning(self, f, zq, conv_cache: dict, caches: dict, size=None):
         """(conv_y, conv_b) of zq interpolated to f's frames as diffusers interpolates them (the first
-        frame apart where f has an odd count above one), at zq's own rows and columns; their caches
-        put in `caches`."""
-        size = zq.shape[3:]
+        frame apart where f has an odd count above one), at zq's own rows and columns (`size`: at
+        those, as diffusers interpolates to f's); their caches put in `caches`."""
+        size = zq.shape[3:] if size is None else tuple(size)
         if f.shape[2] > 1 and f.shape[2] % 2 == 1:
             z_first = F.interpolate(zq[:, :, :1], size=(1, *size))
             z_rest = F.interpolate(zq[:, :, 1:], size=(f.shape[2] - 1, *size))

@@ -198,7 +198,10 @@ if triton is not None:
         s_t,
         s_h,
         s_w,
+        scale_ptr,  # (with shift_ptr: maps of x's shape, contiguous, where COND)
+        shift_ptr,
         STRIDED: tl.constexpr,
+        COND: tl.constexpr,
         HAS_W: tl.constexpr,
         HAS_B: tl.constexpr,
         SILU: tl.constexpr,
@@ -224,6 +227,9 @@ if triton is not None:
         at = nc.to(tl.int64) * HW + offs
         dt = y_ptr.dtype.element_ty
         y = tl.fma(a, tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32), b).to(dt)
+        if COND:  # y * scale + shift as two of PyTorch's elementwise passes, each rounded to the dtype
+            y = (y.to(tl.float32) * tl.load(scale_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(dt)
+            y = (y.to(tl.float32) + tl.load(shift_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(dt)
         if SILU:
             yf = y.to(tl.float32)
             if LIBDEVICE:
@@ -320,19 +326,28 @@ def group_norm(
     silu: bool = False,
     rounded_stats: bool | None = None,
     out: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.group_norm(x, num_groups, weight, bias, eps), then F.silu of it where `silu`, as PyTorch's CUDA
     kernels compute them (the module docstring); `takes(x, num_groups)` must hold. `rounded_stats`:
     whether the mean and rstd pass through x's dtype before the fold, as PyTorch's kernel before 2.12
     does with bf16 and fp16 input (None: as `agrees` found PyTorch doing on x's device; else not).
     `out`: where to write the result (x's shape and dtype, any strides: the interior of a convolution's
-    padded input, say), returned; else a new tensor."""
+    padded input, say), returned; else a new tensor. `scale`, `shift` (both or neither: contiguous maps
+    of x's shape and dtype): the norm's output times `scale` plus `shift` before the SiLU, each step
+    rounded as PyTorch's `norm * scale + shift` rounds it (CogVideoX's spatial norm)."""
     if rounded_stats is None:
         rounded_stats = _verdicts.get(_key(x.device, x.dtype)) == _ROUNDED
     n, c = x.shape[:2]
     hw = x[0, 0].numel()
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
         raise ValueError(f"group_norm: out {tuple(out.shape)} {out.dtype} does not match x {tuple(x.shape)} {x.dtype}")
+    cond = scale is not None or shift is not None
+    if cond and not all(
+        t is not None and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous() for t in (scale, shift)
+    ):
+        raise ValueError("group_norm: scale and shift must both be contiguous maps of x's shape and dtype")
     y = torch.empty_like(x) if out is None else out
     strided = not y.is_contiguous()
     # y's (h, w) sizes and (n, c, t, h, w) strides, missing spatial axes of size 1
@@ -355,7 +370,10 @@ def group_norm(
             c // num_groups,
             *sizes,
             *strides,
+            scale if cond else x,  # (pointers the kernel never reads without COND)
+            shift if cond else x,
             STRIDED=strided,
+            COND=cond,
             HAS_W=weight is not None,
             HAS_B=bias is not None,
             SILU=silu,
@@ -379,11 +397,11 @@ _lock = threading.Lock()
 
 
 def agrees(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether these kernels give PyTorch's CUDA GroupNorm (and GroupNorm + SiLU) bit for bit on the
-    CUDA `device` in `dtype`: checked once per device and dtype on small random maps (a few milliseconds
-    once the kernels are compiled), with the statistics kept in fp32 between the kernels and, failing
-    that, rounded to the dtype (PyTorch before 2.12); never during a CUDA graph capture (False there
-    until checked outside)."""
+    """Whether these kernels give PyTorch's CUDA GroupNorm (and GroupNorm + SiLU, with a scale and a
+    shift between them or not) bit for bit on the CUDA `device` in `dtype`: checked once per device and
+    dtype on small random maps (a few milliseconds once the kernels are compiled), with the statistics
+    kept in fp32 between the kernels and, failing that, rounded to the dtype (PyTorch before 2.12);
+    never during a CUDA graph capture (False there until checked outside)."""
     if device.type != "cuda":  # (PyTorch's CPU GroupNorm sums in another order)
         return False
     key = _key(device, dtype)
@@ -418,5 +436,9 @@ def _check(device, dtype, rounded: bool) -> bool:
                 return False
         fused = group_norm(x, 16, w, b, 1e-6, silu=True, rounded_stats=rounded)
         if not torch.equal(fused, F.silu(F.group_norm(x, 16, w, b, 1e-6))):
+            return False
+        scale, shift = torch.randn_like(x), torch.randn_like(x)  # (CogVideoX's spatial norm)
+        conditioned = group_norm(x, 16, w, b, 1e-6, True, rounded, scale=scale, shift=shift)
+        if not torch.equal(conditioned, F.silu(F.group_norm(x, 16, w, b, 1e-6) * scale + shift)):
             return False
     return True
