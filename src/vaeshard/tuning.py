@@ -169,8 +169,9 @@ TABLE: tuple[Entry, ...] = (
         "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
         "diffusers' own (2.61x at 720 x 480 49 frames, 2026-12-06/families-h100/, call 3; BENCHMARKS.md's "
         "CogVideoX rows and the paragraph after them). HunyuanVideo, one H100, 480 x 832 33 frames: its fast "
-        "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output (call V); diffusers' layers with GroupNorm "
-        "in PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) 1.52x, bit for bit (2026-12-06/shares/, call Y)",
+        "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output (2026-12-06/shares/, call V); diffusers' "
+        "layers with GroupNorm in PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) faster, bit for bit "
+        "(BENCHMARKS.md's HunyuanVideo row)",
     ),
     Entry(
         "GROUP_NORM_SAME_KERNELS",
@@ -179,10 +180,9 @@ TABLE: tuple[Entry, ...] = (
         "kernels/group_norm_same.py: PyTorch's CUDA GroupNorm in its own order of operations, checked against "
         "it bit for bit on the device before use",
         "one H100, bf16, PyTorch 2.11: bit for bit with PyTorch (fp16 and fp32 not: PyTorch's kernel runs "
-        "there); GroupNorm + SiLU of a (1, 128, 9, 368, 640) map 1.41 ms against PyTorch's 7.97 ms; whole "
-        "decodes bit for bit with diffusers: SDXL, FLUX.1, FLUX.2 1024^2 1.75x, 1.80x, 1.81x, FLUX.1 and "
-        "FLUX.2 2048^2 1.71x, SDXL 512^2 1.47x, HunyuanVideo 480 x 832 33 frames 1.52x, CogVideoX 720 x 480 "
-        "49 frames 1.36x (2026-12-06/shares/, call Y)",
+        "there); GroupNorm + SiLU of a (1, 128, 9, 368, 640) map 1.41 ms against PyTorch's 7.97 ms (call X); "
+        "whole decodes bit for bit with diffusers' and faster: BENCHMARKS.md's image, HunyuanVideo and "
+        "CogVideoX rows (2026-12-06/shares/, call Y)",
     ),
     Entry(
         "GROUP_NORM_SAME_MIN_ELEMENTS",
