@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules import module as torch_module
 
-from ..kernels import group_norm, group_norm_same
+from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
@@ -497,16 +497,14 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         scale, shift = self.conditioning(f, zq, conv_cache or {}, caches, size=f.shape[3:])
         if not all(t.shape == f.shape and t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift)):
             return same_group_norm(gn, f) * scale + shift, caches  # (the SiLU module applies its own)
-        y = group_norm_same.group_norm(
-            f, gn.num_groups, gn.weight, gn.bias, gn.eps, silu=True, scale=scale, shift=shift
-        )
+        y = same_group_norm(gn, f, silu=True, scale=scale, shift=shift)
         linked[0].__dict__[_PENDING] = _record(y)
         return y, caches
 
     def conditioning(self, f, zq, conv_cache: dict, caches: dict, size=None):
         """(conv_y, conv_b) of zq interpolated to f's frames as diffusers interpolates them (the first
-        frame apart where f has an odd count above one), at zq's own rows and columns (`size`: at
-        those, as diffusers interpolates to f's); their caches put in `caches`."""
+        frame apart where f has an odd count above one), at zq's own rows and columns, or at `size`
+        (f's, as diffusers interpolates); their caches put in `caches`."""
         size = zq.shape[3:] if size is None else tuple(size)
         if f.shape[2] > 1 and f.shape[2] % 2 == 1:
             z_first = F.interpolate(zq[:, :, :1], size=(1, *size))

@@ -145,12 +145,21 @@ def runs_same(norm, x: torch.Tensor) -> bool:
     return group_norm_same.agrees(x.device, x.dtype)
 
 
-def same_group_norm(norm, x: torch.Tensor, silu: bool = False, out: torch.Tensor | None = None) -> torch.Tensor | None:
-    """The nn.GroupNorm `norm` of `x` (then SiLU, where `silu`) by kernels/group_norm_same.py, PyTorch's
-    bits, written into `out` where given; None (nothing written) where not `runs_same(norm, x)`."""
+def same_group_norm(
+    norm,
+    x: torch.Tensor,
+    silu: bool = False,
+    out: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    shift: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """The nn.GroupNorm `norm` of `x` (times `scale` plus `shift`, where given; then SiLU, where `silu`)
+    by kernels/group_norm_same.py, PyTorch's bits, written into `out` where given; None (nothing
+    written) where not `runs_same(norm, x)`."""
     if not runs_same(norm, x):
         return None
-    return group_norm_same.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps, silu=silu, out=out)
+    args = (x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    return group_norm_same.group_norm(*args, silu=silu, out=out, scale=scale, shift=shift)
 
 
 class GlobalGroupNorm:
