@@ -389,7 +389,7 @@ def group_norm(
 # --- the check on the device ----------------------------------------------------------------------
 
 # Maps that take both of PyTorch's block sizes, rows that are and are not a multiple of 512, a count
-# of elements per lane that is not a multiple of 8, and 3- to 5-D shapes.
+# of elements per lane that is not a multiple of the step width, and 3- to 5-D shapes.
 _CHECK_SHAPES = ((2, 64, 24, 40), (1, 32, 3, 5, 7), (1, 128, 3, 41, 37), (3, 96, 100))
 _verdicts: dict = {}  # (device type, index, dtype) -> False, _FLOAT or _ROUNDED
 _FLOAT, _ROUNDED = "float", "rounded"  # PyTorch's statistics between its kernels: as they are, or rounded
