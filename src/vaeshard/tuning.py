@@ -44,7 +44,7 @@ WAN_HEIGHT_RANKS = 2
 WAN_HEIGHT_BASE_DIM = 96
 
 # --- norms writing into the next convolution's input (norm_into_conv="auto") ---------------------------
-NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi")
+NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi", "qwenimage21")
 # families whose fast tier runs only where a request sets norm_into_conv=True, on every device
 NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 

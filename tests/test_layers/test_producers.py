@@ -4,11 +4,12 @@ padded input buffer, the convolution filling its padding in place.
 Each declaring family's tiny config with the producers forced on against diffusers' own decode (and
 encode): HunyuanVideo 1.5 (RMS norms, frame loop, streamed), LTX-Video (an RMS norm on a channels-last
 view; timestep-conditioned blocks not linked), LTX-2 (per-channel RMS norms, reflect padding, causal
-per call), HunyuanVideo (GroupNorms), Mochi (per-frame GroupNorms in its frame loop) and CogVideoX
-(latent-conditioned SpatialNorm3Ds; caches handed by diffusers' frame batches), direct and on
-two gloo ranks, with the proof that the path ran: every declared convolution took its buffer. The
-padding a buffer gets against F.pad of the same input; the norm kernels writing into a buffer's
-interior in Triton's interpreter (fp32: the interpreter does not round to bf16 as a GPU does).
+per call), HunyuanVideo (GroupNorms), Mochi (per-frame GroupNorms in its frame loop), CogVideoX
+(latent-conditioned SpatialNorm3Ds; caches handed by diffusers' frame batches) and Qwen-Image 2.1 (RMS
+norms into the channels-first padded frames of its single-frame convolutions), direct and on two gloo
+ranks, with the proof that the path ran: every declared convolution took its buffer. The padding a
+buffer gets against F.pad of the same input; the norm kernels writing into a buffer's interior (both
+layouts) in Triton's interpreter (fp32: the interpreter does not round to bf16 as a GPU does).
 """
 
 from __future__ import annotations
@@ -220,15 +221,18 @@ kinds = {  # each norm kind's kernel against diffusers' formula for it
         silu(x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + 1e-8)),
     ),
 }
-for name, (run, expected) in kinds.items():
-    buf = torch.full((1, 12, 5, 7, 8), 7.0).contiguous(memory_format=torch.channels_last_3d)
+layouts = [(name, torch.channels_last_3d) for name in kinds]
+layouts.append(("Wan's RMS norm", torch.contiguous_format))  # a channels-first buffer (Qwen-Image 2.1's)
+for name, layout in layouts:
+    run, expected = kinds[name]
+    buf = torch.full((1, 12, 5, 7, 8), 7.0).contiguous(memory_format=layout)
     interior = buf[:, :, 2:, 1:6, 1:7]
     assert norm._spatial_strides(interior) is not None  # the kernel, not the eager path, takes the view
     run(interior)
     err = (interior - expected).abs().max().item()
     untouched = buf.clone()
     untouched[:, :, 2:, 1:6, 1:7] = 7.0
-    assert err < 1e-5, (name, err)
+    assert err < 1e-5, (name, layout, err)
     assert bool((untouched == 7.0).all()), name + ": the kernel wrote outside the interior"
 print("ok")
 """
@@ -241,6 +245,38 @@ INTERIOR_JOB = interpreter.script("producers-interior", INTERIOR)
 def test_norm_kernel_writes_into_a_buffers_interior_in_the_interpreter():
     run = interpreter.result(INTERIOR_JOB, timeout=240)
     assert run.returncode == 0 and "ok" in run.stdout, run.stderr[-3000:]
+
+
+def test_qwenimage21_with_producers_matches_diffusers():
+    """Qwen-Image 2.1's RMS norms write into the channels-first zero-padded frames its single-frame
+    convolutions convolve; the frame decoded without diffusers' feature cache."""
+    vae = build("qwenimage21")
+    z = latent((1, 4, 1, 5, 6), seed=22)
+    x = sample((1, 4, 1, 16, 12))
+    reference, moments = _diffusers(vae, z, "decode"), _diffusers(vae, x, "encode")
+    _forced(vae)
+    linked = _linked_convs(vae)
+    blocks = sum(type(m).__name__ == "QwenImage21ResidualBlock" for m in vae.modules())
+    assert len(linked) == 2 * blocks + 2, linked  # each residual block's two, both norm_outs
+    with _Spy() as spy, torch.no_grad():
+        out = vae.decode(z).sample
+    assert_close(out, reference, CPU_FP32, "decode")
+    decoder_linked = {c for c in linked if any(id(m) == c for m in vae.decoder.modules())}
+    assert set(spy.took) == decoder_linked and not (set(spy.missed) & linked)
+    unpadded = sum(not any(getattr(m, "_padding", (1,))) for m in vae.decoder.modules())  # 1x1 shortcuts
+    assert spy.pads == sum(spy.missed.values()) + unpadded  # of the padded ones only conv_in pads a copy
+    with _Spy() as spy, torch.no_grad():
+        encoded = vae.encode(x).latent_dist.parameters
+    assert_close(encoded, moments, CPU_FP32, "encode")
+    assert spy.took and not (set(spy.missed) & linked)
+
+
+def _qwenimage21_sharded(rank, world):
+    return _sharded_decodes_match(rank, build("qwenimage21"), latent((1, 4, 1, 7, 6), seed=23))
+
+
+def test_qwenimage21_with_producers_sharded_matches_diffusers():
+    assert run_ranks(_qwenimage21_sharded, 2) == [True, True]
 
 
 def _ltx():

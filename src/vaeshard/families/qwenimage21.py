@@ -6,23 +6,30 @@ decode and encode are Wan's, line for line, with their own patchify), so `tile` 
 
 What differs for sharding: every "causal Conv3d" is an nn.Conv2d over the squeezed frame with its
 zero padding in `_padding` (`layers/halo.py` HaloFrameConv2d gives it halo rows); the
-upsamplers' 3x3 nn.Conv2d take halo rows (HaloConv2d), the downsamplers' ZeroPad2d takes the
+upsamplers' 3x3 nn.Conv2d take halo rows (HaloPaddedConv), the downsamplers' ZeroPad2d takes the
 neighbour's row (HaloZeroPad2d), the mid-block attention sees the whole frame (WholeFrameAttention).
 The RMS norms, SiLU, the 1x1 convolutions, nearest 2x upsampling and the shortcuts' pixel (un)shuffle
 (DupUp3D, AvgDown3D) are per pixel or local to whole latent rows. The encoder is made of the same
 kinds of layer, so encode shards too. Any other layer is refused before anything is swapped.
 
-Not served by the Wan fast tier (families/wan/blocks.py, frames.py): its residual blocks, head and
-upsamplers write into `HaloCausalConv3d` input buffers of 3-D convolutions and step a causal frame
-loop, neither of which this model has. A sharded or fast-tier request runs diffusers' own
-`_decode` / `_encode` with the leaf layers above swapped; `frame_loop` is False (one frame).
+Fast tier (not Wan's: its blocks write into 3-D convolutions' buffers and step a causal frame loop,
+neither of which this model has): diffusers' layers and layout, with each residual block's norm1 and
+norm2 and the decoder's and encoder's norm_out writing silu(norm(x)) straight into the channels-first
+zero-padded frame the convolution after them convolves (`NORM_INTO_CONV`, fast/producers.py
+`ProducedFrameConv2d`: the convolution is diffusers' call on the tensor its F.pad would make; the
+norm rounds as diffusers' does, normalised in fp32, kernels/norm.py), and the decode of the one
+frame without diffusers' feature cache (`decode_frame`: no clone of every convolution's input).
+`frame_loop` is False (one frame).
 """
 
 from __future__ import annotations
 
+import torch
+
+from ..fast.producers import NormIntoConv, ProducedFrameConv2d, RMSNormSiLUIntoConv, SiLUAfterProducer
+from ..layers import tier
 from ..layers.attention import WholeFrameAttention
-from ..layers.convs import HaloConv2d
-from ..layers.halo import HaloFrameConv2d, HaloZeroPad2d
+from ..layers.halo import HaloPaddedConv, HaloZeroPad2d
 from .base import (
     CONTAINERS,
     HALO,
@@ -56,33 +63,57 @@ def _nearest_2x(up) -> str | None:
     return None
 
 
-# Decoder and encoder. Halo rows for the padded single-frame convolutions (HaloFrameConv2d) and the
-# upsamplers' 3x3 Conv2d (HaloConv2d), the neighbour's row for the downsamplers' ZeroPad2d (the
-# stride-2 convolution after it is then local), whole-frame keys and values for the attention. The
-# RMS norms (over channels), SiLU, 1x1 convolutions, nearest 2x upsampling and the pixel
-# (un)shuffles are per pixel or local to whole latent rows; so are the containers.
+def _channel_norm_problem(norm) -> str | None:
+    return None if norm.channel_first else "an RMS norm over the last axis rather than the channels"
+
+
+# Which norm writes into which single-frame convolution's padded input in the fast tier, through which
+# SiLU module (fast/producers.py): diffusers' forwards of these blocks pass the norm's output only
+# through that SiLU (and an eval-mode dropout, which returns it as it is) to that convolution.
+NORM_INTO_CONV = (
+    NormIntoConv("QwenImage21ResidualBlock", "norm1", "nonlinearity", "conv1"),
+    NormIntoConv("QwenImage21ResidualBlock", "norm2", "nonlinearity", "conv2"),
+    NormIntoConv("QwenImage21Decoder3d", "norm_out", "nonlinearity", "conv_out"),
+    NormIntoConv("QwenImage21Encoder3d", "norm_out", "nonlinearity", "conv_out"),
+)
+
+
+# Decoder and encoder. Halo rows for the padded single-frame convolutions (in the fast tier, where
+# declared above, the buffer a norm writes into) and the upsamplers' 3x3 Conv2d (HaloPaddedConv:
+# diffusers' own call outside a sharded request, in either tier), the neighbour's row for the
+# downsamplers' ZeroPad2d (the stride-2 convolution after it is then local), whole-frame keys and
+# values for the attention. The RMS norms (over channels), SiLU, 1x1 convolutions, nearest 2x
+# upsampling and the pixel (un)shuffles are per pixel or local to whole latent rows; so are the
+# containers.
 SHARD_PLAN = ShardPlan(
     roots=("decoder", "encoder"),
     rules=(
         Rule(
             "QwenImage21CausalConv3d",
             HALO,
-            HaloFrameConv2d,
+            ProducedFrameConv2d,
             when=lambda conv: any(conv._padding),
             check=same_conv_problem,
             layer=Layer(padding="zeros"),
         ),
         Rule("QwenImage21CausalConv3d", LOCAL, check=_unpadded_problem),
-        Rule("Conv2d", HALO, HaloConv2d, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
+        Rule("Conv2d", HALO, HaloPaddedConv, when=padded, check=same_conv_problem, layer=Layer(padding="zeros")),
         Rule("Conv2d", LOCAL, where="*.resample.1", parent="Sequential"),  # stride 2, after the ZeroPad2d
         Rule("Conv2d", LOCAL, check=_unpadded_problem),
         Rule("ZeroPad2d", HALO, HaloZeroPad2d, layer=Layer(padding="zeros")),
         Rule("QwenImage21AttentionBlock", WHOLE_MAP, WholeFrameAttention),
         Rule("QwenImage21Upsample", LOCAL, check=_nearest_2x),
-        Rule("QwenImage21RMS_norm", LOCAL, layer=Layer(norm="rms_channels")),
+        Rule(
+            "QwenImage21RMS_norm",
+            LOCAL,
+            RMSNormSiLUIntoConv,
+            check=_channel_norm_problem,
+            layer=Layer(norm="rms_channels"),
+        ),
+        Rule("SiLU", LOCAL, SiLUAfterProducer),
         local("QwenImage21Encoder3d", "QwenImage21Decoder3d", "QwenImage21MidBlock", "QwenImage21Resample"),
         local("QwenImage21ResidualBlock", "QwenImage21ResidualDownBlock", "QwenImage21ResidualUpBlock"),
-        local("QwenImage21UpBlock", "QwenImage21AvgDown3D", "QwenImage21DupUp3D", "SiLU"),
+        local("QwenImage21UpBlock", "QwenImage21AvgDown3D", "QwenImage21DupUp3D"),
         CONTAINERS,
     ),
 )
@@ -136,7 +167,7 @@ class _QwenImage21(WanLike):
         ),
         Mirror(
             _Q21 + "AutoencoderKLQwenImage21._decode",
-            "families/wan/adapter.py _exceeds_one_tile (when diffusers tiles a decode)",
+            "families/wan/adapter.py _exceeds_one_tile (when diffusers tiles a decode); decode_frame",
             "6cf0269d4d6e59ad",
         ),
         Mirror(
@@ -144,16 +175,22 @@ class _QwenImage21(WanLike):
             "families/wan/adapter.py encode_tile_ops (when diffusers tiles an encode), encode_prepare",
             "79f3a6f98ba0ef01",
         ),
-        Mirror(_Q21 + "QwenImage21CausalConv3d.forward", "layers/halo.py HaloFrameConv2d", "c5c6c09450f877f7"),
+        Mirror(
+            _Q21 + "QwenImage21CausalConv3d.forward",
+            "layers/halo.py HaloFrameConv2d, fast/producers.py ProducedFrameConv2d",
+            "c5c6c09450f877f7",
+        ),
         Mirror(
             _Q21 + "QwenImage21AttentionBlock.forward", "layers/attention.py WholeFrameAttention", "7e88f423719e757d"
         ),
     )
     frame_loop = False  # one frame: no causal frame loop, no frames_per_step or CUDA graphs
+    layer_parts = False  # whole frames: no layer of this class takes parts
     streams_steps = False  # stream_decode yields the one frame once
-    # Wan's fast tier measured slower than diffusers' layers on this class (BENCHMARKS.md, "The other
-    # families"): channels-last convolutions between channels-first norms; so it is off
-    fast_tier = False
+    # diffusers' layers and layout with the declared norms into the next convolutions' padded frames,
+    # and the one frame decoded without the feature cache (module docstring)
+    fast_tier = True
+    norm_into_conv = NORM_INTO_CONV
     decoder_takes_first_chunk = True
     clamp_tiled_decode = True
 
@@ -172,8 +209,17 @@ class _QwenImage21(WanLike):
     # -- untiled: diffusers' own loops ------------------------------------------------------------
 
     def untiled_decode(self, vae, z):
-        # contiguous: the fast tier computes channels-last; callers get diffusers' layout back
+        if tier.enabled() and z.shape[2] == 1:
+            return self.decode_frame(vae, z)
         return with_tiling_off(vae, lambda: vae._decode(z, return_dict=False)[0]).contiguous()
+
+    def decode_frame(self, vae, z):
+        """diffusers' untiled `_decode` of one latent frame without its feature cache: for the first
+        (and only) frame no convolution reads a cache and the temporal upsamplers skip their time
+        convolution either way, so only the clone of each convolution's input into the cache goes."""
+        x = vae.post_quant_conv(z)
+        out = vae.decoder(x, first_chunk=True)
+        return torch.clamp(self._unpatchify(vae, out), min=-1.0, max=1.0)
 
     def direct_decode(self, vae, z):
         return Family.direct_decode(self, vae, z)

@@ -10,15 +10,16 @@ request runs the protocol where its plan says so (`FastPlan.norm_into_conv`), in
 autograd and with no forward hook on the three modules (a hook could read or replace the norm's
 output, which holds SiLU applied already):
 
-1. the norm asks the convolution for the interior of its input buffer (`interior`): a new
-   channels-last tensor of the padded input's shape (time front and back frames, halo rows of a
-   sharded request, the spatial padding), allocated per call from PyTorch's caching allocator, so no
-   buffer is shared between two live uses and a CUDA graph captures it as any other activation; the
-   view of its new frames and own rows and columns. The convolution, and the SiLU module, are told
-   what was produced: the view's pointer, shape, strides and dtype (a norm applied to a channels-last
-   view of the feature map, as LTX-Video's, returns that view permuted back, so diffusers' own
-   `movedim` then gives a new tensor object over the same memory: the record is of the memory, not
-   of the object);
+1. the norm asks the convolution for the interior of its input buffer (`interior`): a new tensor
+   of the padded input's shape (time front and back frames, halo rows of a sharded request, the
+   spatial padding), channels-last unless the convolution says otherwise (`produced_channels_last`
+   False: channels-first, where it convolves exactly the tensor diffusers' F.pad gives it),
+   allocated per call from PyTorch's caching allocator, so no buffer is shared between two live
+   uses and a CUDA graph captures it as any other activation; the view of its new frames and own
+   rows and columns. The convolution, and the SiLU module, are told what was produced: the view's
+   pointer, shape, strides and dtype (a norm applied to a channels-last view of the feature map, as
+   LTX-Video's, returns that view permuted back, so diffusers' own `movedim` then gives a new
+   tensor object over the same memory: the record is of the memory, not of the object);
 2. the norm writes silu(norm(x)) there (kernels/norm.py `rms_norm` / `mean_rms_norm`, `out=view`);
 3. the SiLU module passes on as it is the tensor it was told of, once, and applies SiLU to anything
    else (`SiLUAfterProducer`);
@@ -53,6 +54,7 @@ from ..kernels import group_norm
 from ..kernels.norm import mean_rms_norm, per_channel_rms_norm, rms_norm
 from ..layers import tier
 from ..layers.convs import HaloConv2d
+from ..layers.halo import HaloFrameConv2d
 from ..layers.norms import GlobalGroupNorm, runs_same, same_group_norm, whole_map_sum
 from ..runtime.spatial import HEIGHT, current
 from . import frame_loop
@@ -306,7 +308,7 @@ class ProducingNorm:
         if linked is None or not runs() or not _plain((self, *linked)):
             return None
         silu, conv = linked
-        view = interior(conv, x)
+        view = interior(conv, x, channels_last=getattr(conv, "produced_channels_last", True))
         if view is None:
             return None
         write(x, view)
@@ -544,6 +546,29 @@ class ProducedConv2d(HaloConv2d):
         if told(self, x):
             return self.forward_buffer(x if x._base is None else x._base)
         return super().forward(x)
+
+
+class ProducedFrameConv2d(HaloFrameConv2d):
+    """Mixin for a single-frame "causal Conv3d" (layers/halo.py `HaloFrameConv2d`: an nn.Conv2d over
+    x.squeeze(2), zero-padded by F.pad) that a declared norm writes into. Its input buffer is the
+    channels-first padded frame F.pad makes (`input_as_diffusers`, `produced_channels_last` False),
+    so given that very view the convolution runs unpadded on the filled buffer as diffusers' forward
+    convolves its padded copy (the same input, layout and call: the same bits); anything else takes
+    HaloFrameConv2d's path."""
+
+    input_as_diffusers = True
+    produced_channels_last = False
+
+    def producer_padding(self):
+        left, right, top, bottom = self._padding
+        return (left, right, top, bottom, 0, 0), "zeros", "zeros"
+
+    def forward(self, x, cache_x=None):
+        buf = filled(self, x, cache=None) if cache_x is None else None
+        if buf is None:
+            return super().forward(x, cache_x)
+        out = F.conv2d(buf.squeeze(2), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        return out.unsqueeze(2)
 
 
 class SiLUAfterProducer:

@@ -209,34 +209,17 @@ class HaloFrameConv2d:
     """Mixin for a single-frame causal convolution (an nn.Conv2d over x.squeeze(2), zero-padded by its
     F.pad tuple `_padding`; it refuses a time cache).
 
-    Outside a sharded request and the fast tier, or given a time cache, the original forward runs.
-    Sharded: halo rows in place of the sharded axis's padding (`extend_padding`), the other axis
-    zero-padded as in the original. Fast tier: channels-last input, and the convolution applies the
-    remaining zero padding itself instead of a padded copy.
+    Outside a sharded request, or given a time cache, the original forward runs. Sharded: halo rows
+    in place of the sharded axis's padding (`extend_padding`), the other axis zero-padded as in the
+    original (F.pad, then the unpadded convolution: diffusers' steps and layout in either tier).
     """
 
     def forward(self, x, cache_x=None):
         ctx = current()
-        fast = fast_tier.enabled()
-        if (ctx is None and not fast) or cache_x is not None:
+        if ctx is None or cache_x is not None:
             return super().forward(x, cache_x)
-        frame, padding = x.squeeze(2), tuple(self._padding)
-        if ctx is not None:
-            frame, padding = extend_padding(ctx, frame, padding)
-        left, right, top, bottom = padding
-        if fast and left == right and top == bottom:
-            out = fast_tier.conv_with_bias(
-                F.conv2d,
-                fast_tier.to_channels_last(frame),
-                self.weight,
-                self.bias,
-                self.stride,
-                (top, left),
-                self.dilation,
-                self.groups,
-            )
-        else:  # diffusers' steps: F.pad, then the unpadded convolution
-            out = F.conv2d(F.pad(frame, padding), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        frame, padding = extend_padding(ctx, x.squeeze(2), tuple(self._padding))
+        out = F.conv2d(F.pad(frame, padding), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
         return out.unsqueeze(2)
 
 
