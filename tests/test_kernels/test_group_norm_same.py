@@ -183,9 +183,10 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
         calls.clear()
         assert torch.equal(vae.decode(z).sample, want) and not calls, name
 # CogVideoX in the exact tier (its fast tier counted off), against diffusers: the decoder's spatial norms
-# with their product, sum and SiLU in the kernels' apply pass; the encoder's GroupNorms by the kernels,
-# but into no padded buffer (its convolutions leave the spatial padding to cuDNN, which a buffer padded
-# beforehand would not reproduce bit for bit on a GPU)
+# with their product, sum and SiLU in the kernels' apply pass, the encoder's GroupNorms with SiLU, each
+# into the new frames of its causal convolution's channels-first input, whose front frames (the cache
+# diffusers' frame batches hand it, or the first frame) make the tensor diffusers' torch.cat makes;
+# the convolutions pad space as diffusers' call does (cuDNN)
 tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("cogvideox",)
 vae = build("cogvideox")
 z = latent((1, vae.config.latent_channels, 3, 5, 6), seed=4)
@@ -198,7 +199,8 @@ for op, run in (("decode", lambda: vae.decode(z).sample), ("encode", lambda: vae
     buffers.clear()
     with torch.no_grad():
         got = run()
-    assert ("cond" in calls if op == "decode" else True in calls) and buffers == [], (op, calls, buffers)
+    produced = calls.count("cond" if op == "decode" else True)
+    assert produced and buffers == [True] * produced, (op, calls, buffers)
     assert_close(got, want[op == "encode"], CPU_FP32, f"cogvideox {op}")
 print("ok")
 """

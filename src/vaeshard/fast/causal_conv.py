@@ -274,14 +274,19 @@ class ProducedHandedCacheConv3d:
     (`forward(x, conv_cache)` -> `(output, next cache)`: time padded in front by the cache its caller
     hands it, or the first frame repeated; its child `CogVideoXSafeConv3d` zero-pads space): given the
     interior of its own padded input buffer (fast/producers.py: a norm wrote it), the cache's frames
-    copied in front and the padding filled in place, convolved unpadded in diffusers' time chunks
-    (layers/halo.py `safe_conv3d`), the next cache the buffer's last front frames without their
-    padding, as diffusers keeps it; any other input takes the next forward in line."""
+    copied in front and the padding filled in place. In the fast tier the buffer is padded in space
+    too and convolved unpadded in diffusers' time chunks (layers/halo.py `safe_conv3d`); in the exact
+    tier it holds the front frames only, the tensor diffusers' torch.cat makes, which the child
+    convolves as diffusers calls it (`input_as_diffusers`: cuDNN pads space, the same bits). The next
+    cache: the buffer's last front frames without their padding, as diffusers keeps it. Any other
+    input takes the next forward in line."""
+
+    input_as_diffusers = True  # (in the exact tier's geometry: `producer_padding`)
 
     def producer_padding(self):
-        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py;
-        None outside the constant mode with a time kernel above one frame, or where the child is
-        strided or dilated, pads time or pads space in another mode."""
+        """(F.pad tuple, time mode, space mode) of this convolution's input, for fast/producers.py
+        (the exact tier: time only); None outside the constant mode with a time kernel above one
+        frame, or where the child is strided or dilated, pads time or pads space in another mode."""
         conv = self.conv
         if self.pad_mode == "replicate" or self.time_kernel_size == 1 or isinstance(conv.padding, str):
             return None
@@ -289,7 +294,7 @@ class ProducedHandedCacheConv3d:
             return None
         if conv.padding_mode != "zeros":
             return None
-        h, w = conv.padding[1:]
+        h, w = conv.padding[1:] if tier.enabled() else (0, 0)
         return (w, w, h, h, self.time_kernel_size - 1, 0), "replicate", "zeros"
 
     def forward(self, inputs, conv_cache=None):
@@ -297,6 +302,8 @@ class ProducedHandedCacheConv3d:
         if whole is None:
             return super().forward(inputs, conv_cache)
         front = self.time_kernel_size - 1
+        if not tier.enabled():  # diffusers' call on the tensor its torch.cat makes
+            return self.conv(whole), whole[:, :, whole.shape[2] - front :].clone()
         h, w = self.conv.padding[1:]
         kept = whole[:, :, whole.shape[2] - front :, h : whole.shape[3] - h, w : whole.shape[4] - w]
         return safe_conv3d(self.conv, whole, 0), kept.clone()

@@ -489,7 +489,9 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         """Where the request allows PyTorch's arithmetic by vaeshard's kernels (`runs_same`) and the
         norm is linked: diffusers' forward with its product and sum and the SiLU after it in the norm's
         apply pass (kernels/group_norm_same.py, each step rounded as PyTorch rounds it), the SiLU module
-        told to pass it on: `(output, caches)`; else None (nothing computed)."""
+        told to pass it on: `(output, caches)`, written in the exact tier into the new frames of the
+        convolution's channels-first input (`interior`, as `GroupNormSiLUIntoConv._with_silu_same`);
+        else None (nothing computed)."""
         linked = self.__dict__.get(_FEEDS)
         gn = self.norm_layer
         if linked is None or f.dim() != 5 or not _plain((self, *linked)) or not runs_same(gn, f):
@@ -499,7 +501,9 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         scale, shift = self.conditioning(f, zq, conv_cache or {}, caches, size=f.shape[3:])
         if not all(t.shape == f.shape and t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift)):
             return same_group_norm(gn, f) * scale + shift, caches  # (the SiLU module applies its own)
-        y = same_group_norm(gn, f, silu=True, scale=scale, shift=shift)
+        # in the exact tier into the new frames of the convolution's channels-first input (`interior`)
+        view = None if tier.enabled() else interior(linked[1], f, channels_last=False)
+        y = same_group_norm(gn, f, silu=True, out=view, scale=scale, shift=shift)
         linked[0].__dict__[_PENDING] = _record(y)
         return y, caches
 
