@@ -153,8 +153,8 @@ def plan_request(request: Request, world_size: int) -> Request:
             and not (family.norm_into_conv and config.fast.norm_into_conv is True)
         ):
             why = (
-                f"{family.name}'s fast tier is off on a GPU by default (measured slower than diffusers' decode, or "
-                "its bf16 output not within the bf16 rule) "
+                f"{family.name}'s fast tier is off on a GPU by default (measured slower than diffusers' decode, "
+                "its bf16 output not within the bf16 rule, or not yet measured there) "
                 "(tuning.FAST_TIER_SLOWER_FAMILIES, docs/tuning.md; norm_into_conv=True runs it with its "
                 "norms into the next convolutions)"
             )

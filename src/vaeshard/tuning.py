@@ -44,15 +44,15 @@ WAN_HEIGHT_RANKS = 2
 WAN_HEIGHT_BASE_DIM = 96
 
 # --- norms writing into the next convolution's input (norm_into_conv="auto") ---------------------------
-NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi", "qwenimage21")
+NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi")
 # families whose fast tier runs only where a request sets norm_into_conv=True, on every device
 NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 
 # --- never slower than diffusers ----------------------------------------------------------------------
-# families whose fast tier measured slower than diffusers' decode on one GPU, or whose bf16 output there
-# is not within the bf16 rule: their CUDA requests run diffusers' layers (the exact tier), and explain()
-# says so
-FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox", "hunyuanvideo")
+# families whose fast tier measured slower than diffusers' decode on one GPU, whose bf16 output there is
+# not within the bf16 rule, or which is not yet measured there: their CUDA requests run diffusers' layers
+# (the exact tier), and explain() says so
+FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox", "hunyuanvideo", "qwenimage21")
 
 # --- GroupNorm in PyTorch's arithmetic (kernels/group_norm_same.py) -------------------------------------
 # whether requests that may (layers/tier.py `same_kernels`) run their unsharded GroupNorms through the kernels
@@ -163,15 +163,16 @@ TABLE: tuple[Entry, ...] = (
     Entry(
         "FAST_TIER_SLOWER_FAMILIES",
         "the families whose CUDA requests run diffusers' layers although the fast tier was asked for, because "
-        "their fast tier measured slower than diffusers' decode on one GPU, or its bf16 output is not within "
-        "the bf16 rule there (norm_into_conv=True runs it)",
+        "their fast tier measured slower than diffusers' decode on one GPU, its bf16 output is not within "
+        "the bf16 rule there, or it is not yet measured there (norm_into_conv=True runs it)",
         "CogVideoX with its norms into the next convolutions, one H100: faster, but at gpu_parity.py's shape "
         "its bf16 output is further than 5e-2 from diffusers', though as close to the fp32 decode as "
         "diffusers' own (2.61x at 720 x 480 49 frames, 2026-12-06/families-h100/, call 3; BENCHMARKS.md's "
         "CogVideoX rows and the paragraph after them). HunyuanVideo, one H100, 480 x 832 33 frames: its fast "
         "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output (2026-12-06/shares/, call V); diffusers' "
         "layers with GroupNorm in PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) faster, bit for bit "
-        "(BENCHMARKS.md's HunyuanVideo row)",
+        "(BENCHMARKS.md's HunyuanVideo row). Qwen-Image 2.1's fast tier (its RMS norms into its convolutions' "
+        "padded frames): not yet measured on a GPU",
     ),
     Entry(
         "GROUP_NORM_SAME_KERNELS",
