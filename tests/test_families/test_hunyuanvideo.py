@@ -348,11 +348,13 @@ def test_frame_causal_sdpa_is_the_masked_attention(heads):
     assert got.shape == want.shape and (got - want).abs().max() < 1e-12
 
 
-def test_fast_tier_upsamples_straight_into_the_padded_convolution_input(monkeypatch):
-    """Each decoder upsampler in the fast tier (one rank) writes its nearest upsampling into its
-    causal convolution's replicate-padded input: the output is diffusers' bit for bit (on the same
-    input), and neither F.interpolate nor F.pad runs (diffusers makes the two pieces, their
-    concatenation and the padded copy)."""
+@pytest.mark.parametrize("tier_name", ["fast", "exact-asked-fast"])
+def test_upsamplers_write_straight_into_the_padded_convolution_input(monkeypatch, tier_name):
+    """Each decoder upsampler in the fast tier, and in the exact tier of a request that asked for the
+    fast tier (tier.same_kernels; one rank), writes its nearest upsampling into its causal
+    convolution's replicate-padded input: the output is diffusers' bit for bit (on the same input),
+    and neither F.interpolate nor F.pad runs (diffusers makes the two pieces, their concatenation and
+    the padded copy)."""
     import torch.nn.functional as F
     from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import HunyuanVideoUpsampleCausal3D
 
@@ -369,11 +371,17 @@ def test_fast_tier_upsamples_straight_into_the_padded_convolution_input(monkeypa
     for name in ("interpolate", "pad"):
         original = getattr(F, name)
         monkeypatch.setattr(F, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
-    with torch.no_grad(), tier.active(tier.FastPlan()):
-        got = [m(x) for m, x in zip([m for m in ups for _ in (1, 4)], inputs)]
+    asked = tier.same_kernels
+    if tier_name == "exact-asked-fast":  # the exact tier of a request whose plan allows vaeshard's kernels
+        tier.same_kernels = lambda: True
+    try:
+        with torch.no_grad(), tier.active(tier.FastPlan() if tier_name == "fast" else None):
+            got = [m(x) for m, x in zip([m for m in ups for _ in (1, 4)], inputs)]
+    finally:
+        tier.same_kernels = asked
     assert calls == []
     for g, w in zip(got, want):
         assert_identical(g, w, "upsampler")
-    with torch.no_grad():  # outside the fast tier: diffusers' forward
+    with torch.no_grad():  # outside either (exact=True, tile, no request): diffusers' forward
         assert_identical(ups[0](inputs[0]), want[0], "exact tier")
     assert calls

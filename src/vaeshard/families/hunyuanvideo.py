@@ -250,21 +250,24 @@ def _attention_problem(attn) -> str | None:
 
 
 class UpsampleIntoPadded:
-    """Mixin for `HunyuanVideoUpsampleCausal3D` in the fast tier where one rank decodes: the nearest
+    """Mixin for `HunyuanVideoUpsampleCausal3D` where one rank decodes, in the fast tier and in the
+    exact tier of a request that asked for the fast tier (`tier.same_kernels`): the nearest
     upsampling (the first frame in space only, the later frames in time too) written straight into
-    the replicate-padded input of its causal convolution, whose padding is then filled in place.
-    diffusers holds the two interpolated pieces, their concatenation and the padded copy at once
-    before the convolution (four full-resolution tensors; at 720p the largest of the decode besides
-    the attention's mask); this holds the padded input alone. Nearest upsampling by integer factors
-    copies values, so the convolution reads the same input as diffusers'. A mirror of diffusers'
-    forward and of the convolution's padding (`mirrors`). Sharded, in the exact tier, under autograd
-    or with a hook on the convolution, diffusers' forward runs (with halo rows when sharded)."""
+    the replicate-padded input of its causal convolution, whose padding is then filled in place, and
+    the convolution's child called on it as diffusers' forward calls it. diffusers holds the two
+    interpolated pieces, their concatenation and the padded copy at once before the convolution (four
+    full-resolution tensors; at 720p the largest of the decode besides the attention's mask); this
+    holds the padded input alone. Nearest upsampling by integer factors copies values, so the
+    convolution reads the same tensor as diffusers' (contiguous, the same values): the same bits. A
+    mirror of diffusers' forward and of the convolution's padding (`mirrors`). Sharded, with
+    exact=True, under autograd or with a hook on the convolution, diffusers' forward runs (with halo
+    rows when sharded)."""
 
     def forward(self, hidden_states):
         conv = self.conv
         if (
             current() is not None
-            or not fast_tier.enabled()
+            or not (fast_tier.enabled() or fast_tier.same_kernels())
             or torch.is_grad_enabled()
             or conv._forward_hooks
             or conv._forward_pre_hooks
