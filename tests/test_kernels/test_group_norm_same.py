@@ -141,7 +141,7 @@ from tests.parity import CPU_FP32, assert_close
 interpreter.unsanitized()
 tuning.GROUP_NORM_SAME_KERNELS = True
 tuning.GROUP_NORM_SAME_MIN_ELEMENTS = 0  # (the tests' maps are small)
-group_norm_same.agrees = lambda device, dtype: True
+group_norm_same.agrees = lambda device, dtype, variant="plain": True
 group_norm_same.WIDTH = 8  # (the interpreter's time grows with the width; the widths agree: VALUES)
 calls = []
 norm = group_norm_same.group_norm
@@ -219,3 +219,34 @@ def test_statistics_are_pytorchs_cuda_algorithm_bit_for_bit():
 def test_default_requests_decode_through_the_kernels_as_diffusers_does():
     done = interpreter.result(MODELS_JOB, timeout=600)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr
+
+
+def test_each_variant_is_checked_once_and_a_disagreeing_one_leaves_the_others(monkeypatch):
+    """`agrees` on a (stood-in) CUDA device: the fold is found from GroupNorm alone, then each variant
+    (with SiLU; scaled and shifted) is checked once with that fold; one that disagrees turns off only
+    itself."""
+    import contextlib
+
+    import torch
+
+    from vaeshard.kernels import group_norm_same as same
+
+    checked = []
+
+    def check(device, dtype, rounded, variant="plain"):
+        checked.append((rounded, variant))
+        return not (variant == "plain" and not rounded) and variant != "scaled"  # the rounded fold; no scaled
+
+    monkeypatch.setattr(same, "_check", check)
+    monkeypatch.setattr(same, "_verdicts", {})
+    monkeypatch.setattr(same, "_variant_verdicts", {})
+    monkeypatch.setattr(same, "_key", lambda device, dtype: ("cuda", 0, dtype))
+    monkeypatch.setattr(same, "_on", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    gpu, bf16 = torch.device("cuda", 0), torch.bfloat16
+    assert same.agrees(gpu, bf16, "scaled") is False
+    assert same.agrees(gpu, bf16, "plain") is True and same.agrees(gpu, bf16, "silu") is True
+    assert checked == [(False, "plain"), (True, "plain"), (True, "scaled"), (True, "silu")]
+    assert [same.agrees(gpu, bf16, v) for v in same.VARIANTS] == [True, True, False] and len(checked) == 4
+    with pytest.raises(ValueError, match="variant"):
+        same.agrees(gpu, bf16, "cond")

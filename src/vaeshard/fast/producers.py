@@ -393,7 +393,7 @@ class GroupNormSiLUIntoConv(ProducingNorm):
         PyTorch's convolution as diffusers calls it, on the input diffusers' padding gives it. None
         where those kernels do not run (nothing written)."""
         linked = self.__dict__.get(_FEEDS)
-        if linked is None or not _plain((self, *linked)) or not runs_same(self, x):
+        if linked is None or not _plain((self, *linked)) or not runs_same(self, x, "silu"):
             return None
         silu, conv = linked
         view = None if tier.enabled() else interior(conv, x, channels_last=False)
@@ -499,7 +499,8 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         caches: dict = {}
         # diffusers' conditioning at f's size (zq interpolated as diffusers interpolates it)
         scale, shift = self.conditioning(f, zq, conv_cache or {}, caches, size=f.shape[3:])
-        if not all(t.shape == f.shape and t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift)):
+        alike = all(t.shape == f.shape and t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift))
+        if not alike or not runs_same(gn, f, "scaled"):
             return same_group_norm(gn, f) * scale + shift, caches  # (the SiLU module applies its own)
         # in the exact tier into the new frames of the convolution's channels-first input (`interior`)
         view = None if tier.enabled() else interior(linked[1], f, channels_last=False)

@@ -393,27 +393,35 @@ def group_norm(
 _CHECK_SHAPES = ((2, 64, 24, 40), (1, 32, 3, 5, 7), (1, 128, 3, 41, 37), (3, 96, 100))
 _verdicts: dict = {}  # (device type, index, dtype) -> False, _FLOAT or _ROUNDED
 _FLOAT, _ROUNDED = "float", "rounded"  # PyTorch's statistics between its kernels: as they are, or rounded
+VARIANTS = ("plain", "silu", "scaled")  # GroupNorm; + SiLU; * scale + shift, then SiLU (CogVideoX's)
+_variant_verdicts: dict = {}  # (device type, index, dtype, variant) -> bool
 _lock = threading.Lock()
 
 
-def agrees(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether these kernels give PyTorch's CUDA GroupNorm (and GroupNorm + SiLU, with a scale and a
-    shift between them or not) bit for bit on the CUDA `device` in `dtype`: checked once per device and
-    dtype on small random maps (a few milliseconds once the kernels are compiled), with the statistics
-    kept in fp32 between the kernels and, failing that, rounded to the dtype (PyTorch before 2.12);
-    never during a CUDA graph capture (False there until checked outside)."""
+def agrees(device: torch.device, dtype: torch.dtype, variant: str = "plain") -> bool:
+    """Whether these kernels give PyTorch's CUDA GroupNorm bit for bit on the CUDA `device` in `dtype`,
+    as `variant` (VARIANTS) applies it: GroupNorm alone, then SiLU, or times a scale plus a shift and
+    then SiLU. Checked once per device and dtype on small random maps (a few milliseconds once the
+    kernels are compiled), with the statistics kept in fp32 between the kernels and, failing that,
+    rounded to the dtype (PyTorch before 2.12); each variant after GroupNorm alone agrees, once, with
+    the same statistics; never during a CUDA graph capture (False there until checked outside). A
+    variant that disagrees leaves the others running."""
     if device.type != "cuda":  # (PyTorch's CPU GroupNorm sums in another order)
         return False
+    if variant not in VARIANTS:
+        raise ValueError(f"agrees: variant is one of {VARIANTS}, not {variant!r}")
     key = _key(device, dtype)
-    verdict = _verdicts.get(key)
-    if verdict is not None:
-        return bool(verdict)
+    verdict, done = _verdicts.get(key), _variant_verdicts.get((*key, variant))
+    if verdict is not None and (not verdict or variant == "plain" or done is not None):
+        return bool(verdict) and (variant == "plain" or bool(done))
     if torch.cuda.is_current_stream_capturing():
         return False
     with _lock, _on(torch.device(device.type, key[1])):
         if key not in _verdicts:
             _verdicts[key] = next((v for v in (_FLOAT, _ROUNDED) if _check(device, dtype, v == _ROUNDED)), False)
-    return bool(_verdicts[key])
+        if _verdicts[key] and variant != "plain" and (*key, variant) not in _variant_verdicts:
+            _variant_verdicts[(*key, variant)] = _check(device, dtype, _verdicts[key] == _ROUNDED, variant)
+    return bool(_verdicts[key]) and (variant == "plain" or _variant_verdicts[(*key, variant)])
 
 
 def _key(device: torch.device, dtype: torch.dtype) -> tuple:
@@ -424,21 +432,25 @@ def _key(device: torch.device, dtype: torch.dtype) -> tuple:
     return device.type, index, dtype
 
 
-def _check(device, dtype, rounded: bool) -> bool:
+def _check(device, dtype, rounded: bool, variant: str = "plain") -> bool:
     gen = torch.Generator().manual_seed(0)
     for shape in _CHECK_SHAPES:
         x = (torch.randn(shape, generator=gen) * 3 + 0.5).to(device=device, dtype=dtype)
         w = (torch.randn(shape[1], generator=gen) * 0.5 + 1).to(device=device, dtype=dtype)
         b = (torch.randn(shape[1], generator=gen) * 0.2).to(device=device, dtype=dtype)
-        for weight, bias in ((w, b), (None, None)):
-            ref = F.group_norm(x, 16, weight, bias, 1e-6)
-            if not takes(x, 16) or not torch.equal(group_norm(x, 16, weight, bias, 1e-6, rounded_stats=rounded), ref):
+        if variant == "plain":
+            for weight, bias in ((w, b), (None, None)):
+                ours = takes(x, 16) and group_norm(x, 16, weight, bias, 1e-6, rounded_stats=rounded)
+                if ours is False or not torch.equal(ours, F.group_norm(x, 16, weight, bias, 1e-6)):
+                    return False
+        elif variant == "silu":
+            fused = group_norm(x, 16, w, b, 1e-6, silu=True, rounded_stats=rounded)
+            if not torch.equal(fused, F.silu(F.group_norm(x, 16, w, b, 1e-6))):
                 return False
-        fused = group_norm(x, 16, w, b, 1e-6, silu=True, rounded_stats=rounded)
-        if not torch.equal(fused, F.silu(F.group_norm(x, 16, w, b, 1e-6))):
-            return False
-        scale, shift = torch.randn_like(x), torch.randn_like(x)  # (CogVideoX's spatial norm)
-        conditioned = group_norm(x, 16, w, b, 1e-6, True, rounded, scale=scale, shift=shift)
-        if not torch.equal(conditioned, F.silu(F.group_norm(x, 16, w, b, 1e-6) * scale + shift)):
-            return False
+        else:
+            # (CogVideoX's spatial norm; drawn from the check's own generator, not the caller's)
+            scale, shift = (torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
+            conditioned = group_norm(x, 16, w, b, 1e-6, True, rounded, scale=scale, shift=shift)
+            if not torch.equal(conditioned, F.silu(F.group_norm(x, 16, w, b, 1e-6) * scale + shift)):
+                return False
     return True

@@ -134,15 +134,16 @@ def whole_map_sum():
     return None if ctx is None else functools.partial(all_reduce_sum, ctx.comm)
 
 
-def runs_same(norm, x: torch.Tensor) -> bool:
-    """Whether `same_group_norm(norm, x)` runs kernels/group_norm_same.py: the request allows those
-    kernels (tier.same_kernels), it is not sharded, `x` is large enough for them to pay
+def runs_same(norm, x: torch.Tensor, variant: str = "plain") -> bool:
+    """Whether `same_group_norm(norm, x)` runs kernels/group_norm_same.py as `variant` applies it
+    (group_norm_same.VARIANTS: alone, with SiLU, or scaled and shifted before SiLU): the request allows
+    those kernels (tier.same_kernels), it is not sharded, `x` is large enough for them to pay
     (tuning.GROUP_NORM_SAME_MIN_ELEMENTS), and they take it and agree with PyTorch on its device."""
     if current() is not None or not same_kernels() or x.numel() < tuning.GROUP_NORM_SAME_MIN_ELEMENTS:
         return False
     if not group_norm_same.takes(x, norm.num_groups):
         return False
-    return group_norm_same.agrees(x.device, x.dtype)
+    return group_norm_same.agrees(x.device, x.dtype, variant)
 
 
 def same_group_norm(
@@ -155,8 +156,9 @@ def same_group_norm(
 ) -> torch.Tensor | None:
     """The nn.GroupNorm `norm` of `x` (times `scale` plus `shift`, where given; then SiLU, where `silu`)
     by kernels/group_norm_same.py, PyTorch's bits, written into `out` where given; None (nothing
-    written) where not `runs_same(norm, x)`."""
-    if not runs_same(norm, x):
+    written) where not `runs_same(norm, x, variant)` for that variant."""
+    variant = "scaled" if scale is not None else "silu" if silu else "plain"
+    if not runs_same(norm, x, variant):
         return None
     args = (x, norm.num_groups, norm.weight, norm.bias, norm.eps)
     return group_norm_same.group_norm(*args, silu=silu, out=out, scale=scale, shift=shift)
