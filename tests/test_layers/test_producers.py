@@ -66,6 +66,16 @@ def _linked_convs(vae) -> set[int]:
     return {id(producers.linked_conv(m)) for m in vae.modules() if producers.linked_conv(m) is not None}
 
 
+def _forced_with_blocks_linked(vae, block: str, **options) -> set[int]:
+    """`vae` with the producers forced on; the linked convolutions, checked to be two for each
+    residual block of the diffusers class `block` and one for each of the two norm_outs."""
+    _forced(vae, **options)
+    linked = _linked_convs(vae)
+    blocks = sum(type(m).__name__ == block for m in vae.modules())
+    assert len(linked) == 2 * blocks + 2, (block, linked)
+    return linked
+
+
 def _diffusers(vae, x, op):
     with torch.no_grad():
         return vae.decode(x).sample if op == "decode" else vae.encode(x).latent_dist.parameters
@@ -81,10 +91,7 @@ def test_hunyuanvideo15_with_producers_matches_diffusers():
     for frames, z in latents.items():
         for per_step in (1, 2):
             what = f"{frames} latent frames, {per_step} per step"
-            _forced(vae, per_step=per_step)
-            linked = _linked_convs(vae)
-            blocks = sum(type(m).__name__ == "HunyuanVideo15ResnetBlock" for m in vae.modules())
-            assert len(linked) == 2 * blocks + 2, linked  # each residual block's two, both norm_outs
+            linked = _forced_with_blocks_linked(vae, "HunyuanVideo15ResnetBlock", per_step=per_step)
             plan = vaeshard.plan(vae, z.shape)
             assert plan.fast.norm_into_conv and "norm into conv: on (set" in plan.explain(), plan.explain()
             with _Spy() as spy, torch.no_grad():
@@ -254,10 +261,7 @@ def test_qwenimage21_with_producers_matches_diffusers():
     z = latent((1, 4, 1, 5, 6), seed=22)
     x = sample((1, 4, 1, 16, 12))
     reference, moments = _diffusers(vae, z, "decode"), _diffusers(vae, x, "encode")
-    _forced(vae)
-    linked = _linked_convs(vae)
-    blocks = sum(type(m).__name__ == "QwenImage21ResidualBlock" for m in vae.modules())
-    assert len(linked) == 2 * blocks + 2, linked  # each residual block's two, both norm_outs
+    linked = _forced_with_blocks_linked(vae, "QwenImage21ResidualBlock")
     with _Spy() as spy, torch.no_grad():
         out = vae.decode(z).sample
     assert_close(out, reference, CPU_FP32, "decode")
@@ -292,10 +296,7 @@ def test_ltx_with_producers_matches_diffusers():
     reference = _diffusers(vae, z, "decode")
     x = sample((1, 3, 9, 64, 64))
     moments = _diffusers(vae, x, "encode")
-    _forced(vae)
-    linked = _linked_convs(vae)
-    resnets = sum(type(m).__name__ == "LTXVideoResnetBlock3d" for m in vae.modules())
-    assert len(linked) == 2 * resnets + 2, linked  # each residual block's two, both norm_outs
+    linked = _forced_with_blocks_linked(vae, "LTXVideoResnetBlock3d")
     assert "norm into conv: on (set" in vaeshard.plan(vae, z.shape).explain()
     torch.manual_seed(11)  # the injected noise's draws, as in diffusers' decode
     with _Spy() as spy, torch.no_grad():
@@ -370,10 +371,7 @@ def test_hunyuanvideo_with_producers_matches_diffusers():
     z = latent((1, 4, 3, 5, 6), seed=15)
     x = sample((1, 3, 5, 16, 24))
     reference, moments = _diffusers(vae, z, "decode"), _diffusers(vae, x, "encode")
-    _forced(vae)
-    linked = _linked_convs(vae)
-    resnets = sum(type(m).__name__ == "HunyuanVideoResnetBlockCausal3D" for m in vae.modules())
-    assert len(linked) == 2 * resnets + 2, linked  # each residual block's two, both conv_norm_outs
+    linked = _forced_with_blocks_linked(vae, "HunyuanVideoResnetBlockCausal3D")
     for op, x_in, want in (("decode", z, reference), ("encode", x, moments)):
         with _Spy() as spy:
             got = _diffusers(vae, x_in, op)
@@ -403,10 +401,7 @@ def test_cogvideox_with_producers_matches_diffusers(monkeypatch):
     z = latent((1, 4, 5, 5, 6), seed=18)  # frame batches of 3 and 2 latent frames
     x = sample((1, 3, 17, 16, 24))  # of 9 and 8 sample frames
     reference, moments = _diffusers(vae, z, "decode"), _diffusers(vae, x, "encode")
-    _forced(vae)
-    linked = _linked_convs(vae)
-    resnets = sum(type(m).__name__ == "CogVideoXResnetBlock3D" for m in vae.modules())
-    assert len(linked) == 2 * resnets + 2, linked  # each residual block's two, both norm_outs
+    linked = _forced_with_blocks_linked(vae, "CogVideoXResnetBlock3D")
     for gib in (halo.SAFE_CONV_GIB, 1e-9):
         monkeypatch.setattr(halo, "SAFE_CONV_GIB", gib)
         for op, x_in, want in (("decode", z, reference), ("encode", x, moments)):
@@ -487,10 +482,7 @@ def test_ltx2_with_producers_matches_diffusers(decoder_causal, causal):
             return vae.decode(z, **kwargs).sample
 
     reference = decode()
-    _forced(vae)
-    linked = _linked_convs(vae)
-    resnets = sum(type(m).__name__ == "LTX2VideoResnetBlock3d" for m in vae.modules())
-    assert len(linked) == 2 * resnets + 2, linked
+    linked = _forced_with_blocks_linked(vae, "LTX2VideoResnetBlock3d")
     with _Spy() as spy:
         out = decode()
     assert_close(out, reference, CPU_FP32, f"decoder_causal={decoder_causal}, causal={causal}")

@@ -280,6 +280,11 @@ def padded(conv) -> bool:
     return any(conv.padding[-2:])
 
 
+def channel_norm_problem(norm) -> str | None:
+    """None for a Wan-style RMS norm over the channels (`channel_first`), else why not."""
+    return None if norm.channel_first else "an RMS norm over the last axis rather than the channels"
+
+
 class Family(ABC):
     """A family of diffusers VAE classes (e.g. Wan's, for Wan 2.1 and 2.2).
 

@@ -57,6 +57,7 @@ from .base import (
     Rule,
     ShapeFacts,
     ShardPlan,
+    channel_norm_problem,
     concatenated_tile_ops,
     frames_out,
     local,
@@ -228,10 +229,6 @@ def _causal_conv_problem(conv) -> str | None:
     return replicate_causal_problem(conv) or loop_problem(conv)
 
 
-def _channel_norm_problem(norm) -> str | None:
-    return None if norm.channel_first else "an RMS norm over the last axis rather than the channels"
-
-
 # Which norm writes into which causal convolution's padded input in the fast tier, through which SiLU
 # module (fast/producers.py): diffusers' forwards of these blocks (mirrored below) pass the norm's
 # output only through that SiLU to that convolution.
@@ -268,7 +265,7 @@ SHARD_PLAN = ShardPlan(
             "HunyuanVideo15RMS_norm",
             LOCAL,
             RMSNormSiLUIntoConv,
-            check=_channel_norm_problem,
+            check=channel_norm_problem,
             layer=Layer(norm="rms_channels"),
         ),
         Rule("SiLU", LOCAL, SiLUAfterProducer),

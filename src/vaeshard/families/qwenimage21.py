@@ -41,6 +41,7 @@ from .base import (
     Rule,
     ShapeFacts,
     ShardPlan,
+    channel_norm_problem,
     local,
     padded,
     same_conv_problem,
@@ -61,10 +62,6 @@ def _nearest_2x(up) -> str | None:
     if up.mode not in ("nearest", "nearest-exact") or up.size is not None or scale != (2.0, 2.0):
         return "an upsampler other than nearest 2x"
     return None
-
-
-def _channel_norm_problem(norm) -> str | None:
-    return None if norm.channel_first else "an RMS norm over the last axis rather than the channels"
 
 
 # Which norm writes into which single-frame convolution's padded input in the fast tier, through which
@@ -107,7 +104,7 @@ SHARD_PLAN = ShardPlan(
             "QwenImage21RMS_norm",
             LOCAL,
             RMSNormSiLUIntoConv,
-            check=_channel_norm_problem,
+            check=channel_norm_problem,
             layer=Layer(norm="rms_channels"),
         ),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
