@@ -44,7 +44,7 @@ WAN_HEIGHT_RANKS = 2
 WAN_HEIGHT_BASE_DIM = 96
 
 # --- norms writing into the next convolution's input (norm_into_conv="auto") ---------------------------
-NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi")
+NORM_INTO_CONV_BUFFER_FAMILIES: tuple[str, ...] = ("hunyuanvideo15", "ltx", "ltx2", "mochi", "qwenimage21")
 # families whose fast tier runs only where a request sets norm_into_conv=True, on every device
 NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 
@@ -52,7 +52,7 @@ NORM_INTO_CONV_ONLY_FAMILIES: tuple[str, ...] = ("autoencoder_kl",)
 # families whose fast tier measured slower than diffusers' decode on one GPU, whose bf16 output there is
 # not within the bf16 rule, or which is not yet measured there: their CUDA requests run diffusers' layers
 # (the exact tier), and explain() says so
-FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox", "hunyuanvideo", "qwenimage21")
+FAST_TIER_SLOWER_FAMILIES: tuple[str, ...] = ("cogvideox", "hunyuanvideo")
 
 # --- GroupNorm in PyTorch's arithmetic (kernels/group_norm_same.py) -------------------------------------
 # whether requests that may (layers/tier.py `same_kernels`) run their unsharded GroupNorms through the kernels
@@ -171,8 +171,7 @@ TABLE: tuple[Entry, ...] = (
         "CogVideoX rows and the paragraph after them). HunyuanVideo, one H100, 480 x 832 33 frames: its fast "
         "tier 1.11x diffusers, 8.2e-2 from diffusers' bf16 output (2026-12-06/shares/, call V); diffusers' "
         "layers with GroupNorm in PyTorch's arithmetic (GROUP_NORM_SAME_KERNELS) faster, bit for bit "
-        "(BENCHMARKS.md's HunyuanVideo row). Qwen-Image 2.1's fast tier (its RMS norms into its convolutions' "
-        "padded frames): not yet measured on a GPU",
+        "(BENCHMARKS.md's HunyuanVideo row)",
     ),
     Entry(
         "GROUP_NORM_SAME_KERNELS",
@@ -219,6 +218,8 @@ TABLE: tuple[Entry, ...] = (
         "`on`, against diffusers' decode in one process (`profile_decode.py video`): 1.89x and 1.74x, both "
         "within the bf16 rule at gpu_parity.py's shapes (call 3); LTX-2 1088 x 1920 121 frames the same way, "
         "1.86x and within the rule (call 4; without its norms into convolutions it ran 0.96x, call 1). "
+        "Qwen-Image 2.1 1328^2, `on`, one H100: 1.27x diffusers' decode in one process, within the bf16 rule "
+        "at gpu_parity.py's shape (2026-12-06/shares/, call A2). "
         "BENCHMARKS.md's rows: the current code. A family joins after such an A/B",
     ),
     Entry(

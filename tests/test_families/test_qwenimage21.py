@@ -193,9 +193,7 @@ def test_plan_answers_for_one_frame_latents():
     odd = vaeshard.plan(vae, (1, 4, 1, 30, 48), 2, "spatial_shard_height", op="encode")
     assert odd.fallback and "multiple of 4" in odd.reason
     text = vaeshard.plan(vae, (1, 4, 1, 8, 12), 2).explain()
-    # on the CPU the fast tier (the frame without the feature cache); the norms into the convolutions
-    # only where asked for until a GPU measures them
-    assert "longer axis" in text and "norm into conv: off (auto: qwenimage21 is not in" in text, text
+    assert "longer axis" in text and "norm into conv: on (auto: qwenimage21 is in" in text, text
 
 
 def test_install_swaps_decoder_and_encoder_and_keeps_state_dict():
