@@ -218,8 +218,8 @@ TABLE: tuple[Entry, ...] = (
         "`on`, against diffusers' decode in one process (`profile_decode.py video`): 1.89x and 1.74x, both "
         "within the bf16 rule at gpu_parity.py's shapes (call 3); LTX-2 1088 x 1920 121 frames the same way, "
         "1.86x and within the rule (call 4; without its norms into convolutions it ran 0.96x, call 1). "
-        "Qwen-Image 2.1 1328^2, `on`, one H100: 1.27x diffusers' decode in one process, within the bf16 rule "
-        "at gpu_parity.py's shape (2026-12-06/shares/, call A2). "
+        "Qwen-Image 2.1 1328^2, `on`, one H100: faster than diffusers' decode in one process and within the "
+        "bf16 rule at gpu_parity.py's shape (BENCHMARKS.md's row; 2026-12-06/shares/, call A2). "
         "BENCHMARKS.md's rows: the current code. A family joins after such an A/B",
     ),
     Entry(
