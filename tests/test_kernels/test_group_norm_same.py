@@ -110,6 +110,23 @@ for shape, groups, lanes in cases:
         got = same.group_norm(x, groups, weight, bias, eps, silu=silu)
         assert got.shape == x.shape and got.dtype == x.dtype
         assert (got - want).abs().max() <= 2e-5, (shape, silu, (got - want).abs().max())
+# CogVideoX's conditioning at the latent's rows and columns: each value of scale and shift stands for a
+# block of 2 x 4 pixels of x (as nearest interpolation by powers of two repeats it), against PyTorch's
+# product and sum with the maps interpolated to x's size
+x = torch.randn(1, 8, 3, 6, 12) * 3 + 0.5
+w, b = torch.randn(8), torch.randn(8)
+scale, shift = torch.randn(1, 8, 3, 3, 3), torch.randn(1, 8, 3, 3, 3)
+big = [F.interpolate(t, size=x.shape[2:]) for t in (scale, shift)]
+want = F.silu(F.group_norm(x, 2, w, b, 1e-6) * big[0] + big[1])
+got = same.group_norm(x, 2, w, b, 1e-6, silu=True, scale=scale, shift=shift)
+assert (got - want).abs().max() <= 2e-5, (got - want).abs().max()
+assert torch.equal(got, same.group_norm(x, 2, w, b, 1e-6, silu=True, scale=big[0], shift=big[1]))
+for bad in (scale[..., :2], scale[:, :, :2], torch.randn(1, 8, 3, 4, 5)):  # not blocks of x
+    try:
+        same.group_norm(x, 2, w, b, 1e-6, silu=True, scale=bad, shift=bad)
+        raise AssertionError(bad.shape)
+    except ValueError:
+        pass
 # what the kernels take: contiguous maps of fp32, bf16 or fp16 whose channels divide into the groups
 x = torch.randn(1, 8, 4, 4)
 assert same.takes(x, 4) and same.takes(x.half(), 4)
@@ -135,6 +152,7 @@ import vaeshard
 from vaeshard import tuning
 from vaeshard.fast import producers
 from vaeshard.kernels import group_norm_same
+from vaeshard.layers import tier
 from tests import interpreter
 from tests.models import build, latent
 from tests.parity import CPU_FP32, assert_close
@@ -145,12 +163,16 @@ group_norm_same.agrees = lambda device, dtype, variant="plain": True
 group_norm_same.WIDTH = 8  # (the interpreter's time grows with the width; the widths agree: VALUES)
 calls = []
 norm = group_norm_same.group_norm
-group_norm_same.group_norm = lambda *args, **kw: calls.append(  # ("cond": with a scale and a shift)
-    "cond" if kw.get("scale") is not None else kw.get("silu", False)
+group_norm_same.group_norm = lambda *args, **kw: calls.append(  # ("cond": with a scale and a shift,
+    # "blocks": at the latent's rows and columns)
+    kw.get("silu", False) if kw.get("scale") is None else "cond" if kw["scale"].shape == args[0].shape else "blocks"
 ) or norm(*args, **kw)
 buffers = []  # the layouts of the produced padded inputs the convolutions ran on
 fill = producers.filled
 producers.filled = lambda *a, **kw: (lambda b: (b is None or buffers.append(b.is_contiguous()), b)[1])(fill(*a, **kw))
+sums = []  # HunyuanVideo's residual adds in its convolutions' bias pass (fast/residual_blocks.py)
+add_sum = tier.add_bias_and_residual_
+tier.add_bias_and_residual_ = lambda *a, **kw: sums.append(1) or add_sum(*a, **kw)
 tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("hunyuanvideo",)
 for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyuanvideo", (2, 5, 6))):
     vae = build(name)
@@ -163,9 +185,13 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
     assert plan.same_kernels if name != "cogvideox" else plan.fast is not None, (name, plan.explain())
     calls.clear()
     buffers.clear()
+    sums.clear()
     with torch.no_grad():
         got = vae.decode(z).sample
     assert calls, name  # the norms went through the kernels
+    # HunyuanVideo's resnets: conv2 (on its produced buffer) adds its bias and the residual in one pass
+    resnets = sum(type(m).__name__.endswith("ResnetBlockCausal3D") for m in vae.decoder.modules())
+    assert len(sums) == (resnets if name == "hunyuanvideo" else 0), (name, len(sums), resnets)
     if name != "cogvideox":
         assert True in calls and False in calls, calls  # resnets' norms with SiLU, the attention's without
     # HunyuanVideo's convolutions ran on channels-first buffers the norms wrote, one per norm with SiLU
@@ -186,7 +212,9 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
 # with their product, sum and SiLU in the kernels' apply pass, the encoder's GroupNorms with SiLU, each
 # into the new frames of its causal convolution's channels-first input, whose front frames (the cache
 # diffusers' frame batches hand it, or the first frame) make the tensor diffusers' torch.cat makes;
-# the convolutions pad space as diffusers' call does (cuDNN)
+# the convolutions pad space as diffusers' call does (cuDNN). The spatial norms' conditioning: on a
+# shape's first decode at the map's size, as diffusers, and compared with the latent's size broadcast;
+# once that agreed, at the latent's size (the kernels read each value for its block of pixels)
 tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("cogvideox",)
 vae = build("cogvideox")
 z = latent((1, vae.config.latent_channels, 3, 5, 6), seed=4)
@@ -194,13 +222,20 @@ x = torch.randn(1, 3, 5, 16, 24, generator=torch.Generator().manual_seed(5))
 with torch.no_grad():
     want = vae.decode(z).sample, vae.encode(x).latent_dist.parameters
 vaeshard.parallelize(vae)
-for op, run in (("decode", lambda: vae.decode(z).sample), ("encode", lambda: vae.encode(x).latent_dist.parameters)):
+runs = (("decode", lambda: vae.decode(z).sample), ("encode", lambda: vae.encode(x).latent_dist.parameters))
+conds = []
+producers._LATENT_CONDITIONING.clear()  # (the fast tier's requests above checked some shapes)
+for n, (op, run) in enumerate(runs + runs[:1]):
     calls.clear()
     buffers.clear()
     with torch.no_grad():
         got = run()
-    produced = calls.count("cond" if op == "decode" else True)
+    produced = calls.count(True) if op == "encode" else calls.count("cond") + calls.count("blocks")
     assert produced and buffers == [True] * produced, (op, calls, buffers)
+    conds.append(calls.count("cond"))
+    if n == 2:  # the second decode: fewer at the map's size (only the latent-sized maps), the rest blocks
+        assert producers._LATENT_CONDITIONING and all(producers._LATENT_CONDITIONING.values())
+        assert 0 < conds[2] < conds[0] and "blocks" in calls, calls
     assert_close(got, want[op == "encode"], CPU_FP32, f"cogvideox {op}")
 print("ok")
 """

@@ -45,6 +45,7 @@ import torch
 
 from ..fast.causal_conv import CachedReplicateCausalConv3d
 from ..fast.producers import GlobalGroupNormIntoConv, NormIntoConv, SiLUAfterProducer, fill_edges
+from ..fast.residual_blocks import HunyuanVideoResnet
 from ..layers import tier as fast_tier
 from ..layers.frame_causal_attention import FAST_NOTE, FrameCausalMidBlock, unsupported_attention
 from ..layers.halo import replicate_causal_problem
@@ -337,7 +338,8 @@ SHARD_PLAN = ShardPlan(
         Rule("HunyuanVideoUpsampleCausal3D", LOCAL, UpsampleIntoPadded, check=_upsampler_problem),
         local("HunyuanVideoEncoder3D", "HunyuanVideoDecoder3D", "HunyuanVideoDownBlock3D", "HunyuanVideoUpBlock3D"),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
-        local("HunyuanVideoResnetBlockCausal3D", "HunyuanVideoDownsampleCausal3D", "Mish", "GELU"),
+        Rule("HunyuanVideoResnetBlockCausal3D", LOCAL, HunyuanVideoResnet),
+        local("HunyuanVideoDownsampleCausal3D", "Mish", "GELU"),
         CONTAINERS,
     ),
 )
@@ -418,6 +420,11 @@ class _HunyuanVideo(Family):
         Mirror(
             _HV + "HunyuanVideoResnetBlockCausal3D.forward",
             "families/hunyuanvideo.py NORM_INTO_CONV (norm -> SiLU -> causal convolution, nothing else reads the norm)",
+            "9f9c4a7dac7925ed",
+        ),
+        Mirror(
+            _HV + "HunyuanVideoResnetBlockCausal3D.forward",
+            "fast/residual_blocks.py HunyuanVideoResnet (the residual added in conv2's bias pass)",
             "9f9c4a7dac7925ed",
         ),
         Mirror(

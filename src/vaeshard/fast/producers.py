@@ -491,22 +491,48 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         apply pass (kernels/group_norm_same.py, each step rounded as PyTorch rounds it), the SiLU module
         told to pass it on: `(output, caches)`, written in the exact tier into the new frames of the
         convolution's channels-first input (`interior`, as `GroupNormSiLUIntoConv._with_silu_same`);
-        else None (nothing computed)."""
+        else None (nothing computed). The conditioning runs at the latent's rows and columns where
+        that gives diffusers' values (`_same_conditioning`), else at f's as diffusers runs it."""
         linked = self.__dict__.get(_FEEDS)
         gn = self.norm_layer
         if linked is None or f.dim() != 5 or not _plain((self, *linked)) or not runs_same(gn, f):
             return None
         caches: dict = {}
-        # diffusers' conditioning at f's size (zq interpolated as diffusers interpolates it)
-        scale, shift = self.conditioning(f, zq, conv_cache or {}, caches, size=f.shape[3:])
-        alike = all(t.shape == f.shape and t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift))
-        if not alike or not runs_same(gn, f, "scaled"):
+        scaled = runs_same(gn, f, "scaled")
+        scale, shift = self._same_conditioning(f, zq, conv_cache or {}, caches, scaled)
+        alike = all(t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift))
+        if not alike or not scaled:
             return same_group_norm(gn, f) * scale + shift, caches  # (the SiLU module applies its own)
         # in the exact tier into the new frames of the convolution's channels-first input (`interior`)
         view = None if tier.enabled() else interior(linked[1], f, channels_last=False)
         y = same_group_norm(gn, f, silu=True, out=view, scale=scale, shift=shift)
         linked[0].__dict__[_PENDING] = _record(y)
         return y, caches
+
+    def _same_conditioning(self, f, zq, conv_cache: dict, caches: dict, blocked: bool):
+        """diffusers' (conv_y, conv_b) values: where `blocked` (the kernels take the maps at the
+        latent's rows and columns) and f's rows and columns are a power-of-two multiple of zq's, at
+        zq's rows and columns, each value standing for a block of f's pixels, once
+        `_LATENT_CONDITIONING` holds that this gives, broadcast, the maps diffusers makes at f's size:
+        the two 1x1x1 convolutions act on each pixel alone, but whether cuDNN sums a pixel's channels
+        alike at both sizes is its choice, so the first request of each shape on a device computes both
+        and compares them bit for bit (and uses diffusers' own). Else at f's size, as diffusers."""
+        blocks = _blocks(f.shape[3:], zq.shape[3:]) if blocked else None
+        if blocks is None or blocks == ((zq.shape[3], 1), (zq.shape[4], 1)):
+            return self.conditioning(f, zq, conv_cache, caches, size=f.shape[3:])
+        key = (f.device, f.dtype, tuple(f.shape), tuple(zq.shape))
+        verdict = _LATENT_CONDITIONING.get(key)
+        if verdict is False or verdict is None and f.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self.conditioning(f, zq, conv_cache, caches, size=f.shape[3:])
+        if verdict:
+            return self.conditioning(f, zq, conv_cache, caches)
+        small = self.conditioning(f, zq, conv_cache, {})
+        full = self.conditioning(f, zq, conv_cache, caches, size=f.shape[3:])
+        (_, bh), (_, bw) = blocks
+        _LATENT_CONDITIONING[key] = all(
+            torch.equal(s.repeat_interleave(bh, 3).repeat_interleave(bw, 4), t) for s, t in zip(small, full)
+        )
+        return full
 
     def conditioning(self, f, zq, conv_cache: dict, caches: dict, size=None):
         """(conv_y, conv_b) of zq interpolated to f's frames as diffusers interpolates them (the first
@@ -522,6 +548,11 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         scale, caches["conv_y"] = self.conv_y(zq, conv_cache=conv_cache.get("conv_y"))
         shift, caches["conv_b"] = self.conv_b(zq, conv_cache=conv_cache.get("conv_b"))
         return scale, shift
+
+
+# (device, dtype, f's shape, zq's shape) -> whether CogVideoX's conditioning at the latent's rows and
+# columns, broadcast, equals diffusers' at f's (SpatialNormSiLUIntoConv._same_conditioning)
+_LATENT_CONDITIONING: dict = {}
 
 
 def _blocks(f_size, z_size):

@@ -1,13 +1,15 @@
-"""Residual blocks whose last convolution adds the block's input in its bias pass (the fast tier).
+"""Residual blocks whose last convolution adds the block's input in its bias pass.
 
 diffusers ends these blocks with `conv2(silu(norm2(h))) + residual`: a convolution whose bias PyTorch
 adds in a pass of its own, then a pass for the sum. Where the convolution takes its input from the norm
 before it (fast/producers.py), its `adding` adds the residual in its bias pass instead (layers/tier.py
 `conv_module`: one pass, each add rounded as PyTorch's), the same bits. Mochi's and HunyuanVideo 1.5's
 blocks also leave conv1's bias to norm2, which adds it as it reads conv1's output, rounded as the bias
-pass would: no pass for it at all. Each mixin is its block's diffusers forward step for step, but for
-computing the shortcut before the last convolution; the families list it in their mirrors. Outside the
-fast tier, with autograd, or where the convolution offers no `adding`, the original forward runs.
+pass would: no pass for it at all. HunyuanVideo's blocks add the residual so in the exact tier too,
+where the request allows vaeshard's kernels with PyTorch's bits (the same two roundings). Each mixin
+is its block's diffusers forward step for step, but for computing the shortcut before the last
+convolution; the families list it in their mirrors. Outside those tiers, with autograd, or where the
+convolution offers no `adding`, the original forward runs.
 (LTX's blocks: layers/ltx_resnet.py, which also draws their noise when sharded.)
 """
 
@@ -19,8 +21,13 @@ from ..layers import tier
 from .producers import FrameGroupNormSiLUIntoConv, RMSNormSiLUIntoConv
 
 
-def _adds(block) -> bool:
-    return tier.enabled() and not torch.is_grad_enabled() and hasattr(block.conv2, "adding")
+def _adds(block, exact_too: bool = False) -> bool:
+    """Whether the block's last convolution adds the residual in its bias pass: the fast tier; with
+    `exact_too` also the exact tier of a request allowed PyTorch's arithmetic by vaeshard's kernels
+    (layers/tier.py `same_kernels`: the convolution then runs as diffusers calls it, without its bias,
+    and `add_bias_and_residual_` rounds each add as PyTorch's two passes)."""
+    tiers = tier.enabled() or (exact_too and tier.same_kernels())
+    return tiers and not torch.is_grad_enabled() and hasattr(block.conv2, "adding")
 
 
 def _leaves_bias(block) -> bool:
@@ -53,6 +60,26 @@ class MochiResnet:
             hidden_states, inputs, conv_cache=conv_cache.get("conv2")
         )
         return hidden_states, new_conv_cache
+
+
+class HunyuanVideoResnet:
+    """Mixin for diffusers' `HunyuanVideoResnetBlockCausal3D` (`forward(hidden_states)`), in either
+    tier (`_adds(exact_too=True)`)."""
+
+    def forward(self, hidden_states):
+        if not _adds(self, exact_too=True):
+            return super().forward(hidden_states)
+        hidden_states = hidden_states.contiguous()
+        residual = hidden_states
+        hidden_states = self.norm1(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states = self.conv1(hidden_states)
+        hidden_states = self.norm2(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        if self.conv_shortcut is not None:
+            residual = self.conv_shortcut(residual)
+        return self.conv2.adding(hidden_states, residual)
 
 
 class HunyuanVideo15Resnet:

@@ -198,10 +198,15 @@ if triton is not None:
         s_t,
         s_h,
         s_w,
-        scale_ptr,  # (with shift_ptr: maps of x's shape, contiguous, where COND)
+        scale_ptr,  # (with shift_ptr: contiguous maps of x's shape, or of its blocks, where COND)
         shift_ptr,
+        COND_H,  # (to BW, where BLOCKED: the maps' rows and columns, each value a BH x BW block of x's)
+        COND_W,
+        BH,
+        BW,
         STRIDED: tl.constexpr,
         COND: tl.constexpr,
+        BLOCKED: tl.constexpr,
         HAS_W: tl.constexpr,
         HAS_B: tl.constexpr,
         SILU: tl.constexpr,
@@ -228,8 +233,15 @@ if triton is not None:
         dt = y_ptr.dtype.element_ty
         y = tl.fma(a, tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32), b).to(dt)
         if COND:  # y * scale + shift as two of PyTorch's elementwise passes, each rounded to the dtype
-            y = (y.to(tl.float32) * tl.load(scale_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(dt)
-            y = (y.to(tl.float32) + tl.load(shift_ptr + at, mask=ok, other=0.0).to(tl.float32)).to(dt)
+            cat = at
+            if BLOCKED:  # the value of the block holding element (t, h, w) of this channel
+                o = offs.to(tl.int64)
+                row = (o // (COND_W * BW)) % (COND_H * BH)
+                t = o // (COND_W * BW * COND_H * BH)
+                col = o % (COND_W * BW)
+                cat = nc.to(tl.int64) * (HW // (BH * BW)) + (t * COND_H + row // BH) * COND_W + col // BW
+            y = (y.to(tl.float32) * tl.load(scale_ptr + cat, mask=ok, other=0.0).to(tl.float32)).to(dt)
+            y = (y.to(tl.float32) + tl.load(shift_ptr + cat, mask=ok, other=0.0).to(tl.float32)).to(dt)
         if SILU:
             yf = y.to(tl.float32)
             if LIBDEVICE:
@@ -335,8 +347,9 @@ def group_norm(
     does with bf16 and fp16 input (None: as `agrees` found PyTorch doing on x's device; else not).
     `out`: where to write the result (x's shape and dtype, any strides: the interior of a convolution's
     padded input, say), returned; else a new tensor. `scale`, `shift` (both or neither: contiguous maps
-    of x's shape and dtype): the norm's output times `scale` plus `shift` before the SiLU, each step
-    rounded as PyTorch's `norm * scale + shift` rounds it (CogVideoX's spatial norm)."""
+    of x's dtype, of x's shape or (N, C, T, h, w) for a 5-D x of (N, C, T, h * bh, w * bw), each value
+    then standing for a bh x bw block of x): the norm's output times `scale` plus `shift` before the
+    SiLU, each step rounded as PyTorch's `norm * scale + shift` rounds it (CogVideoX's spatial norm)."""
     if rounded_stats is None:
         rounded_stats = _verdicts.get(_key(x.device, x.dtype)) == _ROUNDED
     n, c = x.shape[:2]
@@ -344,10 +357,18 @@ def group_norm(
     if out is not None and (out.shape != x.shape or out.dtype != x.dtype or out.device != x.device):
         raise ValueError(f"group_norm: out {tuple(out.shape)} {out.dtype} does not match x {tuple(x.shape)} {x.dtype}")
     cond = scale is not None or shift is not None
-    if cond and not all(
-        t is not None and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous() for t in (scale, shift)
+    blocks = _blocks(x, scale) if cond else None
+    if cond and (
+        not all(
+            t is not None and t.shape == scale.shape and t.dtype == x.dtype and t.is_contiguous()
+            for t in (scale, shift)
+        )
+        or (scale.shape != x.shape and blocks is None)
     ):
-        raise ValueError("group_norm: scale and shift must both be contiguous maps of x's shape and dtype")
+        raise ValueError(
+            "group_norm: scale and shift must both be contiguous maps of x's dtype and of x's shape or its blocks'"
+        )
+    cond_sizes = (scale.shape[3], scale.shape[4], *blocks) if blocks else (1, 1, 1, 1)
     y = torch.empty_like(x) if out is None else out
     strided = not y.is_contiguous()
     # y's (h, w) sizes and (n, c, t, h, w) strides, missing spatial axes of size 1
@@ -372,8 +393,10 @@ def group_norm(
             *strides,
             scale if cond else x,  # (pointers the kernel never reads without COND)
             shift if cond else x,
+            *cond_sizes,
             STRIDED=strided,
             COND=cond,
+            BLOCKED=blocks is not None,
             HAS_W=weight is not None,
             HAS_B=bias is not None,
             SILU=silu,
@@ -384,6 +407,17 @@ def group_norm(
             enable_fp_fusion=False,
         )
     return y
+
+
+def _blocks(x: torch.Tensor, scale: torch.Tensor) -> tuple[int, int] | None:
+    """(bh, bw) where `scale` is (N, C, T, h, w) of a 5-D x (N, C, T, h * bh, w * bw) other than x's
+    own shape, else None."""
+    if scale is None or scale.shape == x.shape or x.dim() != 5 or scale.dim() != 5 or scale.shape[:3] != x.shape[:3]:
+        return None
+    (h, w), (big_h, big_w) = scale.shape[3:], x.shape[3:]
+    if h < 1 or w < 1 or big_h % h or big_w % w:
+        return None
+    return big_h // h, big_w // w
 
 
 # --- the check on the device ----------------------------------------------------------------------
