@@ -214,7 +214,8 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
 # diffusers' frame batches hand it, or the first frame) make the tensor diffusers' torch.cat makes;
 # the convolutions pad space as diffusers' call does (cuDNN). The spatial norms' conditioning: on a
 # shape's first decode at the map's size, as diffusers, and compared with the latent's size broadcast;
-# once that agreed, at the latent's size (the kernels read each value for its block of pixels)
+# once that agreed, at the latent's size (the kernels read each value for its block of pixels). Each
+# resnet's residual is added in its conv2's bias pass (fast/residual_blocks.py)
 tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("cogvideox",)
 vae = build("cogvideox")
 z = latent((1, vae.config.latent_channels, 3, 5, 6), seed=4)
@@ -228,10 +229,14 @@ producers._LATENT_CONDITIONING.clear()  # (the fast tier's requests above checke
 for n, (op, run) in enumerate(runs + runs[:1]):
     calls.clear()
     buffers.clear()
+    sums.clear()
     with torch.no_grad():
         got = run()
     produced = calls.count(True) if op == "encode" else calls.count("cond") + calls.count("blocks")
     assert produced and buffers == [True] * produced, (op, calls, buffers)
+    # each resnet's conv2 (on its produced buffer) adds its bias and the residual in one pass
+    coder = vae.encoder if op == "encode" else vae.decoder
+    assert len(sums) == sum(type(m).__name__ == "CogVideoXResnetBlock3D" for m in coder.modules()), (op, sums)
     conds.append(calls.count("cond"))
     if n == 2:  # the second decode: fewer at the map's size (only the latent-sized maps), the rest blocks
         assert producers._LATENT_CONDITIONING and all(producers._LATENT_CONDITIONING.values())

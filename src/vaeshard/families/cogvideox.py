@@ -42,6 +42,7 @@ import math
 
 from ..fast.causal_conv import ProducedHandedCacheConv3d
 from ..fast.producers import GlobalGroupNormIntoConv, NormIntoConv, SiLUAfterProducer, SpatialNormSiLUIntoConv
+from ..fast.residual_blocks import CogVideoXResnet
 from ..layers.convs import HaloConv2d
 from ..layers.halo import HaloInlinePadConv2d, HaloSafeConv3d
 from ..runtime.tile import TileOps
@@ -319,7 +320,8 @@ SHARD_PLAN = ShardPlan(
         Rule("CogVideoXSpatialNorm3D", LOCAL, SpatialNormSiLUIntoConv),
         Rule("SiLU", LOCAL, SiLUAfterProducer),
         local("CogVideoXEncoder3D", "CogVideoXDecoder3D", "CogVideoXDownBlock3D", "CogVideoXMidBlock3D"),
-        local("CogVideoXUpBlock3D", "CogVideoXResnetBlock3D", "CogVideoXUpsample3D", "CogVideoXDownsample3D"),
+        Rule("CogVideoXResnetBlock3D", LOCAL, CogVideoXResnet),
+        local("CogVideoXUpBlock3D", "CogVideoXUpsample3D", "CogVideoXDownsample3D"),
         CONTAINERS,
     ),
 )
@@ -424,6 +426,11 @@ class _CogVideoX(Family):
         Mirror(
             _COG + "CogVideoXResnetBlock3D.forward",
             "families/cogvideox.py NORM_INTO_CONV (norm1 -> nonlinearity -> conv1, norm2 -> dropout -> conv2)",
+            "4eb519d8b612bfa1",
+        ),
+        Mirror(
+            _COG + "CogVideoXResnetBlock3D.forward",
+            "fast/residual_blocks.py CogVideoXResnet (the residual added in conv2's bias pass)",
             "4eb519d8b612bfa1",
         ),
         Mirror(

@@ -308,6 +308,23 @@ class ProducedHandedCacheConv3d:
         kept = whole[:, :, whole.shape[2] - front :, h : whole.shape[3] - h, w : whole.shape[4] - w]
         return safe_conv3d(self.conv, whole, 0), kept.clone()
 
+    def adding(self, inputs, residual, conv_cache=None):
+        """`(output + residual, next cache)` of `self(inputs, conv_cache)`, as a residual block ends
+        (fast/residual_blocks.py): given its produced buffer, `residual` added in the convolution's
+        bias pass (layers/halo.py `safe_conv3d`: where diffusers runs one chunk; in the exact tier with
+        diffusers' spatial padding, by cuDNN); otherwise this forward, then the add."""
+        whole = producers.filled(self, inputs, cache=conv_cache)
+        if whole is None:
+            out, cache = super().forward(inputs, conv_cache)
+            return out + residual, cache
+        front = self.time_kernel_size - 1
+        if not tier.enabled():
+            out = safe_conv3d(self.conv, whole, self.conv.padding, add_to=residual)
+            return out, whole[:, :, whole.shape[2] - front :].clone()
+        h, w = self.conv.padding[1:]
+        kept = whole[:, :, whole.shape[2] - front :, h : whole.shape[3] - h, w : whole.shape[4] - w]
+        return safe_conv3d(self.conv, whole, 0, add_to=residual), kept.clone()
+
 
 def loop_problem(module) -> str | None:
     """Why `module` cannot run in a frame loop (None: it can): its time padding must be causal (all

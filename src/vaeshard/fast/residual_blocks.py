@@ -5,7 +5,7 @@ adds in a pass of its own, then a pass for the sum. Where the convolution takes 
 before it (fast/producers.py), its `adding` adds the residual in its bias pass instead (layers/tier.py
 `conv_module`: one pass, each add rounded as PyTorch's), the same bits. Mochi's and HunyuanVideo 1.5's
 blocks also leave conv1's bias to norm2, which adds it as it reads conv1's output, rounded as the bias
-pass would: no pass for it at all. HunyuanVideo's blocks add the residual so in the exact tier too,
+pass would: no pass for it at all. CogVideoX's and HunyuanVideo's blocks add the residual so in the exact tier too,
 where the request allows vaeshard's kernels with PyTorch's bits (the same two roundings). Each mixin
 is its block's diffusers forward step for step, but for computing the shortcut before the last
 convolution; the families list it in their mirrors. Outside those tiers, with autograd, or where the
@@ -56,6 +56,43 @@ class MochiResnet:
             hidden_states, new_conv_cache["conv1"] = self.conv1(hidden_states, conv_cache=conv_cache.get("conv1"))
             hidden_states = self.norm2(hidden_states)
         hidden_states = self.nonlinearity(hidden_states)
+        hidden_states, new_conv_cache["conv2"] = self.conv2.adding(
+            hidden_states, inputs, conv_cache=conv_cache.get("conv2")
+        )
+        return hidden_states, new_conv_cache
+
+
+class CogVideoXResnet:
+    """Mixin for diffusers' `CogVideoXResnetBlock3D` (`forward(inputs, temb, zq, conv_cache)` ->
+    `(output, caches)`), in either tier (`_adds(exact_too=True)`)."""
+
+    def forward(self, inputs, temb=None, zq=None, conv_cache=None):
+        if not _adds(self, exact_too=True):
+            return super().forward(inputs, temb, zq, conv_cache)
+        new_conv_cache = {}
+        conv_cache = conv_cache or {}
+        hidden_states = inputs
+        if zq is not None:
+            hidden_states, new_conv_cache["norm1"] = self.norm1(hidden_states, zq, conv_cache=conv_cache.get("norm1"))
+        else:
+            hidden_states = self.norm1(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states, new_conv_cache["conv1"] = self.conv1(hidden_states, conv_cache=conv_cache.get("conv1"))
+        if temb is not None:
+            hidden_states = hidden_states + self.temb_proj(self.nonlinearity(temb))[:, :, None, None, None]
+        if zq is not None:
+            hidden_states, new_conv_cache["norm2"] = self.norm2(hidden_states, zq, conv_cache=conv_cache.get("norm2"))
+        else:
+            hidden_states = self.norm2(hidden_states)
+        hidden_states = self.nonlinearity(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        if self.in_channels != self.out_channels:
+            if self.use_conv_shortcut:
+                inputs, new_conv_cache["conv_shortcut"] = self.conv_shortcut(
+                    inputs, conv_cache=conv_cache.get("conv_shortcut")
+                )
+            else:
+                inputs = self.conv_shortcut(inputs)
         hidden_states, new_conv_cache["conv2"] = self.conv2.adding(
             hidden_states, inputs, conv_cache=conv_cache.get("conv2")
         )
