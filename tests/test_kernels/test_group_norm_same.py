@@ -127,6 +127,25 @@ for bad in (scale[..., :2], scale[:, :, :2], torch.randn(1, 8, 3, 4, 5)):  # not
         raise AssertionError(bad.shape)
     except ValueError:
         pass
+# a pre_bias (the bias a convolution left out) is x plus it, rounded to x's dtype as PyTorch's bias
+# pass rounds it, before the norm: in the statistics and in the apply pass (in fp32: the interpreter
+# rounds fp32 to bf16 by truncation, not to nearest as a GPU does, so the bf16 rounding is `agrees`'
+# "biased" check on the device)
+x = torch.randn(1, 8, 3, 6, 12) * 3 + 0.5
+pre = torch.randn(8) * 2
+w, b = torch.randn(8), torch.randn(8)
+biased = x + pre.reshape(1, -1, 1, 1, 1)
+got = same.group_norm(x, 2, w, b, 1e-6, silu=True, pre_bias=pre)
+assert torch.equal(got, same.group_norm(biased, 2, w, b, 1e-6, silu=True))
+stats = same.statistics(x, 2, 1e-6, pre_bias=pre)
+assert all(torch.equal(u, v) for u, v in zip(stats, same.statistics(biased, 2, 1e-6)))
+assert (got - F.silu(F.group_norm(biased, 2, w, b, 1e-6))).abs().max() <= 2e-5
+for bad in (pre[:4], pre.double()):  # not one value per channel in x's dtype
+    try:
+        same.group_norm(x, 2, w, b, 1e-6, silu=True, pre_bias=bad)
+        raise AssertionError(bad)
+    except ValueError:
+        pass
 # what the kernels take: contiguous maps of fp32, bf16 or fp16 whose channels divide into the groups
 x = torch.randn(1, 8, 4, 4)
 assert same.takes(x, 4) and same.takes(x.half(), 4)
@@ -165,7 +184,11 @@ calls = []
 norm = group_norm_same.group_norm
 group_norm_same.group_norm = lambda *args, **kw: calls.append(  # ("cond": with a scale and a shift,
     # "blocks": at the latent's rows and columns)
-    kw.get("silu", False) if kw.get("scale") is None else "cond" if kw["scale"].shape == args[0].shape else "blocks"
+    ("biased" if kw.get("pre_bias") is not None else kw.get("silu", False))
+    if kw.get("scale") is None
+    else "cond"
+    if kw["scale"].shape == args[0].shape
+    else "blocks"
 ) or norm(*args, **kw)
 buffers = []  # the layouts of the produced padded inputs the convolutions ran on
 fill = producers.filled
@@ -194,8 +217,11 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
     assert len(sums) == (resnets if name == "hunyuanvideo" else 0), (name, len(sums), resnets)
     if name != "cogvideox":
         assert True in calls and False in calls, calls  # resnets' norms with SiLU, the attention's without
-    # HunyuanVideo's convolutions ran on channels-first buffers the norms wrote, one per norm with SiLU
-    assert buffers == ([True] * calls.count(True) if name == "hunyuanvideo" else []), (name, buffers)
+    # HunyuanVideo's convolutions ran on channels-first buffers the norms wrote, one per norm with SiLU;
+    # its norm2s added conv1's bias, which conv1 left out, as they read its output
+    with_silu = calls.count(True) + calls.count("biased")
+    assert buffers == ([True] * with_silu if name == "hunyuanvideo" else []), (name, buffers)
+    assert calls.count("biased") == (resnets if name == "hunyuanvideo" else 0), (name, calls)
     assert_close(got, want, CPU_FP32, name)
     with torch.no_grad():  # maps smaller than GROUP_NORM_SAME_MIN_ELEMENTS: PyTorch's kernel
         tuning.GROUP_NORM_SAME_MIN_ELEMENTS = z.numel() * 10**6
@@ -263,8 +289,8 @@ def test_default_requests_decode_through_the_kernels_as_diffusers_does():
 
 def test_each_variant_is_checked_once_and_a_disagreeing_one_leaves_the_others(monkeypatch):
     """`agrees` on a (stood-in) CUDA device: the fold is found from GroupNorm alone, then each variant
-    (with SiLU; scaled and shifted) is checked once with that fold; one that disagrees turns off only
-    itself."""
+    (with SiLU; scaled and shifted; of x plus a bias) is checked once with that fold; one that
+    disagrees turns off only itself."""
     import contextlib
 
     import torch
@@ -287,6 +313,8 @@ def test_each_variant_is_checked_once_and_a_disagreeing_one_leaves_the_others(mo
     assert same.agrees(gpu, bf16, "scaled") is False
     assert same.agrees(gpu, bf16, "plain") is True and same.agrees(gpu, bf16, "silu") is True
     assert checked == [(False, "plain"), (True, "plain"), (True, "scaled"), (True, "silu")]
-    assert [same.agrees(gpu, bf16, v) for v in same.VARIANTS] == [True, True, False] and len(checked) == 4
+    assert same.VARIANTS == ("plain", "silu", "scaled", "biased")
+    assert [same.agrees(gpu, bf16, v) for v in same.VARIANTS] == [True, True, False, True]
+    assert checked[4:] == [(True, "biased")]  # (the one variant not asked before, checked once)
     with pytest.raises(ValueError, match="variant"):
         same.agrees(gpu, bf16, "cond")

@@ -57,9 +57,9 @@ def _unpadded_child(
 
 def _child_leaving_bias(conv, whole: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`(output, bias)` of the unpadded child `conv` over `whole`: without its bias, and the bias, where
-    the fast tier adds biases in a pass of their own (layers/tier.py `leaves_bias`); else the output
-    with it, and None."""
-    if _by_module(conv) is not None and tier.leaves_bias(conv, whole):
+    PyTorch or the fast tier adds biases in a pass of their own (layers/tier.py `leaves_bias`, the
+    exact tier too); else the output with it, and None."""
+    if _by_module(conv) is not None and tier.leaves_bias(conv, whole, exact_too=True):
         return _unpadded_child(conv, whole, leave_bias=True), conv.bias
     return _unpadded_child(conv, whole), None
 

@@ -361,6 +361,12 @@ class PerChannelRMSNormSiLUIntoConv(ProducingNorm):
         return super().forward(x) if view is None else view
 
 
+def _biased(x: torch.Tensor, pre_bias: torch.Tensor | None) -> torch.Tensor:
+    """x plus `pre_bias` (one value per channel) as the bias pass of the convolution that made x, which
+    left it out, would have added it; x where None."""
+    return x if pre_bias is None else x + pre_bias.reshape(1, -1, *([1] * (x.dim() - 2)))
+
+
 class GroupNormSiLUIntoConv(ProducingNorm):
     """Mixin for an nn.GroupNorm declared followed by SiLU and a padding convolution: where the request
     runs the protocol, silu(norm(x)) straight into that convolution's buffer: by kernels/group_norm.py
@@ -369,35 +375,38 @@ class GroupNormSiLUIntoConv(ProducingNorm):
     whole map's statistics) through SiLU in one pass (`silu.out`). Elsewhere, unsharded where the
     request allows PyTorch's arithmetic by vaeshard's kernels (tier.same_kernels), silu(norm(x)) in one
     pass with PyTorch's bits (kernels/group_norm_same.py), the SiLU module told to pass it on; else the
-    norm's own forward."""
+    norm's own forward. `pre_bias` (one value per channel): the bias of the convolution that made x,
+    which left it out (fast/residual_blocks.py), added to x first and rounded as its bias pass would
+    have (by the kernels as they read x, else by an add)."""
 
-    def forward(self, x):
+    def forward(self, x, pre_bias=None):
         norm = super().forward
 
         def write(x, view):
             if group_norm.takes(x, self.num_groups):  # the kernels (sharded: one all-reduce of statistics)
                 gn_args = (self.num_groups, self.weight, self.bias, self.eps)
-                group_norm.group_norm(x, *gn_args, silu=True, out=view, reduce=whole_map_sum())
+                group_norm.group_norm(x, *gn_args, silu=True, out=view, reduce=whole_map_sum(), pre_bias=pre_bias)
             else:
-                torch.ops.aten.silu.out(norm(x), out=view)
+                torch.ops.aten.silu.out(norm(_biased(x, pre_bias)), out=view)
 
         view = self.produce(x, write)
         if view is None:
-            view = self._with_silu_same(x)
-        return norm(x) if view is None else view
+            view = self._with_silu_same(x, pre_bias)
+        return norm(_biased(x, pre_bias)) if view is None else view
 
-    def _with_silu_same(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _with_silu_same(self, x: torch.Tensor, pre_bias=None) -> torch.Tensor | None:
         """silu(norm(x)) with PyTorch's bits where the request allows it (`runs_same`), the SiLU module
         told to pass it on; in the exact tier, written into the interior of a channels-first padded
         input of the convolution (`interior`), whose own path then pads only the border and runs
         PyTorch's convolution as diffusers calls it, on the input diffusers' padding gives it. None
-        where those kernels do not run (nothing written)."""
+        where those kernels do not run (nothing written). `pre_bias`: as `forward`'s."""
         linked = self.__dict__.get(_FEEDS)
-        if linked is None or not _plain((self, *linked)) or not runs_same(self, x, "silu"):
+        variant = "silu" if pre_bias is None else "biased"
+        if linked is None or not _plain((self, *linked)) or not runs_same(self, x, variant):
             return None
         silu, conv = linked
         view = None if tier.enabled() else interior(conv, x, channels_last=False)
-        y = same_group_norm(self, x, silu=True, out=view)
+        y = same_group_norm(self, x, silu=True, out=view, pre_bias=pre_bias)
         silu.__dict__[_PENDING] = _record(y)
         return y
 

@@ -5,11 +5,12 @@ adds in a pass of its own, then a pass for the sum. Where the convolution takes 
 before it (fast/producers.py), its `adding` adds the residual in its bias pass instead (layers/tier.py
 `conv_module`: one pass, each add rounded as PyTorch's), the same bits. Mochi's and HunyuanVideo 1.5's
 blocks also leave conv1's bias to norm2, which adds it as it reads conv1's output, rounded as the bias
-pass would: no pass for it at all. CogVideoX's and HunyuanVideo's blocks add the residual so in the exact tier too,
-where the request allows vaeshard's kernels with PyTorch's bits (the same two roundings). Each mixin
-is its block's diffusers forward step for step, but for computing the shortcut before the last
-convolution; the families list it in their mirrors. Outside those tiers, with autograd, or where the
-convolution offers no `adding`, the original forward runs.
+pass would: no pass for it at all. CogVideoX's and HunyuanVideo's blocks add the residual so in the
+exact tier too, where the request allows vaeshard's kernels with PyTorch's bits (the same two
+roundings), and HunyuanVideo's leave conv1's bias to norm2 there too (kernels/group_norm_same.py
+`pre_bias`). Each mixin is its block's diffusers forward step for step, but for computing the shortcut
+before the last convolution; the families list it in their mirrors. Outside those tiers, with autograd,
+or where the convolution offers no `adding`, the original forward runs.
 (LTX's blocks: layers/ltx_resnet.py, which also draws their noise when sharded.)
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..layers import tier
-from .producers import FrameGroupNormSiLUIntoConv, RMSNormSiLUIntoConv
+from .producers import FrameGroupNormSiLUIntoConv, GroupNormSiLUIntoConv, RMSNormSiLUIntoConv
 
 
 def _adds(block, exact_too: bool = False) -> bool:
@@ -110,8 +111,13 @@ class HunyuanVideoResnet:
         residual = hidden_states
         hidden_states = self.norm1(hidden_states)
         hidden_states = self.nonlinearity(hidden_states)
-        hidden_states = self.conv1(hidden_states)
-        hidden_states = self.norm2(hidden_states)
+        if hasattr(self.conv1, "leaving_bias") and isinstance(self.norm2, GroupNormSiLUIntoConv):
+            # conv1's bias added by norm2 as it reads conv1's output (where conv1 leaves it out)
+            hidden_states, bias = self.conv1.leaving_bias(hidden_states)
+            hidden_states = self.norm2(hidden_states, pre_bias=bias)
+        else:
+            hidden_states = self.conv1(hidden_states)
+            hidden_states = self.norm2(hidden_states)
         hidden_states = self.nonlinearity(hidden_states)
         hidden_states = self.dropout(hidden_states)
         if self.conv_shortcut is not None:

@@ -52,10 +52,16 @@ if triton is not None:
         return tl.where(ok, new_mean, mean), tl.where(ok, new_m2, m2), tl.where(ok, nn, n)
 
     @triton.jit
-    def _tile(base, j, R, THREADS: tl.constexpr, WIDTH: tl.constexpr):
-        # each lane's next WIDTH elements, j, j + THREADS, ..., in one load (0 past the row's end)
+    def _tile(base, j, R, THREADS: tl.constexpr, WIDTH: tl.constexpr, bias_at, HW, PRE_BIAS: tl.constexpr):
+        # each lane's next WIDTH elements, j, j + THREADS, ..., in one load (0 past the row's end); with
+        # PRE_BIAS, each plus its channel's bias (bias_at: the row's first channel's) rounded to the dtype
         at = j[:, None] + tl.arange(0, WIDTH)[None, :] * THREADS
-        return tl.load(base + at, mask=at < R, other=0.0).to(tl.float32)
+        ok = at < R
+        v = tl.load(base + at, mask=ok, other=0.0)
+        if PRE_BIAS:
+            b = tl.load(bias_at + at // HW, mask=ok, other=0.0).to(tl.float32)
+            v = tl.where(ok, (v.to(tl.float32) + b).to(v.dtype), 0.0)
+        return v.to(tl.float32)
 
     @triton.jit
     def _fold8(xs, mean, m2, n, j, R, THREADS: tl.constexpr):
@@ -99,7 +105,18 @@ if triton is not None:
 
     @triton.jit
     def _chains_kernel(
-        x_ptr, mean_ptr, m2_ptr, n_ptr, R, THREADS: tl.constexpr, LANES: tl.constexpr, WIDTH: tl.constexpr
+        x_ptr,
+        mean_ptr,
+        m2_ptr,
+        n_ptr,
+        R,
+        bias_ptr,  # (with HW, GROUPS: where PRE_BIAS, the bias added to each element as it is read)
+        HW,
+        GROUPS,
+        THREADS: tl.constexpr,
+        LANES: tl.constexpr,
+        WIDTH: tl.constexpr,
+        PRE_BIAS: tl.constexpr,
     ):
         # each lane's chain WIDTH elements at a time, the next WIDTH loaded before these are folded: a
         # chain is a sequence of dependent divisions, so its loads must be issued well ahead of their use
@@ -109,11 +126,12 @@ if triton is not None:
         m2 = tl.zeros([LANES], tl.float32)
         n = tl.zeros([LANES], tl.float32)
         base = x_ptr + row.to(tl.int64) * R
+        bias_at = bias_ptr + (row % GROUPS) * (R // HW)  # the row's first channel's bias
         STEP: tl.constexpr = THREADS * WIDTH
-        cur = _tile(base, lane, R, THREADS, WIDTH)
+        cur = _tile(base, lane, R, THREADS, WIDTH, bias_at, HW, PRE_BIAS)
         for start in range(0, R, STEP):
             j = start + lane
-            nxt = _tile(base, j + STEP, R, THREADS, WIDTH)
+            nxt = _tile(base, j + STEP, R, THREADS, WIDTH, bias_at, HW, PRE_BIAS)
             mean, m2, n = _fold_tile(cur, mean, m2, n, j, R, THREADS, WIDTH)
             cur = nxt
         at = row * THREADS + lane
@@ -204,6 +222,7 @@ if triton is not None:
         COND_W,
         BH,
         BW,
+        pre_bias_ptr,  # (where PRE_BIAS: one value per channel, added to x as it is read, rounded)
         STRIDED: tl.constexpr,
         COND: tl.constexpr,
         BLOCKED: tl.constexpr,
@@ -213,6 +232,7 @@ if triton is not None:
         BLOCK: tl.constexpr,
         LIBDEVICE: tl.constexpr,
         ROUNDED_STATS: tl.constexpr,
+        PRE_BIAS: tl.constexpr,
     ):
         # ComputeFusedParamsCUDAKernel's fold, then a * x + b (one FMA each), rounded to the dtype; SiLU
         # of that (PyTorch's x / (1 + exp(-x)) in fp32, rounded again) where the norm's SiLU is fused
@@ -231,7 +251,10 @@ if triton is not None:
         ok = offs < HW
         at = nc.to(tl.int64) * HW + offs
         dt = y_ptr.dtype.element_ty
-        y = tl.fma(a, tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32), b).to(dt)
+        v = tl.load(x_ptr + at, mask=ok, other=0.0)
+        if PRE_BIAS:  # the bias pass PyTorch would have made: x + bias, rounded to the dtype
+            v = (v.to(tl.float32) + tl.load(pre_bias_ptr + c).to(tl.float32)).to(dt)
+        y = tl.fma(a, v.to(tl.float32), b).to(dt)
         if COND:  # y * scale + shift as two of PyTorch's elementwise passes, each rounded to the dtype
             cat = at
             if BLOCKED:  # the value of the block holding element (t, h, w) of this channel
@@ -269,10 +292,13 @@ def takes(x: torch.Tensor, num_groups: int) -> bool:
     return x.numel() // (x.shape[0] * num_groups) < 2**31 and x.numel() < 2**62
 
 
-def statistics(x: torch.Tensor, num_groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def statistics(
+    x: torch.Tensor, num_groups: int, eps: float, pre_bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, rstd), fp32 (N * num_groups,) each: PyTorch's per-row statistics, as its kernel computes
-    them (the module docstring); `takes(x, num_groups)` must hold."""
-    stats = _statistics(x, num_groups, eps)
+    them (the module docstring); `takes(x, num_groups)` must hold. `pre_bias`: those of x plus it (one
+    value per channel, x's dtype), each sum rounded to the dtype as PyTorch's bias pass rounds it."""
+    stats = _statistics(x, num_groups, eps, pre_bias)
     return stats[:, 0], stats[:, 1]
 
 
@@ -289,8 +315,9 @@ def _on(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _statistics(x: torch.Tensor, num_groups: int, eps: float) -> torch.Tensor:
+def _statistics(x: torch.Tensor, num_groups: int, eps: float, pre_bias: torch.Tensor | None = None) -> torch.Tensor:
     """`statistics` as one fp32 (N * num_groups, 2) tensor of (mean, rstd) rows."""
+    _check_pre_bias(x, pre_bias)
     rows = x.shape[0] * num_groups
     r = x.numel() // rows
     threads = _BIG if r >= _BIG else 32
@@ -306,9 +333,13 @@ def _statistics(x: torch.Tensor, num_groups: int, eps: float) -> torch.Tensor:
         m2,
         count,
         r,
+        x if pre_bias is None else pre_bias,  # (a pointer the kernel never reads without PRE_BIAS)
+        x[0, 0].numel(),
+        num_groups,
         THREADS=threads,
         LANES=lanes,
         WIDTH=WIDTH,
+        PRE_BIAS=pre_bias is not None,
         num_warps=max(1, lanes // 32),
         **fused,
     )
@@ -340,6 +371,7 @@ def group_norm(
     out: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
+    pre_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.group_norm(x, num_groups, weight, bias, eps), then F.silu of it where `silu`, as PyTorch's CUDA
     kernels compute them (the module docstring); `takes(x, num_groups)` must hold. `rounded_stats`:
@@ -349,7 +381,9 @@ def group_norm(
     padded input, say), returned; else a new tensor. `scale`, `shift` (both or neither: contiguous maps
     of x's dtype, of x's shape or (N, C, T, h, w) for a 5-D x of (N, C, T, h * bh, w * bw), each value
     then standing for a bh x bw block of x): the norm's output times `scale` plus `shift` before the
-    SiLU, each step rounded as PyTorch's `norm * scale + shift` rounds it (CogVideoX's spatial norm)."""
+    SiLU, each step rounded as PyTorch's `norm * scale + shift` rounds it (CogVideoX's spatial norm).
+    `pre_bias` (one value per channel, x's dtype): the norm of x plus it, each sum rounded to the dtype
+    as PyTorch's bias pass rounds it (the bias of the convolution that made x, which left it out)."""
     if rounded_stats is None:
         rounded_stats = _verdicts.get(_key(x.device, x.dtype)) == _ROUNDED
     n, c = x.shape[:2]
@@ -375,7 +409,7 @@ def group_norm(
     sizes = ((1,) * (5 - y.dim()) + tuple(y.shape[2:]))[1:] if strided else (1, 1)
     strides = y.stride()[:2] + (0,) * (5 - y.dim()) + y.stride()[2:] if strided else (0,) * 5
     with _on(x.device):
-        stats = _statistics(x, num_groups, eps)
+        stats = _statistics(x, num_groups, eps, pre_bias)
         w = weight if weight is not None else stats  # (a pointer the kernel never reads)
         b = bias if bias is not None else stats
         launch(
@@ -394,6 +428,7 @@ def group_norm(
             scale if cond else x,  # (pointers the kernel never reads without COND)
             shift if cond else x,
             *cond_sizes,
+            stats if pre_bias is None else pre_bias,
             STRIDED=strided,
             COND=cond,
             BLOCKED=blocks is not None,
@@ -403,10 +438,18 @@ def group_norm(
             BLOCK=APPLY_BLOCK,
             LIBDEVICE=x.is_cuda,
             ROUNDED_STATS=rounded_stats and x.dtype != torch.float32,
+            PRE_BIAS=pre_bias is not None,
             num_warps=4,
             enable_fp_fusion=False,
         )
     return y
+
+
+def _check_pre_bias(x: torch.Tensor, pre_bias: torch.Tensor | None) -> None:
+    if pre_bias is not None and (
+        pre_bias.shape != (x.shape[1],) or pre_bias.dtype != x.dtype or not pre_bias.is_contiguous()
+    ):
+        raise ValueError(f"group_norm: pre_bias must be one value per channel of x ({x.shape[1]}) in {x.dtype}")
 
 
 def _blocks(x: torch.Tensor, scale: torch.Tensor) -> tuple[int, int] | None:
@@ -427,19 +470,21 @@ def _blocks(x: torch.Tensor, scale: torch.Tensor) -> tuple[int, int] | None:
 _CHECK_SHAPES = ((2, 64, 24, 40), (1, 32, 3, 5, 7), (1, 128, 3, 41, 37), (3, 96, 100))
 _verdicts: dict = {}  # (device type, index, dtype) -> False, _FLOAT or _ROUNDED
 _FLOAT, _ROUNDED = "float", "rounded"  # PyTorch's statistics between its kernels: as they are, or rounded
-VARIANTS = ("plain", "silu", "scaled")  # GroupNorm; + SiLU; * scale + shift, then SiLU (CogVideoX's)
+# GroupNorm; + SiLU; * scale + shift, then SiLU (CogVideoX's); of x plus a per-channel bias, then SiLU
+VARIANTS = ("plain", "silu", "scaled", "biased")
 _variant_verdicts: dict = {}  # (device type, index, dtype, variant) -> bool
 _lock = threading.Lock()
 
 
 def agrees(device: torch.device, dtype: torch.dtype, variant: str = "plain") -> bool:
-    """Whether these kernels give PyTorch's CUDA GroupNorm bit for bit on the CUDA `device` in `dtype`,
-    as `variant` (VARIANTS) applies it: GroupNorm alone, then SiLU, or times a scale plus a shift and
-    then SiLU. Checked once per device and dtype on small random maps (a few milliseconds once the
-    kernels are compiled), with the statistics kept in fp32 between the kernels and, failing that,
-    rounded to the dtype (PyTorch before 2.12); each variant after GroupNorm alone agrees, once, with
-    the same statistics; never during a CUDA graph capture (False there until checked outside). A
-    variant that disagrees leaves the others running."""
+    """Whether these kernels give PyTorch's CUDA GroupNorm bit for bit on the CUDA `device` in `dtype`, as
+    `variant` (VARIANTS) applies it: GroupNorm alone, then SiLU, times a scale plus a shift and then
+    SiLU, or of x plus a per-channel bias (rounded) and then SiLU. Checked once per device and dtype
+    on small random maps (a few milliseconds once the kernels are compiled), with the statistics
+    kept in fp32 between the kernels and, failing that, rounded to the dtype (PyTorch before 2.12);
+    each variant after GroupNorm alone agrees, once, with the same statistics; never during a CUDA
+    graph capture (False there until checked outside). A variant that disagrees leaves the others
+    running."""
     if device.type != "cuda":  # (PyTorch's CPU GroupNorm sums in another order)
         return False
     if variant not in VARIANTS:
@@ -480,6 +525,12 @@ def _check(device, dtype, rounded: bool, variant: str = "plain") -> bool:
         elif variant == "silu":
             fused = group_norm(x, 16, w, b, 1e-6, silu=True, rounded_stats=rounded)
             if not torch.equal(fused, F.silu(F.group_norm(x, 16, w, b, 1e-6))):
+                return False
+        elif variant == "biased":
+            pre = (torch.randn(shape[1], generator=gen) * 2).to(device=device, dtype=dtype)
+            fused = group_norm(x, 16, w, b, 1e-6, silu=True, rounded_stats=rounded, pre_bias=pre)
+            biased = x + pre.reshape(1, -1, *([1] * (x.dim() - 2)))
+            if not torch.equal(fused, F.silu(F.group_norm(biased, 16, w, b, 1e-6))):
                 return False
         else:
             # (CogVideoX's spatial norm; drawn from the check's own generator, not the caller's)

@@ -136,9 +136,10 @@ def whole_map_sum():
 
 def runs_same(norm, x: torch.Tensor, variant: str = "plain") -> bool:
     """Whether `same_group_norm(norm, x)` runs kernels/group_norm_same.py as `variant` applies it
-    (group_norm_same.VARIANTS: alone, with SiLU, or scaled and shifted before SiLU): the request allows
-    those kernels (tier.same_kernels), it is not sharded, `x` is large enough for them to pay
-    (tuning.GROUP_NORM_SAME_MIN_ELEMENTS), and they take it and agree with PyTorch on its device."""
+    (group_norm_same.VARIANTS: alone, with SiLU, scaled and shifted before SiLU, or of x plus a bias
+    before SiLU): the request allows those kernels (tier.same_kernels), it is not sharded, `x` is large
+    enough for them to pay (tuning.GROUP_NORM_SAME_MIN_ELEMENTS), and they take it and agree with
+    PyTorch on its device."""
     if current() is not None or not same_kernels() or x.numel() < tuning.GROUP_NORM_SAME_MIN_ELEMENTS:
         return False
     if not group_norm_same.takes(x, norm.num_groups):
@@ -153,15 +154,19 @@ def same_group_norm(
     out: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
     shift: torch.Tensor | None = None,
+    pre_bias: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """The nn.GroupNorm `norm` of `x` (times `scale` plus `shift`, where given; then SiLU, where `silu`)
-    by kernels/group_norm_same.py, PyTorch's bits, written into `out` where given; None (nothing
-    written) where not `runs_same(norm, x, variant)` for that variant."""
-    variant = "scaled" if scale is not None else "silu" if silu else "plain"
+    """The nn.GroupNorm `norm` of `x` (plus `pre_bias` first, one value per channel, rounded as a bias
+    pass rounds it, where given; times `scale` plus `shift`, where given; then SiLU, where `silu`) by
+    kernels/group_norm_same.py, PyTorch's bits, written into `out` where given; None (nothing written)
+    where not `runs_same(norm, x, variant)` for that variant."""
+    variant = "scaled" if scale is not None else "biased" if pre_bias is not None else "silu" if silu else "plain"
+    if variant == "biased" and not silu:
+        raise ValueError("same_group_norm: a pre_bias is taken with SiLU only (the checked variant)")
     if not runs_same(norm, x, variant):
         return None
     args = (x, norm.num_groups, norm.weight, norm.bias, norm.eps)
-    return group_norm_same.group_norm(*args, silu=silu, out=out, scale=scale, shift=shift)
+    return group_norm_same.group_norm(*args, silu=silu, out=out, scale=scale, shift=shift, pre_bias=pre_bias)
 
 
 class GlobalGroupNorm:

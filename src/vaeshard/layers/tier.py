@@ -234,12 +234,15 @@ def conv_with_bias(
     return add_bias_(conv(x, weight, None, *args), bias)
 
 
-def leaves_bias(conv, x: torch.Tensor) -> bool:
+def leaves_bias(conv, x: torch.Tensor, exact_too: bool = False) -> bool:
     """Whether `conv_module(conv, x, ..., leave_bias=True)` leaves `conv`'s bias out of its output (for
     the reader of that output to add as it reads, rounded as the bias pass rounds: kernels/group_norm.py
-    `pre_bias`): where the fast tier adds the bias in a pass of its own anyway."""
+    `pre_bias`): where the fast tier adds the bias in a pass of its own anyway; with `exact_too`, also
+    in the exact tier of a request allowed vaeshard's kernels with PyTorch's bits (`same_kernels`),
+    where PyTorch adds it in a pass of its own (CUDA)."""
     bias = conv.bias
-    return enabled() and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
+    tiers = enabled() or (exact_too and same_kernels())
+    return tiers and bias is not None and bias.dtype == x.dtype and fused_bias_add_available(x)
 
 
 def conv_module(
@@ -255,7 +258,8 @@ def conv_module(
     until their shapes are measured with them. In the exact tier of a request allowed vaeshard's kernels
     with PyTorch's bits (`same_kernels`), with `add_to`, the same one pass after diffusers' convolution
     without its bias (`_sums_same`). Elsewhere PyTorch's calls. `leave_bias` (no `add_to`):
-    where `leaves_bias`, the output without the bias (ValueError elsewhere: the caller asks first)."""
+    where `leaves_bias(exact_too=True)`, the output without the bias (ValueError elsewhere: the caller
+    asks first)."""
     fn = F.conv3d if conv.weight.dim() == 5 else F.conv2d
     bias = conv.bias
     separate = leaves_bias(conv, x)  # the bias in a pass of its own
@@ -266,12 +270,12 @@ def conv_module(
         if y.shape == add_to.shape:
             return add_bias_and_residual_(y, bias, add_to)
         return add_bias_(y, bias) + add_to
-    if leave_bias and (add_to is not None or not separate):
-        raise ValueError("conv_module: the bias is left out only where leaves_bias(conv, x), without add_to")
+    if leave_bias:
+        if add_to is not None or not leaves_bias(conv, x, exact_too=True):
+            raise ValueError("conv_module: the bias is left out only where leaves_bias(conv, x), without add_to")
+        return fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
     if separate:
         y = fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
-        if leave_bias:
-            return y
         if add_to is not None and add_to.shape == y.shape and add_to.dtype == y.dtype:
             return add_bias_and_residual_(y, bias, add_to)
         y = add_bias_(y, bias)
