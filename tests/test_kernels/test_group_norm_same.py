@@ -180,16 +180,21 @@ tuning.GROUP_NORM_SAME_KERNELS = True
 tuning.GROUP_NORM_SAME_MIN_ELEMENTS = 0  # (the tests' maps are small)
 group_norm_same.agrees = lambda device, dtype, variant="plain": True
 group_norm_same.WIDTH = 8  # (the interpreter's time grows with the width; the widths agree: VALUES)
-calls = []
+calls = []  # each call's kind: SiLU or not, "biased" (given a pre_bias), "cond" or "blocks" (see below)
+pres = []  # whether each call was given a pre_bias (the bias the convolution before the norm left out)
 norm = group_norm_same.group_norm
-group_norm_same.group_norm = lambda *args, **kw: calls.append(  # ("cond": with a scale and a shift,
-    # "blocks": at the latent's rows and columns)
-    ("biased" if kw.get("pre_bias") is not None else kw.get("silu", False))
-    if kw.get("scale") is None
-    else "cond"
-    if kw["scale"].shape == args[0].shape
-    else "blocks"
-) or norm(*args, **kw)
+
+
+def counted(*args, **kw):
+    pres.append(kw.get("pre_bias") is not None)
+    if kw.get("scale") is None:  # ("cond": with a scale and a shift; "blocks": at the latent's size)
+        calls.append("biased" if pres[-1] else kw.get("silu", False))
+    else:
+        calls.append("cond" if kw["scale"].shape == args[0].shape else "blocks")
+    return norm(*args, **kw)
+
+
+group_norm_same.group_norm = counted
 buffers = []  # the layouts of the produced padded inputs the convolutions ran on
 fill = producers.filled
 producers.filled = lambda *a, **kw: (lambda b: (b is None or buffers.append(b.is_contiguous()), b)[1])(fill(*a, **kw))
@@ -241,7 +246,8 @@ for name, size in (("autoencoder_kl", (5, 6)), ("cogvideox", (3, 5, 6)), ("hunyu
 # the convolutions pad space as diffusers' call does (cuDNN). The spatial norms' conditioning: on a
 # shape's first decode at the map's size, as diffusers, and compared with the latent's size broadcast;
 # once that agreed, at the latent's size (the kernels read each value for its block of pixels). Each
-# resnet's residual is added in its conv2's bias pass (fast/residual_blocks.py)
+# resnet's residual is added in its conv2's bias pass, its conv1's bias by its norm2
+# (fast/residual_blocks.py)
 tuning.NORM_INTO_CONV_ONLY_FAMILIES += ("cogvideox",)
 vae = build("cogvideox")
 z = latent((1, vae.config.latent_channels, 3, 5, 6), seed=4)
@@ -256,13 +262,16 @@ for n, (op, run) in enumerate(runs + runs[:1]):
     calls.clear()
     buffers.clear()
     sums.clear()
+    pres.clear()
     with torch.no_grad():
         got = run()
-    produced = calls.count(True) if op == "encode" else calls.count("cond") + calls.count("blocks")
+    produced = sum(calls.count(k) for k in ((True, "biased") if op == "encode" else ("cond", "blocks")))
     assert produced and buffers == [True] * produced, (op, calls, buffers)
-    # each resnet's conv2 (on its produced buffer) adds its bias and the residual in one pass
+    # each resnet's conv2 (on its produced buffer) adds its bias and the residual in one pass, and its
+    # norm2 adds conv1's bias, which conv1 left out
     coder = vae.encoder if op == "encode" else vae.decoder
-    assert len(sums) == sum(type(m).__name__ == "CogVideoXResnetBlock3D" for m in coder.modules()), (op, sums)
+    resnets = sum(type(m).__name__ == "CogVideoXResnetBlock3D" for m in coder.modules())
+    assert len(sums) == resnets and pres.count(True) == resnets, (op, sums, pres)
     conds.append(calls.count("cond"))
     if n == 2:  # the second decode: fewer at the map's size (only the latent-sized maps), the rest blocks
         assert producers._LATENT_CONDITIONING and all(producers._LATENT_CONDITIONING.values())
@@ -313,8 +322,26 @@ def test_each_variant_is_checked_once_and_a_disagreeing_one_leaves_the_others(mo
     assert same.agrees(gpu, bf16, "scaled") is False
     assert same.agrees(gpu, bf16, "plain") is True and same.agrees(gpu, bf16, "silu") is True
     assert checked == [(False, "plain"), (True, "plain"), (True, "scaled"), (True, "silu")]
-    assert same.VARIANTS == ("plain", "silu", "scaled", "biased")
-    assert [same.agrees(gpu, bf16, v) for v in same.VARIANTS] == [True, True, False, True]
-    assert checked[4:] == [(True, "biased")]  # (the one variant not asked before, checked once)
+    assert same.VARIANTS == ("plain", "silu", "scaled", "biased", "scaled-biased")
+    assert [same.agrees(gpu, bf16, v) for v in same.VARIANTS] == [True, True, False, True, True]
+    # (the variants not asked before, each checked once)
+    assert checked[4:] == [(True, "biased"), (True, "scaled-biased")]
     with pytest.raises(ValueError, match="variant"):
         same.agrees(gpu, bf16, "cond")
+
+
+def test_maps_pytorch_reads_channels_first_are_taken_as_its_copy_would_be():
+    """PyTorch's GroupNorm reads a map that is not contiguous through a copy in the layout its strides
+    suggest: the kernels take only maps whose copy is certainly channels-first (a frame-major view, as
+    CogVideoX's upsamplers return), never a channels-last one, whose norm PyTorch sums in another order."""
+    import torch
+    from torch._prims_common import suggest_memory_format
+
+    from vaeshard.layers.norms import _copied_channels_first
+
+    frames_first = torch.randn(1, 5, 16, 10, 12).permute(0, 2, 1, 3, 4)  # (B, C, T, H, W) view, T outermost
+    channels_last = torch.randn(1, 16, 5, 10, 12).contiguous(memory_format=torch.channels_last_3d)
+    image_last = torch.randn(2, 8, 6, 7).contiguous(memory_format=torch.channels_last)
+    for x in (frames_first, channels_last, image_last, torch.randn(1, 16, 5, 10, 12), torch.randn(2, 8, 6, 7)):
+        # (PyTorch's own choice, from its Python mirror of suggest_memory_format)
+        assert _copied_channels_first(x) == (suggest_memory_format(x) == torch.contiguous_format), x.stride()

@@ -301,12 +301,31 @@ class ProducedHandedCacheConv3d:
         whole = producers.filled(self, inputs, cache=conv_cache)
         if whole is None:
             return super().forward(inputs, conv_cache)
+        return self._convolve(whole)
+
+    def leaving_bias(self, inputs, conv_cache=None):
+        """`(output, next cache, bias)` of `self(inputs, conv_cache)` for a norm that adds the bias as
+        it reads (fast/residual_blocks.py): given its produced buffer and where PyTorch or the fast tier
+        adds biases in a pass of their own (layers/tier.py `leaves_bias`, the exact tier too), the
+        output without the bias, and the bias; otherwise this forward, and None."""
+        whole = producers.filled(self, inputs, cache=conv_cache)
+        if whole is None:
+            return (*super().forward(inputs, conv_cache), None)
+        if not tier.leaves_bias(self.conv, whole, exact_too=True):
+            return (*self._convolve(whole), None)
+        return (*self._convolve(whole, leave_bias=True), self.conv.bias)
+
+    def _convolve(self, whole, residual=None, leave_bias=False):
+        """(output, next cache) of the child over the filled buffer `whole`: in the exact tier
+        diffusers' call (layers/halo.py `safe_conv3d`, cuDNN padding space) on the tensor its torch.cat
+        makes; in the fast tier unpadded over the buffer padded in space too."""
         front = self.time_kernel_size - 1
-        if not tier.enabled():  # diffusers' call on the tensor its torch.cat makes
-            return self.conv(whole), whole[:, :, whole.shape[2] - front :].clone()
+        if not tier.enabled():
+            out = safe_conv3d(self.conv, whole, self.conv.padding, add_to=residual, leave_bias=leave_bias)
+            return out, whole[:, :, whole.shape[2] - front :].clone()
         h, w = self.conv.padding[1:]
         kept = whole[:, :, whole.shape[2] - front :, h : whole.shape[3] - h, w : whole.shape[4] - w]
-        return safe_conv3d(self.conv, whole, 0), kept.clone()
+        return safe_conv3d(self.conv, whole, 0, add_to=residual, leave_bias=leave_bias), kept.clone()
 
     def adding(self, inputs, residual, conv_cache=None):
         """`(output + residual, next cache)` of `self(inputs, conv_cache)`, as a residual block ends
@@ -317,13 +336,7 @@ class ProducedHandedCacheConv3d:
         if whole is None:
             out, cache = super().forward(inputs, conv_cache)
             return out + residual, cache
-        front = self.time_kernel_size - 1
-        if not tier.enabled():
-            out = safe_conv3d(self.conv, whole, self.conv.padding, add_to=residual)
-            return out, whole[:, :, whole.shape[2] - front :].clone()
-        h, w = self.conv.padding[1:]
-        kept = whole[:, :, whole.shape[2] - front :, h : whole.shape[3] - h, w : whole.shape[4] - w]
-        return safe_conv3d(self.conv, whole, 0, add_to=residual), kept.clone()
+        return self._convolve(whole, residual)
 
 
 def loop_problem(module) -> str | None:

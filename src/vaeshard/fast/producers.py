@@ -465,9 +465,11 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
     kernels/group_norm.py normalises, conditions and applies SiLU in two reads of f and one write into
     the buffer (sharded, with the whole map's statistics); where they do not take f, the product and
     the sum are made in place on the norm's output, then `silu.out` writes the buffer; each step
-    rounded as diffusers rounds it."""
+    rounded as diffusers rounds it. `pre_bias` (one value per channel): the bias of the convolution
+    that made f, which left it out (fast/residual_blocks.py), added to f first and rounded as its bias
+    pass would have (by the kernels as they read f, else by an add)."""
 
-    def forward(self, f, zq, conv_cache=None):
+    def forward(self, f, zq, conv_cache=None, pre_bias=None):
         blocks = _blocks(f.shape[3:], zq.shape[3:]) if f.dim() == 5 and zq.dim() == 5 else None
         caches: dict = {}
 
@@ -477,9 +479,10 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
             if group_norm.takes(f, gn.num_groups) and scale.stride() == shift.stride():
                 # the norm, the conditioning and SiLU in the kernels' two reads of f
                 gn_args = (gn.num_groups, gn.weight, gn.bias, gn.eps)
-                group_norm.group_norm(f, *gn_args, True, view, (scale, shift), reduce=whole_map_sum())
+                cond = (scale, shift)
+                group_norm.group_norm(f, *gn_args, True, view, cond, reduce=whole_map_sum(), pre_bias=pre_bias)
                 return
-            norm = gn(f)
+            norm = gn(_biased(f, pre_bias))
             (h, bh), (w, bw) = blocks
             # f as blocks of the latent's pixels: (B, C, T, h, bh, w, bw), the conditioning broadcast
             norm.view(*norm.shape[:3], h, bh, w, bw).mul_(scale[:, :, :, :, None, :, None]).add_(
@@ -489,12 +492,12 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
 
         view = None if blocks is None else self.produce(f, write)
         if view is None:
-            same = self._with_silu_same(f, zq, conv_cache)
+            same = self._with_silu_same(f, zq, conv_cache, pre_bias)
             if same is not None:
                 return same
-        return super().forward(f, zq, conv_cache) if view is None else (view, caches)
+        return super().forward(_biased(f, pre_bias), zq, conv_cache) if view is None else (view, caches)
 
-    def _with_silu_same(self, f, zq, conv_cache):
+    def _with_silu_same(self, f, zq, conv_cache, pre_bias=None):
         """Where the request allows PyTorch's arithmetic by vaeshard's kernels (`runs_same`) and the
         norm is linked: diffusers' forward with its product and sum and the SiLU after it in the norm's
         apply pass (kernels/group_norm_same.py, each step rounded as PyTorch rounds it), the SiLU module
@@ -507,14 +510,14 @@ class SpatialNormSiLUIntoConv(ProducingNorm):
         if linked is None or f.dim() != 5 or not _plain((self, *linked)) or not runs_same(gn, f):
             return None
         caches: dict = {}
-        scaled = runs_same(gn, f, "scaled")
+        scaled = runs_same(gn, f, "scaled" if pre_bias is None else "scaled-biased")
         scale, shift = self._same_conditioning(f, zq, conv_cache or {}, caches, scaled)
         alike = all(t.dtype == f.dtype and t.is_contiguous() for t in (scale, shift))
-        if not alike or not scaled:
-            return same_group_norm(gn, f) * scale + shift, caches  # (the SiLU module applies its own)
+        if not alike or not scaled:  # (the SiLU module applies its own)
+            return same_group_norm(gn, _biased(f, pre_bias)) * scale + shift, caches
         # in the exact tier into the new frames of the convolution's channels-first input (`interior`)
         view = None if tier.enabled() else interior(linked[1], f, channels_last=False)
-        y = same_group_norm(gn, f, silu=True, out=view, scale=scale, shift=shift)
+        y = same_group_norm(gn, f, silu=True, out=view, scale=scale, shift=shift, pre_bias=pre_bias)
         linked[0].__dict__[_PENDING] = _record(y)
         return y, caches
 

@@ -7,7 +7,7 @@ before it (fast/producers.py), its `adding` adds the residual in its bias pass i
 blocks also leave conv1's bias to norm2, which adds it as it reads conv1's output, rounded as the bias
 pass would: no pass for it at all. CogVideoX's and HunyuanVideo's blocks add the residual so in the
 exact tier too, where the request allows vaeshard's kernels with PyTorch's bits (the same two
-roundings), and HunyuanVideo's leave conv1's bias to norm2 there too (kernels/group_norm_same.py
+roundings), and leave conv1's bias to norm2 there too (kernels/group_norm_same.py
 `pre_bias`). Each mixin is its block's diffusers forward step for step, but for computing the shortcut
 before the last convolution; the families list it in their mirrors. Outside those tiers, with autograd,
 or where the convolution offers no `adding`, the original forward runs.
@@ -19,7 +19,14 @@ from __future__ import annotations
 import torch
 
 from ..layers import tier
-from .producers import FrameGroupNormSiLUIntoConv, GroupNormSiLUIntoConv, RMSNormSiLUIntoConv
+from .producers import (
+    FrameGroupNormSiLUIntoConv,
+    GroupNormSiLUIntoConv,
+    RMSNormSiLUIntoConv,
+    SpatialNormSiLUIntoConv,
+)
+
+_COG_NORMS = (GroupNormSiLUIntoConv, SpatialNormSiLUIntoConv)  # norms that take a `pre_bias`
 
 
 def _adds(block, exact_too: bool = False) -> bool:
@@ -78,13 +85,22 @@ class CogVideoXResnet:
         else:
             hidden_states = self.norm1(hidden_states)
         hidden_states = self.nonlinearity(hidden_states)
-        hidden_states, new_conv_cache["conv1"] = self.conv1(hidden_states, conv_cache=conv_cache.get("conv1"))
+        bias = None
+        if temb is None and hasattr(self.conv1, "leaving_bias") and isinstance(self.norm2, _COG_NORMS):
+            # conv1's bias added by norm2 as it reads conv1's output (where conv1 leaves it out)
+            hidden_states, new_conv_cache["conv1"], bias = self.conv1.leaving_bias(
+                hidden_states, conv_cache=conv_cache.get("conv1")
+            )
+        else:
+            hidden_states, new_conv_cache["conv1"] = self.conv1(hidden_states, conv_cache=conv_cache.get("conv1"))
         if temb is not None:
             hidden_states = hidden_states + self.temb_proj(self.nonlinearity(temb))[:, :, None, None, None]
         if zq is not None:
-            hidden_states, new_conv_cache["norm2"] = self.norm2(hidden_states, zq, conv_cache=conv_cache.get("norm2"))
+            hidden_states, new_conv_cache["norm2"] = self.norm2(
+                hidden_states, zq, conv_cache=conv_cache.get("norm2"), pre_bias=bias
+            )
         else:
-            hidden_states = self.norm2(hidden_states)
+            hidden_states = self.norm2(hidden_states, pre_bias=bias)
         hidden_states = self.nonlinearity(hidden_states)
         hidden_states = self.dropout(hidden_states)
         if self.in_channels != self.out_channels:

@@ -281,10 +281,11 @@ if triton is not None:
         tl.store(y_ptr + at, y, mask=ok)
 
 
-def takes(x: torch.Tensor, num_groups: int) -> bool:
-    """Whether the kernels take `x`: a contiguous (N, C, ...) map of 3 to 5 dims in fp32, bf16 or fp16
-    whose C divides into `num_groups` groups, each row short enough for a chain's fp32 count."""
-    if x.dim() not in (3, 4, 5) or not runs_on(x) or not x.is_contiguous() or x.numel() == 0:
+def takes(x: torch.Tensor, num_groups: int, copy: bool = False) -> bool:
+    """Whether the kernels take `x` (with `copy`: a contiguous copy of it): a contiguous (N, C, ...)
+    map of 3 to 5 dims in fp32, bf16 or fp16 whose C divides into `num_groups` groups, each row short
+    enough for a chain's fp32 count."""
+    if x.dim() not in (3, 4, 5) or not runs_on(x) or not (copy or x.is_contiguous()) or x.numel() == 0:
         return False
     c = x.shape[1]
     if num_groups <= 0 or c % num_groups or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
@@ -470,8 +471,9 @@ def _blocks(x: torch.Tensor, scale: torch.Tensor) -> tuple[int, int] | None:
 _CHECK_SHAPES = ((2, 64, 24, 40), (1, 32, 3, 5, 7), (1, 128, 3, 41, 37), (3, 96, 100))
 _verdicts: dict = {}  # (device type, index, dtype) -> False, _FLOAT or _ROUNDED
 _FLOAT, _ROUNDED = "float", "rounded"  # PyTorch's statistics between its kernels: as they are, or rounded
-# GroupNorm; + SiLU; * scale + shift, then SiLU (CogVideoX's); of x plus a per-channel bias, then SiLU
-VARIANTS = ("plain", "silu", "scaled", "biased")
+# GroupNorm; + SiLU; * scale + shift, then SiLU (CogVideoX's); of x plus a per-channel bias, then SiLU;
+# both of the last two
+VARIANTS = ("plain", "silu", "scaled", "biased", "scaled-biased")
 _variant_verdicts: dict = {}  # (device type, index, dtype, variant) -> bool
 _lock = threading.Lock()
 
@@ -479,7 +481,7 @@ _lock = threading.Lock()
 def agrees(device: torch.device, dtype: torch.dtype, variant: str = "plain") -> bool:
     """Whether these kernels give PyTorch's CUDA GroupNorm bit for bit on the CUDA `device` in `dtype`, as
     `variant` (VARIANTS) applies it: GroupNorm alone, then SiLU, times a scale plus a shift and then
-    SiLU, or of x plus a per-channel bias (rounded) and then SiLU. Checked once per device and dtype
+    SiLU, of x plus a per-channel bias (rounded) and then SiLU, or both. Checked once per device and dtype
     on small random maps (a few milliseconds once the kernels are compiled), with the statistics
     kept in fp32 between the kernels and, failing that, rounded to the dtype (PyTorch before 2.12);
     each variant after GroupNorm alone agrees, once, with the same statistics; never during a CUDA
@@ -535,7 +537,10 @@ def _check(device, dtype, rounded: bool, variant: str = "plain") -> bool:
         else:
             # (CogVideoX's spatial norm; drawn from the check's own generator, not the caller's)
             scale, shift = (torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(2))
-            conditioned = group_norm(x, 16, w, b, 1e-6, True, rounded, scale=scale, shift=shift)
+            pre = (torch.randn(shape[1], generator=gen) * 2).to(device=device, dtype=dtype)
+            pre = pre if variant == "scaled-biased" else None
+            conditioned = group_norm(x, 16, w, b, 1e-6, True, rounded, scale=scale, shift=shift, pre_bias=pre)
+            x = x if pre is None else x + pre.reshape(1, -1, *([1] * (x.dim() - 2)))
             if not torch.equal(conditioned, F.silu(F.group_norm(x, 16, w, b, 1e-6) * scale + shift)):
                 return False
     return True

@@ -136,15 +136,26 @@ def whole_map_sum():
 
 def runs_same(norm, x: torch.Tensor, variant: str = "plain") -> bool:
     """Whether `same_group_norm(norm, x)` runs kernels/group_norm_same.py as `variant` applies it
-    (group_norm_same.VARIANTS: alone, with SiLU, scaled and shifted before SiLU, or of x plus a bias
-    before SiLU): the request allows those kernels (tier.same_kernels), it is not sharded, `x` is large
-    enough for them to pay (tuning.GROUP_NORM_SAME_MIN_ELEMENTS), and they take it and agree with
-    PyTorch on its device."""
+    (group_norm_same.VARIANTS: alone, with SiLU, scaled and shifted before SiLU, of x plus a bias
+    before SiLU, or both): the request allows those kernels (tier.same_kernels), it is not sharded, `x`
+    is large enough for them to pay (tuning.GROUP_NORM_SAME_MIN_ELEMENTS), PyTorch would read it
+    channels-first (itself, or a contiguous copy of it), and the kernels take it and agree with PyTorch
+    on its device."""
     if current() is not None or not same_kernels() or x.numel() < tuning.GROUP_NORM_SAME_MIN_ELEMENTS:
         return False
-    if not group_norm_same.takes(x, norm.num_groups):
+    if not _copied_channels_first(x) or not group_norm_same.takes(x, norm.num_groups, copy=True):
         return False
     return group_norm_same.agrees(x.device, x.dtype, variant)
+
+
+def _copied_channels_first(x: torch.Tensor) -> bool:
+    """Whether PyTorch's GroupNorm reads a copy of `x` in the channels-first layout (its
+    `input.contiguous(input.suggest_memory_format())`), certainly: x is already so, or it is not
+    contiguous and its channels lie farther apart than its columns, which no channels-last layout
+    has. (A contiguous copy of x is then what the kernels read too, with PyTorch's bits.)"""
+    if x.is_contiguous():
+        return True
+    return x.dim() in (4, 5) and x.shape[-1] > 1 and x.shape[1] > 1 and x.stride(1) > x.stride(-1)
 
 
 def same_group_norm(
@@ -161,11 +172,13 @@ def same_group_norm(
     kernels/group_norm_same.py, PyTorch's bits, written into `out` where given; None (nothing written)
     where not `runs_same(norm, x, variant)` for that variant."""
     variant = "scaled" if scale is not None else "biased" if pre_bias is not None else "silu" if silu else "plain"
-    if variant == "biased" and not silu:
+    variant = "scaled-biased" if scale is not None and pre_bias is not None else variant
+    if pre_bias is not None and not silu:
         raise ValueError("same_group_norm: a pre_bias is taken with SiLU only (the checked variant)")
     if not runs_same(norm, x, variant):
         return None
-    args = (x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    # (the contiguous copy PyTorch's GroupNorm makes of a map that is not: `_copied_channels_first`)
+    args = (x.contiguous(), norm.num_groups, norm.weight, norm.bias, norm.eps)
     return group_norm_same.group_norm(*args, silu=silu, out=out, scale=scale, shift=shift, pre_bias=pre_bias)
 
 
