@@ -718,7 +718,17 @@ def video(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--ops", type=int, default=0, help="also print each variant's N operators (by input shapes) with the most time"
     )
+    ap.add_argument(
+        "--compile-flex",
+        action="store_true",
+        help="FlexAttention through torch.compile (gpu_parity.py's --compile-flex), for diffusers' LTX-2.5 "
+        "diffusion decoder: its eager path holds every query's scores against every key",
+    )
     args = ap.parse_args(argv)
+    if args.compile_flex:
+        from gpu_parity import compile_flex
+
+        compile_flex()
     variants = tuple(args.variants.split(","))
     if not all(map(_known, variants)) or variants[0] != "channels-first":
         ap.error(f"--variants: channels-first first, then any of {', '.join(VARIANTS[1:])} (vaeshard ones + -stepN)")
