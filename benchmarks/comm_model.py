@@ -291,7 +291,7 @@ PRESETS = {
     "wan22-720p": ("wan22", (1, 48, 31, 44, 80), 3.095, "Wan 2.2 720p, 1 GPU, one H200 (0.2.0)"),
     "hunyuanvideo15-720p": ("hunyuanvideo15", (1, 32, 9, 45, 80), 1.626, f"HunyuanVideo 1.5 720p 33 frames, {_H200}"),
     "hunyuanvideo-720p": ("hunyuanvideo", (1, 16, 9, 90, 160), 3.899, f"HunyuanVideo 720p 33 frames, {_H100}"),
-    "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 2.278, f"CogVideoX 720 x 480 49 frames, {_H100}"),
+    "cogvideox-480p": ("cogvideox", (1, 16, 13, 60, 90), 1.263, f"CogVideoX 720 x 480 49 frames, {_H100}"),
     "mochi-480p": ("mochi", (1, 12, 14, 60, 106), 1.058, f"Mochi 848 x 480 79 frames, {_H200}"),
     "ltx-704p": ("ltx", (1, 128, 16, 22, 38), 0.192, f"LTX-Video 704 x 1216 121 frames, {_H100}"),
     "ltx2-1088p": ("ltx2", (1, 128, 16, 34, 60), 0.624, f"LTX-2 1088 x 1920 121 frames, {_H100}"),
