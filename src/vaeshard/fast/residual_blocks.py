@@ -123,22 +123,7 @@ class HunyuanVideoResnet:
     def forward(self, hidden_states):
         if not _adds(self, exact_too=True):
             return super().forward(hidden_states)
-        hidden_states = hidden_states.contiguous()
-        residual = hidden_states
-        hidden_states = self.norm1(hidden_states)
-        hidden_states = self.nonlinearity(hidden_states)
-        if hasattr(self.conv1, "leaving_bias") and isinstance(self.norm2, GroupNormSiLUIntoConv):
-            # conv1's bias added by norm2 as it reads conv1's output (where conv1 leaves it out)
-            hidden_states, bias = self.conv1.leaving_bias(hidden_states)
-            hidden_states = self.norm2(hidden_states, pre_bias=bias)
-        else:
-            hidden_states = self.conv1(hidden_states)
-            hidden_states = self.norm2(hidden_states)
-        hidden_states = self.nonlinearity(hidden_states)
-        hidden_states = self.dropout(hidden_states)
-        if self.conv_shortcut is not None:
-            residual = self.conv_shortcut(residual)
-        return self.conv2.adding(hidden_states, residual)
+        return _resnet(self, hidden_states.contiguous(), (GroupNormSiLUIntoConv,), dropout=True)
 
 
 class HunyuanVideo15Resnet:
@@ -147,16 +132,27 @@ class HunyuanVideo15Resnet:
     def forward(self, hidden_states):
         if not _adds(self):
             return super().forward(hidden_states)
-        residual = hidden_states
-        hidden_states = self.norm1(hidden_states)
-        hidden_states = self.nonlinearity(hidden_states)
-        if _leaves_bias(self):  # conv1's bias added by norm2 as it reads conv1's output
-            hidden_states, bias = self.conv1.leaving_bias(hidden_states)
-            hidden_states = self.norm2(hidden_states, pre_bias=bias)
-        else:
-            hidden_states = self.conv1(hidden_states)
-            hidden_states = self.norm2(hidden_states)
-        hidden_states = self.nonlinearity(hidden_states)
-        if self.conv_shortcut is not None:
-            residual = self.conv_shortcut(residual)
-        return self.conv2.adding(hidden_states, residual)
+        return _resnet(self, hidden_states, (FrameGroupNormSiLUIntoConv, RMSNormSiLUIntoConv), dropout=False)
+
+
+def _resnet(block, hidden_states, norms: tuple, dropout: bool):
+    """The two HunyuanVideo resnets' forward, each as its diffusers forward runs it (with `dropout`:
+    HunyuanVideo's, after norm2's SiLU), but for computing the shortcut before conv2, which adds the
+    residual in its bias pass; conv1's bias left to norm2 where conv1 can leave it and norm2 is one of
+    `norms` (which take a `pre_bias`)."""
+    residual = hidden_states
+    hidden_states = block.norm1(hidden_states)
+    hidden_states = block.nonlinearity(hidden_states)
+    if hasattr(block.conv1, "leaving_bias") and isinstance(block.norm2, norms):
+        # conv1's bias added by norm2 as it reads conv1's output (where conv1 leaves it out)
+        hidden_states, bias = block.conv1.leaving_bias(hidden_states)
+        hidden_states = block.norm2(hidden_states, pre_bias=bias)
+    else:
+        hidden_states = block.conv1(hidden_states)
+        hidden_states = block.norm2(hidden_states)
+    hidden_states = block.nonlinearity(hidden_states)
+    if dropout:
+        hidden_states = block.dropout(hidden_states)
+    if block.conv_shortcut is not None:
+        residual = block.conv_shortcut(residual)
+    return block.conv2.adding(hidden_states, residual)
