@@ -257,19 +257,13 @@ def conv_module(
     It asks for no vaeshard kernel: these convolutions (the other families' than Wan's) keep cuDNN's
     until their shapes are measured with them. In the exact tier of a request allowed vaeshard's kernels
     with PyTorch's bits (`same_kernels`), with `add_to`, the same one pass after diffusers' convolution
-    without its bias (`_sums_same`). Elsewhere PyTorch's calls. `leave_bias` (no `add_to`):
+    without its bias (`leaves_bias(exact_too=True)`). Elsewhere PyTorch's calls. `leave_bias` (no `add_to`):
     where `leaves_bias(exact_too=True)`, the output without the bias (ValueError elsewhere: the caller
     asks first)."""
     fn = F.conv3d if conv.weight.dim() == 5 else F.conv2d
     bias = conv.bias
-    separate = leaves_bias(conv, x)  # the bias in a pass of its own
-    if add_to is not None and not separate and _sums_same(conv, x, add_to):
-        # the exact tier: diffusers' convolution without its bias, then its bias pass and the
-        # residual's add in one pass, each add rounded as PyTorch's
-        y = fn(x, conv.weight, None, conv.stride, padding, conv.dilation, conv.groups)
-        if y.shape == add_to.shape:
-            return add_bias_and_residual_(y, bias, add_to)
-        return add_bias_(y, bias) + add_to
+    # the bias in a pass of its own (in the exact tier only to add a residual in that pass)
+    separate = leaves_bias(conv, x, exact_too=add_to is not None)
     if leave_bias:
         if add_to is not None or not leaves_bias(conv, x, exact_too=True):
             raise ValueError("conv_module: the bias is left out only where leaves_bias(conv, x), without add_to")
@@ -282,16 +276,6 @@ def conv_module(
     else:
         y = fn(x, conv.weight, bias, conv.stride, padding, conv.dilation, conv.groups)
     return y if add_to is None else y + add_to
-
-
-def _sums_same(conv, x: torch.Tensor, add_to: torch.Tensor) -> bool:
-    """Whether `conv_module` adds `conv`'s bias and a residual in one pass outside the fast tier: where
-    the request allows PyTorch's arithmetic by vaeshard's kernels (`same_kernels`) and that pass runs
-    as one kernel (on CUDA, where PyTorch adds a convolution's bias in a pass of its own too)."""
-    bias = conv.bias
-    if bias is None or bias.dtype != x.dtype or add_to.dtype != x.dtype or not same_kernels():
-        return False
-    return fused_bias_add_available(x)
 
 
 def upsample_by_phases(x: torch.Tensor) -> bool:
