@@ -331,7 +331,7 @@ class RMSNormSiLUIntoConv(ProducingNorm):
         view = self.produce(x, write)
         if view is not None:
             return view
-        return super().forward(x if pre_bias is None else x + pre_bias.reshape(1, -1, *([1] * (x.dim() - 2))))
+        return super().forward(_biased(x, pre_bias))
 
 
 class ChannelsLastRMSNormSiLUIntoConv(ProducingNorm):
@@ -432,7 +432,7 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
         view = self.produce(x, lambda x, view: self._write(x, view, pre_bias)) if x.dim() == 5 else None
         if view is not None:
             return view
-        return super().forward(x if pre_bias is None else x + pre_bias.reshape(1, -1, 1, 1, 1))
+        return super().forward(_biased(x, pre_bias))
 
     def _write(self, x: torch.Tensor, view: torch.Tensor, pre_bias=None) -> None:
         step = max(1, int(self.chunk_size))
@@ -446,7 +446,7 @@ class FrameGroupNormSiLUIntoConv(ProducingNorm):
                 continue
             for start in range(0, frames.shape[0], step):
                 chunk = frames[start : start + step]
-                chunk = chunk if pre_bias is None else chunk + pre_bias.reshape(1, -1, 1, 1)
+                chunk = _biased(chunk, pre_bias)
                 torch.ops.aten.silu.out(self.norm_layer(chunk), out=out[start : start + step])
 
 
